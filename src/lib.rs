@@ -1,0 +1,8 @@
+//! kiln: a daemonless, rootless builder that turns a serverless Function (handler source,
+//! dependency manifest, runtime name) into an OCI image by appending a dependency layer and a
+//! source layer to a runtime base image, and pushes it to a registry.
+//!
+//! Dependencies point one way: `cli → build → {oci, registry, runtime}`; `oci` is pure.
+
+pub mod oci;
+pub mod registry;

@@ -1,0 +1,166 @@
+//! The image configuration (<https://github.com/opencontainers/image-spec/blob/main/config.md>).
+//! Fields kiln does not edit are kept through flattened maps, so a base image's metadata
+//! (Docker's `container_config`, `os.version`, …) survives the rebuild untouched.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Digest;
+
+/// An image config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    /// RFC 3339 creation time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// Author.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// CPU architecture.
+    pub architecture: String,
+    /// Operating system.
+    pub os: String,
+    /// CPU variant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    /// How to run a container from the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<RunConfig>,
+    /// Uncompressed layer digests.
+    pub rootfs: RootFs,
+    /// One entry per build step, base first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<History>,
+    /// Every other field, kept verbatim.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// The `config` object: the execution parameters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct RunConfig {
+    /// `user`, `uid`, `user:group` or `uid:gid`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Ports to expose, as `"8080/tcp": {}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exposed_ports: Option<BTreeMap<String, Value>>,
+    /// `KEY=value` entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<String>>,
+    /// The entrypoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    /// Default arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    /// Volumes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<BTreeMap<String, Value>>,
+    /// Working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Stop signal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// Every other field (Docker's `Hostname`, `Image`, …), kept verbatim.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
+}
+
+/// The `rootfs` object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RootFs {
+    /// Always `layers`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// One uncompressed digest per layer, base first.
+    pub diff_ids: Vec<Digest>,
+}
+
+/// One history entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct History {
+    /// When the step ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<String>,
+    /// What created the layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
+    /// Author.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub author: Option<String>,
+    /// Free text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+    /// True when the step made no layer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_layer: Option<bool>,
+}
+
+impl ImageConfig {
+    /// The number of history entries that made a layer.
+    pub fn layer_history_len(&self) -> usize {
+        self.history
+            .iter()
+            .filter(|h| h.empty_layer != Some(true))
+            .count()
+    }
+}
+
+impl RunConfig {
+    /// Sets `KEY=value`, replacing an existing entry for `KEY` in place.
+    pub fn set_env(&mut self, key: &str, value: &str) {
+        let env = self.env.get_or_insert_with(Vec::new);
+        let entry = format!("{key}={value}");
+        match env.iter_mut().find(|e| e.split('=').next() == Some(key)) {
+            Some(existing) => *existing = entry,
+            None => env.push(entry),
+        }
+    }
+
+    /// The value of `KEY`, if set.
+    pub fn env_value(&self, key: &str) -> Option<&str> {
+        self.env.as_ref()?.iter().find_map(|e| {
+            let (k, v) = e.split_once('=')?;
+            (k == key).then_some(v)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_fields_survive_a_round_trip() {
+        let raw = r#"{"architecture":"amd64","os":"linux","docker_version":"24",
+            "config":{"Env":["PATH=/bin"],"Hostname":"x"},
+            "rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let cfg: ImageConfig = serde_json::from_str(raw).unwrap();
+        assert_eq!(cfg.extra["docker_version"], "24");
+        let run = cfg.config.as_ref().unwrap();
+        assert_eq!(run.extra["Hostname"], "x");
+        let back = serde_json::to_value(&cfg).unwrap();
+        assert_eq!(back["config"]["Hostname"], "x");
+        assert_eq!(back["docker_version"], "24");
+    }
+
+    #[test]
+    fn set_env_replaces_in_place() {
+        let mut run = RunConfig {
+            env: Some(vec!["A=1".into(), "B=2".into()]),
+            ..Default::default()
+        };
+        run.set_env("A", "3");
+        run.set_env("C", "4");
+        assert_eq!(run.env.as_deref().unwrap(), ["A=3", "B=2", "C=4"]);
+        assert_eq!(run.env_value("B"), Some("2"));
+    }
+}

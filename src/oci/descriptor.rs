@@ -1,0 +1,123 @@
+//! Content descriptors and platforms
+//! (<https://github.com/opencontainers/image-spec/blob/main/descriptor.md>).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Digest, MediaType};
+
+/// A reference to content by media type, digest and size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Descriptor {
+    /// What the content is.
+    pub media_type: MediaType,
+    /// Its digest.
+    pub digest: Digest,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Where else the content may be fetched (foreign layers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urls: Option<Vec<String>>,
+    /// Arbitrary metadata.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// The platform of a manifest inside an index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub platform: Option<Platform>,
+    /// The artifact type of an artifact manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_type: Option<String>,
+}
+
+impl Descriptor {
+    /// A descriptor with only the three required fields.
+    pub fn new(media_type: MediaType, digest: Digest, size: u64) -> Descriptor {
+        Descriptor {
+            media_type,
+            digest,
+            size,
+            urls: None,
+            annotations: None,
+            platform: None,
+            artifact_type: None,
+        }
+    }
+}
+
+/// The platform an image runs on
+/// (<https://github.com/opencontainers/image-spec/blob/main/image-index.md#image-index-property-descriptions>).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Platform {
+    /// CPU architecture in GOARCH terms (`amd64`, `arm64`).
+    pub architecture: String,
+    /// Operating system in GOOS terms (`linux`).
+    pub os: String,
+    /// OS version (Windows).
+    #[serde(
+        rename = "os.version",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub os_version: Option<String>,
+    /// OS features (Windows).
+    #[serde(
+        rename = "os.features",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub os_features: Option<Vec<String>>,
+    /// CPU variant (`v8` for arm64).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+}
+
+impl Platform {
+    /// `linux/amd64`.
+    pub fn linux_amd64() -> Platform {
+        Platform {
+            architecture: "amd64".into(),
+            os: "linux".into(),
+            os_version: None,
+            os_features: None,
+            variant: None,
+        }
+    }
+
+    /// Parses `os/arch[/variant]`.
+    pub fn parse(s: &str) -> Option<Platform> {
+        let mut parts = s.split('/');
+        let os = parts.next().filter(|p| !p.is_empty())?;
+        let architecture = parts.next().filter(|p| !p.is_empty())?;
+        let variant = parts.next().map(str::to_string);
+        if parts.next().is_some() {
+            return None;
+        }
+        Some(Platform {
+            architecture: architecture.into(),
+            os: os.into(),
+            os_version: None,
+            os_features: None,
+            variant,
+        })
+    }
+
+    /// Whether an index entry with platform `other` satisfies this wanted platform. A wanted
+    /// platform without a variant accepts any variant.
+    pub fn matches(&self, other: &Platform) -> bool {
+        self.os == other.os
+            && self.architecture == other.architecture
+            && (self.variant.is_none() || self.variant == other.variant)
+    }
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.architecture)?;
+        if let Some(v) = &self.variant {
+            write!(f, "/{v}")?;
+        }
+        Ok(())
+    }
+}

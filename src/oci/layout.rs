@@ -1,0 +1,325 @@
+//! OCI image layouts on disk (<https://github.com/opencontainers/image-spec/blob/main/image-layout.md>):
+//! `oci-layout`, `index.json` and content-addressed `blobs/sha256/<hex>`. Blobs are written
+//! to a temp file and renamed, so a reader never sees a partial blob.
+
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use super::{Descriptor, Digest, Document, HashingReader, Index, MediaType, canonical};
+
+/// The annotation naming an image inside a layout (the `:tag` of `oci:DIR:tag`).
+pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// Errors reading or writing a layout.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// File system trouble.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The directory is not an OCI layout.
+    #[error("{0} is not an OCI image layout (no oci-layout file)")]
+    NotALayout(PathBuf),
+    /// `index.json` does not parse.
+    #[error("parsing {path}")]
+    Index {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// No image of that name.
+    #[error("layout {layout} has no image named {name:?} (it has: {available})")]
+    NoSuchRef {
+        /// The layout.
+        layout: PathBuf,
+        /// The wanted name.
+        name: String,
+        /// Names present.
+        available: String,
+    },
+    /// A blob's content does not match its name.
+    #[error("blob {expected} in {layout} has digest {actual}")]
+    Corrupt {
+        /// The layout.
+        layout: PathBuf,
+        /// Its name.
+        expected: Digest,
+        /// Of its bytes.
+        actual: Digest,
+    },
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// An OCI image layout directory.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+impl Layout {
+    /// Opens `root`, creating an empty layout there if it has none.
+    ///
+    /// # Errors
+    /// When the directory cannot be created or written.
+    pub fn create(root: &Path) -> Result<Layout> {
+        let layout = Layout {
+            root: root.to_path_buf(),
+        };
+        let blobs = root.join("blobs").join("sha256");
+        fs::create_dir_all(&blobs).map_err(io_err("creating", &blobs))?;
+        let marker = root.join("oci-layout");
+        if !marker.exists() {
+            write_atomic(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        }
+        if !root.join("index.json").exists() {
+            layout.write_index(&Index {
+                schema_version: 2,
+                media_type: Some(MediaType::OciIndex),
+                manifests: vec![],
+                annotations: None,
+            })?;
+        }
+        Ok(layout)
+    }
+
+    /// Opens an existing layout.
+    ///
+    /// # Errors
+    /// When `root` has no `oci-layout` file.
+    pub fn open(root: &Path) -> Result<Layout> {
+        if !root.join("oci-layout").is_file() {
+            return Err(Error::NotALayout(root.to_path_buf()));
+        }
+        Ok(Layout {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// The layout directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where blob `digest` lives.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.root
+            .join("blobs")
+            .join(digest.algorithm())
+            .join(digest.hex())
+    }
+
+    /// Whether the blob is present with the given size.
+    pub fn has_blob(&self, digest: &Digest, size: u64) -> bool {
+        fs::metadata(self.blob_path(digest)).is_ok_and(|m| m.len() == size)
+    }
+
+    /// Stores bytes as a blob and returns their digest.
+    ///
+    /// # Errors
+    /// When writing fails.
+    pub fn write_blob(&self, bytes: &[u8]) -> Result<Digest> {
+        let digest = Digest::of(bytes);
+        let path = self.blob_path(&digest);
+        if !self.has_blob(&digest, bytes.len() as u64) {
+            write_atomic(&path, bytes)?;
+        }
+        Ok(digest)
+    }
+
+    /// Stores the file at `src`, whose digest the caller computed, as blob `digest`.
+    ///
+    /// # Errors
+    /// When copying fails.
+    pub fn import_blob(&self, src: &Path, digest: &Digest) -> Result<()> {
+        let dest = self.blob_path(digest);
+        if dest.exists() {
+            return Ok(());
+        }
+        let tmp = dest.with_extension("tmp");
+        fs::copy(src, &tmp).map_err(io_err("copying a blob to", &tmp))?;
+        fs::rename(&tmp, &dest).map_err(io_err("renaming", &dest))
+    }
+
+    /// Reads a whole (JSON) blob and checks its digest.
+    ///
+    /// # Errors
+    /// When missing or corrupt.
+    pub fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let path = self.blob_path(digest);
+        let bytes = fs::read(&path).map_err(io_err("reading", &path))?;
+        let actual = Digest::of(&bytes);
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                layout: self.root.clone(),
+                expected: digest.clone(),
+                actual,
+            });
+        }
+        Ok(bytes)
+    }
+
+    /// Checks a (possibly large) blob's digest by streaming it.
+    ///
+    /// # Errors
+    /// When missing or corrupt.
+    pub fn verify_blob(&self, digest: &Digest) -> Result<u64> {
+        let path = self.blob_path(digest);
+        let file = fs::File::open(&path).map_err(io_err("opening", &path))?;
+        let mut reader = HashingReader::new(file);
+        io::copy(&mut reader, &mut io::sink()).map_err(io_err("reading", &path))?;
+        let (actual, size) = reader.finish();
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                layout: self.root.clone(),
+                expected: digest.clone(),
+                actual,
+            });
+        }
+        Ok(size)
+    }
+
+    /// Reads a JSON document blob with its media type.
+    ///
+    /// # Errors
+    /// When missing or corrupt.
+    pub fn read_document(&self, descriptor: &Descriptor) -> Result<Document> {
+        let bytes = self.read_blob(&descriptor.digest)?;
+        Ok(Document {
+            media_type: descriptor.media_type.clone(),
+            digest: descriptor.digest.clone(),
+            bytes,
+        })
+    }
+
+    /// The top-level `index.json`.
+    ///
+    /// # Errors
+    /// When unreadable or malformed.
+    pub fn index(&self) -> Result<Index> {
+        let path = self.root.join("index.json");
+        let bytes = fs::read(&path).map_err(io_err("reading", &path))?;
+        serde_json::from_slice(&bytes).map_err(|source| Error::Index { path, source })
+    }
+
+    fn write_index(&self, index: &Index) -> Result<()> {
+        let path = self.root.join("index.json");
+        let bytes = canonical::to_vec(index).map_err(|source| Error::Index {
+            path: path.clone(),
+            source,
+        })?;
+        write_atomic(&path, &bytes)
+    }
+
+    /// Points `name` at `descriptor` in `index.json`, replacing an earlier image of that name.
+    ///
+    /// # Errors
+    /// When the index cannot be read or written.
+    pub fn set_ref(&self, mut descriptor: Descriptor, name: &str) -> Result<()> {
+        let mut index = self.index()?;
+        index.manifests.retain(|d| ref_name(d) != Some(name));
+        descriptor
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(REF_NAME.into(), name.into());
+        index.manifests.push(descriptor);
+        self.write_index(&index)
+    }
+
+    /// The descriptor named `name`, or with no name the layout's only image.
+    ///
+    /// # Errors
+    /// When there is no such image (or, without a name, not exactly one).
+    pub fn resolve(&self, name: Option<&str>) -> Result<Descriptor> {
+        let index = self.index()?;
+        let found = match name {
+            Some(name) => index.manifests.iter().find(|d| ref_name(d) == Some(name)),
+            None if index.manifests.len() == 1 => index.manifests.first(),
+            None => None,
+        };
+        found.cloned().ok_or_else(|| Error::NoSuchRef {
+            layout: self.root.clone(),
+            name: name.unwrap_or("").to_string(),
+            available: index
+                .manifests
+                .iter()
+                .filter_map(ref_name)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+    }
+}
+
+fn ref_name(d: &Descriptor) -> Option<&str> {
+    d.annotations.as_ref()?.get(REF_NAME).map(String::as_str)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp =
+        tempfile::NamedTempFile::new_in(dir).map_err(io_err("creating a file in", dir))?;
+    tmp.write_all(bytes).map_err(io_err("writing", path))?;
+    tmp.persist(path).map_err(|e| Error::Io {
+        action: "writing",
+        path: path.to_path_buf(),
+        source: e.error,
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_ref_replaces_an_image_of_the_same_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::create(dir.path()).unwrap();
+        let a = layout.write_blob(b"a").unwrap();
+        let b = layout.write_blob(b"b").unwrap();
+        layout
+            .set_ref(Descriptor::new(MediaType::OciManifest, a, 1), "x")
+            .unwrap();
+        layout
+            .set_ref(Descriptor::new(MediaType::OciManifest, b.clone(), 1), "x")
+            .unwrap();
+        let index = layout.index().unwrap();
+        assert_eq!(index.manifests.len(), 1);
+        assert_eq!(layout.resolve(Some("x")).unwrap().digest, b);
+        assert_eq!(layout.resolve(None).unwrap().digest, b);
+        assert!(matches!(
+            layout.resolve(Some("y")),
+            Err(Error::NoSuchRef { .. })
+        ));
+        assert_eq!(layout.read_blob(&b).unwrap(), b"b");
+    }
+
+    #[test]
+    fn a_corrupt_blob_is_detected() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::create(dir.path()).unwrap();
+        let d = layout.write_blob(b"good").unwrap();
+        fs::write(layout.blob_path(&d), b"evil").unwrap();
+        assert!(matches!(layout.read_blob(&d), Err(Error::Corrupt { .. })));
+        assert!(matches!(layout.verify_blob(&d), Err(Error::Corrupt { .. })));
+    }
+}

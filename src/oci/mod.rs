@@ -1,0 +1,26 @@
+//! The image model: pure, synchronous and byte-exact. Digests, media types, descriptors,
+//! manifests, indexes, configs, the deterministic layer writer, appending layers to a base,
+//! OCI image layouts and the invariant validator. Nothing here does network I/O or reads the
+//! environment, and nothing here imports from the rest of the crate.
+
+pub mod canonical;
+mod config;
+mod descriptor;
+mod digest;
+pub mod image;
+mod index;
+pub mod layer;
+pub mod layout;
+mod manifest;
+mod media_type;
+pub mod validate;
+
+pub use config::{History, ImageConfig, RootFs, RunConfig};
+pub use descriptor::{Descriptor, Platform};
+pub use digest::{Digest, DigestError, Hasher, HashingReader, HashingWriter};
+pub use image::{Base, ConfigEdit, Image, NewLayer};
+pub use index::Index;
+pub use layer::{Content, EntryKind, LayerBlob, LayerEntry};
+pub use layout::Layout;
+pub use manifest::{Document, Manifest, sniff_media_type};
+pub use media_type::{Family, MediaType};
