@@ -1,0 +1,355 @@
+//! Authorization scopes and the distribution token protocol
+//! (<https://distribution.github.io/distribution/spec/auth/token/>): one Bearer token per
+//! registry that carries *every* scope the build needs (`repository:TARGET:pull,push` plus
+//! `repository:SOURCE:pull` for each cross-repository mount source), fetched with a `GET` and
+//! Basic credentials (or anonymously), or with the OAuth2 refresh-token `POST` for identity
+//! tokens.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use reqwest::header::{CONTENT_TYPE, HeaderValue};
+use reqwest::{Method, StatusCode};
+use serde::Deserialize;
+use tracing::debug;
+use url::Url;
+
+use super::challenge::BearerChallenge;
+use super::credentials::Credential;
+use super::error::{Error, Result};
+use super::failure::{is_retryable_status, parse_envelope};
+use super::redact::redact_url;
+use super::retry::{RetryPolicy, retry};
+
+/// Token lifetime the spec tells clients to assume when the server does not say.
+const DEFAULT_TOKEN_SECONDS: u64 = 60;
+const CLIENT_ID: &str = "kiln";
+
+/// One access request: `type:name:actions`, e.g. `repository:team/app:pull,push`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    resource_type: String,
+    name: String,
+    actions: BTreeSet<String>,
+}
+
+impl Scope {
+    /// Pull access to `repository` (the path inside the registry, without host).
+    pub fn pull(repository: &str) -> Scope {
+        Scope::repository(repository, &["pull"])
+    }
+
+    /// Push access to `repository`, which includes pull (needed for HEAD and mounts).
+    pub fn push(repository: &str) -> Scope {
+        Scope::repository(repository, &["pull", "push"])
+    }
+
+    fn repository(name: &str, actions: &[&str]) -> Scope {
+        Scope {
+            resource_type: "repository".into(),
+            name: name.into(),
+            actions: actions.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
+    /// Parses `type:name:action[,action…]` as found in a challenge's `scope`.
+    pub fn parse(s: &str) -> Option<Scope> {
+        let (resource_type, rest) = s.split_once(':')?;
+        let (name, actions) = rest.rsplit_once(':')?;
+        if resource_type.is_empty() || name.is_empty() {
+            return None;
+        }
+        let actions: BTreeSet<String> = actions
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(str::to_string)
+            .collect();
+        Some(Scope {
+            resource_type: resource_type.into(),
+            name: name.into(),
+            actions,
+        })
+    }
+
+    /// The resource name (the repository for repository scopes).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let actions: Vec<&str> = self.actions.iter().map(String::as_str).collect();
+        write!(
+            f,
+            "{}:{}:{}",
+            self.resource_type,
+            self.name,
+            actions.join(",")
+        )
+    }
+}
+
+/// The union of scopes granted or wanted, merged per resource.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ScopeSet(BTreeMap<(String, String), BTreeSet<String>>);
+
+impl ScopeSet {
+    /// Adds a scope, merging its actions into an existing entry for the same resource.
+    pub fn insert(&mut self, scope: &Scope) {
+        let key = (scope.resource_type.clone(), scope.name.clone());
+        self.0
+            .entry(key)
+            .or_default()
+            .extend(scope.actions.iter().cloned());
+    }
+
+    /// Whether every action of `scope` is in the set (or the resource has `*`).
+    pub fn covers(&self, scope: &Scope) -> bool {
+        let key = (scope.resource_type.clone(), scope.name.clone());
+        self.0
+            .get(&key)
+            .is_some_and(|have| have.contains("*") || scope.actions.is_subset(have))
+    }
+
+    /// Whether every scope is covered.
+    pub fn covers_all(&self, scopes: &[Scope]) -> bool {
+        scopes.iter().all(|s| self.covers(s))
+    }
+
+    /// One `type:name:actions` string per resource, in a stable order.
+    pub fn to_strings(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .map(|((t, n), a)| {
+                let actions: Vec<&str> = a.iter().map(String::as_str).collect();
+                format!("{t}:{n}:{}", actions.join(","))
+            })
+            .collect()
+    }
+}
+
+/// A Bearer token with the scopes it was requested for.
+#[derive(Clone, Debug)]
+pub(crate) struct Token {
+    /// `Authorization: Bearer …`, marked sensitive.
+    pub header: HeaderValue,
+    /// The scopes asked for when it was issued.
+    pub scopes: ScopeSet,
+    refresh_at: Instant,
+}
+
+impl Token {
+    /// Whether the token is still comfortably inside its lifetime.
+    pub fn is_fresh(&self) -> bool {
+        Instant::now() < self.refresh_at
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    access_token: Option<String>,
+    #[serde(default)]
+    expires_in: Option<u64>,
+}
+
+/// Everything needed to ask a token service for a token.
+pub(crate) struct TokenRequest<'a> {
+    /// The HTTP client.
+    pub http: &'a reqwest::Client,
+    /// Retry policy for the token request.
+    pub retry: &'a RetryPolicy,
+    /// Per-request timeout.
+    pub timeout: Duration,
+    /// The registry name, for errors.
+    pub registry: &'a str,
+    /// The challenge naming realm and service.
+    pub challenge: &'a BearerChallenge,
+    /// Every scope the token must carry.
+    pub scopes: &'a ScopeSet,
+    /// The credential to present, if any.
+    pub credential: Option<&'a Credential>,
+}
+
+/// Fetches one token carrying all of `req.scopes`.
+pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
+    let realm = Url::parse(&req.challenge.realm).map_err(|_| Error::Protocol {
+        method: Method::GET,
+        url: "<token realm>".into(),
+        problem: "the Bearer challenge realm is not a URL",
+    })?;
+    let scopes = req.scopes.to_strings();
+    retry(req.retry, "fetching a registry token", || async {
+        let (method, url, builder) = build_token_request(req, &realm, &scopes);
+        let result = builder.timeout(req.timeout).send().await;
+        let resp = match result {
+            Ok(r) => r,
+            Err(e) => return Err(Error::transport(&method, &url, e)),
+        };
+        let status = resp.status();
+        debug!(method = %method, url = %redact_url(&url), status = status.as_u16(), "token request");
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            let errors = parse_envelope(&resp.bytes().await.unwrap_or_default());
+            return Err(Error::Unauthorized {
+                registry: req.registry.to_string(),
+                method,
+                url: redact_url(&url),
+                status: status.as_u16(),
+                errors,
+                had_credentials: req.credential.is_some(),
+            });
+        }
+        if !status.is_success() {
+            let errors = if is_retryable_status(status.as_u16()) {
+                Vec::new()
+            } else {
+                parse_envelope(&resp.bytes().await.unwrap_or_default())
+            };
+            let url = redact_url(&url);
+            return Err(Error::Status { method, url, status: status.as_u16(), errors });
+        }
+        let body = resp.bytes().await.map_err(|e| Error::transport(&method, &url, e))?;
+        token_from_body(&body, req.scopes).ok_or_else(|| Error::Protocol {
+            method,
+            url: redact_url(&url),
+            problem: "the token response has neither a usable `token` nor `access_token`",
+        })
+    })
+    .await
+}
+
+fn build_token_request(
+    req: &TokenRequest<'_>,
+    realm: &Url,
+    scopes: &[String],
+) -> (Method, Url, reqwest::RequestBuilder) {
+    if let Some(Credential::IdentityToken(refresh)) = req.credential {
+        let mut form = url::form_urlencoded::Serializer::new(String::new());
+        form.append_pair("grant_type", "refresh_token");
+        form.append_pair("client_id", CLIENT_ID);
+        if let Some(service) = &req.challenge.service {
+            form.append_pair("service", service);
+        }
+        form.append_pair("scope", &scopes.join(" "));
+        form.append_pair("refresh_token", refresh);
+        let builder = req
+            .http
+            .post(realm.clone())
+            .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(form.finish());
+        return (Method::POST, realm.clone(), builder);
+    }
+    let mut url = realm.clone();
+    {
+        let mut q = url.query_pairs_mut();
+        if let Some(service) = &req.challenge.service {
+            q.append_pair("service", service);
+        }
+        for scope in scopes {
+            q.append_pair("scope", scope);
+        }
+    }
+    let mut builder = req.http.get(url.clone());
+    if let Some(Credential::Basic { username, password }) = req.credential {
+        builder = builder.header(
+            reqwest::header::AUTHORIZATION,
+            basic_header(username, password),
+        );
+    }
+    (Method::GET, url, builder)
+}
+
+fn token_from_body(body: &[u8], scopes: &ScopeSet) -> Option<Token> {
+    let parsed: TokenResponse = serde_json::from_slice(body).ok()?;
+    let token = parsed
+        .token
+        .filter(|t| !t.is_empty())
+        .or(parsed.access_token)?;
+    let mut header = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
+    header.set_sensitive(true);
+    let lifetime = parsed.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS).max(1);
+    // Refresh after three quarters of the lifetime, so a token does not expire mid-request.
+    let refresh_at = Instant::now() + Duration::from_secs(lifetime) * 3 / 4;
+    Some(Token {
+        header,
+        scopes: scopes.clone(),
+        refresh_at,
+    })
+}
+
+/// `Authorization: Basic base64(user:pass)`, marked sensitive.
+pub(crate) fn basic_header(username: &str, password: &str) -> HeaderValue {
+    let encoded =
+        base64::engine::general_purpose::STANDARD.encode(format!("{username}:{password}"));
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))
+        .expect("base64 output is always a valid header value");
+    value.set_sensitive(true);
+    value
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_render_and_parse() {
+        assert_eq!(Scope::pull("a/b").to_string(), "repository:a/b:pull");
+        assert_eq!(Scope::push("a").to_string(), "repository:a:pull,push");
+        let s = Scope::parse("repository:team/app:push,pull").unwrap();
+        assert_eq!(s, Scope::push("team/app"));
+        assert_eq!(
+            Scope::parse("registry:catalog:*").unwrap().name(),
+            "catalog"
+        );
+        assert!(Scope::parse("nocolons").is_none());
+        assert!(Scope::parse(":x:pull").is_none());
+    }
+
+    #[test]
+    fn scope_sets_merge_per_resource_and_check_coverage() {
+        let mut set = ScopeSet::default();
+        set.insert(&Scope::pull("target"));
+        assert!(!set.covers(&Scope::push("target")));
+        set.insert(&Scope::push("target"));
+        set.insert(&Scope::pull("source"));
+        assert!(set.covers_all(&[
+            Scope::push("target"),
+            Scope::pull("source"),
+            Scope::pull("target")
+        ]));
+        assert!(!set.covers(&Scope::pull("other")));
+        assert_eq!(
+            set.to_strings(),
+            ["repository:source:pull", "repository:target:pull,push"]
+        );
+        set.insert(&Scope::parse("repository:any:*").unwrap());
+        assert!(set.covers(&Scope::push("any")));
+    }
+
+    #[test]
+    fn token_bodies_accept_token_or_access_token() {
+        let set = ScopeSet::default();
+        let t = token_from_body(br#"{"token":"abc","expires_in":300}"#, &set).unwrap();
+        assert_eq!(t.header.to_str().unwrap(), "Bearer abc");
+        assert!(t.header.is_sensitive() && t.is_fresh());
+        let t = token_from_body(br#"{"access_token":"xyz"}"#, &set).unwrap();
+        assert_eq!(t.header.to_str().unwrap(), "Bearer xyz");
+        let t = token_from_body(br#"{"token":"","access_token":"fallback"}"#, &set).unwrap();
+        assert_eq!(t.header.to_str().unwrap(), "Bearer fallback");
+        assert!(token_from_body(br#"{"expires_in":1}"#, &set).is_none());
+        assert!(token_from_body(b"<html>", &set).is_none());
+    }
+
+    #[test]
+    fn basic_headers_are_encoded_and_sensitive() {
+        let h = basic_header("user", "pa:ss");
+        assert_eq!(h.to_str().unwrap(), "Basic dXNlcjpwYTpzcw==");
+        assert!(h.is_sensitive());
+    }
+}

@@ -1,0 +1,155 @@
+//! [`Client`]: a cheap-to-clone handle on one HTTP connection pool plus per-registry
+//! authentication state. Its methods take `&self`, so a build can push blobs concurrently
+//! (`buffer_unordered`). The manifest, blob and upload methods live in `manifests.rs`,
+//! `blobs.rs` and `upload.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::{Certificate, Method};
+
+use super::auth::Scope;
+use super::credentials::CredentialStore;
+use super::error::{Error, Result};
+use super::retry::RetryPolicy;
+use super::transport::{Call, Inner, status_error};
+use super::upload::UploadPolicy;
+
+/// How to reach registries.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// `host[:port]` of registries spoken to over plain HTTP; all others use verified TLS.
+    pub insecure_hosts: Vec<String>,
+    /// PEM bundles of extra CAs trusted on top of the platform's roots.
+    pub extra_ca_pem: Vec<Vec<u8>>,
+    /// Where credentials come from.
+    pub credentials: CredentialStore,
+    /// The `User-Agent` header.
+    pub user_agent: String,
+    /// Retries of retryable failures, per request.
+    pub retry: RetryPolicy,
+    /// Connect timeout and total time allowed for each request without a large body (large
+    /// transfers get more time in proportion to their size and a stall detector instead).
+    pub request_timeout: Duration,
+    /// Thresholds of the blob upload strategies.
+    pub upload: UploadPolicy,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            insecure_hosts: Vec::new(),
+            extra_ca_pem: Vec::new(),
+            credentials: CredentialStore::default(),
+            user_agent: concat!("kiln/", env!("CARGO_PKG_VERSION")).to_string(),
+            retry: RetryPolicy::default(),
+            request_timeout: Duration::from_secs(60),
+            upload: UploadPolicy::default(),
+        }
+    }
+}
+
+/// An async OCI distribution client. Cloning shares the connection pool and auth state.
+#[derive(Clone)]
+pub struct Client {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Builds a client. TLS is verified with the platform verifier plus `extra_ca_pem`.
+    ///
+    /// # Errors
+    /// [`Error::ExtraCa`] for a bundle without valid certificates, [`Error::HttpClient`] when
+    /// the TLS stack cannot be set up.
+    pub fn new(config: ClientConfig) -> Result<Client> {
+        let mut certs = Vec::new();
+        for (index, pem) in config.extra_ca_pem.iter().enumerate() {
+            let bundle = Certificate::from_pem_bundle(pem).map_err(|source| Error::ExtraCa {
+                index,
+                source: Some(source),
+            })?;
+            if bundle.is_empty() {
+                return Err(Error::ExtraCa {
+                    index,
+                    source: None,
+                });
+            }
+            certs.extend(bundle);
+        }
+        let http = reqwest::Client::builder()
+            .user_agent(config.user_agent.clone())
+            .connect_timeout(config.request_timeout.min(Duration::from_secs(30)))
+            .tls_certs_merge(certs)
+            .build()
+            .map_err(|source| Error::HttpClient { source })?;
+        let inner = Inner::new(
+            http,
+            config.retry,
+            config.request_timeout,
+            config.credentials,
+            config.upload,
+            config.insecure_hosts,
+        );
+        Ok(Client {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Establishes authorization for `scopes` on `registry` (as named in references) up front:
+    /// probes the registry, and for token auth fetches ONE token carrying every scope asked
+    /// for so far (for a push: `Scope::push(target)` plus `Scope::pull(source)` per
+    /// cross-repository mount source). Basic credentials are checked with `GET /v2/`.
+    /// Anonymous registries need nothing more than the probe.
+    ///
+    /// # Errors
+    /// [`Error::Unauthorized`] when the credentials are rejected; transport errors.
+    pub async fn authorize(&self, registry: &str, scopes: &[Scope]) -> Result<()> {
+        let reg = self.inner.registry(registry)?;
+        reg.authorization(&self.inner, scopes).await?;
+        if reg.is_basic().await {
+            let call = Call::new(Method::GET, reg.url("/v2/"), scopes.to_vec());
+            let resp = self.inner.send(&reg, &call).await?;
+            if !resp.status().is_success() {
+                return Err(status_error(&call, resp).await);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::oci::{Descriptor, Digest, Document, MediaType};
+    use crate::registry::{BlobSource, Reference};
+    use std::path::Path;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Callers run these futures on a multi-threaded runtime and inside `buffer_unordered`.
+    #[test]
+    fn client_futures_are_send_and_the_client_is_cheap_to_share() {
+        fn assert_sync<T: Send + Sync + Clone>() {}
+        assert_sync::<Client>();
+        let client = Client::new(ClientConfig::default()).unwrap();
+        let r: Reference = "reg.example/a:t".parse().unwrap();
+        let d = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b""), 0);
+        let doc = Document::new(MediaType::OciManifest, b"{}".to_vec());
+        assert_send(&client.authorize("reg.example", &[Scope::push("a")]));
+        assert_send(&client.get_manifest(&r, &[]));
+        assert_send(&client.head_manifest(&r));
+        assert_send(&client.put_manifest(&r, &doc));
+        assert_send(&client.blob_exists(&r, &d.digest));
+        assert_send(&client.get_blob(&r, &d));
+        assert_send(&client.get_blob_to_file(&r, &d, Path::new("x")));
+        assert_send(&client.mount_blob(&r, &d.digest, "b"));
+        assert_send(&client.push_blob(&r, &d, BlobSource::Bytes(Default::default()), Some("b")));
+    }
+}

@@ -1,0 +1,296 @@
+//! Registry errors: structured, redacted and retry-aware (after go-containerregistry's
+//! `transport/error.go`). Every variant carries data, never credentials: URLs are redacted
+//! before they get here and `Authorization` headers are never captured.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::Method;
+
+pub use super::failure::{ErrorInfo, Hint, TransportKind};
+use super::failure::{codes, hint_text, is_retryable_status, kind_text, unauthorized};
+use crate::oci::Digest;
+
+/// `Result` with [`Error`] as the default error.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong talking to a registry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A malformed image reference.
+    #[error("invalid image reference {input:?}: {problem}")]
+    InvalidReference {
+        /// The text given.
+        input: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// An unexpected HTTP status.
+    #[error("{method} {url} returned {status}{}", codes(.errors))]
+    Status {
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// HTTP status code.
+        status: u16,
+        /// The parsed OCI error envelope (empty when the body had none).
+        errors: Vec<ErrorInfo>,
+    },
+    /// A manifest, blob or repository that does not exist.
+    #[error("{what} not found ({method} {url} returned 404{})", codes(.errors))]
+    NotFound {
+        /// What was looked for (`manifest <reference>`, `blob <digest> in <repo>`).
+        what: String,
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// The parsed OCI error envelope.
+        errors: Vec<ErrorInfo>,
+    },
+    /// The registry (or its token service) refused our identity or its permissions.
+    #[error("{}", unauthorized(self))]
+    Unauthorized {
+        /// The registry, as named in the reference.
+        registry: String,
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// 401 or 403.
+        status: u16,
+        /// The parsed OCI error envelope.
+        errors: Vec<ErrorInfo>,
+        /// Whether any credentials were sent.
+        had_credentials: bool,
+    },
+    /// Content whose bytes do not hash to the digest that names them.
+    #[error("{what} failed verification: expected digest {expected}, got {actual}")]
+    DigestMismatch {
+        /// What was verified.
+        what: String,
+        /// The digest it should have.
+        expected: Digest,
+        /// The digest of the bytes received or held.
+        actual: Digest,
+    },
+    /// Content of the wrong length.
+    #[error("{what} has the wrong size: expected {expected} bytes, got {actual}")]
+    SizeMismatch {
+        /// What was measured.
+        what: String,
+        /// The size it should have.
+        expected: u64,
+        /// The size seen (possibly a lower bound when reading stopped early).
+        actual: u64,
+    },
+    /// A response body above the limit kiln accepts for it.
+    #[error("{what} is larger than the {limit}-byte limit")]
+    TooLarge {
+        /// What was being read.
+        what: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The request did not get an HTTP response.
+    #[error("cannot reach {host} ({method} {url}): {}{}", kind_text(*.kind), hint_text(*.hint, .host))]
+    Transport {
+        /// `host[:port]` that was contacted.
+        host: String,
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// The kind of failure.
+        kind: TransportKind,
+        /// Advice for the user.
+        hint: Hint,
+        /// The underlying error (its URL removed).
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A response body stopped arriving.
+    #[error("{method} {url} stalled: no data for {after:?}")]
+    Stalled {
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// How long nothing arrived.
+        after: Duration,
+    },
+    /// A response that breaks the distribution protocol.
+    #[error("{method} {url}: {problem}")]
+    Protocol {
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A docker credential helper failed.
+    #[error("getting credentials for {registry} from docker-credential-{helper}: {problem}")]
+    CredentialHelper {
+        /// Helper name (the part after `docker-credential-`).
+        helper: String,
+        /// The registry asked about.
+        registry: String,
+        /// What went wrong (exit status and the first line of its error output).
+        problem: String,
+    },
+    /// A docker config or `.dockerconfigjson` file could not be read.
+    #[error("reading credentials file {path}")]
+    CredentialsRead {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A docker config or `.dockerconfigjson` file is not valid.
+    #[error("parsing credentials file {path}")]
+    CredentialsParse {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An `auths` entry that cannot be decoded.
+    #[error("decoding the auth entry for {key} in {path}: {problem}")]
+    CredentialsEntry {
+        /// The file.
+        path: PathBuf,
+        /// The `auths` key.
+        key: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// An extra CA bundle without usable certificates.
+    #[error("loading extra CA certificate bundle #{index}")]
+    ExtraCa {
+        /// Position of the bundle in `ClientConfig::extra_ca_pem`.
+        index: usize,
+        /// The parse error, if any (`None` when the bundle held no certificate).
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client")]
+    HttpClient {
+        /// The builder error.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// Local file I/O around a transfer.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done (`opening blob source`).
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether repeating the request may succeed: connection resets, timeouts, stalls, 408, 429
+    /// and 5xx (except 501 and 505). Never authentication, validation or digest errors.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Status { status, .. } => is_retryable_status(*status),
+            Error::Transport { kind, .. } => {
+                matches!(kind, TransportKind::Timeout | TransportKind::Reset)
+            }
+            Error::Stalled { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The HTTP status, for variants that have one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Status { status, .. } | Error::Unauthorized { status, .. } => Some(*status),
+            Error::NotFound { .. } => Some(404),
+            _ => None,
+        }
+    }
+
+    /// The OCI error codes the registry returned, if any.
+    pub fn codes(&self) -> Vec<&str> {
+        match self {
+            Error::Status { errors, .. }
+            | Error::NotFound { errors, .. }
+            | Error::Unauthorized { errors, .. } => {
+                errors.iter().map(|e| e.code.as_str()).collect()
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> Error {
+        Error::Status {
+            method: Method::GET,
+            url: "u".into(),
+            status: code,
+            errors: vec![],
+        }
+    }
+
+    #[test]
+    fn server_errors_and_throttling_are_retryable_but_client_errors_are_not() {
+        for code in [408, 429, 500, 502, 503, 504] {
+            assert!(status(code).is_retryable(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 405, 413, 416, 501, 505] {
+            assert!(!status(code).is_retryable(), "{code}");
+        }
+        let denied = Error::Unauthorized {
+            registry: "r".into(),
+            method: Method::GET,
+            url: "u".into(),
+            status: 401,
+            errors: vec![],
+            had_credentials: true,
+        };
+        assert!(!denied.is_retryable());
+        let d = Digest::of(b"a");
+        let mismatch = Error::DigestMismatch {
+            what: "x".into(),
+            expected: d.clone(),
+            actual: d.clone(),
+        };
+        assert!(!mismatch.is_retryable());
+        let stalled = Error::Stalled {
+            method: Method::GET,
+            url: "u".into(),
+            after: Duration::ZERO,
+        };
+        assert!(stalled.is_retryable());
+    }
+
+    #[test]
+    fn unauthorized_says_what_to_do() {
+        let e = Error::Unauthorized {
+            registry: "reg.example".into(),
+            method: Method::GET,
+            url: "https://reg.example/v2/".into(),
+            status: 401,
+            errors: vec![],
+            had_credentials: false,
+        };
+        let text = e.to_string();
+        assert!(text.contains("--registry-auth") && text.contains("docker login reg.example"));
+    }
+}

@@ -1,0 +1,278 @@
+//! Manifests and indexes: `GET`, `HEAD` and `PUT /v2/<repo>/manifests/<tag|digest>`. Fetched
+//! bytes are verified against the reference's digest (or `Docker-Content-Digest`) and kept
+//! exactly as received.
+
+use reqwest::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
+use reqwest::{Method, Response, StatusCode};
+
+use super::auth::Scope;
+use super::client::Client;
+use super::error::{Error, Result};
+use super::reference::Reference;
+use super::transport::{Call, Payload, header, not_found, status_error};
+use crate::oci::{Descriptor, Digest, Document, MediaType, sniff_media_type};
+
+/// Largest manifest or index accepted (the distribution default limit is 4 MiB too).
+pub const MANIFEST_LIMIT: u64 = 4 * 1024 * 1024;
+/// The header registries use to report a content digest.
+pub(crate) const DOCKER_CONTENT_DIGEST: HeaderName =
+    HeaderName::from_static("docker-content-digest");
+
+/// The media types asked for when the caller passes none: OCI and Docker manifests and indexes.
+pub const DEFAULT_MANIFEST_TYPES: [MediaType; 4] = [
+    MediaType::OciManifest,
+    MediaType::OciIndex,
+    MediaType::DockerManifest,
+    MediaType::DockerManifestList,
+];
+
+impl Client {
+    /// Fetches the manifest or index `reference` names (by digest when it has one, else by
+    /// tag, else `latest`). `accept` lists the media types wanted; empty means
+    /// [`DEFAULT_MANIFEST_TYPES`]. The bytes are verified against the reference's digest, else
+    /// against `Docker-Content-Digest` when the registry sends it.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`], [`Error::DigestMismatch`], [`Error::TooLarge`] (over
+    /// [`MANIFEST_LIMIT`]), plus the usual request errors.
+    pub async fn get_manifest(
+        &self,
+        reference: &Reference,
+        accept: &[MediaType],
+    ) -> Result<Document> {
+        let reg = self.inner.registry(&reference.registry)?;
+        let url = reg.url(&manifest_path(reference));
+        let call = Call::new(Method::GET, url, vec![Scope::pull(&reference.repository)])
+            .header(ACCEPT, accept_header(accept));
+        let resp = self.inner.send(&reg, &call).await?;
+        match resp.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Err(not_found(&call, resp, what(reference)).await),
+            _ => return Err(status_error(&call, resp).await),
+        }
+        let content_type = header(&resp, &CONTENT_TYPE).map(str::to_string);
+        let header_digest =
+            header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok());
+        let bytes = read_capped(&call, resp, &what(reference)).await?;
+        let actual = Digest::of(&bytes);
+        if let Some(expected) = reference.digest.clone().or(header_digest)
+            && expected != actual
+        {
+            return Err(Error::DigestMismatch {
+                what: what(reference),
+                expected,
+                actual,
+            });
+        }
+        let media_type =
+            media_type(content_type.as_deref(), &bytes).ok_or_else(|| Error::Protocol {
+                method: call.method.clone(),
+                url: call.shown_url(),
+                problem: "the manifest has no media type (no Content-Type and no mediaType field)",
+            })?;
+        Ok(Document {
+            media_type,
+            digest: actual,
+            bytes,
+        })
+    }
+
+    /// The descriptor of the manifest `reference` names, or `None` when it does not exist.
+    /// Falls back to a verified `GET` when the registry omits `Docker-Content-Digest`.
+    ///
+    /// # Errors
+    /// [`Error::DigestMismatch`] when the registry reports another digest than the reference
+    /// pins, plus the usual request errors.
+    pub async fn head_manifest(&self, reference: &Reference) -> Result<Option<Descriptor>> {
+        let reg = self.inner.registry(&reference.registry)?;
+        let url = reg.url(&manifest_path(reference));
+        let call = Call::new(Method::HEAD, url, vec![Scope::pull(&reference.repository)])
+            .header(ACCEPT, accept_header(&[]));
+        let resp = self.inner.send(&reg, &call).await?;
+        match resp.status() {
+            StatusCode::OK => {}
+            StatusCode::NOT_FOUND => return Ok(None),
+            _ => return Err(status_error(&call, resp).await),
+        }
+        let digest = header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok());
+        let size = header(&resp, &CONTENT_LENGTH).and_then(|s| s.parse::<u64>().ok());
+        let content_type = header(&resp, &CONTENT_TYPE).map(str::to_string);
+        match (digest, size, content_type) {
+            (Some(digest), Some(size), Some(ct)) => {
+                if let Some(expected) = &reference.digest
+                    && *expected != digest
+                {
+                    let what = what(reference);
+                    return Err(Error::DigestMismatch {
+                        what,
+                        expected: expected.clone(),
+                        actual: digest,
+                    });
+                }
+                Ok(Some(Descriptor::new(
+                    MediaType::from(media_type_only(&ct)),
+                    digest,
+                    size,
+                )))
+            }
+            _ => Ok(Some(self.get_manifest(reference, &[]).await?.descriptor())),
+        }
+    }
+
+    /// Uploads `doc` under `reference`'s tag (or its digest, or `doc`'s own digest when the
+    /// reference has neither) with `Content-Type` = `doc.media_type`. Returns the digest.
+    ///
+    /// # Errors
+    /// [`Error::DigestMismatch`] when the reference pins another digest or the registry reports
+    /// another one, plus the usual request errors (manifests referring to missing blobs get
+    /// `MANIFEST_BLOB_UNKNOWN` in [`Error::Status`]).
+    pub async fn put_manifest(&self, reference: &Reference, doc: &Document) -> Result<Digest> {
+        let what = || format!("manifest pushed to {reference}");
+        if let Some(pinned) = &reference.digest
+            && *pinned != doc.digest
+        {
+            return Err(Error::DigestMismatch {
+                what: what(),
+                expected: pinned.clone(),
+                actual: doc.digest.clone(),
+            });
+        }
+        let target = match (&reference.tag, &reference.digest) {
+            (Some(tag), _) => tag.clone(),
+            (None, Some(d)) => d.to_string(),
+            (None, None) => doc.digest.to_string(),
+        };
+        let reg = self.inner.registry(&reference.registry)?;
+        let url = reg.url(&format!("/v2/{}/manifests/{target}", reference.repository));
+        let content_type =
+            HeaderValue::from_str(doc.media_type.as_str()).map_err(|_| Error::Protocol {
+                method: Method::PUT,
+                url: reference.to_string(),
+                problem: "the media type is not a valid header value",
+            })?;
+        let call = Call::new(Method::PUT, url, vec![Scope::push(&reference.repository)])
+            .header(CONTENT_TYPE, content_type)
+            .payload(Payload::Bytes(doc.bytes.clone().into()), None);
+        let resp = self.inner.send(&reg, &call).await?;
+        if !resp.status().is_success() {
+            return Err(status_error(&call, resp).await);
+        }
+        if let Some(reported) =
+            header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok())
+            && reported != doc.digest
+        {
+            return Err(Error::DigestMismatch {
+                what: what(),
+                expected: doc.digest.clone(),
+                actual: reported,
+            });
+        }
+        Ok(doc.digest.clone())
+    }
+}
+
+fn manifest_path(reference: &Reference) -> String {
+    format!(
+        "/v2/{}/manifests/{}",
+        reference.repository,
+        reference.manifest_ref()
+    )
+}
+
+fn what(reference: &Reference) -> String {
+    format!("manifest {reference}")
+}
+
+fn accept_header(accept: &[MediaType]) -> HeaderValue {
+    let types: Vec<&str> = if accept.is_empty() {
+        DEFAULT_MANIFEST_TYPES
+            .iter()
+            .map(MediaType::as_str)
+            .collect()
+    } else {
+        accept.iter().map(MediaType::as_str).collect()
+    };
+    HeaderValue::from_str(&types.join(", "))
+        .unwrap_or_else(|_| HeaderValue::from_static("application/vnd.oci.image.manifest.v1+json"))
+}
+
+/// `type/subtype` without parameters.
+fn media_type_only(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
+/// The media type from `Content-Type`, or from the bytes when the header is missing or generic.
+fn media_type(content_type: Option<&str>, bytes: &[u8]) -> Option<MediaType> {
+    let declared = content_type
+        .map(media_type_only)
+        .filter(|ct| !ct.is_empty());
+    match declared {
+        Some(ct)
+            if !matches!(
+                ct,
+                "application/json" | "text/plain" | "application/octet-stream"
+            ) =>
+        {
+            Some(MediaType::from(ct))
+        }
+        _ => sniff_media_type(bytes).or_else(|| declared.map(MediaType::from)),
+    }
+}
+
+/// Reads a body of at most [`MANIFEST_LIMIT`] bytes.
+async fn read_capped(call: &Call, mut resp: Response, what: &str) -> Result<Vec<u8>> {
+    let too_large = || Error::TooLarge {
+        what: what.to_string(),
+        limit: MANIFEST_LIMIT,
+    };
+    if resp.content_length().is_some_and(|n| n > MANIFEST_LIMIT) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| Error::transport(&call.method, &call.url, e))?
+    {
+        if body.len() as u64 + chunk.len() as u64 > MANIFEST_LIMIT {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_type_comes_from_content_type_or_the_bytes() {
+        let oci = br#"{"schemaVersion":2,"config":{},"layers":[]}"#;
+        let ct = "application/vnd.docker.distribution.manifest.v2+json; charset=utf-8";
+        assert_eq!(media_type(Some(ct), oci), Some(MediaType::DockerManifest));
+        assert_eq!(
+            media_type(Some("application/json"), oci),
+            Some(MediaType::OciManifest)
+        );
+        assert_eq!(
+            media_type(None, br#"{"manifests":[]}"#),
+            Some(MediaType::OciIndex)
+        );
+        assert_eq!(media_type(None, b"garbage"), None);
+    }
+
+    #[test]
+    fn accept_lists_manifests_and_indexes_of_both_families() {
+        let h = accept_header(&[]);
+        let text = h.to_str().unwrap();
+        for t in DEFAULT_MANIFEST_TYPES {
+            assert!(text.contains(t.as_str()), "{text}");
+        }
+        assert_eq!(
+            accept_header(&[MediaType::OciIndex]).to_str().unwrap(),
+            MediaType::OciIndex.as_str()
+        );
+    }
+}

@@ -1,0 +1,46 @@
+//! Async OCI distribution client: image references, authentication (anonymous, Basic, Bearer
+//! tokens; docker `config.json`, credential helpers and `.dockerconfigjson` secrets), manifests,
+//! blobs (HEAD, verified download, cross-repository mount, upload), structured redacted errors
+//! and a retry policy.
+//!
+//! The push protocol it implements: per blob `HEAD` → mount → upload, the manifest last (the
+//! caller's job), with ONE token per registry carrying every scope of the build. It uses only
+//! `oci::{Digest, Descriptor, Document, MediaType, Hasher, sniff_media_type}` from the crate.
+//!
+//! ```no_run
+//! # async fn demo() -> kiln::registry::Result<()> {
+//! use kiln::registry::{Client, ClientConfig, Reference, Scope};
+//! let client = Client::new(ClientConfig::default())?;
+//! let target: Reference = "reg.example/team/app:v1".parse()?;
+//! client.authorize(&target.registry, &[Scope::push(&target.repository), Scope::pull("base/node")]).await?;
+//! let base = client.get_manifest(&"reg.example/base/node:22".parse()?, &[]).await?;
+//! # let _ = base; Ok(()) }
+//! ```
+
+mod auth;
+mod blobs;
+mod challenge;
+mod client;
+mod credentials;
+mod error;
+mod failure;
+mod helper;
+mod manifests;
+mod redact;
+mod reference;
+mod retry;
+mod session;
+mod transport;
+mod upload;
+mod upload_steps;
+
+pub use auth::Scope;
+pub use blobs::IN_MEMORY_BLOB_LIMIT;
+pub use client::{Client, ClientConfig};
+pub use credentials::{Credential, CredentialStore, DOCKER_HUB_CONFIG_KEY};
+pub use error::{Error, ErrorInfo, Hint, Result, TransportKind};
+pub use manifests::{DEFAULT_MANIFEST_TYPES, MANIFEST_LIMIT};
+pub use redact::redact_url;
+pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference};
+pub use retry::RetryPolicy;
+pub use upload::{BlobOutcome, BlobSource, UploadPolicy};

@@ -1,0 +1,352 @@
+//! One HTTP exchange with a registry, and the pipeline around it: authorization header,
+//! re-authorization on a 401 challenge, retry of retryable failures, a `debug!` line per
+//! request with method, redacted URL and status. Bodies are re-created for every attempt
+//! (files are re-opened), never buffered whole, and never logged.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use reqwest::header::{
+    AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue, LOCATION,
+};
+use reqwest::{Body, Method, Response, StatusCode};
+use tokio::io::{AsyncReadExt, AsyncSeekExt};
+use tokio_util::io::ReaderStream;
+use tracing::debug;
+use url::Url;
+
+use super::auth::Scope;
+use super::credentials::CredentialStore;
+use super::error::{Error, ErrorInfo, Result};
+use super::failure::{host_port, is_retryable_status, parse_envelope};
+use super::redact::redact_url;
+use super::reference::api_host;
+use super::retry::{RetryPolicy, retry};
+use super::session::Registry;
+use super::upload::UploadPolicy;
+
+/// Error bodies are read up to this size (they are small JSON envelopes).
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+const FILE_READ_BUFFER: usize = 256 * 1024;
+/// The slowest average rate a large transfer may have before its overall timeout hits.
+const MIN_TRANSFER_RATE: u64 = 64 * 1024;
+
+/// Overall time allowed for a request moving `bytes` of body: the request timeout plus what
+/// the bytes take at [`MIN_TRANSFER_RATE`]. Stalls are caught sooner by per-chunk timeouts.
+pub(crate) fn transfer_timeout(request_timeout: Duration, bytes: u64) -> Duration {
+    request_timeout + Duration::from_secs(bytes / MIN_TRANSFER_RATE)
+}
+
+/// The next chunk of a response body, failing with [`Error::Stalled`] when none arrives
+/// within `stall`.
+pub(crate) async fn next_chunk(
+    call: &Call,
+    resp: &mut Response,
+    stall: Duration,
+) -> Result<Option<Bytes>> {
+    match tokio::time::timeout(stall, resp.chunk()).await {
+        Ok(Ok(chunk)) => Ok(chunk),
+        Ok(Err(e)) => Err(Error::transport(&call.method, &call.url, e)),
+        Err(_) => Err(Error::Stalled {
+            method: call.method.clone(),
+            url: call.shown_url(),
+            after: stall,
+        }),
+    }
+}
+
+/// What a request sends.
+#[derive(Clone, Debug)]
+pub(crate) enum Payload {
+    /// No body (`Content-Length: 0` for methods that carry one).
+    Empty,
+    /// In-memory bytes.
+    Bytes(Bytes),
+    /// `len` bytes of a file from `offset`, streamed.
+    File {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+}
+
+/// A request description that can be sent any number of times.
+#[derive(Clone, Debug)]
+pub(crate) struct Call {
+    pub method: Method,
+    pub url: Url,
+    pub headers: HeaderMap,
+    pub payload: Payload,
+    /// The access this request needs.
+    pub scopes: Vec<Scope>,
+    /// Total time allowed; the client's request timeout when `None`.
+    pub timeout: Option<Duration>,
+    /// Incremented with every body byte handed to the connection.
+    pub sent: Option<Arc<AtomicU64>>,
+}
+
+impl Call {
+    pub fn new(method: Method, url: Url, scopes: Vec<Scope>) -> Call {
+        Call {
+            method,
+            url,
+            headers: HeaderMap::new(),
+            payload: Payload::Empty,
+            scopes,
+            timeout: None,
+            sent: None,
+        }
+    }
+
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Call {
+        self.headers.insert(name, value);
+        self
+    }
+
+    pub fn payload(mut self, payload: Payload, sent: Option<Arc<AtomicU64>>) -> Call {
+        self.payload = payload;
+        self.sent = sent;
+        self
+    }
+
+    /// The URL for errors and logs.
+    pub fn shown_url(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+/// Shared state behind a [`super::Client`].
+pub(crate) struct Inner {
+    pub http: reqwest::Client,
+    pub retry: RetryPolicy,
+    pub timeout: Duration,
+    pub credentials: CredentialStore,
+    pub upload: UploadPolicy,
+    insecure_hosts: Vec<String>,
+    registries: Mutex<HashMap<String, Arc<Registry>>>,
+}
+
+impl Inner {
+    pub fn new(
+        http: reqwest::Client,
+        retry: RetryPolicy,
+        timeout: Duration,
+        credentials: CredentialStore,
+        upload: UploadPolicy,
+        insecure_hosts: Vec<String>,
+    ) -> Inner {
+        let insecure_hosts = insecure_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        let registries = Mutex::new(HashMap::new());
+        Inner {
+            http,
+            retry,
+            timeout,
+            credentials,
+            upload,
+            insecure_hosts,
+            registries,
+        }
+    }
+
+    /// The state of registry `name` (as named in references), created on first use.
+    pub fn registry(&self, name: &str) -> Result<Arc<Registry>> {
+        let host = api_host(name).to_ascii_lowercase();
+        let mut map = self.registries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reg) = map.get(&host) {
+            return Ok(reg.clone());
+        }
+        let insecure = self
+            .insecure_hosts
+            .iter()
+            .any(|h| *h == host || *h == name.to_ascii_lowercase());
+        let scheme = if insecure { "http" } else { "https" };
+        let base =
+            Url::parse(&format!("{scheme}://{host}/")).map_err(|_| Error::InvalidReference {
+                input: name.to_string(),
+                problem: "the registry is not a valid host[:port]",
+            })?;
+        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base));
+        map.insert(host, reg.clone());
+        Ok(reg)
+    }
+
+    /// Sends `call` with authorization, re-authorization and retries. Returns any response
+    /// that is not 401/403 and not retryable; those become errors.
+    pub async fn send(&self, reg: &Registry, call: &Call) -> Result<Response> {
+        retry(&self.retry, call.method.as_str(), || {
+            self.send_once(reg, call)
+        })
+        .await
+    }
+
+    /// Like [`Inner::send`] without retrying (for callers that retry a larger unit).
+    pub async fn send_once(&self, reg: &Registry, call: &Call) -> Result<Response> {
+        let same_origin =
+            host_port(&call.url) == reg.host && call.url.scheme() == reg.base.scheme();
+        let auth = if same_origin {
+            reg.authorization(self, &call.scopes).await?
+        } else {
+            None
+        };
+        let mut resp = self.exchange(call, auth.as_ref()).await?;
+        if resp.status() == StatusCode::UNAUTHORIZED && same_origin {
+            // Once only: a new token with the union of scopes, or newly learnt Basic auth.
+            let retry_with = reg
+                .reauthorize(self, &call.scopes, resp.headers(), auth.as_ref())
+                .await?;
+            if let Some(header) = retry_with {
+                resp = self.exchange(call, Some(&header)).await?;
+            }
+        }
+        let status = resp.status().as_u16();
+        if same_origin && (status == 401 || status == 403) {
+            let errors = error_body(resp).await;
+            return Err(Error::Unauthorized {
+                registry: reg.name.clone(),
+                method: call.method.clone(),
+                url: call.shown_url(),
+                status,
+                errors,
+                had_credentials: reg.has_credentials().await,
+            });
+        }
+        if is_retryable_status(status) {
+            return Err(status_error(call, resp).await);
+        }
+        Ok(resp)
+    }
+
+    /// One HTTP exchange, no auth logic. Transport failures become [`Error::Transport`].
+    pub async fn exchange(&self, call: &Call, auth: Option<&HeaderValue>) -> Result<Response> {
+        let mut req = self
+            .http
+            .request(call.method.clone(), call.url.clone())
+            .headers(call.headers.clone());
+        if let Some(value) = auth {
+            req = req.header(AUTHORIZATION, value.clone());
+        }
+        req = req.timeout(call.timeout.unwrap_or(self.timeout));
+        req = match &call.payload {
+            Payload::Empty if matches!(call.method, Method::POST | Method::PUT | Method::PATCH) => {
+                req.body(Bytes::new())
+            }
+            Payload::Empty => req,
+            Payload::Bytes(bytes) => {
+                count(&call.sent, bytes.len() as u64);
+                req.body(bytes.clone())
+            }
+            Payload::File { path, offset, len } => {
+                let body = file_body(path, *offset, *len, call.sent.clone()).await?;
+                req.header(CONTENT_LENGTH, *len).body(body)
+            }
+        };
+        match req.send().await {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                debug!(method = %call.method, url = %call.shown_url(), status, "registry request");
+                Ok(resp)
+            }
+            Err(err) => {
+                let err = Error::transport(&call.method, &call.url, err);
+                debug!(method = %call.method, url = %call.shown_url(), error = %err, "registry request failed");
+                Err(err)
+            }
+        }
+    }
+}
+
+fn count(sent: &Option<Arc<AtomicU64>>, n: u64) {
+    if let Some(counter) = sent {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A streaming body over `len` bytes of `path` from `offset`, counting what is read out.
+async fn file_body(
+    path: &PathBuf,
+    offset: u64,
+    len: u64,
+    sent: Option<Arc<AtomicU64>>,
+) -> Result<Body> {
+    let io = |source| Error::Io {
+        action: "opening blob source",
+        path: path.clone(),
+        source,
+    };
+    let mut file = tokio::fs::File::open(path).await.map_err(io)?;
+    if offset > 0 {
+        file.seek(std::io::SeekFrom::Start(offset))
+            .await
+            .map_err(io)?;
+    }
+    let stream = ReaderStream::with_capacity(file.take(len), FILE_READ_BUFFER)
+        .inspect_ok(move |chunk| count(&sent, chunk.len() as u64));
+    Ok(Body::wrap_stream(stream))
+}
+
+/// Reads an error body (capped) and parses its OCI error envelope.
+pub(crate) async fn error_body(mut resp: Response) -> Vec<ErrorInfo> {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() > ERROR_BODY_LIMIT {
+            break;
+        }
+    }
+    parse_envelope(&body)
+}
+
+/// [`Error::Status`] for an unexpected response.
+pub(crate) async fn status_error(call: &Call, resp: Response) -> Error {
+    let status = resp.status().as_u16();
+    let errors = error_body(resp).await;
+    Error::Status {
+        method: call.method.clone(),
+        url: call.shown_url(),
+        status,
+        errors,
+    }
+}
+
+/// [`Error::NotFound`] for a 404 response.
+pub(crate) async fn not_found(call: &Call, resp: Response, what: String) -> Error {
+    let errors = error_body(resp).await;
+    Error::NotFound {
+        what,
+        method: call.method.clone(),
+        url: call.shown_url(),
+        errors,
+    }
+}
+
+/// A header as text, if present and printable.
+pub(crate) fn header<'r>(resp: &'r Response, name: &HeaderName) -> Option<&'r str> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+}
+
+/// The `Location` of a response resolved against the request URL (it may be relative, and may
+/// carry its own query such as `_state`).
+pub(crate) fn location(call: &Call, resp: &Response) -> Result<Url> {
+    let protocol = |problem| Error::Protocol {
+        method: call.method.clone(),
+        url: call.shown_url(),
+        problem,
+    };
+    let value = header(resp, &LOCATION)
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| protocol("the registry answered without a Location header"))?;
+    call.url
+        .join(value)
+        .map_err(|_| protocol("the Location header is not a valid URL"))
+}

@@ -1,0 +1,224 @@
+//! Blob pushes, in the order of the push protocol: `HEAD` (exists → done) → cross-repository
+//! mount (201 → done; 202 → continue in that session) → upload (see `upload_steps.rs`: a
+//! single `POST ?digest=` while the registry is not known to refuse it and the blob is small,
+//! else `POST` + `PUT` streaming the body, chunked `PATCH`es only above a large threshold or
+//! when the registry rejects the single `PUT`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use reqwest::{Method, StatusCode};
+use tracing::debug;
+
+use super::auth::Scope;
+use super::client::Client;
+use super::error::{Error, Result};
+use super::reference::Reference;
+use super::retry::retry;
+use super::session::Registry;
+use super::transport::{Call, location, status_error};
+use super::upload_steps::{Session, Upload, min_chunk};
+use crate::oci::{Descriptor, Digest};
+
+/// Size thresholds that pick the upload strategy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadPolicy {
+    /// Blobs up to this size first try the single-request `POST ?digest=` (default 1 MiB).
+    pub monolithic_max: u64,
+    /// Blobs above this size are uploaded in chunks (default 256 MiB).
+    pub chunked_threshold: u64,
+    /// Chunk size for chunked uploads (default 32 MiB; raised to the registry's
+    /// `OCI-Chunk-Min-Length`).
+    pub chunk_size: u64,
+}
+
+impl Default for UploadPolicy {
+    fn default() -> Self {
+        UploadPolicy {
+            monolithic_max: 1 << 20,
+            chunked_threshold: 256 << 20,
+            chunk_size: 32 << 20,
+        }
+    }
+}
+
+/// Where a blob's bytes come from.
+#[derive(Clone, Debug)]
+pub enum BlobSource {
+    /// A file, streamed (never read whole into memory).
+    File(PathBuf),
+    /// Bytes in memory (configs, small layers).
+    Bytes(Bytes),
+}
+
+/// What [`Client::push_blob`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlobOutcome {
+    /// The repository already had the blob.
+    Existed,
+    /// The registry linked it from the mount source repository.
+    Mounted,
+    /// Its bytes were uploaded.
+    Uploaded {
+        /// Body bytes sent, across all attempts.
+        bytes_sent: u64,
+    },
+}
+
+impl Client {
+    /// Pushes one blob to `repo` (its tag and digest are ignored). `mount_from` names a
+    /// repository on the same registry that has the blob (a base image), for a
+    /// cross-repository mount; with token auth, call [`Client::authorize`] first with
+    /// `Scope::push(repo)` and `Scope::pull(source)` so that one token carries both.
+    ///
+    /// # Errors
+    /// [`Error::SizeMismatch`]/[`Error::DigestMismatch`] when the source does not match the
+    /// descriptor, [`Error::Protocol`] for a 202 without `Location`, plus request errors.
+    pub async fn push_blob(
+        &self,
+        repo: &Reference,
+        descriptor: &Descriptor,
+        source: BlobSource,
+        mount_from: Option<&str>,
+    ) -> Result<BlobOutcome> {
+        check_source(&source, descriptor).await?;
+        if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
+            debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
+            return Ok(BlobOutcome::Existed);
+        }
+        let reg = self.inner.registry(&repo.registry)?;
+        let mut session = None;
+        if let Some(from) = mount_from.filter(|f| *f != repo.repository) {
+            match self.mount(&reg, repo, &descriptor.digest, from).await? {
+                None => return Ok(BlobOutcome::Mounted),
+                Some(s) => session = Some(s),
+            }
+        }
+        let sent = Arc::new(AtomicU64::new(0));
+        let upload = Upload {
+            client: self,
+            reg: &reg,
+            repo,
+            descriptor,
+            source: &source,
+            sent: &sent,
+        };
+        retry(&self.inner.retry, "uploading blob", || {
+            let first = session.take();
+            upload.run(first)
+        })
+        .await?;
+        let bytes_sent = sent.load(Ordering::Relaxed);
+        debug!(digest = %descriptor.digest, bytes_sent, "blob uploaded");
+        Ok(BlobOutcome::Uploaded { bytes_sent })
+    }
+
+    /// Cross-repository mount of blob `digest` from repository `from` (same registry) into
+    /// `repo`: `true` when mounted, `false` when the registry declined (the blob is not in
+    /// `from`, or no pull access there). Prefer [`Client::push_blob`] with `mount_from` when
+    /// the bytes are at hand: it continues a declined mount in the session already opened.
+    ///
+    /// # Errors
+    /// [`Error::Protocol`] for a 202 without `Location`, plus the usual request errors.
+    pub async fn mount_blob(&self, repo: &Reference, digest: &Digest, from: &str) -> Result<bool> {
+        let reg = self.inner.registry(&repo.registry)?;
+        Ok(self.mount(&reg, repo, digest, from).await?.is_none())
+    }
+
+    /// `POST ?mount=&from=`: `None` when mounted, else the session the registry opened.
+    async fn mount(
+        &self,
+        reg: &Registry,
+        repo: &Reference,
+        digest: &Digest,
+        from: &str,
+    ) -> Result<Option<Session>> {
+        let mut url = reg.url(&uploads_path(repo));
+        url.query_pairs_mut()
+            .append_pair("mount", &digest.to_string())
+            .append_pair("from", from);
+        let scopes = vec![Scope::push(&repo.repository), Scope::pull(from)];
+        let call = Call::new(Method::POST, url, scopes);
+        let resp = self.inner.send(reg, &call).await?;
+        match resp.status() {
+            StatusCode::CREATED => Ok(None),
+            StatusCode::ACCEPTED => {
+                debug!(%digest, from, "mount declined; uploading in the session opened");
+                Ok(Some(Session {
+                    url: location(&call, &resp)?,
+                    min_chunk: min_chunk(&resp),
+                }))
+            }
+            _ => Err(status_error(&call, resp).await),
+        }
+    }
+}
+
+pub(crate) fn uploads_path(repo: &Reference) -> String {
+    format!("/v2/{}/blobs/uploads/", repo.repository)
+}
+
+/// The source must have the descriptor's size (and, for bytes, its digest).
+async fn check_source(source: &BlobSource, descriptor: &Descriptor) -> Result<()> {
+    let what = || format!("blob source for {}", descriptor.digest);
+    let actual = match source {
+        BlobSource::Bytes(b) => {
+            let digest = Digest::of(b);
+            if digest != descriptor.digest {
+                return Err(Error::DigestMismatch {
+                    what: what(),
+                    expected: descriptor.digest.clone(),
+                    actual: digest,
+                });
+            }
+            b.len() as u64
+        }
+        BlobSource::File(path) => {
+            let meta = tokio::fs::metadata(path).await;
+            meta.map_err(|source| Error::Io {
+                action: "reading blob source",
+                path: path.clone(),
+                source,
+            })?
+            .len()
+        }
+    };
+    if actual != descriptor.size {
+        return Err(Error::SizeMismatch {
+            what: what(),
+            expected: descriptor.size,
+            actual,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sources_that_do_not_match_the_descriptor_are_refused_before_any_request() {
+        let d = Descriptor::new(crate::oci::MediaType::OciLayerGzip, Digest::of(b"abc"), 3);
+        check_source(&BlobSource::Bytes(Bytes::from_static(b"abc")), &d)
+            .await
+            .unwrap();
+        let wrong = check_source(&BlobSource::Bytes(Bytes::from_static(b"abd")), &d).await;
+        assert!(matches!(wrong, Err(Error::DigestMismatch { .. })));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob");
+        std::fs::write(&path, b"abcd").unwrap();
+        let short = check_source(&BlobSource::File(path), &d).await;
+        assert!(matches!(
+            short,
+            Err(Error::SizeMismatch {
+                expected: 3,
+                actual: 4,
+                ..
+            })
+        ));
+    }
+}
