@@ -4,5 +4,9 @@
 //!
 //! Dependencies point one way: `cli → build → {oci, registry, runtime}`; `oci` is pure.
 
+pub mod build;
+pub mod cli;
 pub mod oci;
 pub mod registry;
+pub mod runtime;
+pub mod telemetry;

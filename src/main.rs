@@ -1,1 +1,49 @@
-fn main() {}
+//! The `kiln` binary: parse, set up telemetry, run, print the result, map the outcome to an
+//! exit code.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use kiln::cli::{self, Cli, Failure};
+
+/// kiln's exit codes.
+#[derive(Clone, Copy)]
+enum Exit {
+    Success = 0,
+    Failed = 1,
+    Usage = 2,
+    Interrupted = 130,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> ExitCode {
+        ExitCode::from(e as u8)
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    kiln::telemetry::init(&cli.global);
+    let outcome = tokio::select! {
+        outcome = cli::run(cli) => outcome,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("kiln: interrupted");
+            return Exit::Interrupted.into();
+        }
+    };
+    match outcome {
+        Ok(stdout) => {
+            println!("{stdout}");
+            Exit::Success.into()
+        }
+        Err(Failure::Usage(e)) => {
+            eprintln!("error: {e:#}");
+            Exit::Usage.into()
+        }
+        Err(Failure::Build(e)) => {
+            eprintln!("error: {e:#}");
+            Exit::Failed.into()
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The local dependency-layer cache, shared by every Function built on this machine:
+//! `<cache>/deps/<key>.json` records the layer built for a dependency key, and the layer blob
+//! lives content-addressed in `<cache>/blobs/sha256/`. A hit skips the install entirely.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::oci::{Digest, LayerBlob};
+
+/// A cached dependency layer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CachedLayer {
+    /// Compressed digest.
+    pub digest: Digest,
+    /// Uncompressed digest.
+    pub diff_id: Digest,
+    /// Compressed size.
+    pub size: u64,
+}
+
+/// The cache directory.
+#[derive(Clone, Debug)]
+pub struct LayerCache {
+    root: PathBuf,
+}
+
+impl LayerCache {
+    /// Opens (creating) the cache at `root`.
+    ///
+    /// # Errors
+    /// When the directories cannot be created.
+    pub fn open(root: &Path) -> std::io::Result<LayerCache> {
+        for sub in ["deps", "blobs/sha256", "tmp"] {
+            fs::create_dir_all(root.join(sub))?;
+        }
+        Ok(LayerCache {
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Scratch space on the cache's file system, so layers can be renamed into it.
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    /// Where a cached blob lives.
+    pub fn blob_path(&self, digest: &Digest) -> PathBuf {
+        self.root.join("blobs/sha256").join(digest.hex())
+    }
+
+    fn entry_path(&self, key: &Digest) -> PathBuf {
+        self.root.join("deps").join(format!("{}.json", key.hex()))
+    }
+
+    /// The layer cached for `key`, if its record and blob (with the right size) are present.
+    pub fn get(&self, key: &Digest) -> Option<CachedLayer> {
+        let bytes = fs::read(self.entry_path(key)).ok()?;
+        let layer: CachedLayer = serde_json::from_slice(&bytes).ok()?;
+        let size = fs::metadata(self.blob_path(&layer.digest)).ok()?.len();
+        (size == layer.size).then_some(layer)
+    }
+
+    /// Moves a freshly written layer into the cache under `key`.
+    ///
+    /// # Errors
+    /// When the blob cannot be moved or the record written.
+    pub fn put(&self, key: &Digest, blob: LayerBlob) -> std::io::Result<CachedLayer> {
+        let layer = CachedLayer {
+            digest: blob.descriptor.digest.clone(),
+            diff_id: blob.diff_id.clone(),
+            size: blob.descriptor.size,
+        };
+        blob.file
+            .persist(self.blob_path(&layer.digest))
+            .map_err(|e| e.error)?;
+        let record = serde_json::to_vec(&layer).map_err(std::io::Error::other)?;
+        let tmp = self.entry_path(key).with_extension("tmp");
+        fs::write(&tmp, record)?;
+        fs::rename(tmp, self.entry_path(key))?;
+        Ok(layer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::oci::{Content, EntryKind, LayerEntry, MediaType, layer::write_layer};
+
+    #[test]
+    fn a_put_layer_is_found_and_a_truncated_blob_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = LayerCache::open(dir.path()).unwrap();
+        let entry = LayerEntry {
+            path: "a".into(),
+            kind: EntryKind::File {
+                content: Content::Bytes(b"x".to_vec()),
+                executable: false,
+            },
+        };
+        let blob = write_layer(vec![entry], 0, MediaType::OciLayerGzip, &cache.tmp_dir()).unwrap();
+        let key = Digest::of(b"key");
+        assert!(cache.get(&key).is_none());
+        let put = cache.put(&key, blob).unwrap();
+        let got = cache.get(&key).unwrap();
+        assert_eq!(got.digest, put.digest);
+        fs::write(cache.blob_path(&got.digest), b"").unwrap();
+        assert!(cache.get(&key).is_none());
+    }
+}

@@ -1,0 +1,358 @@
+//! Runs the runtime's dependency install in a staging directory with a controlled
+//! environment, and identifies the toolchain for the dependency cache key. The staging
+//! directory holds the manifest, lock file and registry config; only the install's output
+//! (`node_modules`, `site-packages`) is ever layered, so `.npmrc`/`pip.conf` cannot leak.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use super::function::DepInputs;
+use crate::oci::{Digest, Hasher};
+use crate::runtime::RuntimeSpec;
+
+/// How many trailing lines of the install's stderr an error carries.
+const STDERR_TAIL_LINES: usize = 25;
+
+/// The environment the install runs in: nothing of the caller's environment passes except
+/// what is named here.
+#[derive(Clone, Debug, Default)]
+pub struct InstallEnv {
+    /// `PATH` to find the toolchain on.
+    pub path: OsString,
+    /// Extra CA bundle the install trusts (corporate TLS proxies), if any.
+    pub ca_bundle: Option<PathBuf>,
+    /// Proxy variables (`https_proxy`, `no_proxy`, …) passed through.
+    pub proxy: Vec<(String, String)>,
+    /// Shared package-download cache directory (npm/pip cache).
+    pub package_cache: PathBuf,
+}
+
+/// Why the install failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The tool is not on PATH.
+    #[error(
+        "{tool} is not on PATH; the {runtime} runtime installs dependencies with it (install it, or build inside the runtime's builder image)"
+    )]
+    ToolMissing {
+        /// The program.
+        tool: String,
+        /// The runtime.
+        runtime: String,
+    },
+    /// The install exited non-zero.
+    #[error("`{command}` failed ({status}); last lines of its output:\n{stderr_tail}")]
+    Failed {
+        /// The command line.
+        command: String,
+        /// Exit status.
+        status: String,
+        /// Redacted tail of stderr.
+        stderr_tail: String,
+    },
+    /// The install succeeded but produced nothing where expected.
+    #[error("`{command}` succeeded but produced no {output}")]
+    NoOutput {
+        /// The command line.
+        command: String,
+        /// The expected output.
+        output: String,
+    },
+    /// Staging or process I/O.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl InstallEnv {
+    fn apply(&self, cmd: &mut Command, runtime: &RuntimeSpec, home: &Path) {
+        cmd.env_clear()
+            .env("PATH", &self.path)
+            .env("HOME", home)
+            .env("LANG", "C.UTF-8");
+        if let Some(ca) = &self.ca_bundle {
+            // Each tool reads a different variable; the bundle is mounted for the install
+            // only and never layered.
+            for var in [
+                "NODE_EXTRA_CA_CERTS",
+                "SSL_CERT_FILE",
+                "PIP_CERT",
+                "REQUESTS_CA_BUNDLE",
+            ] {
+                cmd.env(var, ca);
+            }
+        }
+        for (k, v) in &self.proxy {
+            cmd.env(k, v);
+        }
+        if let Some(var) = &runtime.dependencies.cache_env {
+            cmd.env(var, self.package_cache.join(&runtime.name));
+        }
+    }
+}
+
+/// An identity of the toolchain on PATH (`node --version` and so on), for the cache key.
+///
+/// # Errors
+/// When a toolchain command is missing or fails.
+pub async fn toolchain_id(
+    runtime: &RuntimeSpec,
+    env: &InstallEnv,
+    scratch: &Path,
+) -> Result<String, Error> {
+    let mut id = String::new();
+    for argv in &runtime.dependencies.toolchain {
+        let mut cmd = Command::new(&argv[0]);
+        cmd.args(&argv[1..])
+            .current_dir(scratch)
+            .stdin(Stdio::null());
+        env.apply(&mut cmd, runtime, scratch);
+        let out = cmd
+            .output()
+            .await
+            .map_err(|e| spawn_error(e, &argv[0], runtime, scratch))?;
+        if !out.status.success() {
+            return Err(Error::Failed {
+                command: argv.join(" "),
+                status: out.status.to_string(),
+                stderr_tail: tail(&String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        id.push_str(String::from_utf8_lossy(&out.stdout).trim());
+        id.push('\n');
+    }
+    Ok(id)
+}
+
+/// The dependency cache key: what decides the dependency layer's content.
+/// The layer's timestamp (`epoch`) is part of the key because it is part of the bytes.
+pub fn cache_key(runtime: &RuntimeSpec, toolchain: &str, inputs: &DepInputs, epoch: u64) -> Digest {
+    let mut h = Hasher::new();
+    let mut field = |label: &str, bytes: &[u8]| {
+        h.update(label.as_bytes());
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field("kiln-deps-v1", b"");
+    field("runtime", runtime.name.as_bytes());
+    field(
+        "install",
+        runtime
+            .install_command(inputs.lock.is_some())
+            .join("\0")
+            .as_bytes(),
+    );
+    field("toolchain", toolchain.as_bytes());
+    field("epoch", &epoch.to_le_bytes());
+    field(&inputs.manifest.name, &inputs.manifest.bytes);
+    if let Some(lock) = &inputs.lock {
+        field(&lock.name, &lock.bytes);
+    }
+    for config in &inputs.configs {
+        // The registry config decides what gets installed; hash it, never store it.
+        field(&config.name, Digest::of(&config.bytes).hex().as_bytes());
+    }
+    h.finish().0
+}
+
+/// Runs the install in `staging` and returns the directory to layer.
+///
+/// # Errors
+/// Missing tool, failing install, missing output.
+pub async fn install(
+    runtime: &RuntimeSpec,
+    inputs: &DepInputs,
+    env: &InstallEnv,
+    staging: &Path,
+) -> Result<PathBuf, Error> {
+    let work = staging.join("work");
+    let home = staging.join("home");
+    for dir in [&work, &home] {
+        tokio::fs::create_dir_all(dir)
+            .await
+            .map_err(|source| Error::Io {
+                action: "creating",
+                path: dir.clone(),
+                source,
+            })?;
+    }
+    let files = std::iter::once(&inputs.manifest)
+        .chain(&inputs.lock)
+        .chain(&inputs.configs);
+    for file in files {
+        let path = work.join(&file.name);
+        tokio::fs::write(&path, &file.bytes)
+            .await
+            .map_err(|source| Error::Io {
+                action: "writing",
+                path,
+                source,
+            })?;
+    }
+    let argv = runtime.install_command(inputs.lock.is_some());
+    let command = argv.join(" ");
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .current_dir(&work)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    env.apply(&mut cmd, runtime, &home);
+    if let (Some(var), Some(config)) = (&runtime.dependencies.config_env, inputs.configs.first()) {
+        cmd.env(var, work.join(&config.name));
+    }
+    tracing::info!(command, "installing dependencies");
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let mut buf = Vec::new();
+        pipe.read_to_end(&mut buf)
+            .await
+            .map_err(|source| Error::Io {
+                action: "reading the output of",
+                path: work.clone(),
+                source,
+            })?;
+        stderr = String::from_utf8_lossy(&buf).into_owned();
+    }
+    let status = child.wait().await.map_err(|source| Error::Io {
+        action: "waiting for the install in",
+        path: work.clone(),
+        source,
+    })?;
+    if !status.success() {
+        return Err(Error::Failed {
+            command,
+            status: status.to_string(),
+            stderr_tail: tail(&stderr),
+        });
+    }
+    let output = work.join(&runtime.dependencies.output);
+    if !output.is_dir() {
+        return Err(Error::NoOutput {
+            command,
+            output: runtime.dependencies.output.clone(),
+        });
+    }
+    Ok(output)
+}
+
+fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path) -> Error {
+    if e.kind() == std::io::ErrorKind::NotFound {
+        Error::ToolMissing {
+            tool: tool.into(),
+            runtime: runtime.name.clone(),
+        }
+    } else {
+        Error::Io {
+            action: "starting the install in",
+            path: dir.to_path_buf(),
+            source: e,
+        }
+    }
+}
+
+/// The last lines of `text`, with credentials masked.
+fn tail(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = lines.len().saturating_sub(STDERR_TAIL_LINES);
+    lines[start..]
+        .iter()
+        .map(|l| redact(l))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Masks `user:password@` in URLs and npm `_authToken=`/`_auth=`/`_password=` values.
+pub fn redact(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || c == '/')
+            .unwrap_or(tail.len());
+        match tail[..end].rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                rest = &tail[at..];
+            }
+            None => rest = tail,
+        }
+    }
+    out.push_str(rest);
+    for key in ["_authToken=", "_auth=", "_password=", "password="] {
+        if let Some(i) = out.find(key) {
+            let start = i + key.len();
+            let end = out[start..]
+                .find(char::is_whitespace)
+                .map_or(out.len(), |e| start + e);
+            out.replace_range(start..end, "***");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_masked_in_output_lines() {
+        assert_eq!(
+            redact("GET https://user:s3cret@reg.example/pkg 401"),
+            "GET https://***@reg.example/pkg 401"
+        );
+        assert_eq!(
+            redact("//reg/:_authToken=abc123 x"),
+            "//reg/:_authToken=*** x"
+        );
+        assert_eq!(redact("plain line"), "plain line");
+    }
+
+    #[test]
+    fn the_cache_key_changes_with_every_input_but_never_holds_the_config() {
+        use super::super::function::NamedBytes;
+        let runtime = crate::runtime::Catalog::embedded()
+            .get("nodejs22")
+            .unwrap()
+            .clone();
+        let nb = |n: &str, b: &str| NamedBytes {
+            name: n.into(),
+            bytes: b.as_bytes().to_vec(),
+        };
+        let base = DepInputs {
+            manifest: nb("package.json", "{}"),
+            lock: None,
+            configs: vec![],
+        };
+        let k0 = cache_key(&runtime, "v22", &base, 0);
+        assert_eq!(k0, cache_key(&runtime, "v22", &base, 0));
+        assert_ne!(k0, cache_key(&runtime, "v24", &base, 0));
+        let with_lock = DepInputs {
+            lock: Some(nb("package-lock.json", "{}")),
+            ..base.clone()
+        };
+        assert_ne!(k0, cache_key(&runtime, "v22", &with_lock, 0));
+        assert_ne!(k0, cache_key(&runtime, "v22", &base, 1));
+        let with_npmrc = DepInputs {
+            configs: vec![nb(".npmrc", "token")],
+            ..base
+        };
+        assert_ne!(k0, cache_key(&runtime, "v22", &with_npmrc, 0));
+    }
+}

@@ -1,0 +1,295 @@
+//! Walks a directory into layer entries: the Function's source tree, or an install's output.
+//! Ignore rules apply (gitignore syntax: the runtime's excludes plus the Function's
+//! `.kilnignore`), secret files never pass, and anything that could smuggle host content into
+//! the image — a symlink leaving the tree, a device, a socket — is refused with its path.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+
+use crate::oci::{Content, EntryKind, LayerEntry};
+
+/// The Function's own ignore file.
+pub const IGNORE_FILE: &str = ".kilnignore";
+
+/// Why a tree cannot be layered.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A symlink points outside the tree.
+    #[error("symlink {path} points to {target:?}, outside {root}; copy the file in instead")]
+    EscapingSymlink {
+        /// The link.
+        path: PathBuf,
+        /// Its target.
+        target: PathBuf,
+        /// The tree.
+        root: PathBuf,
+    },
+    /// A device, FIFO or socket.
+    #[error(
+        "{path} is a {kind}, which cannot go into an image; remove it or list it in .kilnignore"
+    )]
+    SpecialFile {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A name that is not UTF-8.
+    #[error("{0} has a name that is not valid UTF-8")]
+    NonUtf8(PathBuf),
+    /// A bad `.kilnignore` pattern.
+    #[error("{path}: invalid pattern")]
+    Ignore {
+        /// The ignore file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: ignore::Error,
+    },
+    /// Reading the tree.
+    #[error("reading {path}")]
+    Io {
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How to walk a tree.
+#[derive(Clone, Debug, Default)]
+pub struct WalkRules {
+    /// gitignore-syntax patterns to leave out.
+    pub exclude: Vec<String>,
+    /// File names left out at any depth, whatever the patterns say (secrets).
+    pub never: Vec<String>,
+    /// Whether to honour a `.kilnignore` at the root.
+    pub ignore_file: bool,
+}
+
+/// A walked tree: relative path → entry kind (directories included), sorted.
+#[derive(Debug, Default)]
+pub struct Tree {
+    /// The entries, keyed by `/`-separated relative path.
+    pub entries: BTreeMap<String, EntryKind>,
+}
+
+impl Tree {
+    /// Layer entries placed under `prefix` (an absolute image path such as `/kubeless`).
+    pub fn to_layer_entries(&self, prefix: &str) -> Vec<LayerEntry> {
+        let prefix = prefix.trim_matches('/');
+        let mut out: Vec<LayerEntry> = self
+            .entries
+            .iter()
+            .map(|(path, kind)| LayerEntry {
+                path: format!("{prefix}/{path}"),
+                kind: kind.clone(),
+            })
+            .collect();
+        out.push(LayerEntry {
+            path: prefix.to_string(),
+            kind: EntryKind::Dir,
+        });
+        out
+    }
+
+    /// Number of regular files.
+    pub fn file_count(&self) -> usize {
+        self.entries
+            .values()
+            .filter(|k| matches!(k, EntryKind::File { .. }))
+            .count()
+    }
+}
+
+/// Walks `root` by `rules`.
+///
+/// # Errors
+/// Escaping symlinks, special files, non-UTF-8 names, bad ignore patterns, I/O errors.
+pub fn walk(root: &Path, rules: &WalkRules) -> Result<Tree, Error> {
+    let ignore = build_ignore(root, rules)?;
+    let mut tree = Tree::default();
+    walk_dir(root, root, &ignore, rules, &mut tree)?;
+    Ok(tree)
+}
+
+fn build_ignore(root: &Path, rules: &WalkRules) -> Result<Gitignore, Error> {
+    let mut builder = GitignoreBuilder::new(root);
+    let bad = |source| Error::Ignore {
+        path: root.join(IGNORE_FILE),
+        source,
+    };
+    for pattern in &rules.exclude {
+        builder.add_line(None, pattern).map_err(bad)?;
+    }
+    let file = root.join(IGNORE_FILE);
+    if rules.ignore_file && file.is_file() {
+        if let Some(err) = builder.add(&file) {
+            return Err(bad(err));
+        }
+        builder.add_line(None, IGNORE_FILE).map_err(bad)?;
+    }
+    builder.build().map_err(bad)
+}
+
+fn walk_dir(
+    root: &Path,
+    dir: &Path,
+    ignore: &Gitignore,
+    rules: &WalkRules,
+    tree: &mut Tree,
+) -> Result<(), Error> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut children: Vec<_> = fs::read_dir(dir)
+        .map_err(io(dir))?
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    children.sort_by_key(|e| e.file_name());
+    for child in children {
+        let path = child.path();
+        let name = child.file_name();
+        let name = name.to_str().ok_or_else(|| Error::NonUtf8(path.clone()))?;
+        let meta = fs::symlink_metadata(&path).map_err(io(&path))?;
+        let kind = meta.file_type();
+        if rules.never.iter().any(|n| n == name) || ignore.matched(&path, kind.is_dir()).is_ignore()
+        {
+            continue;
+        }
+        let rel = path.strip_prefix(root).unwrap_or(&path);
+        let rel = rel
+            .to_str()
+            .ok_or_else(|| Error::NonUtf8(path.clone()))?
+            .to_string();
+        let entry = if kind.is_dir() {
+            walk_dir(root, &path, ignore, rules, tree)?;
+            EntryKind::Dir
+        } else if kind.is_symlink() {
+            let target = fs::read_link(&path).map_err(io(&path))?;
+            check_link(root, &rel, &target, &path)?;
+            let target = target
+                .to_str()
+                .ok_or_else(|| Error::NonUtf8(path.clone()))?;
+            EntryKind::Symlink(target.to_string())
+        } else if kind.is_file() {
+            let executable = meta.permissions().mode() & 0o111 != 0;
+            EntryKind::File {
+                content: Content::Path(path.clone()),
+                executable,
+            }
+        } else {
+            return Err(Error::SpecialFile {
+                path,
+                kind: special_kind(&kind),
+            });
+        };
+        tree.entries.insert(rel, entry);
+    }
+    Ok(())
+}
+
+fn special_kind(kind: &fs::FileType) -> &'static str {
+    if kind.is_block_device() || kind.is_char_device() {
+        "device file"
+    } else if kind.is_fifo() {
+        "named pipe"
+    } else if kind.is_socket() {
+        "socket"
+    } else {
+        "special file"
+    }
+}
+
+/// A link at relative path `rel` may point anywhere inside the tree, resolved lexically from
+/// its own directory; absolute targets and any climb above the root are refused.
+fn check_link(root: &Path, rel: &str, target: &Path, path: &Path) -> Result<(), Error> {
+    let escape = || Error::EscapingSymlink {
+        path: path.to_path_buf(),
+        target: target.to_path_buf(),
+        root: root.to_path_buf(),
+    };
+    let mut depth = rel.split('/').count() as i64 - 1;
+    for component in target.components() {
+        match component {
+            Component::Normal(_) => depth += 1,
+            Component::CurDir => {}
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err(escape());
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return Err(escape()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn rules() -> WalkRules {
+        WalkRules {
+            exclude: vec!["node_modules".into()],
+            never: vec![".npmrc".into()],
+            ignore_file: true,
+        }
+    }
+
+    #[test]
+    fn ignore_rules_and_secrets_are_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        fs::create_dir_all(root.join("node_modules/x")).unwrap();
+        fs::create_dir_all(root.join("lib/tmp")).unwrap();
+        for f in [
+            "handler.js",
+            ".npmrc",
+            "lib/a.js",
+            "lib/tmp/scratch",
+            "lib/.npmrc",
+            "notes.md",
+        ] {
+            fs::write(root.join(f), "x").unwrap();
+        }
+        fs::write(root.join(IGNORE_FILE), "*.md\nlib/tmp/\n").unwrap();
+        symlink("lib/a.js", root.join("alias.js")).unwrap();
+        let tree = walk(root, &rules()).unwrap();
+        let paths: Vec<_> = tree.entries.keys().cloned().collect();
+        assert_eq!(paths, ["alias.js", "handler.js", "lib", "lib/a.js"]);
+    }
+
+    #[test]
+    fn escaping_symlinks_are_refused() {
+        for target in ["../outside", "/etc/passwd", "sub/../../x"] {
+            let dir = tempfile::tempdir().unwrap();
+            symlink(target, dir.path().join("link")).unwrap();
+            let err = walk(dir.path(), &rules()).unwrap_err();
+            assert!(
+                matches!(err, Error::EscapingSymlink { .. }),
+                "{target}: {err}"
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        symlink("../handler.js", dir.path().join("sub/link")).unwrap();
+        walk(dir.path(), &rules()).unwrap();
+    }
+
+    #[test]
+    fn special_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(dir.path().join("s.sock")).unwrap();
+        let err = walk(dir.path(), &rules()).unwrap_err();
+        assert!(err.to_string().contains("is a socket"), "{err}");
+    }
+}

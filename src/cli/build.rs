@@ -1,0 +1,359 @@
+//! `kiln build`: flags, their validation into [`crate::build::Options`], and the run.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+
+use super::Failure;
+use crate::build::{
+    self, FunctionSpec, Options, Target, base::BaseRef, deps::InstallEnv,
+    function::FunctionManifest,
+};
+use crate::oci::Platform;
+use crate::registry::{Client, ClientConfig, CredentialStore, Reference};
+use crate::runtime::{Catalog, RuntimeSpec};
+
+/// Flags of `kiln build`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Examples:\n  kiln build ./hello --runtime nodejs22 --image registry.example.com/team/hello:1.0\n  kiln build ./hello --runtime python313 --output oci:./out/hello\n  kiln build --function hello.yaml --image registry.example.com/team/hello"
+)]
+pub struct BuildArgs {
+    /// The Function directory: handler.js + package.json (Node.js) or handler.py +
+    /// requirements.txt (Python), plus any files the handler needs.
+    #[arg(value_name = "DIR", conflicts_with = "function")]
+    pub dir: Option<PathBuf>,
+    /// Build a Kyma Function manifest (serverless.kyma-project.io/v1alpha2) with inline source.
+    #[arg(long, value_name = "FILE")]
+    pub function: Option<PathBuf>,
+    /// The runtime (nodejs22, nodejs24, python313). Taken from the manifest with --function.
+    #[arg(long, env = "KILN_RUNTIME")]
+    pub runtime: Option<String>,
+    /// Push the image here: REGISTRY/REPO[:TAG].
+    #[arg(
+        long,
+        value_name = "REF",
+        env = "KILN_IMAGE",
+        conflicts_with = "output"
+    )]
+    pub image: Option<String>,
+    /// Write the image to an OCI image layout instead: oci:DIR[:NAME] (NAME defaults to latest).
+    #[arg(long, value_name = "oci:DIR[:NAME]")]
+    pub output: Option<String>,
+    /// Base image override (Kyma's runtimeImageOverride): a registry reference or oci:DIR[:NAME].
+    #[arg(long, value_name = "REF", env = "KILN_BASE")]
+    pub base: Option<String>,
+    /// Platform to pick from a multi-platform base image.
+    #[arg(long, default_value = "linux/amd64", value_name = "OS/ARCH[/VARIANT]")]
+    pub platform: String,
+    /// FUNC_NAME in the image; defaults to the manifest's name or the directory's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// SERVICE_NAMESPACE in the image; defaults to the manifest's namespace or `default`.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Also write the manifest digest (sha256:…) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub digest_file: Option<PathBuf>,
+    /// Write a JSON report (reference, digest, build key, one entry per blob with its outcome
+    /// and the bytes sent) to this file.
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<PathBuf>,
+    /// Registry credentials from a Kubernetes .dockerconfigjson file (tried before the docker
+    /// config in $DOCKER_CONFIG or ~/.docker).
+    #[arg(long, value_name = "FILE", env = "KILN_REGISTRY_AUTH")]
+    pub registry_auth: Option<PathBuf>,
+    /// Extra CA certificate (PEM) to trust for registries; repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Vec<PathBuf>,
+    /// Use plain HTTP for this registry host[:port]; repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// CA bundle the dependency install trusts (TLS-intercepting proxies); defaults to
+    /// $SSL_CERT_FILE when set. Never written into the image.
+    #[arg(long, value_name = "FILE")]
+    pub ca_bundle: Option<PathBuf>,
+    /// Parallel blob transfers.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+    /// Cache directory for dependency layers and package downloads
+    /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
+    #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Reinstall dependencies even when a cached layer matches.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Check the finished image's invariants (digests, sizes, layer counts) before exiting.
+    #[arg(long)]
+    pub verify: bool,
+}
+
+/// The values `kiln build` takes from the environment, read once here.
+struct Env {
+    source_date_epoch: Option<String>,
+    docker_config: Option<PathBuf>,
+    home: Option<PathBuf>,
+    xdg_cache: Option<PathBuf>,
+    path: OsString,
+    ssl_cert_file: Option<PathBuf>,
+    proxy: Vec<(String, String)>,
+}
+
+impl Env {
+    fn read() -> Env {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let proxy = [
+            "http_proxy",
+            "https_proxy",
+            "no_proxy",
+            "HTTP_PROXY",
+            "HTTPS_PROXY",
+            "NO_PROXY",
+        ]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+        Env {
+            source_date_epoch: std::env::var("SOURCE_DATE_EPOCH")
+                .ok()
+                .filter(|v| !v.is_empty()),
+            docker_config: var("DOCKER_CONFIG").map(PathBuf::from),
+            home: var("HOME").map(PathBuf::from),
+            xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
+            path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+            ssl_cert_file: var("SSL_CERT_FILE").map(PathBuf::from),
+            proxy,
+        }
+    }
+}
+
+pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
+    let env = Env::read();
+    let (opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    let client = Client::new(config)
+        .context("setting up the registry client")
+        .map_err(Failure::Usage)?;
+    let output = build::run(&client, &opts).await.map_err(|e| {
+        let input = e.is_input_error();
+        let e = anyhow::Error::new(e);
+        if input {
+            Failure::Usage(e)
+        } else {
+            Failure::Build(e)
+        }
+    })?;
+    if extra.verify {
+        crate::oci::validate::check_image(&output.image.manifest, &output.image.config)
+            .context("verifying the built image")
+            .map_err(Failure::Build)?;
+    }
+    write_outputs(&extra, &output).map_err(Failure::Build)?;
+    Ok(output.published.reference)
+}
+
+struct Extra {
+    digest_file: Option<PathBuf>,
+    report: Option<PathBuf>,
+    verify: bool,
+}
+
+fn write_outputs(extra: &Extra, output: &build::Output) -> anyhow::Result<()> {
+    if let Some(path) = &extra.digest_file {
+        std::fs::write(path, format!("{}\n", output.published.digest))
+            .with_context(|| format!("writing the digest to {}", path.display()))?;
+    }
+    if let Some(path) = &extra.report {
+        let report = serde_json::json!({
+            "reference": output.published.reference,
+            "digest": output.published.digest,
+            "buildKey": output.build_key,
+            "blobs": output.published.blobs,
+        });
+        let bytes = serde_json::to_vec_pretty(&report).context("serialising the report")?;
+        std::fs::write(path, bytes)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig, Extra)> {
+    let catalog = Catalog::embedded();
+    let manifest = args
+        .function
+        .as_deref()
+        .map(FunctionManifest::read)
+        .transpose()?;
+    let runtime = pick_runtime(&catalog, args.runtime.as_deref(), manifest.as_ref())?;
+    let (function, default_name, default_ns) = match &manifest {
+        Some(m) => (
+            FunctionSpec::Manifest(m.clone()),
+            m.name.clone(),
+            m.namespace.clone(),
+        ),
+        None => {
+            let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            if !dir.is_dir() {
+                return Err(anyhow!(
+                    "function directory {} does not exist",
+                    dir.display()
+                ));
+            }
+            let name = dir_name(&dir);
+            (FunctionSpec::Dir(dir), name, None)
+        }
+    };
+    let base_name = args
+        .base
+        .clone()
+        .or_else(|| manifest.as_ref().and_then(|m| m.runtime_image_override.clone()))
+        .or_else(|| runtime.base.clone())
+        .ok_or_else(|| anyhow!("runtime {} has no default base image yet; pass --base REF (a registry reference or oci:DIR)", runtime.name))?;
+    let base =
+        BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
+    let platform = Platform::parse(&args.platform).ok_or_else(|| {
+        anyhow!(
+            "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",
+            args.platform
+        )
+    })?;
+    let target = target(args)?;
+    let epoch = match &env.source_date_epoch {
+        None => 0,
+        Some(v) => v
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
+    };
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .or_else(|| env.xdg_cache.as_ref().map(|d| d.join("kiln")))
+        .or_else(|| env.home.as_ref().map(|h| h.join(".cache/kiln")))
+        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let install = InstallEnv {
+        path: env.path.clone(),
+        ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
+        proxy: env.proxy.clone(),
+        package_cache: cache_dir.join("packages"),
+    };
+    if let Some(ca) = &install.ca_bundle
+        && !ca.is_file()
+    {
+        return Err(anyhow!("CA bundle {} does not exist", ca.display()));
+    }
+    let config = client_config(args, env)?;
+    let opts = Options {
+        function,
+        runtime: runtime.clone(),
+        name: args.name.clone().unwrap_or(default_name),
+        namespace: args
+            .namespace
+            .clone()
+            .or(default_ns)
+            .unwrap_or_else(|| "default".into()),
+        base,
+        base_name,
+        platform,
+        target,
+        epoch,
+        cache_dir,
+        use_cache: !args.no_cache,
+        jobs: usize::from(args.jobs),
+        install,
+    };
+    let extra = Extra {
+        digest_file: args.digest_file.clone(),
+        report: args.report.clone(),
+        verify: args.verify,
+    };
+    Ok((opts, config, extra))
+}
+
+fn pick_runtime<'a>(
+    catalog: &'a Catalog,
+    flag: Option<&str>,
+    manifest: Option<&FunctionManifest>,
+) -> anyhow::Result<&'a RuntimeSpec> {
+    let name = match (flag, manifest) {
+        (Some(f), Some(m)) if f != m.runtime => {
+            return Err(anyhow!(
+                "--runtime {f} contradicts spec.runtime {} in the Function manifest",
+                m.runtime
+            ));
+        }
+        (Some(f), _) => f,
+        (None, Some(m)) => &m.runtime,
+        (None, None) => {
+            return Err(anyhow!(
+                "--runtime is required; known runtimes: {}",
+                catalog.names().join(", ")
+            ));
+        }
+    };
+    Ok(catalog.get(name)?)
+}
+
+fn dir_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "function".into())
+}
+
+fn target(args: &BuildArgs) -> anyhow::Result<Target> {
+    match (&args.image, &args.output) {
+        (Some(image), None) => {
+            let reference: Reference = image
+                .parse()
+                .with_context(|| format!("invalid --image {image:?}"))?;
+            if reference.digest.is_some() {
+                return Err(anyhow!(
+                    "--image {image:?} names a digest; name a repository, optionally with a tag"
+                ));
+            }
+            Ok(Target::Registry(reference))
+        }
+        (None, Some(output)) => {
+            let rest = output
+                .strip_prefix("oci:")
+                .ok_or_else(|| anyhow!("--output {output:?} must start with oci:"))?;
+            let (dir, name) = build::base::split_layout_ref(rest);
+            Ok(Target::Layout {
+                dir: dir.into(),
+                name: name.unwrap_or_else(|| "latest".into()),
+            })
+        }
+        _ => Err(anyhow!(
+            "say where the image goes: --image REGISTRY/REPO[:TAG] or --output oci:DIR"
+        )),
+    }
+}
+
+fn client_config(args: &BuildArgs, env: &Env) -> anyhow::Result<ClientConfig> {
+    let mut extra_ca_pem = Vec::new();
+    for path in &args.registry_ca {
+        extra_ca_pem.push(
+            std::fs::read(path)
+                .with_context(|| format!("reading --registry-ca {}", path.display()))?,
+        );
+    }
+    if let Some(path) = &args.registry_auth
+        && !path.is_file()
+    {
+        return Err(anyhow!("--registry-auth {} does not exist", path.display()));
+    }
+    let docker_config = env
+        .docker_config
+        .clone()
+        .or_else(|| env.home.as_ref().map(|h| h.join(".docker")));
+    let credentials =
+        CredentialStore::new(docker_config, args.registry_auth.clone(), env.path.clone());
+    Ok(ClientConfig {
+        insecure_hosts: args.insecure_registry.clone(),
+        extra_ca_pem,
+        credentials,
+        user_agent: format!("kiln/{}", env!("CARGO_PKG_VERSION")),
+        ..ClientConfig::default()
+    })
+}

@@ -1,0 +1,81 @@
+//! Command-line parsing and its validation into plain config structs: the only place that
+//! reads the environment (with `telemetry`). Past this module no code sees clap types.
+
+mod build;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+pub use build::BuildArgs;
+
+/// kiln builds serverless Functions into OCI images: daemonless, rootless and reproducible.
+///
+/// It appends a dependency layer and a source layer to a runtime base image by reference,
+/// computes config and manifest itself, and pushes only the blobs the registry lacks.
+#[derive(Debug, Parser)]
+#[command(name = "kiln", version, propagate_version = true, max_term_width = 100)]
+pub struct Cli {
+    /// Global options.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// The command to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options for every command.
+#[derive(Debug, clap::Args)]
+pub struct GlobalArgs {
+    /// Log format on stderr: `auto` is a compact human view on a terminal and plain lines
+    /// otherwise; `json` is one JSON object per line (build Jobs).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto, env = "KILN_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// More output (-v debug, -vv trace). `RUST_LOG` overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Only warnings and errors on stderr.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    pub quiet: bool,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human view on a terminal, plain lines otherwise.
+    Auto,
+    /// Plain text lines with timestamps.
+    Text,
+    /// JSON lines.
+    Json,
+}
+
+/// kiln's commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build a Function into an image and push it (or write an OCI layout).
+    ///
+    /// Prints exactly one line on stdout: `REPO@sha256:…` (or `oci:DIR@sha256:…`).
+    /// Exit codes: 0 built, 1 build failed, 2 bad usage or input.
+    Build(Box<BuildArgs>),
+    /// Print the version.
+    Version,
+}
+
+/// A failed command: a usage/input problem (exit 2) or a failed build (exit 1).
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad flags or input: the user must change something.
+    Usage(anyhow::Error),
+    /// The build ran and failed.
+    Build(anyhow::Error),
+}
+
+/// Runs a parsed command and returns what to print on stdout.
+///
+/// # Errors
+/// A [`Failure`] classifying the error for the exit code.
+pub async fn run(cli: Cli) -> Result<String, Failure> {
+    match cli.command {
+        Command::Build(args) => build::run(*args).await,
+        Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
+    }
+}

@@ -1,0 +1,100 @@
+//! The embedded runtime catalog: every `runtimes/*/runtime.toml` compiled into the binary.
+
+use super::RuntimeSpec;
+
+/// The runtime files, by folder name. A new runtime is a new folder plus a line here.
+const EMBEDDED: &[(&str, &str)] = &[
+    (
+        "nodejs22",
+        include_str!("../../runtimes/nodejs22/runtime.toml"),
+    ),
+    (
+        "nodejs24",
+        include_str!("../../runtimes/nodejs24/runtime.toml"),
+    ),
+    (
+        "python313",
+        include_str!("../../runtimes/python313/runtime.toml"),
+    ),
+];
+
+/// The raw text of an embedded runtime file.
+#[cfg(test)]
+pub(crate) fn embedded_text(name: &str) -> Option<&'static str> {
+    EMBEDDED.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// A set of runtimes, looked up by name.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    runtimes: Vec<RuntimeSpec>,
+}
+
+/// The error for a runtime name the catalog does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown runtime {name:?}; known runtimes: {}", known.join(", "))]
+pub struct UnknownRuntime {
+    /// The name asked for.
+    pub name: String,
+    /// The names known.
+    pub known: Vec<String>,
+}
+
+impl Catalog {
+    /// The runtimes compiled into this binary.
+    pub fn embedded() -> Catalog {
+        let runtimes = EMBEDDED
+            .iter()
+            .map(|(name, text)| {
+                // The files are part of the source tree and checked by the tests below, so a
+                // malformed one is a build defect, not a user error.
+                RuntimeSpec::parse(name, text).expect("embedded runtime files are valid")
+            })
+            .collect();
+        Catalog { runtimes }
+    }
+
+    /// The runtime called `name`.
+    ///
+    /// # Errors
+    /// [`UnknownRuntime`], listing the known names.
+    pub fn get(&self, name: &str) -> Result<&RuntimeSpec, UnknownRuntime> {
+        self.runtimes
+            .iter()
+            .find(|r| r.name == name)
+            .ok_or_else(|| UnknownRuntime {
+                name: name.to_string(),
+                known: self.names(),
+            })
+    }
+
+    /// Every runtime name, in catalog order.
+    pub fn names(&self) -> Vec<String> {
+        self.runtimes.iter().map(|r| r.name.clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_embedded_runtime_parses() {
+        for (name, text) in EMBEDDED {
+            RuntimeSpec::parse(name, text).unwrap();
+        }
+        assert_eq!(
+            Catalog::embedded().names(),
+            ["nodejs22", "nodejs24", "python313"]
+        );
+    }
+
+    #[test]
+    fn an_unknown_runtime_error_lists_the_known_ones() {
+        let err = Catalog::embedded().get("ruby3").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, python313"
+        );
+    }
+}

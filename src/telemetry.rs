@@ -1,0 +1,28 @@
+//! Tracing setup, called once from `main`: a compact human view on a terminal, plain lines
+//! with timestamps otherwise, or JSON lines; all on stderr, filtered by `RUST_LOG` or -v/-q.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{GlobalArgs, LogFormat};
+
+/// Installs the global subscriber.
+pub fn init(args: &GlobalArgs) {
+    let default = match (args.quiet, args.verbose) {
+        (true, _) => "warn",
+        (false, 0) => "info",
+        (false, 1) => "kiln=debug,info",
+        (false, _) => "kiln=trace,debug",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let tty = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match (args.log_format, tty) {
+        (LogFormat::Json, _) => builder.json().with_current_span(false).init(),
+        (LogFormat::Auto, true) => builder.compact().without_time().with_target(false).init(),
+        _ => builder.with_ansi(false).with_target(false).init(),
+    }
+}
