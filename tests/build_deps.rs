@@ -1,0 +1,181 @@
+//! Real dependency installs from the npm registry and PyPI with the toolchain on PATH: the
+//! dependency layer holds what was installed, secrets from `.npmrc`/`pip.conf` never reach
+//! the image or the logs, and a cached dependency layer makes a source-only rebuild skip the
+//! install entirely.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+
+use common::kiln::{Kiln, blobs_with_role, copy_fixture, read_report, tiny_base};
+use common::schema::validate_layout;
+
+/// Every file path and the concatenated content of every layer in the layout's only image.
+fn layer_contents(layout: &Path) -> (Vec<String>, Vec<u8>) {
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
+    let blob = |d: &str| {
+        fs::read(
+            layout
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
+        )
+        .unwrap()
+    };
+    let manifest: serde_json::Value = serde_json::from_slice(&blob(manifest_digest)).unwrap();
+    let (mut paths, mut content) = (Vec::new(), Vec::new());
+    for layer in manifest["layers"].as_array().unwrap() {
+        let bytes = blob(layer["digest"].as_str().unwrap());
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            paths.push(entry.path().unwrap().display().to_string());
+            entry.read_to_end(&mut content).unwrap();
+        }
+    }
+    content.extend_from_slice(&blob(manifest["config"]["digest"].as_str().unwrap()));
+    (paths, content)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn build(kiln: &Kiln, dir: &Path, runtime: &str, out: &Path, report: &Path) -> common::kiln::Run {
+    let (base, output) = (tiny_base(), format!("oci:{}", out.display()));
+    kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--base",
+        &base,
+        "--output",
+        &output,
+        "--report",
+        report.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_rebuilds() {
+    common::require_tool("npm", "npm");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("node-deps", &work.path().join("fn"));
+    let (out, report) = (work.path().join("out"), work.path().join("r.json"));
+    let run = build(&kiln, &dir, "nodejs22", &out, &report);
+    run.reference();
+    validate_layout(&out);
+    let (paths, content) = layer_contents(&out);
+    for want in [
+        "usr/src/app/function/node_modules/lodash/package.json",
+        "usr/src/app/function/node_modules/dayjs/package.json",
+        "usr/src/app/function/handler.js",
+        "usr/src/app/function/package-lock.json",
+    ] {
+        assert!(paths.iter().any(|p| p == want), "{want} missing");
+    }
+    assert!(
+        !paths.iter().any(|p| p.contains("left-pad")),
+        "dev dependencies are omitted"
+    );
+    assert!(
+        !paths.iter().any(|p| p.ends_with(".npmrc")),
+        "the .npmrc never enters a layer"
+    );
+    assert!(
+        !contains(&content, b"KILN-SECRET-TOKEN-5f1c"),
+        "the token never enters the image"
+    );
+    assert!(!run.stderr.contains("KILN-SECRET-TOKEN"), "nor the logs");
+    let first = read_report(&report);
+    let deps = blobs_with_role(&first, "dependencies");
+    assert_eq!(deps.len(), 1);
+
+    // A source-only change reuses the cached dependency layer: no install runs.
+    fs::write(
+        dir.join("handler.js"),
+        "module.exports = { main: () => 'changed' };\n",
+    )
+    .unwrap();
+    let again = build(&kiln, &dir, "nodejs22", &out, &report);
+    again.reference();
+    assert!(
+        again.stderr.contains("dependency layer from cache"),
+        "{}",
+        again.stderr
+    );
+    assert!(
+        !again.stderr.contains("installing dependencies"),
+        "{}",
+        again.stderr
+    );
+    let second = read_report(&report);
+    let deps2 = blobs_with_role(&second, "dependencies");
+    assert_eq!(deps2[0]["digest"], deps[0]["digest"]);
+}
+
+#[test]
+fn a_fresh_install_reproduces_the_same_dependency_layer() {
+    common::require_tool("npm", "npm");
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("node-deps", &work.path().join("fn"));
+    let mut digests = Vec::new();
+    for i in 0..2 {
+        // A separate kiln home each time: no shared cache, a real second install.
+        let kiln = Kiln::new();
+        let report = work.path().join(format!("r{i}.json"));
+        build(
+            &kiln,
+            &dir,
+            "nodejs22",
+            &work.path().join(format!("out{i}")),
+            &report,
+        )
+        .reference();
+        digests.push(blobs_with_role(&read_report(&report), "dependencies")[0]["digest"].clone());
+    }
+    assert_eq!(digests[0], digests[1]);
+}
+
+#[test]
+fn pip_dependencies_are_layered_without_the_pip_conf() {
+    common::require_tool("python3", "python3");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("python-deps", &work.path().join("fn"));
+    let (out, report) = (work.path().join("out"), work.path().join("r.json"));
+    let run = build(&kiln, &dir, "python313", &out, &report);
+    run.reference();
+    validate_layout(&out);
+    let (paths, content) = layer_contents(&out);
+    assert!(
+        paths
+            .iter()
+            .any(|p| p == "kubeless/site-packages/yaml/__init__.py"),
+        "PyYAML installed"
+    );
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.starts_with("kubeless/site-packages/yaml/_yaml.") && p.ends_with(".so")),
+        "with its compiled extension"
+    );
+    assert!(paths.iter().any(|p| p == "kubeless/handler.py"));
+    assert!(!paths.iter().any(|p| p.ends_with("pip.conf")));
+    assert!(
+        !paths.iter().any(|p| p.ends_with(".pyc")),
+        "no bytecode: it would embed build times"
+    );
+    assert!(
+        !contains(&content, b"KILN-PIP-SECRET-9a7e"),
+        "the password never enters the image"
+    );
+    assert!(!run.stderr.contains("KILN-PIP-SECRET"), "nor the logs");
+}

@@ -1,0 +1,237 @@
+//! Bad input fails with a clear error (what, where, what to do), a non-zero exit code, and
+//! nothing pushed: the manifest goes last, so a failed build leaves no image behind.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use common::images::push_base_images;
+use common::kiln::{Kiln, Run, copy_fixture};
+use common::registry::{Registry, RegistryKind};
+
+/// Whether the registry holds any manifest for `repo`.
+fn has_manifests(reg: &Registry, repo: &str) -> bool {
+    reg.storage_root()
+        .join("docker/registry/v2/repositories")
+        .join(repo)
+        .join("_manifests")
+        .exists()
+}
+
+struct Setup {
+    reg: Registry,
+    base: String,
+    kiln: Kiln,
+    work: tempfile::TempDir,
+}
+
+fn setup() -> Setup {
+    let reg = Registry::start(RegistryKind::Plain);
+    let base = push_base_images(&reg, "base/busybox").oci;
+    Setup {
+        reg,
+        base,
+        kiln: Kiln::new(),
+        work: tempfile::tempdir().unwrap(),
+    }
+}
+
+impl Setup {
+    fn fixture(&self, name: &str) -> std::path::PathBuf {
+        copy_fixture(name, &self.work.path().join(name))
+    }
+
+    fn build(&self, dir: &Path, runtime: &str, extra: &[&str]) -> Run {
+        let image = self.reg.reference("team/broken:1");
+        let host = self.reg.host();
+        let mut args = vec![
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            runtime,
+            "--base",
+            &self.base,
+            "--image",
+            &image,
+            "--insecure-registry",
+            &host,
+        ];
+        args.extend_from_slice(extra);
+        self.kiln.run(&args)
+    }
+
+    fn assert_nothing_pushed(&self) {
+        assert!(
+            !has_manifests(&self.reg, "team/broken"),
+            "a failed build must not leave a manifest"
+        );
+    }
+}
+
+#[test]
+fn a_missing_handler_is_a_usage_error_naming_the_file() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    std::fs::remove_file(dir.join("handler.js")).unwrap();
+    let err = s.build(&dir, "nodejs22", &[]).failure(2).to_string();
+    assert!(
+        err.contains("has no handler.js: the nodejs22 runtime loads main() from it"),
+        "{err}"
+    );
+    s.assert_nothing_pushed();
+}
+
+#[test]
+fn an_unknown_runtime_lists_the_known_ones() {
+    let s = setup();
+    let err = s
+        .build(&s.fixture("hello-node"), "ruby3", &[])
+        .failure(2)
+        .to_string();
+    assert!(
+        err.contains("unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, python313"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_invalid_package_json_names_file_and_line() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    std::fs::write(
+        dir.join("package.json"),
+        "{\n  \"name\": \"x\",\n  \"dependencies\": {\"a\": }\n}\n",
+    )
+    .unwrap();
+    let err = s.build(&dir, "nodejs22", &[]).failure(2).to_string();
+    assert!(err.contains("package.json line 3: invalid JSON"), "{err}");
+    s.assert_nothing_pushed();
+}
+
+#[test]
+fn an_invalid_requirements_txt_names_file_and_line() {
+    let s = setup();
+    let dir = s.fixture("hello-python");
+    std::fs::write(
+        dir.join("requirements.txt"),
+        "requests==2.32.3\nthis is not a requirement\n",
+    )
+    .unwrap();
+    let err = s.build(&dir, "python313", &[]).failure(2).to_string();
+    assert!(err.contains("requirements.txt line 2"), "{err}");
+    s.assert_nothing_pushed();
+}
+
+#[test]
+fn a_failing_install_shows_the_tail_of_its_output() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    std::fs::write(
+        dir.join("package.json"),
+        r#"{"dependencies": {"kiln-no-such-package-4d1e9": "1.0.0"}}"#,
+    )
+    .unwrap();
+    let err = s.build(&dir, "nodejs22", &[]).failure(1).to_string();
+    assert!(err.contains("`npm install --omit=dev"), "{err}");
+    assert!(
+        err.contains("kiln-no-such-package-4d1e9"),
+        "the npm error is quoted: {err}"
+    );
+    s.assert_nothing_pushed();
+}
+
+#[test]
+fn an_escaping_symlink_is_refused() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    symlink("/etc/passwd", dir.join("passwd")).unwrap();
+    let err = s.build(&dir, "nodejs22", &[]).failure(2).to_string();
+    assert!(err.contains("points to \"/etc/passwd\", outside"), "{err}");
+    s.assert_nothing_pushed();
+}
+
+#[test]
+fn an_unreachable_registry_fails_with_the_host_named() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let port = common::free_port();
+    let image = format!("127.0.0.1:{port}/team/x:1");
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &common::kiln::tiny_base(),
+        "--image",
+        &image,
+        "--insecure-registry",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let err = run.failure(1);
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+}
+
+#[test]
+fn a_wrong_password_fails_without_revealing_it_and_pushes_nothing() {
+    let reg = Registry::start(RegistryKind::BasicTls);
+    let base = push_base_images(&reg, "base/busybox").oci;
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let auth = work.path().join("auth.json");
+    let host = reg.host();
+    let token = common::base64(b"testuser:wrong-Secret-77");
+    std::fs::write(
+        &auth,
+        format!(r#"{{"auths":{{"{host}":{{"auth":"{token}"}}}}}}"#),
+    )
+    .unwrap();
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--image",
+        &reg.reference("team/broken:1"),
+        "--registry-ca",
+        reg.ca_pem().unwrap().to_str().unwrap(),
+        "--registry-auth",
+        auth.to_str().unwrap(),
+    ]);
+    let err = run.failure(1);
+    assert!(
+        err.to_lowercase().contains("unauthorized") || err.contains("401"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("wrong-Secret-77") && !err.contains(&token),
+        "no secret in errors: {err}"
+    );
+    assert!(!has_manifests(&reg, "team/broken"));
+}
+
+#[test]
+fn a_base_image_that_does_not_exist_is_reported() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    let missing = s.reg.reference("base/nothing:here");
+    let run = s.kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &missing,
+        "--image",
+        &s.reg.reference("team/broken:1"),
+        "--insecure-registry",
+        &s.reg.host(),
+    ]);
+    let err = run.failure(1);
+    assert!(err.contains("base/nothing"), "{err}");
+    s.assert_nothing_pushed();
+}

@@ -1,0 +1,165 @@
+//! Running the `kiln` binary black-box (ripgrep `tests/util.rs`, fd `tests/testenv`): each
+//! test copies a fixture Function into a temp dir and runs kiln with its own cache and
+//! docker config, so tests never share state or read the host's credentials.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository's `tests/fixtures`.
+pub fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// The checked-in tiny base layout (`oci:` reference).
+pub fn tiny_base() -> String {
+    format!("oci:{}:base", fixtures().join("base/tiny").display())
+}
+
+/// Copies `tests/fixtures/functions/<name>` (dot files included) into `dest`.
+pub fn copy_fixture(name: &str, dest: &Path) -> PathBuf {
+    let src = fixtures().join("functions").join(name);
+    copy_tree(&src, dest);
+    dest.to_path_buf()
+}
+
+/// Recursively copies a directory.
+pub fn copy_tree(src: &Path, dest: &Path) {
+    fs::create_dir_all(dest).unwrap();
+    for entry in fs::read_dir(src).unwrap() {
+        let entry = entry.unwrap();
+        let to = dest.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &to);
+        } else {
+            fs::copy(entry.path(), &to).unwrap();
+        }
+    }
+}
+
+/// A kiln invocation environment: an isolated cache and docker config.
+pub struct Kiln {
+    /// Scratch space owned by the test.
+    pub home: tempfile::TempDir,
+}
+
+/// What a kiln run produced.
+#[derive(Debug)]
+pub struct Run {
+    /// Exit code.
+    pub code: i32,
+    /// stdout.
+    pub stdout: String,
+    /// stderr.
+    pub stderr: String,
+}
+
+impl Run {
+    /// Asserts success and returns the single stdout line.
+    pub fn reference(&self) -> String {
+        assert_eq!(self.code, 0, "kiln failed:\n{}", self.stderr);
+        let lines: Vec<&str> = self.stdout.lines().collect();
+        assert_eq!(
+            lines.len(),
+            1,
+            "stdout must be exactly one line: {:?}",
+            self.stdout
+        );
+        lines[0].to_string()
+    }
+
+    /// Asserts failure with `code` and returns stderr.
+    pub fn failure(&self, code: i32) -> &str {
+        assert_eq!(
+            self.code, code,
+            "expected exit {code}; stdout {:?}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        assert!(
+            self.stdout.is_empty(),
+            "a failed build prints nothing on stdout: {:?}",
+            self.stdout
+        );
+        &self.stderr
+    }
+}
+
+impl Default for Kiln {
+    fn default() -> Self {
+        Kiln::new()
+    }
+}
+
+impl Kiln {
+    /// A fresh environment.
+    pub fn new() -> Kiln {
+        let home = tempfile::tempdir().unwrap();
+        fs::create_dir_all(home.path().join("docker")).unwrap();
+        Kiln { home }
+    }
+
+    /// The cache directory kiln uses.
+    pub fn cache_dir(&self) -> PathBuf {
+        self.home.path().join("cache")
+    }
+
+    /// A `kiln` command with the isolated environment.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        cmd.env_remove("RUST_LOG")
+            .env_remove("SOURCE_DATE_EPOCH")
+            .env("DOCKER_CONFIG", self.home.path().join("docker"))
+            .env("KILN_CACHE_DIR", self.cache_dir())
+            .env("HOME", self.home.path())
+            .env("KILN_LOG_FORMAT", "text");
+        cmd
+    }
+
+    /// Runs `kiln ARGS`.
+    pub fn run(&self, args: &[&str]) -> Run {
+        self.run_cmd(self.command().args(args))
+    }
+
+    /// Runs a prepared command.
+    pub fn run_cmd(&self, cmd: &mut Command) -> Run {
+        let Output {
+            status,
+            stdout,
+            stderr,
+        } = cmd.output().unwrap();
+        Run {
+            code: status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        }
+    }
+}
+
+/// Reads a kiln `--report` file.
+pub fn read_report(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+/// The report's blobs with a given role.
+pub fn blobs_with_role<'a>(
+    report: &'a serde_json::Value,
+    role: &str,
+) -> Vec<&'a serde_json::Value> {
+    report["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["role"] == role)
+        .collect()
+}
+
+/// Total bytes kiln sent for blobs (the manifest excluded).
+pub fn blob_bytes_sent(report: &serde_json::Value) -> u64 {
+    report["blobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["role"] != "manifest")
+        .map(|b| b["bytes_sent"].as_u64().unwrap())
+        .sum()
+}
