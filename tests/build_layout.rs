@@ -29,7 +29,7 @@ fn build_to_layout(kiln: &Kiln, args: &[&str], out: &Path) -> String {
 /// SOURCE_DATE_EPOCH. A change means kiln's output bytes changed for everyone (tar headers,
 /// gzip, JSON serialisation, config fields): review why before updating it from the failure.
 const GOLDEN_HELLO_NODE: &str =
-    "sha256:f7624ab65b91efc7f1b76aeefd469bf179284a8bca614a9fa5053429b722bbbb";
+    "sha256:1afc632d0994fb9eb5c90fe06fb4d105b38094c33dbe45ff48236817e6c89f04";
 
 #[test]
 fn a_fixed_tiny_image_has_a_golden_digest() {
@@ -42,6 +42,22 @@ fn a_fixed_tiny_image_has_a_golden_digest() {
         &work.path().join("out"),
     );
     assert_eq!(digest, GOLDEN_HELLO_NODE);
+    // Where the base layout lives on disk must not matter.
+    let moved = work.path().join("elsewhere/base");
+    common::kiln::copy_tree(&common::kiln::fixtures().join("base/tiny"), &moved);
+    let output = format!("oci:{}", work.path().join("out2").display());
+    let base = format!("oci:{}:base", moved.display());
+    let dir = dir.to_str().unwrap();
+    let again = kiln.run(&[
+        "build",
+        dir,
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--output",
+        &output,
+    ]);
+    assert!(again.reference().ends_with(GOLDEN_HELLO_NODE));
 }
 
 #[test]

@@ -177,7 +177,10 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             function_name: &function.name,
             namespace: &function.namespace,
             epoch: opts.epoch,
-            base_name: &opts.base_name,
+            base_name: match &opts.base {
+                BaseRef::Registry(_) => Some(&opts.base_name),
+                BaseRef::Layout { .. } => None,
+            },
             base_digest: &base.base.manifest.digest,
             build_key: &build_key,
         });

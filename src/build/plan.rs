@@ -22,8 +22,9 @@ pub struct PlanInput<'a> {
     pub namespace: &'a str,
     /// `SOURCE_DATE_EPOCH`: the only timestamp in the image.
     pub epoch: u64,
-    /// The base image as named by the user.
-    pub base_name: &'a str,
+    /// The base image's registry reference; `None` for a local layout, whose path is not a
+    /// portable name (and would make the digest depend on where the checkout lives).
+    pub base_name: Option<&'a str>,
     /// The base manifest digest.
     pub base_digest: &'a Digest,
     /// The build key.
@@ -66,19 +67,21 @@ pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
     env.push(("FUNC_NAME".into(), input.function_name.into()));
     env.push(("SERVICE_NAMESPACE".into(), input.namespace.into()));
     let oci = |k: &str| format!("org.opencontainers.image.{k}");
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         (BUILD_KEY_LABEL.to_string(), input.build_key.to_string()),
         (RUNTIME_LABEL.to_string(), input.runtime.name.clone()),
         (oci("created"), created.clone()),
         (oci("title"), input.function_name.to_string()),
-        (oci("base.name"), input.base_name.to_string()),
         (oci("base.digest"), input.base_digest.to_string()),
     ]);
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (oci("created"), created.clone()),
-        (oci("base.name"), input.base_name.to_string()),
         (oci("base.digest"), input.base_digest.to_string()),
     ]);
+    if let Some(name) = input.base_name {
+        labels.insert(oci("base.name"), name.to_string());
+        annotations.insert(oci("base.name"), name.to_string());
+    }
     ConfigEdit {
         created,
         env,
@@ -137,7 +140,7 @@ mod tests {
             function_name: "hello",
             namespace: "team",
             epoch: 0,
-            base_name: "reg/base:1",
+            base_name: Some("reg/base:1"),
             base_digest: &d,
             build_key: &key,
         });
