@@ -1,0 +1,377 @@
+'use strict';
+// kiln's Node.js function server: Kyma's runtime contract on Node's standard library only
+// (no express, no npm packages), so the image needs nothing but `node` and this file.
+// Runs on Node 20, 22 and 24 as user 1000 on a read-only root filesystem; it writes nothing.
+// Contract and decisions: runtimes/_servers/README.md.
+
+const http = require('http');
+const path = require('path');
+
+const env = process.env;
+const num = (name, dflt) => {
+  const v = Number(env[name]);
+  return env[name] !== undefined && env[name] !== '' && Number.isFinite(v) ? v : dflt;
+};
+const PORT = num('FUNC_PORT', 8080);
+const TIMEOUT_S = num('FUNC_TIMEOUT', 180);
+const MB_LIMIT = num('REQ_MB_LIMIT', 1);
+const BODY_LIMIT = Math.floor(MB_LIMIT * 1024 * 1024);
+// Relative to this file (Kyma: `import('./function/handler.js')` from server.mjs); absolute works.
+const HANDLER_FILE = path.resolve(__dirname, env.HANDLER_PATH || './function/handler.js');
+const HANDLER_NAME = env.FUNC_HANDLER || 'main';
+const ACCESS_LOG = Boolean(env.KYMA_INTERNAL_LOGGER_ENABLED);
+const PUBLISHER = env.PUBLISHER_PROXY_ADDRESS ||
+  'http://eventing-publisher-proxy.kyma-system.svc.cluster.local/publish';
+// Drain on SIGTERM: in-flight calls end by FUNC_TIMEOUT anyway (408); stay under k8s's 30 s.
+const GRACE_MS = Math.min(TIMEOUT_S + 1, 25) * 1000;
+
+// ---- metrics (Prometheus text format 0.0.4) ----
+const BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300];
+const m = { calls: 0, failures: 0, buckets: BUCKETS.map(() => 0), sum: 0, count: 0 };
+function observe(seconds) {
+  BUCKETS.forEach((le, i) => { if (seconds <= le) m.buckets[i]++; });
+  m.sum += seconds;
+  m.count++;
+}
+function renderMetrics() {
+  const out = [
+    '# HELP function_calls_total Number of calls to the user function.',
+    '# TYPE function_calls_total counter', `function_calls_total ${m.calls}`,
+    '# HELP function_failures_total Number of failed calls (exception, rejection or timeout).',
+    '# TYPE function_failures_total counter', `function_failures_total ${m.failures}`,
+    '# HELP function_duration_seconds Duration of user function calls in seconds.',
+    '# TYPE function_duration_seconds histogram',
+  ];
+  const bucket = (le, n) => `function_duration_seconds_bucket{le="${le}"} ${n}`;
+  BUCKETS.forEach((le, i) => out.push(bucket(le, m.buckets[i])));
+  out.push(bucket('+Inf', m.count));
+  out.push(`function_duration_seconds_sum ${m.sum}`, `function_duration_seconds_count ${m.count}`);
+  return out.join('\n') + '\n';
+}
+
+// ---- request/response with a few Express conveniences Kyma Functions commonly use ----
+class Request extends http.IncomingMessage {
+  get(name) { return this.headers[String(name).toLowerCase()]; }
+  header(name) { return this.get(name); }
+}
+class Response extends http.ServerResponse {
+  status(code) { this.statusCode = code; return this; }
+  set(field, value) {
+    if (typeof field === 'object') for (const k of Object.keys(field)) this.setHeader(k, field[k]);
+    else this.setHeader(field, value);
+    return this;
+  }
+  header(field, value) { return this.set(field, value); }
+  get(field) { return this.getHeader(field); }
+  type(t) { return this.set('Content-Type', t); }
+  json(body) { if (!this.hasHeader('Content-Type')) this.type(JSON_TYPE); return this.send(body); }
+  send(body) { respond(this, body); return this; }
+  sendStatus(code) { respond(this, http.STATUS_CODES[code] || String(code), code); return this; }
+}
+
+const JSON_TYPE = 'application/json; charset=utf-8';
+const TEXT_TYPE = 'text/plain; charset=utf-8';
+const METRICS_TYPE = 'text/plain; version=0.0.4; charset=utf-8';
+
+function sendText(res, status, text, type = TEXT_TYPE) {
+  if (res.headersSent) return;
+  res.statusCode = status;
+  res.setHeader('Content-Type', type);
+  res.end(text);
+}
+
+// Turns a handler's result (or sendResponse's arguments) into the response, as Kyma did:
+// object → JSON, string → text, Buffer → raw, undefined/null → empty 200 (or status text).
+function respond(res, body, status, headers) {
+  if (res.writableEnded) return; // the handler already answered (sendResponse or res.end)
+  if (res.headersSent) { res.end(); return; } // it wrote a partial response itself: finish it
+  if (headers) for (const k of Object.keys(headers)) res.setHeader(k, headers[k]);
+  if (status) res.statusCode = status;
+  if (body === undefined || body === null) {
+    if (status) sendText(res, status, http.STATUS_CODES[status] || '');
+    else res.end();
+    return;
+  }
+  let type = TEXT_TYPE;
+  if (typeof body === 'string') { /* as is */ } else if (body instanceof Uint8Array) {
+    type = 'application/octet-stream';
+  } else {
+    type = JSON_TYPE;
+    body = JSON.stringify(body);
+    if (body === undefined) body = ''; // a function or symbol
+  }
+  if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', type);
+  res.end(body);
+}
+
+// ---- body: streamed with a limit, parsed like Kyma's body-parser chain ----
+function tooLarge(req, res) {
+  res.setHeader('Connection', 'close');
+  sendText(res, 413, `Request body larger than REQ_MB_LIMIT (${MB_LIMIT} MiB)\n`);
+  // Discard (not buffer) what the client still sends so it can read the 413 instead of a reset,
+  // but never for long: a client streaming forever must not hold the connection.
+  req.resume();
+  setTimeout(() => req.socket.destroy(), 2000).unref();
+}
+
+function readBody(req, res, done) {
+  const declared = req.headers['content-length'];
+  // Like body-parser's type-is.hasBody: no Content-Length and no Transfer-Encoding = no body.
+  if (declared === undefined && req.headers['transfer-encoding'] === undefined) return done();
+  if (Number(declared) > BODY_LIMIT) return tooLarge(req, res);
+  const chunks = [];
+  let size = 0;
+  let over = false;
+  req.on('data', (chunk) => {
+    if (over) return;
+    size += chunk.length;
+    if (size <= BODY_LIMIT) return void chunks.push(chunk);
+    over = true;
+    chunks.length = 0;
+    tooLarge(req, res);
+  });
+  req.on('end', () => { if (!over) done(Buffer.concat(chunks, size)); });
+  req.on('error', () => { over = true; }); // client went away: nothing to answer
+}
+
+function mediaType(req) {
+  const [mime, ...params] = String(req.headers['content-type'] || '').split(';');
+  const charset = params.map((p) => p.trim().split('='))
+    .find(([k]) => k.toLowerCase() === 'charset');
+  return {
+    mime: mime.trim().toLowerCase(),
+    charset: charset && charset[1] ? charset[1].replace(/"/g, '') : 'utf-8',
+  };
+}
+
+// Query strings and form bodies: repeated keys become arrays (flat, no `a[b]=c` nesting).
+function formObject(params) {
+  const out = {};
+  for (const [k, v] of params) {
+    if (!Object.prototype.hasOwnProperty.call(out, k)) out[k] = v;
+    else out[k] = [].concat(out[k], v);
+  }
+  return out;
+}
+
+function parseBody(mime, charset, raw) {
+  if (raw === undefined) return undefined;
+  if (mime === 'application/json' || mime === 'application/cloudevents+json') {
+    return raw.length === 0 ? {} : JSON.parse(raw.toString('utf8'));
+  }
+  if (mime.startsWith('text/')) {
+    return raw.toString(Buffer.isEncoding(charset) ? charset : 'utf8');
+  }
+  if (mime === 'application/x-www-form-urlencoded') {
+    return formObject(new URLSearchParams(raw.toString('utf8')));
+  }
+  return raw;
+}
+
+// CloudEvent attributes → event['ce-…']. Binary mode: every `ce-*` header (Node lower-cases
+// header names) and Content-Type as datacontenttype. Structured mode: the JSON envelope.
+function cloudEvent(req, mime, data) {
+  const ce = {};
+  for (const [k, v] of Object.entries(req.headers)) if (k.startsWith('ce-')) ce[k] = v;
+  if (ce['ce-specversion'] && !ce['ce-datacontenttype'] && req.headers['content-type']) {
+    ce['ce-datacontenttype'] = req.headers['content-type'];
+  }
+  const envelope = mime === 'application/cloudevents+json' && data && typeof data === 'object' &&
+    !Array.isArray(data);
+  if (envelope) {
+    for (const [k, v] of Object.entries(data)) {
+      if (k !== 'data' && k !== 'data_base64') ce[`ce-${k}`] = v;
+    }
+    if ('data' in data) ce.data = data.data;
+    else if ('data_base64' in data) ce.data = Buffer.from(String(data.data_base64), 'base64');
+    else ce.data = undefined;
+  }
+  return ce;
+}
+
+function emitCloudEvent(type, source, data, attrs = {}) {
+  const datacontenttype = typeof data === 'string' ? 'text/plain' : 'application/json';
+  const id = crypto.randomUUID();
+  const body = { specversion: '1.0', id, type, source, datacontenttype, ...attrs, data };
+  return fetch(PUBLISHER, {
+    method: 'POST',
+    headers: { 'Content-Type': 'application/cloudevents+json' },
+    body: JSON.stringify(body),
+  }).then((r) => {
+    if (!r.ok) throw new Error(`publishing the CloudEvent failed: HTTP ${r.status}`);
+    return r;
+  });
+}
+
+// Kyma passed an OpenTelemetry tracer; without OTel a no-op keeps `event.tracer` calls working.
+const noopSpan = {
+  setAttribute() { return this; }, setAttributes() { return this; }, addEvent() { return this; },
+  setStatus() { return this; }, updateName() { return this; }, recordException() {}, end() {},
+  isRecording: () => false,
+  spanContext: () => ({ traceId: '0'.repeat(32), spanId: '0'.repeat(16), traceFlags: 0 }),
+};
+const noopTracer = {
+  startSpan: () => noopSpan,
+  startActiveSpan: (...args) => args[args.length - 1](noopSpan),
+};
+
+// ---- the user's Function ----
+let userFunction;
+
+function invoke(req, res, reqPath, query, raw) {
+  const { mime, charset } = mediaType(req);
+  let data;
+  try {
+    data = parseBody(mime, charset, raw);
+  } catch (err) {
+    return sendText(res, 400, `Bad Request: cannot parse the ${mime} body: ${err.message}\n`);
+  }
+  const hostname = String(req.headers.host || '').replace(/:\d+$/, '');
+  Object.assign(req, { path: reqPath, query, body: data, originalUrl: req.url, params: {} });
+  Object.assign(req, { hostname, ip: req.socket.remoteAddress });
+  const event = {
+    data,
+    ...cloudEvent(req, mime, data),
+    extensions: { request: req, response: res },
+    tracer: noopTracer,
+    setResponseHeader: (k, v) => { if (!res.headersSent) res.setHeader(k, v); },
+    setResponseContentType: (t) => { if (!res.headersSent) res.setHeader('Content-Type', t); },
+    setResponseStatus: (code) => { if (!res.headersSent) res.statusCode = code; },
+    emitCloudEvent,
+  };
+  const context = {
+    'function-name': env.FUNC_NAME,
+    runtime: env.FUNC_RUNTIME,
+    namespace: env.SERVICE_NAMESPACE,
+    timeout: TIMEOUT_S,
+    'body-size-limit': MB_LIMIT,
+  };
+
+  m.calls++;
+  const started = process.hrtime.bigint();
+  let settled = false;
+  const settle = (failed) => {
+    if (settled) return false;
+    settled = true;
+    clearTimeout(timer);
+    if (failed) m.failures++;
+    observe(Number(process.hrtime.bigint() - started) / 1e9);
+    return true;
+  };
+  // FUNC_TIMEOUT: stop waiting (the promise cannot be cancelled) and answer 408.
+  const timer = setTimeout(() => {
+    if (!settle(true)) return;
+    console.error(`Function timed out after ${TIMEOUT_S}s: ${req.method} ${req.url}`);
+    if (res.headersSent) res.destroy();
+    else sendText(res, 408, 'Timeout while processing the function\n');
+  }, TIMEOUT_S * 1000);
+  const ok = (result) => { if (settle(false)) respond(res, result); };
+  const fail = (err) => {
+    if (!settle(true)) return;
+    console.error(err); // an Error prints with its stack
+    if (!res.headersSent) res.removeHeader('Content-Type');
+    respond(res, typeof err === 'string' ? err : 'Internal server error', 500);
+  };
+  const sendResponse = (body, status, headers) => respond(res, body, status, headers);
+  try {
+    const out = userFunction(event, context, sendResponse);
+    if (out && typeof out.then === 'function') out.then(ok, fail);
+    else ok(out);
+  } catch (err) {
+    fail(err);
+  }
+}
+
+// ---- server ----
+let inflight = 0;
+let shuttingDown = false;
+
+function onRequest(req, res) {
+  inflight++;
+  res.on('close', () => {
+    inflight--;
+    if (shuttingDown) { req.socket.end(); maybeExit(); }
+  });
+  if (shuttingDown) res.setHeader('Connection', 'close');
+  if (ACCESS_LOG) res.on('finish', () => console.log(`${req.method} ${req.url} ${res.statusCode}`));
+  res.setHeader('Access-Control-Allow-Origin', '*');
+  const q = req.url.indexOf('?');
+  const reqPath = q < 0 ? req.url : req.url.slice(0, q);
+  if (req.method === 'GET' || req.method === 'HEAD') {
+    if (reqPath === '/healthz') return sendText(res, 200, 'OK');
+    if (reqPath === '/metrics') return sendText(res, 200, renderMetrics(), METRICS_TYPE);
+    if (reqPath === '/favicon.ico') { res.statusCode = 204; return res.end(); }
+  }
+  if (req.method === 'OPTIONS') { // CORS preflight: allow whatever is asked for
+    res.statusCode = 204;
+    const ask = (name) => req.headers[`access-control-request-${name}`];
+    res.setHeader('Access-Control-Allow-Methods', ask('method') || 'GET, POST, PUT, PATCH, DELETE');
+    res.setHeader('Access-Control-Allow-Headers', ask('headers') || '*');
+    res.setHeader('Access-Control-Max-Age', '86400');
+    return res.end();
+  }
+  const query = formObject(new URLSearchParams(q < 0 ? '' : req.url.slice(q + 1)));
+  readBody(req, res, (raw) => invoke(req, res, reqPath, query, raw));
+}
+
+function maybeExit() {
+  if (inflight === 0) {
+    console.log('Server stopped');
+    setImmediate(() => process.exit(0));
+  }
+}
+
+function shutdown(server, signal) {
+  if (shuttingDown) return;
+  shuttingDown = true;
+  console.log(`${signal} received: no new connections, draining ${inflight} request(s)`);
+  server.close(); // stop accepting
+  server.closeIdleConnections(); // keep-alive sockets without a request in flight
+  setTimeout(() => {
+    console.error(`Drain took over ${GRACE_MS / 1000}s, exiting with ${inflight} in flight`);
+    process.exit(0);
+  }, GRACE_MS).unref();
+  maybeExit();
+}
+
+async function loadFunction() {
+  let mod;
+  try {
+    mod = require(HANDLER_FILE);
+  } catch (err) {
+    if (err.code !== 'ERR_REQUIRE_ESM' && err.code !== 'ERR_REQUIRE_ASYNC_MODULE') throw err;
+    mod = await import(require('url').pathToFileURL(HANDLER_FILE).href); // an ES module on Node 20
+  }
+  // CommonJS `module.exports = { main }`, or an ES module's `export function main` / default.
+  let fn = mod && mod[HANDLER_NAME];
+  if (typeof fn !== 'function' && mod && mod.default) fn = mod.default[HANDLER_NAME];
+  if (typeof fn !== 'function') {
+    throw new Error(`${HANDLER_FILE} does not export a function '${HANDLER_NAME}'`);
+  }
+  return fn;
+}
+
+// User code may throw from its own callbacks or forget a rejection: log it, keep serving (as Kyma).
+process.on('uncaughtException', (err) => console.error('Uncaught exception:', err));
+process.on('unhandledRejection', (err) => console.error('Unhandled rejection:', err));
+
+loadFunction().then((fn) => {
+  userFunction = fn;
+  const classes = { IncomingMessage: Request, ServerResponse: Response };
+  const server = http.createServer(classes, onRequest);
+  server.on('checkContinue', (req, res) => { // `Expect: 100-continue`: refuse big bodies unsent
+    if (Number(req.headers['content-length']) > BODY_LIMIT) return tooLarge(req, res);
+    res.writeContinue();
+    onRequest(req, res);
+  });
+  server.listen(PORT, '0.0.0.0', () => {
+    console.log(`kiln node function server listening on 0.0.0.0:${server.address().port}, ` +
+      `function ${HANDLER_FILE} export ${HANDLER_NAME} ` +
+      `(timeout ${TIMEOUT_S}s, body limit ${MB_LIMIT} MiB)`);
+  });
+  process.on('SIGTERM', () => shutdown(server, 'SIGTERM'));
+  process.on('SIGINT', () => shutdown(server, 'SIGINT'));
+}, (err) => {
+  console.error(`Cannot load the function from ${HANDLER_FILE}:`, err);
+  process.exit(1);
+});

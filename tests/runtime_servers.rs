@@ -1,0 +1,661 @@
+//! The function servers in `runtimes/_servers/` (Node.js and Python, standard library only)
+//! implement Kyma's runtime contract, so existing Kyma Functions run unchanged.
+//!
+//! Each test starts the host's `node` or `python3` directly on `runtimes/_servers/*/server.*`
+//! with a fixture Function from `tests/fixtures/servers/` (its `main` dispatches on the request
+//! path), on port 0 (the server logs the port it got), and talks HTTP to it on 127.0.0.1. No
+//! image is involved. `KILN_TEST_NODE` / `KILN_TEST_PYTHON` pick other interpreters.
+
+#![allow(clippy::unwrap_used)]
+
+use std::fs;
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use reqwest::{Client, Method, StatusCode};
+use serde_json::{Value, json};
+
+#[derive(Clone, Copy, Debug)]
+enum Runtime {
+    Node,
+    Python,
+}
+
+impl Runtime {
+    /// What the fixture reports as `context.runtime` (`FUNC_RUNTIME`).
+    fn name(self) -> &'static str {
+        match self {
+            Runtime::Node => "nodejs20",
+            Runtime::Python => "python311",
+        }
+    }
+
+    /// File name of the fixture Function, as it appears in stack traces.
+    fn handler_file(self) -> &'static str {
+        match self {
+            Runtime::Node => "handler.js",
+            Runtime::Python => "handler.py",
+        }
+    }
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running function server; killed (and reaped) on drop.
+struct Server {
+    child: Child,
+    port: u16,
+    logs: tempfile::TempDir,
+    exit: Option<ExitStatus>,
+}
+
+impl Server {
+    /// Starts `runtime`'s server with the fixture Function and `env` on top of the defaults,
+    /// and waits until it logs the port it listens on.
+    fn start(runtime: Runtime, env: &[(&str, &str)]) -> Server {
+        let logs = tempfile::tempdir().unwrap();
+        let fixtures = repo().join("tests/fixtures/servers");
+        let servers = repo().join("runtimes/_servers");
+        let (program, script) = match runtime {
+            Runtime::Node => (interpreter("KILN_TEST_NODE", "node"), "node/server.js"),
+            Runtime::Python => (
+                interpreter("KILN_TEST_PYTHON", "python3"),
+                "python/server.py",
+            ),
+        };
+        let mut cmd = Command::new(program);
+        cmd.arg(servers.join(script));
+        // A clean environment, like the image's: only what the contract defines.
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("FUNC_PORT", "0")
+            .env("FUNC_NAME", "fixture")
+            .env("SERVICE_NAMESPACE", "tests")
+            .env("FUNC_RUNTIME", runtime.name())
+            .env("FUNC_HANDLER", "main")
+            .env("MOD_NAME", "handler");
+        match runtime {
+            Runtime::Node => cmd.env("HANDLER_PATH", fixtures.join("node/handler.js")),
+            Runtime::Python => cmd
+                .env("FUNCTION_PATH", fixtures.join("python"))
+                .env("PYTHONUNBUFFERED", "TRUE")
+                .env("PYTHONDONTWRITEBYTECODE", "1"),
+        };
+        cmd.envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(fs::File::create(logs.path().join("stdout")).unwrap())
+            .stderr(fs::File::create(logs.path().join("stderr")).unwrap());
+        let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+        let mut server = Server {
+            child,
+            port: 0,
+            logs,
+            exit: None,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(port) = listening_port(&server.stdout()) {
+                server.port = port;
+                return server;
+            }
+            if let Some(status) = server.child.try_wait().unwrap() {
+                panic!(
+                    "{runtime:?} server exited ({status}) before listening:\n{}",
+                    server.logs()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{runtime:?} server did not start:\n{}",
+                server.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    fn stdout(&self) -> String {
+        fs::read_to_string(self.logs.path().join("stdout")).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        fs::read_to_string(self.logs.path().join("stderr")).unwrap_or_default()
+    }
+
+    fn logs(&self) -> String {
+        format!("--- stdout\n{}--- stderr\n{}", self.stdout(), self.stderr())
+    }
+
+    /// Sends SIGTERM, as the kubelet does when a Pod stops.
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// The exit status, once the process exits within `timeout`.
+    async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                self.exit = Some(status);
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    /// Polls `stderr` until it contains `needle` (the server may log just after answering).
+    async fn stderr_containing(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let stderr = self.stderr();
+            if stderr.contains(needle) || Instant::now() > deadline {
+                return stderr;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn interpreter(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var).map_or_else(|| PathBuf::from(default), PathBuf::from)
+}
+
+/// The port in the start line, "… listening on 0.0.0.0:<port>, …".
+fn listening_port(stdout: &str) -> Option<u16> {
+    let rest = &stdout[stdout.find("listening on 0.0.0.0:")? + "listening on 0.0.0.0:".len()..];
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+fn client() -> Client {
+    Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Calls `path` with `method` and an optional JSON body; returns status and parsed JSON.
+async fn call_json(server: &Server, method: Method, path: &str, body: Option<Value>) -> Value {
+    let mut req = client().request(method, server.url(path));
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{path}");
+    assert_json(&resp);
+    resp.json().await.unwrap()
+}
+
+fn header<'a>(resp: &'a reqwest::Response, name: &str) -> &'a str {
+    resp.headers().get(name).map_or("", |v| v.to_str().unwrap())
+}
+
+fn assert_json(resp: &reqwest::Response) {
+    let ctype = header(resp, "content-type");
+    assert!(
+        ctype.starts_with("application/json"),
+        "content type {ctype:?}"
+    );
+}
+
+/// The value of the sample `name` (no labels, or the exact label set) in a metrics page.
+fn sample(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no sample {name} in:\n{metrics}"))
+}
+
+async fn metrics(server: &Server) -> String {
+    let resp = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let ctype = header(&resp, "content-type");
+    assert!(
+        ctype.starts_with("text/plain; version=0.0.4"),
+        "content type {ctype:?}"
+    );
+    resp.text().await.unwrap()
+}
+
+// ---- the checks, run against both runtimes ----
+
+async fn json_body_round_trips_with_context(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let resp = client()
+        .post(server.url("/echo?name=kiln&n=1"))
+        .json(&json!({"hello": "world", "list": [1, 2, 3], "nested": {"ok": true}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert_json(&resp);
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(echo["kind"], "json");
+    assert_eq!(
+        echo["data"],
+        json!({"hello": "world", "list": [1, 2, 3], "nested": {"ok": true}})
+    );
+    assert_eq!(echo["method"], "POST");
+    assert_eq!(echo["query"]["name"], "kiln");
+    let context = &echo["context"];
+    assert_eq!(context["function-name"], "fixture");
+    assert_eq!(context["namespace"], "tests");
+    assert_eq!(context["runtime"], rt.name());
+    assert_eq!(context["timeout"].as_f64(), Some(180.0));
+    assert!(
+        context["body-size-limit"].as_f64().unwrap() > 0.0,
+        "{context}"
+    );
+}
+
+async fn binary_cloud_event_fills_ce_fields(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    // Title-cased names on the wire ("Ce-Type"): CE headers are case-insensitive.
+    let client = Client::builder()
+        .no_proxy()
+        .http1_title_case_headers()
+        .build()
+        .unwrap();
+    let resp = client
+        .post(server.url("/echo"))
+        .header("Ce-Type", "order.created")
+        .header("CE-SOURCE", "/shop")
+        .header("ce-id", "A-123")
+        .header("Ce-Specversion", "1.0")
+        .header("Ce-Time", "2024-05-01T12:00:00Z")
+        .header("Ce-Eventtypeversion", "v1")
+        .json(&json!({"order": 42}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(echo["data"], json!({"order": 42}));
+    let ce = &echo["ce"];
+    assert_eq!(ce["type"], "order.created");
+    assert_eq!(ce["source"], "/shop");
+    assert_eq!(ce["id"], "A-123");
+    assert_eq!(ce["specversion"], "1.0");
+    assert_eq!(ce["time"], "2024-05-01T12:00:00Z");
+    assert_eq!(ce["eventtypeversion"], "v1");
+    assert_eq!(ce["datacontenttype"], "application/json");
+}
+
+async fn structured_cloud_event_fills_ce_fields(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let envelope = json!({
+        "specversion": "1.0",
+        "type": "order.shipped",
+        "source": "/warehouse",
+        "id": "B-7",
+        "time": "2024-05-02T08:30:00Z",
+        "datacontenttype": "application/json",
+        "data": {"order": 43, "carrier": "dhl"}
+    });
+    let resp = client()
+        .post(server.url("/echo"))
+        .header(
+            "content-type",
+            "application/cloudevents+json; charset=utf-8",
+        )
+        .body(envelope.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(echo["data"], json!({"order": 43, "carrier": "dhl"}));
+    let ce = &echo["ce"];
+    assert_eq!(ce["type"], "order.shipped");
+    assert_eq!(ce["source"], "/warehouse");
+    assert_eq!(ce["id"], "B-7");
+    assert_eq!(ce["specversion"], "1.0");
+    assert_eq!(ce["time"], "2024-05-02T08:30:00Z");
+    assert_eq!(ce["datacontenttype"], "application/json");
+
+    // data_base64 (binary data in a JSON envelope) becomes raw bytes.
+    let resp = client()
+        .put(server.url("/echo"))
+        .header("content-type", "application/cloudevents+json")
+        .body(r#"{"specversion":"1.0","type":"t","source":"s","id":"1","data_base64":"aGk="}"#)
+        .send()
+        .await
+        .unwrap();
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(
+        (&echo["kind"], &echo["data"]),
+        (&json!("bytes"), &json!("hi"))
+    );
+}
+
+async fn text_form_raw_and_empty_bodies_are_parsed(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let http = client();
+    let cases = [
+        (
+            Method::PUT,
+            "text/plain; charset=utf-8",
+            "héllo text",
+            "string",
+            json!("héllo text"),
+        ),
+        (
+            Method::PATCH,
+            "application/x-www-form-urlencoded",
+            "a=1&b=two+words",
+            "json",
+            json!({"a": "1", "b": "two words"}),
+        ),
+        (
+            Method::DELETE,
+            "application/octet-stream",
+            "raw bytes",
+            "bytes",
+            json!("raw bytes"),
+        ),
+    ];
+    for (method, ctype, body, kind, data) in cases {
+        let resp = http
+            .request(method.clone(), server.url("/echo"))
+            .header("content-type", ctype)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{method} {ctype}");
+        let echo: Value = resp.json().await.unwrap();
+        assert_eq!(echo["method"], method.as_str());
+        assert_eq!(
+            (&echo["kind"], &echo["data"]),
+            (&json!(kind), &data),
+            "{method} {ctype}"
+        );
+    }
+    // A GET without a body: data is undefined/None, the query is on the request.
+    let echo = call_json(&server, Method::GET, "/echo?x=1", None).await;
+    assert_eq!(echo["kind"], "none");
+    assert_eq!(echo["query"]["x"], "1");
+
+    // A returned string is sent as text.
+    let resp = http.get(server.url("/text")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(header(&resp, "content-type").starts_with("text/plain"));
+    assert!(resp.text().await.unwrap().starts_with("plain text from "));
+    // Returning nothing is an empty 200.
+    let resp = http.post(server.url("/empty")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.text().await.unwrap(), "");
+}
+
+async fn status_and_headers_set_by_the_function_reach_the_client(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let resp = client().post(server.url("/status")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(header(&resp, "x-fixture"), "yes");
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert_json(&resp);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"created": true})
+    );
+}
+
+async fn built_in_endpoints_and_preflight_skip_the_function(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let http = client();
+    let resp = http.get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.text().await.unwrap(), "OK");
+    let resp = http.get(server.url("/favicon.ico")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    let resp = http
+        .request(Method::OPTIONS, server.url("/anything"))
+        .header("Origin", "https://example.com")
+        .header("Access-Control-Request-Method", "PUT")
+        .header("Access-Control-Request-Headers", "content-type, x-custom")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert!(header(&resp, "access-control-allow-methods").contains("PUT"));
+    assert!(header(&resp, "access-control-allow-headers").contains("x-custom"));
+    assert_eq!(sample(&metrics(&server).await, "function_calls_total"), 0.0);
+}
+
+async fn metrics_count_calls_and_failures(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let before = metrics(&server).await;
+    for family in ["function_calls_total", "function_failures_total"] {
+        assert!(
+            before.contains(&format!("# TYPE {family} counter")),
+            "{before}"
+        );
+        assert!(before.contains(&format!("# HELP {family} ")), "{before}");
+        assert_eq!(sample(&before, family), 0.0);
+    }
+    let http = client();
+    for path in ["/text", "/echo", "/throw"] {
+        http.get(server.url(path)).send().await.unwrap();
+    }
+    let after = metrics(&server).await;
+    assert_eq!(sample(&after, "function_calls_total"), 3.0, "{after}");
+    assert_eq!(sample(&after, "function_failures_total"), 1.0, "{after}");
+    assert!(
+        after.contains("# TYPE function_duration_seconds histogram"),
+        "{after}"
+    );
+    assert!(
+        after.contains("# HELP function_duration_seconds "),
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "function_duration_seconds_bucket{le=\"+Inf\"}"),
+        3.0
+    );
+    assert_eq!(sample(&after, "function_duration_seconds_count"), 3.0);
+    assert!(sample(&after, "function_duration_seconds_sum") >= 0.0);
+    let buckets = after
+        .lines()
+        .filter(|l| l.starts_with("function_duration_seconds_bucket{le=\""));
+    assert!(buckets.count() > 5, "{after}");
+}
+
+async fn a_throw_answers_500_and_logs_the_stack(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let resp = client().post(server.url("/throw")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert_eq!(resp.text().await.unwrap().trim(), "Internal server error");
+    let stderr = server.stderr_containing(rt.handler_file()).await;
+    assert!(stderr.contains("boom from the fixture"), "{stderr}");
+    // The stack points into the Function's file.
+    assert!(
+        stderr.contains(rt.handler_file()),
+        "no stack in stderr:\n{stderr}"
+    );
+}
+
+async fn a_slow_function_times_out_with_408(rt: Runtime) {
+    let server = Server::start(rt, &[("FUNC_TIMEOUT", "1")]);
+    let started = Instant::now();
+    let resp = client().get(server.url("/sleep")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    let page = metrics(&server).await;
+    assert_eq!(sample(&page, "function_failures_total"), 1.0, "{page}");
+    // The server still serves while the timed-out call lingers.
+    let resp = client().get(server.url("/text")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+async fn a_body_over_the_limit_gets_413(rt: Runtime) {
+    // 0.001 MiB = 1048 bytes.
+    let server = Server::start(rt, &[("REQ_MB_LIMIT", "0.001")]);
+    let http = client();
+    for size in [2_000, 512 * 1024] {
+        let resp = http
+            .post(server.url("/echo"))
+            .header("content-type", "text/plain")
+            .body(vec![b'x'; size])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "{size} bytes");
+    }
+    // Chunked, no Content-Length: cut off while streaming.
+    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+    // Under the limit still works, chunked or not; the function never saw the big ones.
+    let chunks = (0..2).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'z'; 256])));
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(echo["data"].as_str().unwrap().len(), 512);
+    assert_eq!(sample(&metrics(&server).await, "function_calls_total"), 1.0);
+}
+
+async fn sigterm_drains_in_flight_requests_then_exits_zero(rt: Runtime) {
+    let mut server = Server::start(rt, &[("FUNC_TIMEOUT", "10")]);
+    let slow = tokio::spawn(client().get(server.url("/slow")).send());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!slow.is_finished(), "/slow answered too early");
+    server.terminate();
+
+    // New connections are refused while /slow is still running.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while TcpStream::connect(("127.0.0.1", server.port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "still accepting after SIGTERM:\n{}",
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !slow.is_finished(),
+        "/slow finished before the listener closed"
+    );
+
+    let resp = slow.await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.text().await.unwrap(), "slow done");
+    let status = server.wait_exit(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}:\n{}",
+        server.logs()
+    );
+    let stdout = server.stdout();
+    assert!(stdout.contains("SIGTERM received"), "{stdout}");
+}
+
+/// One test per runtime and check, each named as a sentence.
+macro_rules! for_both_runtimes {
+    ($($check:ident: $node:ident, $python:ident;)*) => {$(
+        #[tokio::test]
+        async fn $node() {
+            $check(Runtime::Node).await;
+        }
+
+        #[tokio::test]
+        async fn $python() {
+            $check(Runtime::Python).await;
+        }
+    )*};
+}
+
+for_both_runtimes! {
+    json_body_round_trips_with_context:
+        node_echoes_a_json_body_as_json_with_the_function_context,
+        python_echoes_a_json_body_as_json_with_the_function_context;
+    binary_cloud_event_fills_ce_fields:
+        node_fills_the_ce_fields_from_binary_mode_cloud_event_headers,
+        python_fills_the_ce_fields_from_binary_mode_cloud_event_headers;
+    structured_cloud_event_fills_ce_fields:
+        node_fills_the_ce_fields_and_data_from_a_structured_mode_cloud_event,
+        python_fills_the_ce_fields_and_data_from_a_structured_mode_cloud_event;
+    text_form_raw_and_empty_bodies_are_parsed:
+        node_passes_text_form_raw_and_missing_bodies_as_string_object_bytes_and_nothing,
+        python_passes_text_form_raw_and_missing_bodies_as_string_object_bytes_and_nothing;
+    status_and_headers_set_by_the_function_reach_the_client:
+        node_sends_the_status_and_headers_the_function_set,
+        python_sends_the_status_and_headers_the_function_set;
+    built_in_endpoints_and_preflight_skip_the_function:
+        node_answers_healthz_favicon_and_cors_preflight_without_calling_the_function,
+        python_answers_healthz_favicon_and_cors_preflight_without_calling_the_function;
+    metrics_count_calls_and_failures:
+        node_metrics_count_calls_and_failures_and_expose_a_duration_histogram,
+        python_metrics_count_calls_and_failures_and_expose_a_duration_histogram;
+    a_throw_answers_500_and_logs_the_stack:
+        node_answers_500_when_the_function_throws_and_logs_the_stack,
+        python_answers_500_when_the_function_raises_and_logs_the_traceback;
+    a_slow_function_times_out_with_408:
+        node_answers_408_when_the_function_runs_past_func_timeout,
+        python_answers_408_when_the_function_runs_past_func_timeout;
+    a_body_over_the_limit_gets_413:
+        node_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function,
+        python_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function;
+    sigterm_drains_in_flight_requests_then_exits_zero:
+        node_finishes_in_flight_requests_on_sigterm_then_exits_zero,
+        python_finishes_in_flight_requests_on_sigterm_then_exits_zero;
+}
+
+#[tokio::test]
+async fn node_functions_can_answer_through_the_send_response_argument() {
+    let server = Server::start(Runtime::Node, &[]);
+    let resp = client().post(server.url("/send")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(&resp, "x-sent"), "1");
+    assert_eq!(resp.text().await.unwrap(), "sent");
+}
