@@ -1,0 +1,196 @@
+//! `kiln run`: flags, their validation into [`crate::run::Options`], and the run. The
+//! function's own stdout is the command's output, so this prints nothing itself.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+
+use super::Failure;
+use crate::oci::Platform;
+use crate::registry::{Client, ClientConfig, CredentialStore};
+use crate::run::{self, ImageRef, Options};
+
+/// Flags of `kiln run`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The function runs in a rootless bubblewrap sandbox (Debian package `bubblewrap`): the image's \
+root filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, the host's \
+/etc/resolv.conf, all capabilities dropped, and its own user, PID, IPC and UTS namespaces. It \
+SHARES THE HOST NETWORK, so the function's port is reachable on the host (and the function can \
+reach everything the host can). It runs as the image's User (default root inside the sandbox, \
+which is your own user, without capabilities, outside) with only the image's Env, the --env values and \
+HOME. Layers are unpacked once per image into the cache directory.
+
+SIGINT and SIGTERM are forwarded to the function (a second one kills it). Exit code: the \
+function's own, 128+N when signal N ended it, 1 when kiln failed, 2 for bad usage or input.
+
+Examples:
+  kiln run \"$(kiln build ./hello --runtime nodejs22 --output oci:./out)\" --port 8080
+  kiln run registry.example.com/team/hello:1.0 --port 8080 --env LOG_LEVEL=debug
+  kiln run oci:./out:latest -p 8080 -e NODE_ENV=development")]
+pub struct RunArgs {
+    /// The image: what `kiln build` prints (REGISTRY/REPO@sha256:… or oci:DIR@sha256:…), a
+    /// registry reference with a tag, or oci:DIR[:NAME].
+    #[arg(value_name = "IMAGE")]
+    pub image: String,
+    /// Set FUNC_PORT=PORT for the function (the runtimes listen on it). The sandbox shares the
+    /// host network, so the function answers on http://127.0.0.1:PORT.
+    #[arg(long, short = 'p', value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
+    /// Set an environment variable for the function, over the image's Env; repeatable.
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+    pub platform: Option<String>,
+    /// Registry credentials from a Kubernetes .dockerconfigjson file (tried before the docker
+    /// config in $DOCKER_CONFIG or ~/.docker).
+    #[arg(long, value_name = "FILE", env = "KILN_REGISTRY_AUTH")]
+    pub registry_auth: Option<PathBuf>,
+    /// Extra CA certificate (PEM) to trust for registries; repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Vec<PathBuf>,
+    /// Use plain HTTP for this registry host[:port]; repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// Parallel layer downloads.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub jobs: u16,
+    /// Cache directory; unpacked images go under rootfs/
+    /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
+    #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// Run this instead of the image's Cmd (its Entrypoint is kept).
+    #[arg(last = true, value_name = "ARGS")]
+    pub args: Vec<String>,
+}
+
+/// The values `kiln run` takes from the environment, read once here.
+struct Env {
+    docker_config: Option<PathBuf>,
+    home: Option<PathBuf>,
+    xdg_cache: Option<PathBuf>,
+    path: OsString,
+}
+
+impl Env {
+    fn read() -> Env {
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        Env {
+            docker_config: var("DOCKER_CONFIG").map(PathBuf::from),
+            home: var("HOME").map(PathBuf::from),
+            xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
+            path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
+        }
+    }
+}
+
+/// Runs the image; `Ok("")` when the function exited 0, [`Failure::Exit`] with its code
+/// otherwise.
+pub(super) async fn run(args: RunArgs) -> Result<String, Failure> {
+    let env = Env::read();
+    let (opts, config) = validate(&args, &env).map_err(Failure::Usage)?;
+    let client = Client::new(config)
+        .context("setting up the registry client")
+        .map_err(Failure::Usage)?;
+    match run::run(&client, &opts).await {
+        Ok(0) => Ok(String::new()),
+        Ok(code) => Err(Failure::Exit(code)),
+        Err(e) => {
+            if let Some(code) = e.interrupted_exit_code() {
+                tracing::warn!("{e}");
+                return Err(Failure::Exit(code));
+            }
+            let input = e.is_input_error();
+            let e = anyhow::Error::new(e).context(format!("running {}", args.image));
+            Err(if input {
+                Failure::Usage(e)
+            } else {
+                Failure::Build(e)
+            })
+        }
+    }
+}
+
+fn validate(args: &RunArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig)> {
+    let image: ImageRef = args
+        .image
+        .parse()
+        .with_context(|| format!("invalid image {:?}", args.image))?;
+    let platform = match &args.platform {
+        Some(p) => Platform::parse(p).ok_or_else(|| {
+            anyhow!("invalid --platform {p:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64")
+        })?,
+        None => host_platform(),
+    };
+    let mut vars = Vec::new();
+    for entry in &args.env {
+        let (key, value) = entry
+            .split_once('=')
+            .filter(|(k, _)| !k.is_empty())
+            .ok_or_else(|| anyhow!("invalid --env {entry:?}: expected KEY=VALUE"))?;
+        vars.push((key.to_string(), value.to_string()));
+    }
+    if let Some(port) = args.port {
+        vars.push(("FUNC_PORT".into(), port.to_string()));
+    }
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .or_else(|| env.xdg_cache.as_ref().map(|d| d.join("kiln")))
+        .or_else(|| env.home.as_ref().map(|h| h.join(".cache/kiln")))
+        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let opts = Options {
+        image,
+        platform,
+        cache_dir,
+        env: vars,
+        args: (!args.args.is_empty()).then(|| args.args.clone()),
+        jobs: usize::from(args.jobs),
+    };
+    Ok((opts, client_config(args, env)?))
+}
+
+/// This machine's platform in OCI (GOARCH) terms.
+fn host_platform() -> Platform {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "loongarch64" => "loong64",
+        other => other,
+    };
+    Platform {
+        architecture: arch.into(),
+        ..Platform::linux_amd64()
+    }
+}
+
+fn client_config(args: &RunArgs, env: &Env) -> anyhow::Result<ClientConfig> {
+    let mut extra_ca_pem = Vec::new();
+    for path in &args.registry_ca {
+        extra_ca_pem.push(
+            std::fs::read(path)
+                .with_context(|| format!("reading --registry-ca {}", path.display()))?,
+        );
+    }
+    if let Some(path) = &args.registry_auth
+        && !path.is_file()
+    {
+        return Err(anyhow!("--registry-auth {} does not exist", path.display()));
+    }
+    let docker_config = env
+        .docker_config
+        .clone()
+        .or_else(|| env.home.as_ref().map(|h| h.join(".docker")));
+    let credentials =
+        CredentialStore::new(docker_config, args.registry_auth.clone(), env.path.clone());
+    Ok(ClientConfig {
+        insecure_hosts: args.insecure_registry.clone(),
+        extra_ca_pem,
+        credentials,
+        ..ClientConfig::default()
+    })
+}

@@ -1,0 +1,261 @@
+//! Unpacked root filesystems cached by manifest digest: `<cache>/rootfs/sha256/<hex>/` holds
+//! `rootfs/` and the image's exact `config.json`. An entry is unpacked in
+//! `<cache>/rootfs/tmp/<random>/` and renamed into place whole, so a half-unpacked rootfs is
+//! never found. Synchronous: callers use `spawn_blocking`.
+
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::Error;
+use super::rootpath::{self, Last};
+use super::unpack;
+use crate::oci::{Digest, ImageConfig};
+
+/// Mount points the sandbox needs, created in a fresh rootfs so that running it never has to
+/// change the cached tree: directories, then files.
+const MOUNT_DIRS: [&str; 3] = ["proc", "dev", "tmp"];
+const MOUNT_FILES: [&str; 1] = ["etc/resolv.conf"];
+
+/// The rootfs cache under a kiln cache directory.
+#[derive(Clone, Debug)]
+pub struct RootfsCache {
+    root: PathBuf,
+}
+
+/// A cached, runnable image.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The unpacked root filesystem.
+    pub rootfs: PathBuf,
+    /// The image config.
+    pub config: ImageConfig,
+}
+
+/// A rootfs being unpacked; deleted on drop unless committed.
+#[derive(Debug)]
+pub struct Staging {
+    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+}
+
+impl Staging {
+    /// Where the layers go.
+    pub fn rootfs(&self) -> PathBuf {
+        self.path.join("rootfs")
+    }
+
+    /// Scratch space for downloaded layer blobs, on the same file system.
+    pub fn blobs(&self) -> PathBuf {
+        self.path.join("blobs")
+    }
+
+    /// Creates `/proc`, `/dev`, `/tmp` and an empty `/etc/resolv.conf` when the image lacks
+    /// them, so running it never changes the cached tree. A symlinked `resolv.conf` becomes a
+    /// plain file: the host's is bound over it at run time. Call it before the image's
+    /// directory modes are applied (they may forbid writing).
+    ///
+    /// # Errors
+    /// When they cannot be created.
+    pub fn add_mount_points(&self) -> Result<(), Error> {
+        let rootfs = self.rootfs();
+        for dir in MOUNT_DIRS {
+            let path = rootpath::resolve(&rootfs, Path::new(dir), Last::Follow)?;
+            if path.symlink_metadata().is_err() {
+                fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
+            }
+        }
+        for file in MOUNT_FILES {
+            let path = rootpath::resolve(&rootfs, Path::new(file), Last::Keep)?;
+            match path.symlink_metadata() {
+                Ok(meta) if !meta.file_type().is_symlink() => continue,
+                Ok(_) => fs::remove_file(&path).map_err(io_err("removing", &path))?,
+                Err(_) => {}
+            }
+            if let Some(parent) = path.parent() {
+                fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+            }
+            fs::write(&path, b"").map_err(io_err("creating", &path))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // Directory modes from the image may forbid deleting; restore access first.
+        if self.dir.is_some() {
+            let _ = unpack::make_writable(&self.path);
+        }
+    }
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+impl RootfsCache {
+    /// The cache in `cache_dir` (nothing is created yet).
+    pub fn new(cache_dir: &Path) -> RootfsCache {
+        RootfsCache {
+            root: cache_dir.join("rootfs"),
+        }
+    }
+
+    fn entry_dir(&self, digest: &Digest) -> PathBuf {
+        self.root.join(digest.algorithm()).join(digest.hex())
+    }
+
+    /// The entry for manifest `digest`, if it is complete.
+    pub fn lookup(&self, digest: &Digest) -> Option<Entry> {
+        let dir = self.entry_dir(digest);
+        let bytes = fs::read(dir.join("config.json")).ok()?;
+        let config = serde_json::from_slice(&bytes).ok()?;
+        let rootfs = dir.join("rootfs");
+        rootfs.is_dir().then_some(Entry { rootfs, config })
+    }
+
+    /// Creates an empty staging area.
+    ///
+    /// # Errors
+    /// When the cache directory cannot be written.
+    pub fn stage(&self) -> Result<Staging, Error> {
+        let tmp = self.root.join("tmp");
+        fs::create_dir_all(&tmp).map_err(io_err("creating", &tmp))?;
+        let dir = tempfile::Builder::new()
+            .prefix("unpack-")
+            .tempdir_in(&tmp)
+            .map_err(io_err("creating a directory in", &tmp))?;
+        let path = dir.path().to_path_buf();
+        let staging = Staging {
+            dir: Some(dir),
+            path,
+        };
+        for sub in [staging.rootfs(), staging.blobs()] {
+            fs::create_dir(&sub).map_err(io_err("creating", &sub))?;
+        }
+        // Everyone in the sandbox must be able to enter `/` whatever the tar says.
+        let rootfs = staging.rootfs();
+        fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
+            .map_err(io_err("setting the mode of", &rootfs))?;
+        Ok(staging)
+    }
+
+    /// Stores `config` and renames the staged rootfs into place as the entry for manifest
+    /// `digest`. When another run committed it first, that entry is used.
+    ///
+    /// # Errors
+    /// When writing or renaming fails, or `config` does not parse.
+    pub fn commit(
+        &self,
+        mut staging: Staging,
+        digest: &Digest,
+        config: &[u8],
+    ) -> Result<Entry, Error> {
+        let parsed: ImageConfig =
+            serde_json::from_slice(config).map_err(|source| Error::Malformed {
+                digest: digest.clone(),
+                source,
+            })?;
+        let blobs = staging.blobs();
+        fs::remove_dir_all(&blobs).map_err(io_err("removing", &blobs))?;
+        let config_path = staging.path.join("config.json");
+        fs::write(&config_path, config).map_err(io_err("writing", &config_path))?;
+        let dest = self.entry_dir(digest);
+        let parent = dest.parent().unwrap_or(&self.root);
+        fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+        if let Err(e) = fs::rename(&staging.path, &dest) {
+            // Another run may have committed the same image first: its entry is as good. Ours
+            // is deleted when `staging` drops.
+            return self
+                .lookup(digest)
+                .ok_or_else(|| io_err("renaming the unpacked rootfs to", &dest)(e));
+        }
+        if let Some(dir) = staging.dir.take() {
+            let _ = dir.keep();
+        }
+        Ok(Entry {
+            rootfs: dest.join("rootfs"),
+            config: parsed,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &[u8] = br#"{"architecture":"amd64","os":"linux",
+        "config":{"Cmd":["/bin/sh"]},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+
+    #[test]
+    fn a_committed_rootfs_is_found_with_its_config_and_mount_points() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RootfsCache::new(dir.path());
+        let digest = Digest::of(b"manifest");
+        assert!(cache.lookup(&digest).is_none());
+        let staging = cache.stage().unwrap();
+        fs::create_dir_all(staging.rootfs().join("etc")).unwrap();
+        std::os::unix::fs::symlink("/run/resolv.conf", staging.rootfs().join("etc/resolv.conf"))
+            .unwrap();
+        fs::write(staging.blobs().join("layer"), "x").unwrap();
+        staging.add_mount_points().unwrap();
+        let entry = cache.commit(staging, &digest, CONFIG).unwrap();
+        let rootfs = &entry.rootfs;
+        for d in MOUNT_DIRS {
+            assert!(rootfs.join(d).is_dir(), "{d}");
+        }
+        let resolv = rootfs.join("etc/resolv.conf").symlink_metadata().unwrap();
+        assert!(resolv.is_file());
+        let found = cache.lookup(&digest).unwrap();
+        assert_eq!(found.rootfs, entry.rootfs);
+        assert_eq!(found.config.config.unwrap().cmd.unwrap(), ["/bin/sh"]);
+        assert!(!rootfs.parent().unwrap().join("blobs").exists());
+        assert_eq!(
+            fs::read_dir(dir.path().join("rootfs/tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn a_second_commit_of_the_same_digest_keeps_the_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RootfsCache::new(dir.path());
+        let digest = Digest::of(b"m");
+        let first = cache.stage().unwrap();
+        fs::write(first.rootfs().join("one"), "1").unwrap();
+        cache.commit(first, &digest, CONFIG).unwrap();
+        let second = cache.stage().unwrap();
+        fs::create_dir(second.rootfs().join("ro")).unwrap();
+        fs::set_permissions(
+            second.rootfs().join("ro"),
+            fs::Permissions::from_mode(0o555),
+        )
+        .unwrap();
+        let entry = cache.commit(second, &digest, CONFIG).unwrap();
+        assert!(entry.rootfs.join("one").is_file());
+        assert_eq!(
+            fs::read_dir(dir.path().join("rootfs/tmp")).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn an_abandoned_staging_area_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RootfsCache::new(dir.path());
+        let staging = cache.stage().unwrap();
+        fs::write(staging.rootfs().join("half"), "x").unwrap();
+        drop(staging);
+        assert_eq!(
+            fs::read_dir(dir.path().join("rootfs/tmp")).unwrap().count(),
+            0
+        );
+    }
+}

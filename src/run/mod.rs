@@ -1,0 +1,234 @@
+//! `kiln run`: fetch an image (registry or OCI layout), unpack its layers into a root
+//! filesystem cached by manifest digest, and run its Entrypoint + Cmd in a rootless
+//! bubblewrap sandbox that shares the host network, so the function's `FUNC_PORT` is
+//! reachable on the host. It never builds or pushes, and reads no environment variables.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), kiln::run::Error> {
+//! use kiln::registry::{Client, ClientConfig};
+//! let client = Client::new(ClientConfig::default()).expect("client");
+//! let opts = kiln::run::Options {
+//!     image: "oci:./out@sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+//!         .parse()
+//!         .expect("image"),
+//!     platform: kiln::oci::Platform::linux_amd64(),
+//!     cache_dir: "/tmp/kiln-cache".into(),
+//!     env: vec![("FUNC_PORT".into(), "8080".into())],
+//!     args: None,
+//!     jobs: 4,
+//! };
+//! let code: u8 = kiln::run::run(&client, &opts).await?;
+//! # let _ = code; Ok(()) }
+//! ```
+
+pub mod cache;
+mod error;
+pub mod image;
+pub mod process;
+pub mod reference;
+pub mod rootpath;
+pub mod unpack;
+pub mod user;
+
+use std::path::PathBuf;
+
+pub use error::Error;
+pub use reference::{ImageRef, Selector};
+
+use self::cache::{Entry, RootfsCache, Staging};
+use self::image::{LayerFile, Resolved};
+use self::unpack::Unpacker;
+use crate::oci::{Descriptor, Digest, ImageConfig, Platform};
+use crate::registry::Client;
+
+/// `Result` with this module's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What to run and how.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The image.
+    pub image: ImageRef,
+    /// The platform picked from a multi-platform image.
+    pub platform: Platform,
+    /// kiln's cache directory; rootfs trees go under `rootfs/`.
+    pub cache_dir: PathBuf,
+    /// Environment variables set on top of the image's `Env` (later entries win).
+    pub env: Vec<(String, String)>,
+    /// Arguments replacing the image's `Cmd` (its `Entrypoint` is kept).
+    pub args: Option<Vec<String>>,
+    /// Parallel layer downloads.
+    pub jobs: usize,
+}
+
+/// Runs the image and returns the exit code to exit with (the function's, or 128 + the
+/// signal that ended it). SIGINT and SIGTERM are forwarded to the function once it runs;
+/// before that they stop kiln with [`Error::Interrupted`].
+///
+/// # Errors
+/// bwrap missing or unusable, the image unavailable or malformed, layers that fail to
+/// unpack, a config that cannot be run.
+pub async fn run(client: &Client, opts: &Options) -> Result<u8> {
+    let mut signals = process::Signals::install()?;
+    let entry = tokio::select! {
+        entry = prepare(client, opts) => entry?,
+        signal = signals.recv() => return Err(Error::Interrupted { signal }),
+    };
+    let (os, arch) = (&entry.config.os, &entry.config.architecture);
+    if *os != opts.platform.os || *arch != opts.platform.architecture {
+        tracing::warn!(image = %format!("{os}/{arch}"), wanted = %opts.platform, "the image is for another platform");
+    }
+    let launch = {
+        let opts = opts.clone();
+        tokio::task::spawn_blocking(move || process::plan(&entry.rootfs, &entry.config, &opts))
+            .await
+            .map_err(Error::Task)??
+    };
+    tracing::info!(
+        argv = ?launch.argv,
+        uid = launch.sandbox.uid,
+        gid = launch.sandbox.gid,
+        cwd = %launch.sandbox.cwd,
+        "starting the function"
+    );
+    process::supervise(&launch, &mut signals).await
+}
+
+/// Checks bwrap, then finds the image's rootfs in the cache or unpacks it there.
+async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
+    crate::sandbox::check_available().await?;
+    let cache = RootfsCache::new(&opts.cache_dir);
+    if let Some(digest) = pinned_digest(&opts.image)
+        && let Some(entry) = lookup(&cache, digest).await?
+    {
+        tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
+        return Ok(entry);
+    }
+    tracing::info!(image = %opts.image, "resolving image");
+    let resolved = image::resolve(client, &opts.image, &opts.platform).await?;
+    if let Some(entry) = lookup(&cache, &resolved.digest).await? {
+        let digest = &resolved.digest;
+        tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
+        return Ok(entry);
+    }
+    let config = image::fetch_config(client, &resolved).await?;
+    unpack_image(client, &cache, resolved, config, opts.jobs).await
+}
+
+/// The digest the reference pins, when it names one.
+fn pinned_digest(image: &ImageRef) -> Option<&Digest> {
+    match image {
+        ImageRef::Registry(r) => r.digest.as_ref(),
+        ImageRef::Layout {
+            selector: Selector::Digest(d),
+            ..
+        } => Some(d),
+        ImageRef::Layout { .. } => None,
+    }
+}
+
+async fn lookup(cache: &RootfsCache, digest: &Digest) -> Result<Option<Entry>> {
+    let (cache, digest) = (cache.clone(), digest.clone());
+    tokio::task::spawn_blocking(move || cache.lookup(&digest))
+        .await
+        .map_err(Error::Task)
+}
+
+/// Downloads layers (up to `jobs` at once) while applying them in order in a staging
+/// directory, then commits it to the cache.
+async fn unpack_image(
+    client: &Client,
+    cache: &RootfsCache,
+    resolved: Resolved,
+    config_bytes: Vec<u8>,
+    jobs: usize,
+) -> Result<Entry> {
+    let config: ImageConfig =
+        serde_json::from_slice(&config_bytes).map_err(|source| Error::Malformed {
+            digest: resolved.manifest.config.digest.clone(),
+            source,
+        })?;
+    let layers = resolved.manifest.layers.clone();
+    let diff_ids = config.rootfs.diff_ids.clone();
+    if diff_ids.len() != layers.len() {
+        return Err(Error::LayerCount {
+            layers: layers.len(),
+            diff_ids: diff_ids.len(),
+        });
+    }
+    let staging = {
+        let cache = cache.clone();
+        tokio::task::spawn_blocking(move || cache.stage())
+            .await
+            .map_err(Error::Task)??
+    };
+    tracing::info!(digest = %resolved.digest, layers = layers.len(), "unpacking image");
+    let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), jobs);
+    let mut unpacker = Unpacker::new(&staging.rootfs());
+    for (index, (descriptor, diff_id)) in layers.into_iter().zip(diff_ids).enumerate() {
+        let file = fetches.get(index).await?;
+        unpacker = tokio::task::spawn_blocking(move || {
+            apply_layer(unpacker, &file, &descriptor, &diff_id)
+        })
+        .await
+        .map_err(Error::Task)??;
+    }
+    commit(cache, staging, unpacker, &resolved.digest, config_bytes).await
+}
+
+/// Applies one layer file and checks both of its digests.
+fn apply_layer(
+    mut unpacker: Unpacker,
+    file: &LayerFile,
+    descriptor: &Descriptor,
+    diff_id: &Digest,
+) -> Result<Unpacker> {
+    let path = file.path();
+    let blob = std::fs::File::open(path).map_err(|source| Error::Io {
+        action: "opening layer",
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let applied = unpacker.apply(blob).map_err(|source| Error::Unpack {
+        digest: descriptor.digest.clone(),
+        source,
+    })?;
+    if applied.digest != descriptor.digest {
+        return Err(Error::LayerDigest {
+            expected: descriptor.digest.clone(),
+            actual: applied.digest,
+        });
+    }
+    if applied.diff_id != *diff_id {
+        return Err(Error::DiffId {
+            layer: descriptor.digest.clone(),
+            expected: diff_id.clone(),
+            actual: applied.diff_id,
+        });
+    }
+    if let LayerFile::Downloaded(path) = file {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::debug!(digest = %descriptor.digest, "applied layer");
+    Ok(unpacker)
+}
+
+async fn commit(
+    cache: &RootfsCache,
+    staging: Staging,
+    unpacker: Unpacker,
+    digest: &Digest,
+    config: Vec<u8>,
+) -> Result<Entry> {
+    let cache = cache.clone();
+    let digest = digest.clone();
+    let entry = tokio::task::spawn_blocking(move || {
+        staging.add_mount_points()?;
+        unpacker.finish().map_err(Error::Finish)?;
+        cache.commit(staging, &digest, &config)
+    })
+    .await
+    .map_err(Error::Task)??;
+    tracing::info!(rootfs = %entry.rootfs.display(), "rootfs unpacked");
+    Ok(entry)
+}

@@ -1,0 +1,312 @@
+//! Applies image layers (gzip or plain tar) in order to a root filesystem directory, with OCI
+//! whiteouts (<https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteouts>):
+//! `.wh.NAME` deletes a lower entry, `.wh..wh..opq` clears a directory's lower contents.
+//! Entries never escape the root: `..` and absolute names are refused, and parent symlinks are
+//! resolved inside it. Unprivileged: no ownership, devices or setuid/setgid bits.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
+use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::fs::{PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use flate2::read::MultiGzDecoder;
+use tar::EntryType;
+
+use super::rootpath::{self, Last, is_missing};
+use crate::oci::{Digest, HashingReader};
+
+const WHITEOUT: &str = ".wh.";
+const OPAQUE: &str = ".wh..wh..opq";
+/// Mode bits kept: permissions and sticky; setuid and setgid are dropped.
+const MODE_MASK: u32 = 0o1777;
+
+/// Errors applying a layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// File system trouble.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// The host path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// The tar stream is malformed.
+    #[error("reading the layer archive")]
+    Archive(#[source] io::Error),
+    /// An entry's name or link target is unsafe, or symlinks loop.
+    #[error(transparent)]
+    Path(#[from] rootpath::Error),
+    /// A hard link points at nothing.
+    #[error("hard link {path:?} points at {target:?}, which does not exist")]
+    DanglingHardLink {
+        /// The entry.
+        path: PathBuf,
+        /// Its target.
+        target: PathBuf,
+    },
+    /// The layer is compressed with something other than gzip.
+    #[error("layer compression {0} is not supported (only gzip and uncompressed tar)")]
+    Compression(&'static str),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// The digests of an applied layer blob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// Of the blob as read (compressed).
+    pub digest: Digest,
+    /// Its size.
+    pub size: u64,
+    /// Of the uncompressed tar stream (the config's `diff_id`).
+    pub diff_id: Digest,
+}
+
+/// Applies layers, base first, to one root directory. Directory modes and times are set by
+/// [`Unpacker::finish`], so directories stay writable while later layers change them.
+#[derive(Debug)]
+pub struct Unpacker {
+    root: PathBuf,
+    dirs: BTreeMap<PathBuf, (u32, SystemTime)>,
+}
+
+impl Unpacker {
+    /// Unpacks into `root`, which must exist (normally empty).
+    pub fn new(root: &Path) -> Unpacker {
+        Unpacker {
+            root: root.to_path_buf(),
+            dirs: BTreeMap::new(),
+        }
+    }
+
+    /// Applies one layer blob, detecting gzip by its magic bytes, and reads it to the end.
+    ///
+    /// # Errors
+    /// Unsafe entries, unsupported compression, malformed archives, file system errors.
+    pub fn apply(&mut self, blob: impl Read) -> Result<Applied> {
+        let mut blob = BufReader::with_capacity(256 * 1024, blob);
+        let head = blob.fill_buf().map_err(Error::Archive)?;
+        let gzip = head.starts_with(&[0x1f, 0x8b]);
+        if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+            return Err(Error::Compression("zstd"));
+        }
+        let mut compressed = HashingReader::new(blob);
+        let diff_id = {
+            let mut plain: Box<dyn Read + '_> = if gzip {
+                Box::new(MultiGzDecoder::new(&mut compressed))
+            } else {
+                Box::new(&mut compressed)
+            };
+            let mut hashing = HashingReader::new(&mut plain);
+            self.apply_tar(&mut hashing)?;
+            // The diff_id covers the whole stream, padding after the end-of-archive included.
+            io::copy(&mut hashing, &mut io::sink()).map_err(Error::Archive)?;
+            hashing.finish().0
+        };
+        io::copy(&mut compressed, &mut io::sink()).map_err(Error::Archive)?;
+        let (digest, size) = compressed.finish();
+        Ok(Applied {
+            digest,
+            size,
+            diff_id,
+        })
+    }
+
+    /// Sets the recorded directory modes and times, deepest first.
+    ///
+    /// # Errors
+    /// When a directory's mode or time cannot be set.
+    pub fn finish(self) -> Result<()> {
+        let mut dirs: Vec<_> = self.dirs.into_iter().collect();
+        dirs.sort_by_key(|(path, _)| std::cmp::Reverse(path.components().count()));
+        for (path, (mode, mtime)) in dirs {
+            match File::open(&path) {
+                Ok(dir) => dir
+                    .set_times(FileTimes::new().set_modified(mtime))
+                    .map_err(io_err("setting the time of", &path))?,
+                Err(e) if is_missing(&e) => continue,
+                Err(e) => return Err(io_err("opening", &path)(e)),
+            }
+            fs::set_permissions(&path, Permissions::from_mode(mode))
+                .map_err(io_err("setting the mode of", &path))?;
+        }
+        Ok(())
+    }
+
+    fn apply_tar(&mut self, stream: impl Read) -> Result<()> {
+        let mut archive = tar::Archive::new(stream);
+        // Host paths written by this layer: its whiteouts only hide lower layers' entries.
+        let mut written: HashSet<PathBuf> = HashSet::new();
+        for entry in archive.entries().map_err(Error::Archive)? {
+            let mut entry = entry.map_err(Error::Archive)?;
+            let name = rootpath::clean(&entry.path().map_err(Error::Archive)?)?;
+            let Some(file_name) = name.file_name().and_then(|n| n.to_str()) else {
+                continue; // the root directory itself
+            };
+            let parent = name.parent().unwrap_or(Path::new(""));
+            let parent = rootpath::resolve(&self.root, parent, Last::Follow)?;
+            if file_name == OPAQUE {
+                self.clear_dir(&parent, &written)?;
+                continue;
+            }
+            if let Some(hidden) = file_name.strip_prefix(WHITEOUT) {
+                let target = parent.join(hidden);
+                if !written.contains(&target) {
+                    self.remove(&target)?;
+                }
+                continue;
+            }
+            fs::create_dir_all(&parent).map_err(io_err("creating directory", &parent))?;
+            let dest = parent.join(file_name);
+            if self.write_entry(&mut entry, &name, &dest)? {
+                written.insert(dest);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one entry at `dest`; false when the entry kind is skipped.
+    fn write_entry<R: Read>(
+        &mut self,
+        entry: &mut tar::Entry<'_, R>,
+        name: &Path,
+        dest: &Path,
+    ) -> Result<bool> {
+        let header = entry.header();
+        let mode = header.mode().map_err(Error::Archive)? & MODE_MASK;
+        let mtime =
+            SystemTime::UNIX_EPOCH + Duration::from_secs(header.mtime().map_err(Error::Archive)?);
+        match header.entry_type() {
+            EntryType::Directory => {
+                let is_dir = dest.symlink_metadata().is_ok_and(|m| m.is_dir());
+                if !is_dir {
+                    self.remove(dest)?;
+                    fs::create_dir(dest).map_err(io_err("creating directory", dest))?;
+                }
+                self.dirs.insert(dest.to_path_buf(), (mode, mtime));
+            }
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                self.remove(dest)?;
+                write_file(entry, dest, mode, mtime)?;
+            }
+            EntryType::Symlink => {
+                let target = link_name(entry)?;
+                self.remove(dest)?;
+                symlink(&target, dest).map_err(io_err("creating symlink", dest))?;
+            }
+            EntryType::Link => {
+                let target = rootpath::clean(&link_name(entry)?)?;
+                let source = rootpath::resolve(&self.root, &target, Last::Keep)?;
+                if source.symlink_metadata().is_err() {
+                    return Err(Error::DanglingHardLink {
+                        path: name.to_path_buf(),
+                        target,
+                    });
+                }
+                self.remove(dest)?;
+                fs::hard_link(&source, dest).map_err(io_err("creating hard link", dest))?;
+            }
+            other => {
+                // Devices and FIFOs need privileges; the sandbox brings its own /dev.
+                tracing::debug!(path = %name.display(), kind = ?other, "skipping entry");
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Removes whatever is at `path` (a symlink itself, never its target), forgetting the
+    /// modes recorded for directories under it; nothing there is fine.
+    fn remove(&mut self, path: &Path) -> Result<()> {
+        let meta = match path.symlink_metadata() {
+            Ok(meta) => meta,
+            Err(e) if is_missing(&e) => return Ok(()),
+            Err(e) => return Err(io_err("inspecting", path)(e)),
+        };
+        if !meta.is_dir() {
+            return fs::remove_file(path).map_err(io_err("removing", path));
+        }
+        make_writable(path)?;
+        fs::remove_dir_all(path).map_err(io_err("removing", path))?;
+        self.dirs.retain(|dir, _| !dir.starts_with(path));
+        Ok(())
+    }
+
+    /// Removes every entry of `dir` that this layer did not write (an opaque whiteout).
+    fn clear_dir(&mut self, dir: &Path, written: &HashSet<PathBuf>) -> Result<()> {
+        let entries = match fs::read_dir(dir) {
+            Ok(entries) => entries,
+            Err(e) if is_missing(&e) => return Ok(()),
+            Err(e) => return Err(io_err("listing", dir)(e)),
+        };
+        for entry in entries {
+            let path = entry.map_err(io_err("listing", dir))?.path();
+            if !written.contains(&path) {
+                self.remove(&path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn link_name<R: Read>(entry: &tar::Entry<'_, R>) -> Result<PathBuf> {
+    entry
+        .link_name()
+        .map_err(Error::Archive)?
+        .map(|l| l.into_owned())
+        .ok_or_else(|| Error::Archive(io::Error::other("link entry without a target")))
+}
+
+fn write_file(entry: &mut impl Read, dest: &Path, mode: u32, mtime: SystemTime) -> Result<()> {
+    // create_new: never write through a symlink planted at `dest`.
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dest)
+        .map_err(io_err("creating", dest))?;
+    io::copy(entry, &mut file).map_err(io_err("writing", dest))?;
+    file.set_times(FileTimes::new().set_modified(mtime))
+        .map_err(io_err("setting the time of", dest))?;
+    file.set_permissions(Permissions::from_mode(mode))
+        .map_err(io_err("setting the mode of", dest))
+}
+
+/// Gives the owner full access to every directory under `dir` (inclusive), so an unprivileged
+/// caller can delete a tree whose directories were made read-only.
+pub fn make_writable(dir: &Path) -> Result<()> {
+    let meta = dir.symlink_metadata().map_err(io_err("inspecting", dir))?;
+    if !meta.is_dir() {
+        return Ok(());
+    }
+    if meta.permissions().mode() & 0o700 != 0o700 {
+        let mode = meta.permissions().mode() | 0o700;
+        fs::set_permissions(dir, Permissions::from_mode(mode))
+            .map_err(io_err("setting the mode of", dir))?;
+    }
+    for entry in fs::read_dir(dir).map_err(io_err("listing", dir))? {
+        let entry = entry.map_err(io_err("listing", dir))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            make_writable(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "unpack_tests.rs"]
+mod tests;

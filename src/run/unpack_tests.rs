@@ -1,0 +1,237 @@
+//! Unit tests of layer application with synthetic tar layers.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::MetadataExt;
+
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use tar::{EntryType, Header};
+
+use super::*;
+
+enum E<'a> {
+    Dir(&'a str, u32),
+    File(&'a str, &'a str, u32),
+    Link(&'a str, &'a str),
+    Hard(&'a str, &'a str),
+}
+
+/// A header whose name is written raw, so tests can build entries `tar::Builder` refuses.
+fn header(name: &str, kind: EntryType, mode: u32, size: u64) -> Header {
+    let mut h = Header::new_gnu();
+    h.as_mut_bytes()[..name.len()].copy_from_slice(name.as_bytes());
+    h.set_entry_type(kind);
+    h.set_mode(mode);
+    h.set_size(size);
+    h.set_mtime(946_684_800);
+    h.set_cksum();
+    h
+}
+
+fn tar(entries: &[E<'_>]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        match *e {
+            E::Dir(name, mode) => {
+                let h = header(name, EntryType::Directory, mode, 0);
+                b.append(&h, io::empty()).unwrap();
+            }
+            E::File(name, body, mode) => {
+                let h = header(name, EntryType::Regular, mode, body.len() as u64);
+                b.append(&h, body.as_bytes()).unwrap();
+            }
+            E::Link(name, target) | E::Hard(name, target) => {
+                let kind = match e {
+                    E::Link(..) => EntryType::Symlink,
+                    _ => EntryType::Link,
+                };
+                let mut h = header(name, kind, 0o777, 0);
+                h.set_link_name(target).unwrap();
+                h.set_cksum();
+                b.append(&h, io::empty()).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+fn unpack(layers: &[Vec<u8>]) -> (tempfile::TempDir, Result<()>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut u = Unpacker::new(dir.path());
+    for layer in layers {
+        if let Err(e) = u.apply(&gzip(layer)[..]) {
+            return (dir, Err(e));
+        }
+    }
+    let done = u.finish();
+    (dir, done)
+}
+
+#[test]
+fn files_directories_and_links_keep_modes_without_setuid_bits() {
+    let layer = tar(&[
+        E::Dir("./", 0o755),
+        E::Dir("./bin/", 0o750),
+        E::File("./bin/tool", "#!/bin/sh\n", 0o4755),
+        E::File("./bin/data", "d", 0o640),
+        E::Link("./bin/sh", "tool"),
+        E::Hard("./bin/again", "./bin/tool"),
+    ]);
+    let (dir, done) = unpack(&[layer]);
+    done.unwrap();
+    let root = dir.path();
+    let mode = |p: &str| fs::symlink_metadata(root.join(p)).unwrap().mode() & 0o7777;
+    assert_eq!(mode("bin"), 0o750);
+    assert_eq!(mode("bin/tool"), 0o755);
+    assert_eq!(mode("bin/data"), 0o640);
+    assert_eq!(
+        fs::read_link(root.join("bin/sh")).unwrap(),
+        Path::new("tool")
+    );
+    let ino = |p: &str| fs::metadata(root.join(p)).unwrap().ino();
+    assert_eq!(ino("bin/again"), ino("bin/tool"));
+    let mtime = fs::metadata(root.join("bin/data")).unwrap().mtime();
+    assert_eq!(mtime, 946_684_800);
+    assert_eq!(fs::metadata(root.join("bin")).unwrap().mtime(), 946_684_800);
+}
+
+#[test]
+fn whiteouts_delete_lower_entries_and_opaque_markers_clear_lower_directories() {
+    let lower = tar(&[
+        E::Dir("etc/", 0o755),
+        E::File("etc/gone", "x", 0o644),
+        E::File("etc/kept", "x", 0o644),
+        E::Dir("app/", 0o755),
+        E::File("app/old.js", "old", 0o644),
+        E::Dir("app/lib/", 0o755),
+        E::File("app/lib/a.js", "a", 0o644),
+    ]);
+    let upper = tar(&[
+        E::File("etc/.wh.gone", "", 0o644),
+        E::File("etc/.wh.never-existed", "", 0o644),
+        E::Dir("app/", 0o700),
+        E::File("app/new.js", "new", 0o644),
+        // After a sibling from this layer: it must survive the opaque marker.
+        E::File("app/.wh..wh..opq", "", 0o644),
+    ]);
+    let (dir, done) = unpack(&[lower, upper]);
+    done.unwrap();
+    let root = dir.path();
+    assert!(!root.join("etc/gone").exists());
+    assert!(!root.join("etc/.wh.gone").exists());
+    assert!(root.join("etc/kept").exists());
+    assert!(!root.join("app/old.js").exists());
+    assert!(!root.join("app/lib").exists());
+    assert_eq!(fs::read_to_string(root.join("app/new.js")).unwrap(), "new");
+    assert!(!root.join("app/.wh..wh..opq").exists());
+    assert_eq!(
+        fs::metadata(root.join("app")).unwrap().mode() & 0o777,
+        0o700
+    );
+}
+
+#[test]
+fn entries_that_leave_the_root_are_refused() {
+    for name in ["../evil", "a/../../evil", "/etc/evil"] {
+        let (_dir, done) = unpack(&[tar(&[E::File(name, "x", 0o644)])]);
+        assert!(
+            matches!(done, Err(Error::Path(rootpath::Error::Unsafe(_)))),
+            "{name}: {done:?}"
+        );
+    }
+    let (_dir, done) = unpack(&[tar(&[E::Hard("link", "../../etc/passwd")])]);
+    assert!(matches!(done, Err(Error::Path(rootpath::Error::Unsafe(_)))));
+}
+
+#[test]
+fn writes_through_symlinks_stay_inside_the_root() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().to_str().unwrap();
+    let lower = tar(&[
+        E::Link("escape", target),
+        E::Link("up", "../../../.."),
+        E::Link("file", &format!("{target}/victim")),
+    ]);
+    let upper = tar(&[
+        E::File("escape/pwned", "x", 0o644),
+        E::File("up/pwned2", "x", 0o644),
+        E::File("file", "replaced", 0o644),
+    ]);
+    let (dir, done) = unpack(&[lower, upper]);
+    done.unwrap();
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    let root = dir.path();
+    let inside = root.join(target.trim_start_matches('/')).join("pwned");
+    assert!(inside.is_file(), "{}", inside.display());
+    assert!(root.join("pwned2").is_file());
+    let file = fs::symlink_metadata(root.join("file")).unwrap();
+    assert!(file.is_file());
+}
+
+#[test]
+fn later_layers_replace_files_with_directories_and_back() {
+    let lower = tar(&[
+        E::Dir("d/", 0o555),
+        E::File("d/f", "x", 0o444),
+        E::File("plain", "x", 0o644),
+    ]);
+    let middle = tar(&[E::File("d/g", "y", 0o644), E::Dir("plain/", 0o755)]);
+    let upper = tar(&[E::File("d", "now a file", 0o644)]);
+    let (dir, done) = unpack(&[lower.clone(), middle.clone()]);
+    done.unwrap();
+    assert!(dir.path().join("d/g").is_file());
+    assert_eq!(
+        fs::metadata(dir.path().join("d")).unwrap().mode() & 0o777,
+        0o555
+    );
+    assert!(dir.path().join("plain").is_dir());
+    let (dir, done) = unpack(&[lower, middle, upper]);
+    done.unwrap();
+    let d = dir.path().join("d");
+    assert_eq!(fs::read_to_string(&d).unwrap(), "now a file");
+    assert_eq!(fs::metadata(&d).unwrap().mode() & 0o777, 0o644);
+}
+
+#[test]
+fn digests_cover_the_compressed_blob_and_the_whole_tar_stream() {
+    let layer = tar(&[E::File("a", "hello", 0o644)]);
+    let blob = gzip(&layer);
+    let dir = tempfile::tempdir().unwrap();
+    let mut u = Unpacker::new(dir.path());
+    let applied = u.apply(&blob[..]).unwrap();
+    assert_eq!(applied.digest, Digest::of(&blob));
+    assert_eq!(applied.size, blob.len() as u64);
+    assert_eq!(applied.diff_id, Digest::of(&layer));
+    let plain = u.apply(&layer[..]).unwrap();
+    assert_eq!(plain.digest, Digest::of(&layer));
+    assert_eq!(plain.diff_id, Digest::of(&layer));
+}
+
+#[test]
+fn zstd_layers_and_dangling_hard_links_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let zstd = [0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0];
+    let err = Unpacker::new(dir.path()).apply(&zstd[..]).unwrap_err();
+    assert!(matches!(err, Error::Compression("zstd")));
+    let (_dir, done) = unpack(&[tar(&[E::Hard("b", "a")])]);
+    assert!(matches!(done, Err(Error::DanglingHardLink { .. })));
+}
+
+#[test]
+fn make_writable_lets_a_read_only_tree_be_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("a/b");
+    fs::create_dir_all(&sub).unwrap();
+    fs::write(sub.join("f"), "x").unwrap();
+    fs::set_permissions(&sub, Permissions::from_mode(0o500)).unwrap();
+    fs::set_permissions(dir.path().join("a"), Permissions::from_mode(0o500)).unwrap();
+    make_writable(&dir.path().join("a")).unwrap();
+    fs::remove_dir_all(dir.path().join("a")).unwrap();
+}

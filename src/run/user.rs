@@ -1,0 +1,165 @@
+//! The image config's `User` (`user`, `uid`, `user:group`, `uid:gid`, …) turned into numeric
+//! ids, looking names up in the image's own `/etc/passwd` and `/etc/group` (never the
+//! host's), the way runc does.
+
+use std::path::Path;
+
+use super::rootpath::{self, Last};
+
+/// Numeric ids to run as, and the home directory from `/etc/passwd` when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    /// User id.
+    pub uid: u32,
+    /// Primary group id.
+    pub gid: u32,
+    /// Home directory of that user in the image's `/etc/passwd`.
+    pub home: Option<String>,
+}
+
+/// Why the image's user cannot be resolved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A user name that is not in the image's `/etc/passwd`.
+    #[error("user {0:?} is not in the image's /etc/passwd")]
+    UnknownUser(String),
+    /// A group name that is not in the image's `/etc/group`.
+    #[error("group {0:?} is not in the image's /etc/group")]
+    UnknownGroup(String),
+}
+
+/// One `/etc/passwd` line.
+#[derive(Debug)]
+struct Passwd<'a> {
+    name: &'a str,
+    uid: u32,
+    gid: u32,
+    home: &'a str,
+}
+
+fn passwd_entries(text: &str) -> impl Iterator<Item = Passwd<'_>> {
+    text.lines().filter_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        Some(Passwd {
+            name: f.first()?,
+            uid: f.get(2)?.parse().ok()?,
+            gid: f.get(3)?.parse().ok()?,
+            home: f.get(5).copied().unwrap_or(""),
+        })
+    })
+}
+
+fn group_id(text: &str, name: &str) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.first() == Some(&name)).then(|| f.get(2)?.parse().ok())?
+    })
+}
+
+/// Resolves `spec` (empty or absent means root) against the passwd and group file contents.
+///
+/// # Errors
+/// A user or group name that the files do not list.
+pub fn resolve(spec: Option<&str>, passwd: &str, group: &str) -> Result<User, Error> {
+    let spec = spec.unwrap_or("").trim();
+    let (user, group_spec) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let entry = match user.parse::<u32>() {
+        Ok(uid) => passwd_entries(passwd).find(|p| p.uid == uid),
+        Err(_) if user.is_empty() => passwd_entries(passwd).find(|p| p.uid == 0),
+        Err(_) => Some(
+            passwd_entries(passwd)
+                .find(|p| p.name == user)
+                .ok_or_else(|| Error::UnknownUser(user.into()))?,
+        ),
+    };
+    let uid = match (user.parse::<u32>(), &entry) {
+        (Ok(uid), _) => uid,
+        (Err(_), Some(p)) => p.uid,
+        (Err(_), None) => 0,
+    };
+    let gid = match group_spec.filter(|g| !g.is_empty()) {
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => group_id(group, g).ok_or_else(|| Error::UnknownGroup(g.into()))?,
+        },
+        None => entry.as_ref().map_or(0, |p| p.gid),
+    };
+    Ok(User {
+        uid,
+        gid,
+        home: entry.map(|p| p.home.to_string()).filter(|h| !h.is_empty()),
+    })
+}
+
+/// Reads a text file of the image (`etc/passwd`), resolving symlinks inside `rootfs`; a
+/// missing or unreadable file reads as empty, like an image without one.
+pub fn read_image_file(rootfs: &Path, path: &str) -> String {
+    rootpath::resolve(rootfs, Path::new(path), Last::Follow)
+        .ok()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1000::/home/node:/bin/sh\n\
+                          app:x:1001:50:App:/srv:/bin/false\nbroken line\n";
+    const GROUP: &str = "root:x:0:\nnode:x:1000:\nstaff:x:50:app\n";
+
+    fn user(spec: &str) -> Result<User, Error> {
+        resolve(Some(spec), PASSWD, GROUP)
+    }
+
+    #[test]
+    fn names_and_numbers_resolve_through_the_images_files() {
+        let root = User {
+            uid: 0,
+            gid: 0,
+            home: Some("/root".into()),
+        };
+        assert_eq!(resolve(None, PASSWD, GROUP).unwrap(), root);
+        assert_eq!(user("").unwrap(), root);
+        let node = user("node").unwrap();
+        assert_eq!((node.uid, node.gid), (1000, 1000));
+        assert_eq!(node.home.as_deref(), Some("/home/node"));
+        assert_eq!(user("1001").unwrap().gid, 50);
+        assert_eq!(user("app:node").unwrap().gid, 1000);
+        assert_eq!(user("app:7").unwrap().gid, 7);
+        assert_eq!(user("node:staff").unwrap().gid, 50);
+    }
+
+    #[test]
+    fn unknown_numeric_ids_are_used_as_they_are() {
+        assert_eq!(
+            user("4242").unwrap(),
+            User {
+                uid: 4242,
+                gid: 0,
+                home: None
+            }
+        );
+        assert_eq!(user("4242:99").unwrap().gid, 99);
+        assert_eq!(resolve(Some("1000"), "", "").unwrap().gid, 0);
+    }
+
+    #[test]
+    fn unknown_names_are_errors() {
+        assert!(matches!(user("nobody"), Err(Error::UnknownUser(n)) if n == "nobody"));
+        assert!(matches!(user("node:wheel"), Err(Error::UnknownGroup(g)) if g == "wheel"));
+    }
+
+    #[test]
+    fn image_files_are_read_through_symlinks_inside_the_rootfs() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("real"), PASSWD).unwrap();
+        std::os::unix::fs::symlink("/real", dir.path().join("etc/passwd")).unwrap();
+        assert_eq!(read_image_file(dir.path(), "/etc/passwd"), PASSWD);
+        assert_eq!(read_image_file(dir.path(), "/etc/group"), "");
+    }
+}

@@ -1,0 +1,336 @@
+//! `kiln run` end to end, black-box on the binary: images made with umoci from Debian's static
+//! busybox (plus hand-made layers with OCI whiteouts), run from OCI layouts and from a real
+//! registry in a bubblewrap sandbox; HTTP on the host network, the image's user, a read-only
+//! root, whiteouts, exit codes, signal forwarding and the rootfs cache.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::images::{EPOCH, make_layout, tagged_digest};
+use common::kiln::Kiln;
+use common::registry::{Registry, RegistryKind};
+use common::{free_port, require_tool, run};
+
+const CREATED: &str = "2000-01-01T00:00:00Z";
+const INDEX_HTML: &str = "<h1>hello from kiln run</h1>\n";
+/// Prints the ids, and whether / and /tmp are writable.
+const WHO_AM_I: &str = "busybox id -u; busybox id -g; echo HOME=$HOME; \
+     if busybox touch /x 2>/dev/null; then echo root-writable; else echo root-read-only; fi; \
+     busybox touch /tmp/y && echo tmp-writable";
+
+/// Exits 5 on SIGINT, after saying so.
+const TRAP: &str = "--config.entrypoint=trap 'echo got-INT; exit 5' INT; echo ready; \
+     while true; do busybox sleep 0.1; done";
+
+fn umoci(args: &[&str]) -> Command {
+    require_tool("umoci", "umoci");
+    let mut cmd = Command::new("umoci");
+    cmd.args(args);
+    cmd
+}
+
+/// Writes `files` (path, content; a path ending in `/` is a directory) under a fresh
+/// directory and packs it as an uncompressed, reproducible tar.
+fn tar_layer(dir: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
+    let stage = dir.join(format!("{name}-stage"));
+    for (path, content) in files {
+        let target = stage.join(path);
+        if path.ends_with('/') {
+            fs::create_dir_all(&target).unwrap();
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).unwrap();
+        } else {
+            fs::create_dir_all(target.parent().unwrap()).unwrap();
+            fs::write(&target, content).unwrap();
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let tar = dir.join(format!("{name}.tar"));
+    run(Command::new("tar")
+        .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner"])
+        .arg(format!("--mtime=@{EPOCH}"))
+        .arg("-C")
+        .arg(&stage)
+        .arg("-cf")
+        .arg(&tar)
+        .arg("."));
+    tar
+}
+
+/// An OCI layout in `dir/layout` with the busybox base plus two layers: the first adds
+/// /www/index.html, /data/{gone,kept}.txt and /olddir/{a,b}.txt; the second deletes
+/// /data/gone.txt (whiteout) and replaces /olddir's contents with new.txt (opaque whiteout).
+/// Tags, all on those layers:
+/// - `web`: serves /www with busybox httpd on $FUNC_PORT;
+/// - `user`: runs as user 1000 and prints [`WHO_AM_I`];
+/// - `exit`: Entrypoint `sh -c`, Cmd `echo bye; exit 42`;
+/// - `layers`: lists /data and /olddir;
+/// - `trap`: prints `ready`, then waits for SIGINT and exits 5.
+fn function_layout(dir: &Path) -> PathBuf {
+    let layout = make_layout(dir);
+    let l = layout.to_str().unwrap();
+    let lower = tar_layer(
+        dir,
+        "lower",
+        &[
+            ("www/index.html", INDEX_HTML),
+            ("data/gone.txt", "gone"),
+            ("data/kept.txt", "kept"),
+            ("olddir/a.txt", "a"),
+            ("olddir/b.txt", "b"),
+        ],
+    );
+    let upper = tar_layer(
+        dir,
+        "upper",
+        &[
+            ("data/.wh.gone.txt", ""),
+            ("olddir/", ""),
+            ("olddir/.wh..wh..opq", ""),
+            ("olddir/new.txt", "new"),
+        ],
+    );
+    let fun = format!("{l}:fn");
+    let history = ["--history.created", CREATED];
+    run(umoci(&[
+        "raw",
+        "add-layer",
+        "--image",
+        &format!("{l}:base"),
+        "--tag",
+        "fn",
+    ])
+    .args(history)
+    .arg(&lower));
+    run(umoci(&["raw", "add-layer", "--image", &fun])
+        .args(history)
+        .arg(&upper));
+    let shell = |extra: &[&str]| -> Vec<String> {
+        ["--config.entrypoint=/bin/sh", "--config.entrypoint=-c"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let who_am_i = format!("--config.entrypoint={WHO_AM_I}");
+    let tags = [
+        (
+            "web",
+            shell(&["--config.entrypoint=exec busybox httpd -f -p \"$FUNC_PORT\" -h /www"]),
+        ),
+        ("user", shell(&[&who_am_i, "--config.user=1000"])),
+        ("exit", shell(&["--config.cmd=echo bye; exit 42"])),
+        (
+            "layers",
+            shell(&["--config.entrypoint=busybox ls /data /olddir; cat /data/kept.txt"]),
+        ),
+        ("trap", shell(&[TRAP])),
+    ];
+    for (tag, args) in tags {
+        run(umoci(&["config", "--image", &fun, "--tag", tag])
+            .args(["--created", CREATED, "--no-history", "--clear=config.cmd"])
+            .args(&args));
+    }
+    run(&mut umoci(&["gc", "--layout", l]));
+    layout
+}
+
+fn oci(layout: &Path, tag: &str) -> String {
+    format!("oci:{}:{tag}", layout.display())
+}
+
+/// Sends `signal` (`-TERM`, `-INT`) to a process with the `kill` utility.
+fn kill(child: &Child, signal: &str) {
+    run(Command::new("kill").arg(signal).arg(child.id().to_string()));
+}
+
+/// Waits up to `limit` for `child` to exit and returns its exit code.
+fn wait_for(child: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status.code();
+        }
+        sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// `GET path` over plain HTTP/1.0 on 127.0.0.1, returning the whole response.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
+#[test]
+fn a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let port = free_port();
+    let stderr = kiln.home.path().join("stderr.log");
+    let mut child = kiln
+        .command()
+        .args(["run", &oci(&layout, "web"), "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&stderr).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let response = loop {
+        if let Some(r) = http_get(port, "/index.html").filter(|r| r.contains(" 200 ")) {
+            break r;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "kiln exited ({status}):\n{}",
+                fs::read_to_string(&stderr).unwrap()
+            );
+        }
+        assert!(Instant::now() < deadline, "no HTTP answer on port {port}");
+        sleep(Duration::from_millis(50));
+    };
+    assert!(response.ends_with(INDEX_HTML), "{response}");
+    let stopping = Instant::now();
+    kill(&child, "-TERM");
+    let code = wait_for(&mut child, Duration::from_secs(5));
+    let log = fs::read_to_string(&stderr).unwrap();
+    assert_eq!(code, Some(128 + 15), "httpd dies of SIGTERM:\n{log}");
+    assert!(stopping.elapsed() < Duration::from_secs(3), "{log}");
+    assert!(log.contains("forwarded signal"), "{log}");
+    assert!(
+        http_get(port, "/index.html").is_none(),
+        "the server is gone"
+    );
+}
+
+#[test]
+fn the_function_runs_as_the_images_user_with_a_read_only_root_and_a_writable_tmp() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let out = kiln.run(&["run", &oci(&layout, "user")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stdout, "1000\n1000\nHOME=/home/user\nroot-read-only\ntmp-writable\n",
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn whiteouts_and_opaque_directories_of_later_layers_hide_lower_files() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let out = kiln.run(&["run", &oci(&layout, "layers")]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        out.stdout, "/data:\nkept.txt\n\n/olddir:\nnew.txt\nkept",
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    // `kiln build --output oci:DIR` prints `oci:DIR@sha256:…`, DIR as given (here relative).
+    let printed = format!("oci:layout@{}", tagged_digest(&layout, "exit"));
+    let out = kiln.run_cmd(
+        kiln.command()
+            .current_dir(kiln.home.path())
+            .args(["run", &printed]),
+    );
+    assert_eq!(out.code, 42, "{}", out.stderr);
+    assert_eq!(out.stdout, "bye\n");
+    let out = kiln.run(&["run", &oci(&layout, "exit"), "--", "exit 3"]);
+    assert_eq!(out.code, 3, "arguments replace Cmd: {}", out.stderr);
+}
+
+#[test]
+fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let reg = Registry::start(RegistryKind::Plain);
+    let tagged = reg.reference("fn/user:v1");
+    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    let pinned = reg.reference(&format!("fn/user@{}", tagged_digest(&layout, "user")));
+    let host = reg.host();
+    let blob_gets = || {
+        reg.access_log()
+            .iter()
+            .filter(|l| l.starts_with("GET /v2/fn/user/blobs/"))
+            .count()
+    };
+
+    let first = kiln.run(&["run", &pinned, "--insecure-registry", &host]);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    assert!(first.stdout.starts_with("1000\n1000\n"), "{}", first.stdout);
+    assert!(
+        !first.stderr.contains("rootfs from cache"),
+        "{}",
+        first.stderr
+    );
+    sleep(Duration::from_millis(200)); // the access log trails the responses
+    let fetched = blob_gets();
+    assert!(
+        fetched >= 4,
+        "config and three layers: {:?}",
+        reg.access_log()
+    );
+
+    for image in [&pinned, &tagged] {
+        let again = kiln.run(&["run", image, "--insecure-registry", &host]);
+        assert_eq!(again.code, 0, "{}", again.stderr);
+        assert_eq!(again.stdout, first.stdout);
+        assert!(
+            again.stderr.contains("rootfs from cache"),
+            "{}",
+            again.stderr
+        );
+    }
+    sleep(Duration::from_millis(200));
+    assert_eq!(blob_gets(), fetched, "{:?}", reg.access_log());
+}
+
+#[test]
+fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let mut child = kiln
+        .command()
+        .args(["run", &oci(&layout, "trap")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    kill(&child, "-INT");
+    let code = wait_for(&mut child, Duration::from_secs(5));
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert_eq!(code, Some(5), "{stderr}");
+    assert_eq!(rest, "got-INT\n", "{stderr}");
+}
