@@ -4,9 +4,12 @@
 //!
 //! Dependencies point one way: `cli → build → {oci, registry, runtime}`; `oci` is pure.
 
+pub mod base;
 pub mod build;
 pub mod cli;
 pub mod oci;
 pub mod registry;
+pub mod run;
 pub mod runtime;
+pub mod sandbox;
 pub mod telemetry;

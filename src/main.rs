@@ -25,16 +25,23 @@ impl From<Exit> for ExitCode {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     kiln::telemetry::init(&cli.global);
-    let outcome = tokio::select! {
-        outcome = cli::run(cli) => outcome,
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("kiln: interrupted");
-            return Exit::Interrupted.into();
+    // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code.
+    let outcome = if matches!(cli.command, cli::Command::Run(_)) {
+        cli::run(cli).await
+    } else {
+        tokio::select! {
+            outcome = cli::run(cli) => outcome,
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("kiln: interrupted");
+                return Exit::Interrupted.into();
+            }
         }
     };
     match outcome {
         Ok(stdout) => {
-            println!("{stdout}");
+            if !stdout.is_empty() {
+                println!("{stdout}");
+            }
             Exit::Success.into()
         }
         Err(Failure::Usage(e)) => {
@@ -45,5 +52,6 @@ async fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             Exit::Failed.into()
         }
+        Err(Failure::Exit(code)) => ExitCode::from(code),
     }
 }

@@ -211,6 +211,7 @@ pub fn from_dir(
         exclude: runtime.source.exclude.clone(),
         never: runtime.secret_files().to_vec(),
         ignore_file: true,
+        absolute_links: false,
     };
     let tree = source::walk(dir, &rules)?;
     let origin = dir.display().to_string();

@@ -300,7 +300,7 @@ async fn publish(
     let input = PublishInput {
         image,
         layers: &layers,
-        base,
+        base: Some(base),
         scratch: &scratch,
     };
     let published = match &opts.target {

@@ -92,6 +92,9 @@ pub enum Error {
         #[source]
         source: Box<registry::Error>,
     },
+    /// A layer with neither a local file nor a base to take it from (a bug in the caller).
+    #[error("layer {0} has no source")]
+    MissingLayer(Digest),
     /// Writing the layout.
     #[error("writing the image to {0}")]
     Layout(String, #[source] oci::layout::Error),
@@ -104,8 +107,8 @@ pub struct PublishInput<'a> {
     pub image: &'a Image,
     /// Every layer blob, in manifest order.
     pub layers: &'a [BlobPlan],
-    /// The base (for mounting or fetching base layers).
-    pub base: &'a ResolvedBase,
+    /// The base (for mounting or fetching base layers); `None` when every layer is local.
+    pub base: Option<&'a ResolvedBase>,
     /// Scratch directory for downloads.
     pub scratch: &'a Path,
 }
@@ -131,9 +134,9 @@ pub struct RegistryPublisher {
 }
 
 impl RegistryPublisher {
-    fn mount_source(&self, base: &ResolvedBase) -> Option<String> {
-        match &base.location {
-            BaseLocation::Registry(r) if r.registry == self.target.registry => {
+    fn mount_source(&self, base: Option<&ResolvedBase>) -> Option<String> {
+        match base.map(|b| &b.location) {
+            Some(BaseLocation::Registry(r)) if r.registry == self.target.registry => {
                 Some(r.repository.clone())
             }
             _ => None,
@@ -212,10 +215,13 @@ impl RegistryPublisher {
 /// A base layer as a local file: the layout's own blob, or a verified download.
 async fn fetch_base_layer(
     client: &Client,
-    base: &ResolvedBase,
+    base: Option<&ResolvedBase>,
     d: &Descriptor,
     scratch: &Path,
 ) -> Result<LocalFile, Error> {
+    let Some(base) = base else {
+        return Err(Error::MissingLayer(d.digest.clone()));
+    };
     match &base.location {
         BaseLocation::Layout(layout) => Ok(LocalFile::Borrowed(layout.blob_path(&d.digest))),
         BaseLocation::Registry(r) => {
@@ -373,15 +379,16 @@ impl LayoutPublisher {
         if layout.has_blob(&d.digest, d.size) {
             return Ok(report);
         }
-        match (&blob.local, &input.base.location) {
+        match (&blob.local, input.base.map(|b| &b.location)) {
             (Some(path), _) => layout.import_blob(path, &d.digest).map_err(lerr)?,
-            (None, BaseLocation::Layout(base)) => {
+            (None, None) => return Err(Error::MissingLayer(d.digest.clone())),
+            (None, Some(BaseLocation::Layout(base))) => {
                 layout
                     .import_blob(&base.blob_path(&d.digest), &d.digest)
                     .map_err(lerr)?;
                 layout.verify_blob(&d.digest).map_err(lerr)?;
             }
-            (None, BaseLocation::Registry(r)) => {
+            (None, Some(BaseLocation::Registry(r))) => {
                 self.client
                     .get_blob_to_file(r, d, &layout.blob_path(&d.digest))
                     .await

