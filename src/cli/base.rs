@@ -7,10 +7,11 @@ use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
 
 use super::Failure;
+use super::registry::RegistryArgs;
 use crate::base::assemble::{self, Sources};
 use crate::base::{debian, recipe};
 use crate::build::publish::{LayoutPublisher, PublishInput, Publisher, RegistryPublisher};
-use crate::registry::{Client, ClientConfig, Reference};
+use crate::registry::{Client, Reference};
 
 /// `kiln base` subcommands.
 #[derive(Debug, Subcommand)]
@@ -69,9 +70,9 @@ pub struct BuildBaseArgs {
     /// Use this lock file instead of the one compiled into kiln.
     #[arg(long, value_name = "FILE")]
     pub lock: Option<PathBuf>,
-    /// Use plain HTTP for this registry host[:port]; repeatable.
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub insecure_registry: Vec<String>,
+    /// Registry access.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Package sources.
     #[command(flatten)]
     pub sources: SourceArgs,
@@ -184,12 +185,9 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
     let built = assemble::assemble(&src, &recipe, &lock, epoch, &kiln)
         .await
         .map_err(|e| Failure::Build(e.into()))?;
-    let client = Client::new(ClientConfig {
-        insecure_hosts: args.insecure_registry.clone(),
-        ..ClientConfig::default()
-    })
-    .context("setting up the registry client")
-    .map_err(Failure::Usage)?;
+    let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
+        .context("setting up the registry client")
+        .map_err(Failure::Usage)?;
     let scratch = src.cache_dir.join("tmp");
     let mut lines = Vec::new();
     for (assembly, name, image) in [

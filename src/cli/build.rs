@@ -7,12 +7,13 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::Failure;
+use super::registry::RegistryArgs;
 use crate::build::{
     self, FunctionSpec, Options, Target, base::BaseRef, deps::InstallEnv,
     function::FunctionManifest,
 };
 use crate::oci::Platform;
-use crate::registry::{Client, ClientConfig, CredentialStore, Reference};
+use crate::registry::{Client, ClientConfig, Reference};
 use crate::runtime::{Catalog, RuntimeSpec};
 
 /// Flags of `kiln build`.
@@ -61,16 +62,9 @@ pub struct BuildArgs {
     /// and the bytes sent) to this file.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
-    /// Registry credentials from a Kubernetes .dockerconfigjson file (tried before the docker
-    /// config in $DOCKER_CONFIG or ~/.docker).
-    #[arg(long, value_name = "FILE", env = "KILN_REGISTRY_AUTH")]
-    pub registry_auth: Option<PathBuf>,
-    /// Extra CA certificate (PEM) to trust for registries; repeatable.
-    #[arg(long, value_name = "FILE")]
-    pub registry_ca: Vec<PathBuf>,
-    /// Use plain HTTP for this registry host[:port]; repeatable.
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub insecure_registry: Vec<String>,
+    /// Registry access.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// CA bundle the dependency install trusts (TLS-intercepting proxies); defaults to
     /// $SSL_CERT_FILE when set. Never written into the image.
     #[arg(long, value_name = "FILE")]
@@ -93,7 +87,6 @@ pub struct BuildArgs {
 /// The values `kiln build` takes from the environment, read once here.
 struct Env {
     source_date_epoch: Option<String>,
-    docker_config: Option<PathBuf>,
     home: Option<PathBuf>,
     xdg_cache: Option<PathBuf>,
     path: OsString,
@@ -119,7 +112,6 @@ impl Env {
             source_date_epoch: std::env::var("SOURCE_DATE_EPOCH")
                 .ok()
                 .filter(|v| !v.is_empty()),
-            docker_config: var("DOCKER_CONFIG").map(PathBuf::from),
             home: var("HOME").map(PathBuf::from),
             xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
             path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
@@ -242,7 +234,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
     {
         return Err(anyhow!("CA bundle {} does not exist", ca.display()));
     }
-    let config = client_config(args, env)?;
+    let config = args.registry.client_config()?;
     let opts = Options {
         function,
         runtime: runtime.clone(),
@@ -328,32 +320,4 @@ fn target(args: &BuildArgs) -> anyhow::Result<Target> {
             "say where the image goes: --image REGISTRY/REPO[:TAG] or --output oci:DIR"
         )),
     }
-}
-
-fn client_config(args: &BuildArgs, env: &Env) -> anyhow::Result<ClientConfig> {
-    let mut extra_ca_pem = Vec::new();
-    for path in &args.registry_ca {
-        extra_ca_pem.push(
-            std::fs::read(path)
-                .with_context(|| format!("reading --registry-ca {}", path.display()))?,
-        );
-    }
-    if let Some(path) = &args.registry_auth
-        && !path.is_file()
-    {
-        return Err(anyhow!("--registry-auth {} does not exist", path.display()));
-    }
-    let docker_config = env
-        .docker_config
-        .clone()
-        .or_else(|| env.home.as_ref().map(|h| h.join(".docker")));
-    let credentials =
-        CredentialStore::new(docker_config, args.registry_auth.clone(), env.path.clone());
-    Ok(ClientConfig {
-        insecure_hosts: args.insecure_registry.clone(),
-        extra_ca_pem,
-        credentials,
-        user_agent: format!("kiln/{}", env!("CARGO_PKG_VERSION")),
-        ..ClientConfig::default()
-    })
 }

@@ -3,6 +3,7 @@
 
 mod base;
 mod build;
+mod registry;
 mod run;
 
 use clap::{Parser, Subcommand, ValueEnum};

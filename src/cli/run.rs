@@ -1,15 +1,15 @@
 //! `kiln run`: flags, their validation into [`crate::run::Options`], and the run. The
 //! function's own stdout is the command's output, so this prints nothing itself.
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 
 use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::Failure;
+use super::registry::RegistryArgs;
 use crate::oci::Platform;
-use crate::registry::{Client, ClientConfig, CredentialStore};
+use crate::registry::{Client, ClientConfig};
 use crate::run::{self, ImageRef, Options};
 
 /// Flags of `kiln run`.
@@ -45,16 +45,9 @@ pub struct RunArgs {
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
-    /// Registry credentials from a Kubernetes .dockerconfigjson file (tried before the docker
-    /// config in $DOCKER_CONFIG or ~/.docker).
-    #[arg(long, value_name = "FILE", env = "KILN_REGISTRY_AUTH")]
-    pub registry_auth: Option<PathBuf>,
-    /// Extra CA certificate (PEM) to trust for registries; repeatable.
-    #[arg(long, value_name = "FILE")]
-    pub registry_ca: Vec<PathBuf>,
-    /// Use plain HTTP for this registry host[:port]; repeatable.
-    #[arg(long, value_name = "HOST[:PORT]")]
-    pub insecure_registry: Vec<String>,
+    /// Registry access.
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Parallel layer downloads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
@@ -69,20 +62,16 @@ pub struct RunArgs {
 
 /// The values `kiln run` takes from the environment, read once here.
 struct Env {
-    docker_config: Option<PathBuf>,
     home: Option<PathBuf>,
     xdg_cache: Option<PathBuf>,
-    path: OsString,
 }
 
 impl Env {
     fn read() -> Env {
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         Env {
-            docker_config: var("DOCKER_CONFIG").map(PathBuf::from),
             home: var("HOME").map(PathBuf::from),
             xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
-            path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
         }
     }
 }
@@ -150,7 +139,7 @@ fn validate(args: &RunArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig)
         args: (!args.args.is_empty()).then(|| args.args.clone()),
         jobs: usize::from(args.jobs),
     };
-    Ok((opts, client_config(args, env)?))
+    Ok((opts, args.registry.client_config()?))
 }
 
 /// This machine's platform in OCI (GOARCH) terms.
@@ -166,31 +155,4 @@ fn host_platform() -> Platform {
         architecture: arch.into(),
         ..Platform::linux_amd64()
     }
-}
-
-fn client_config(args: &RunArgs, env: &Env) -> anyhow::Result<ClientConfig> {
-    let mut extra_ca_pem = Vec::new();
-    for path in &args.registry_ca {
-        extra_ca_pem.push(
-            std::fs::read(path)
-                .with_context(|| format!("reading --registry-ca {}", path.display()))?,
-        );
-    }
-    if let Some(path) = &args.registry_auth
-        && !path.is_file()
-    {
-        return Err(anyhow!("--registry-auth {} does not exist", path.display()));
-    }
-    let docker_config = env
-        .docker_config
-        .clone()
-        .or_else(|| env.home.as_ref().map(|h| h.join(".docker")));
-    let credentials =
-        CredentialStore::new(docker_config, args.registry_auth.clone(), env.path.clone());
-    Ok(ClientConfig {
-        insecure_hosts: args.insecure_registry.clone(),
-        extra_ca_pem,
-        credentials,
-        ..ClientConfig::default()
-    })
 }

@@ -1,0 +1,58 @@
+//! Registry access flags shared by every command that talks to a registry, and the client
+//! config they make (credentials, extra CAs, plain-HTTP hosts).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+
+use crate::registry::{ClientConfig, CredentialStore};
+
+/// How to reach registries.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// Registry credentials from a Kubernetes .dockerconfigjson file (tried before the docker
+    /// config in $DOCKER_CONFIG or ~/.docker).
+    #[arg(long, value_name = "FILE", env = "KILN_REGISTRY_AUTH")]
+    pub registry_auth: Option<PathBuf>,
+    /// Extra CA certificate (PEM) to trust for registries; repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub registry_ca: Vec<PathBuf>,
+    /// Use plain HTTP for this registry host[:port]; repeatable.
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+}
+
+impl RegistryArgs {
+    /// The client config: the flags plus the docker config directory and `PATH` (for
+    /// credential helpers) from the environment.
+    ///
+    /// # Errors
+    /// An unreadable CA file or a missing `--registry-auth` file.
+    pub fn client_config(&self) -> anyhow::Result<ClientConfig> {
+        let mut extra_ca_pem = Vec::new();
+        for path in &self.registry_ca {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("reading --registry-ca {}", path.display()))?;
+            extra_ca_pem.push(pem);
+        }
+        if let Some(path) = &self.registry_auth
+            && !path.is_file()
+        {
+            return Err(anyhow!("--registry-auth {} does not exist", path.display()));
+        }
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+        let docker_config = var("DOCKER_CONFIG")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".docker")));
+        let path = var("PATH").unwrap_or_default();
+        let credentials = CredentialStore::new(docker_config, self.registry_auth.clone(), path);
+        Ok(ClientConfig {
+            insecure_hosts: self.insecure_registry.clone(),
+            extra_ca_pem,
+            credentials,
+            user_agent: format!("kiln/{}", env!("CARGO_PKG_VERSION")),
+            ..ClientConfig::default()
+        })
+    }
+}
