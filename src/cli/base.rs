@@ -96,17 +96,7 @@ fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
         Some(url) => url.clone(),
         None => npm_registry().context("finding the npm registry; pass --npm-registry URL")?,
     };
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("kiln")))
-        .or_else(|| var("HOME").map(|h| h.join(".cache/kiln")))
-        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
     let http = reqwest::Client::builder()
         .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
         .build()?;

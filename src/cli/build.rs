@@ -87,8 +87,6 @@ pub struct BuildArgs {
 /// The values `kiln build` takes from the environment, read once here.
 struct Env {
     source_date_epoch: Option<String>,
-    home: Option<PathBuf>,
-    xdg_cache: Option<PathBuf>,
     path: OsString,
     ssl_cert_file: Option<PathBuf>,
     proxy: Vec<(String, String)>,
@@ -112,8 +110,6 @@ impl Env {
             source_date_epoch: std::env::var("SOURCE_DATE_EPOCH")
                 .ok()
                 .filter(|v| !v.is_empty()),
-            home: var("HOME").map(PathBuf::from),
-            xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
             path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
             ssl_cert_file: var("SSL_CERT_FILE").map(PathBuf::from),
             proxy,
@@ -217,12 +213,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
             .parse()
             .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
     };
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .or_else(|| env.xdg_cache.as_ref().map(|d| d.join("kiln")))
-        .or_else(|| env.home.as_ref().map(|h| h.join(".cache/kiln")))
-        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
     let install = InstallEnv {
         path: env.path.clone(),
         ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),

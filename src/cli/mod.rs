@@ -95,3 +95,21 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }
 }
+
+/// The cache directory: the flag, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`.
+///
+/// # Errors
+/// When none of them is set.
+fn cache_dir(flag: Option<&std::path::Path>) -> anyhow::Result<std::path::PathBuf> {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    flag.map(std::path::Path::to_path_buf)
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| d.join("kiln")))
+        .or_else(|| var("HOME").map(|h| h.join(".cache/kiln")))
+        .ok_or_else(|| {
+            anyhow::anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME")
+        })
+}

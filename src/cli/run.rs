@@ -60,27 +60,10 @@ pub struct RunArgs {
     pub args: Vec<String>,
 }
 
-/// The values `kiln run` takes from the environment, read once here.
-struct Env {
-    home: Option<PathBuf>,
-    xdg_cache: Option<PathBuf>,
-}
-
-impl Env {
-    fn read() -> Env {
-        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-        Env {
-            home: var("HOME").map(PathBuf::from),
-            xdg_cache: var("XDG_CACHE_HOME").map(PathBuf::from),
-        }
-    }
-}
-
 /// Runs the image; `Ok("")` when the function exited 0, [`Failure::Exit`] with its code
 /// otherwise.
 pub(super) async fn run(args: RunArgs) -> Result<String, Failure> {
-    let env = Env::read();
-    let (opts, config) = validate(&args, &env).map_err(Failure::Usage)?;
+    let (opts, config) = validate(&args).map_err(Failure::Usage)?;
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
@@ -103,7 +86,7 @@ pub(super) async fn run(args: RunArgs) -> Result<String, Failure> {
     }
 }
 
-fn validate(args: &RunArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig)> {
+fn validate(args: &RunArgs) -> anyhow::Result<(Options, ClientConfig)> {
     let image: ImageRef = args
         .image
         .parse()
@@ -125,12 +108,7 @@ fn validate(args: &RunArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig)
     if let Some(port) = args.port {
         vars.push(("FUNC_PORT".into(), port.to_string()));
     }
-    let cache_dir = args
-        .cache_dir
-        .clone()
-        .or_else(|| env.xdg_cache.as_ref().map(|d| d.join("kiln")))
-        .or_else(|| env.home.as_ref().map(|h| h.join(".cache/kiln")))
-        .ok_or_else(|| anyhow!("no cache directory: set --cache-dir, XDG_CACHE_HOME or HOME"))?;
+    let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
     let opts = Options {
         image,
         platform,
