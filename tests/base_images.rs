@@ -322,3 +322,120 @@ fn a_package_whose_bytes_differ_from_the_lock_fails_the_base_build() {
     );
     assert!(!work.path().join("out/index.json").exists());
 }
+
+/// Builds `fixture` with its dependencies installed inside `runtime`'s kiln-built builder image
+/// (bubblewrap), runs the result and returns the body of `GET /` plus the layout path.
+fn build_in_builder_and_call(
+    runtime: &str,
+    fixture: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (String, PathBuf, tempfile::TempDir) {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, runtime, &bases);
+    let dir = common::kiln::copy_fixture(fixture, &work.path().join("fn"));
+    let out = work.path().join("out");
+    let base = format!("oci:{}:{runtime}", bases.display());
+    let builder = format!("oci:{}:{runtime}-builder", bases.display());
+    let built = k.run_cmd(kiln(&k).args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--base",
+        &base,
+        "--builder-image",
+        &builder,
+        "--deps-sandbox",
+        "bwrap",
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let reference = built.reference();
+    assert!(
+        built
+            .stderr
+            .contains("dependencies install inside the builder image"),
+        "{}",
+        built.stderr
+    );
+    let port = common::free_port();
+    let mut child = kiln(&k)
+        .args(["run", &reference, "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ready(port, &mut child);
+    let _running = Running(child);
+    let method = if body.is_empty() { "GET" } else { "POST" };
+    let (status, answer) = http(port, method, "/", headers, body);
+    assert_eq!(status, 200, "{answer}");
+    (answer, out, work)
+}
+
+#[test]
+fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpreter() {
+    let (answer, out, _work) = build_in_builder_and_call("python313", "python-deps", &[], b"");
+    assert!(
+        answer.contains("\"libyaml\": true"),
+        "PyYAML's C extension loads: {answer}"
+    );
+    let listing = common::run(Command::new("sh").arg("-c").arg(format!(
+        "for l in {}/blobs/sha256/*; do tar tzf $l 2>/dev/null; done",
+        out.display()
+    )));
+    assert!(
+        listing.contains("_yaml.cpython-313-x86_64-linux-gnu.so"),
+        "the cp313 wheel was chosen"
+    );
+    assert!(
+        !listing.contains("pip.conf"),
+        "the pip config stays out of the image"
+    );
+}
+
+#[test]
+fn npm_dependencies_installed_in_the_builder_serve_the_function() {
+    let (answer, out, _work) = build_in_builder_and_call(
+        "nodejs22",
+        "node-deps",
+        &[("Content-Type", "text/plain")],
+        b"one two",
+    );
+    assert!(
+        answer.contains(r#"["one","two"]"#),
+        "lodash works: {answer}"
+    );
+    let secret = common::run(Command::new("sh").arg("-c").arg(format!("for l in {}/blobs/sha256/*; do (tar xzOf $l 2>/dev/null || cat $l); done | grep -c KILN-SECRET-TOKEN || true", out.display())));
+    assert_eq!(
+        secret.trim(),
+        "0",
+        "the .npmrc token never enters the image"
+    );
+}
+
+#[test]
+fn a_sandboxed_install_without_a_builder_image_is_a_usage_error() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = common::kiln::copy_fixture("node-deps", &work.path().join("fn"));
+    let run = k.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &common::kiln::tiny_base(),
+        "--deps-sandbox",
+        "bwrap",
+        "--output",
+        &format!("oci:{}", work.path().join("o").display()),
+    ]);
+    let err = run.failure(2);
+    assert!(
+        err.contains("--deps-sandbox bwrap needs --builder-image"),
+        "{err}"
+    );
+}

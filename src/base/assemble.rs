@@ -215,7 +215,11 @@ pub async fn assemble(
     );
     builder_layers.push(stage.file_layer("kiln", kiln_binary, "usr/local/bin/kiln")?);
 
-    let builder_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    let mut builder_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    // Tells `kiln build --deps-sandbox auto` inside a build Job that this is the toolchain.
+    builder_edit
+        .env
+        .push(("KILN_BUILDER".into(), recipe.runtime.clone()));
     let base = stage.image(&base_layers, &base_edit)?;
     let builder = stage.image(&builder_layers, &builder_edit)?;
     Ok(Assembled {

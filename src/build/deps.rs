@@ -29,7 +29,33 @@ pub struct InstallEnv {
     pub proxy: Vec<(String, String)>,
     /// Shared package-download cache directory (npm/pip cache).
     pub package_cache: PathBuf,
+    /// Where the install runs.
+    pub isolation: Isolation,
 }
+
+/// Where the dependency install runs.
+#[derive(Clone, Debug, Default)]
+pub enum Isolation {
+    /// With the toolchain on `PATH`: inside the runtime's builder image (a build Job), or
+    /// when asked for with `--deps-sandbox none`.
+    #[default]
+    Host,
+    /// Inside the runtime's builder image root filesystem, in a rootless bubblewrap sandbox,
+    /// so the toolchain (and any native module it builds) matches the base image exactly.
+    Builder {
+        /// The unpacked builder image.
+        rootfs: PathBuf,
+        /// Its manifest digest: the toolchain identity in the cache key.
+        digest: crate::oci::Digest,
+        /// Its config's `Env` (PATH and so on).
+        env: Vec<(String, String)>,
+    },
+}
+
+/// Where the sandboxed install sees its files.
+const SANDBOX_WORK: &str = "/tmp/work";
+const SANDBOX_CACHE: &str = "/tmp/cache";
+const SANDBOX_CA: &str = "/tmp/kiln-ca.crt";
 
 /// Why the install failed.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +137,9 @@ pub async fn toolchain_id(
     env: &InstallEnv,
     scratch: &Path,
 ) -> Result<String, Error> {
+    if let Isolation::Builder { digest, .. } = &env.isolation {
+        return Ok(format!("builder image {digest}"));
+    }
     let mut id = String::new();
     for argv in &runtime.dependencies.toolchain {
         let mut cmd = Command::new(&argv[0]);
@@ -202,16 +231,18 @@ pub async fn install(
     }
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..])
-        .current_dir(&work)
-        .stdin(Stdio::null())
+    let config = inputs.configs.first().map(|c| c.name.as_str());
+    let mut cmd = match &env.isolation {
+        Isolation::Host => host_command(runtime, env, argv, &work, &home, config),
+        Isolation::Builder {
+            rootfs,
+            env: image_env,
+            ..
+        } => sandbox_command(runtime, env, argv, rootfs, image_env, &work, config),
+    };
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    env.apply(&mut cmd, runtime, &home);
-    if let (Some(var), Some(config)) = (&runtime.dependencies.config_env, inputs.configs.first()) {
-        cmd.env(var, work.join(&config.name));
-    }
     tracing::info!(command, "installing dependencies");
     let mut child = cmd
         .spawn()
@@ -248,6 +279,75 @@ pub async fn install(
         });
     }
     Ok(output)
+}
+
+fn host_command(
+    runtime: &RuntimeSpec,
+    env: &InstallEnv,
+    argv: &[String],
+    work: &Path,
+    home: &Path,
+    config: Option<&str>,
+) -> Command {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).current_dir(work);
+    env.apply(&mut cmd, runtime, home);
+    if let (Some(var), Some(config)) = (&runtime.dependencies.config_env, config) {
+        cmd.env(var, work.join(config));
+    }
+    cmd
+}
+
+/// The install inside the builder image: its root read-only, the staging directory at
+/// `/tmp/work`, the package cache at `/tmp/cache`, the CA bundle at `/tmp/kiln-ca.crt` (for
+/// the install only: none of these paths is ever layered), the host network for the package
+/// registries, and only the image's env plus what the install needs.
+fn sandbox_command(
+    runtime: &RuntimeSpec,
+    env: &InstallEnv,
+    argv: &[String],
+    rootfs: &Path,
+    image_env: &[(String, String)],
+    work: &Path,
+    config: Option<&str>,
+) -> Command {
+    use crate::sandbox::{Bind, Sandbox};
+    let cache = env.package_cache.join(&runtime.name);
+    let mut sandbox = Sandbox::new(rootfs);
+    sandbox.share_network = true;
+    sandbox.cwd = SANDBOX_WORK.into();
+    sandbox.binds.push(Bind::writable(work, SANDBOX_WORK));
+    sandbox.binds.push(Bind::writable(&cache, SANDBOX_CACHE));
+    sandbox
+        .binds
+        .push(Bind::read_only("/etc/resolv.conf", "/etc/resolv.conf").optional());
+    let mut vars: Vec<(String, String)> = image_env.to_vec();
+    vars.extend([
+        ("HOME".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+    ]);
+    if let Some(ca) = &env.ca_bundle {
+        sandbox.binds.push(Bind::read_only(ca, SANDBOX_CA));
+        for var in [
+            "NODE_EXTRA_CA_CERTS",
+            "SSL_CERT_FILE",
+            "PIP_CERT",
+            "REQUESTS_CA_BUNDLE",
+        ] {
+            vars.push((var.into(), SANDBOX_CA.into()));
+        }
+    }
+    vars.extend(env.proxy.iter().cloned());
+    if let Some(var) = &runtime.dependencies.cache_env {
+        vars.push((var.clone(), SANDBOX_CACHE.into()));
+    }
+    if let (Some(var), Some(config)) = (&runtime.dependencies.config_env, config) {
+        vars.push((var.clone(), format!("{SANDBOX_WORK}/{config}")));
+    }
+    sandbox.env = vars;
+    // The package cache must exist to be bound; a failure shows up when the install runs.
+    let _ = std::fs::create_dir_all(&cache);
+    sandbox.command(argv)
 }
 
 fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path) -> Error {

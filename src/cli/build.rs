@@ -9,7 +9,9 @@ use clap::Args;
 use super::Failure;
 use super::registry::RegistryArgs;
 use crate::build::{
-    self, FunctionSpec, Options, Target, base::BaseRef, deps::InstallEnv,
+    self, FunctionSpec, Options, Target,
+    base::BaseRef,
+    deps::{InstallEnv, Isolation},
     function::FunctionManifest,
 };
 use crate::oci::Platform;
@@ -82,6 +84,27 @@ pub struct BuildArgs {
     /// Check the finished image's invariants (digests, sizes, layer counts) before exiting.
     #[arg(long)]
     pub verify: bool,
+    /// Where the dependency install runs: `bwrap` inside the builder image's root file
+    /// system in a rootless sandbox (the toolchain and native modules then match the base
+    /// exactly); `none` with the toolchain on PATH; `auto` is `bwrap` when a builder image is
+    /// given and not already running inside one, else `none`.
+    #[arg(long, value_enum, default_value_t = DepsSandbox::Auto, env = "KILN_DEPS_SANDBOX")]
+    pub deps_sandbox: DepsSandbox,
+    /// The builder image to install dependencies in (a registry reference or oci:DIR[:NAME]);
+    /// `kiln base build RUNTIME` makes one. Needed when --base overrides the runtime's base.
+    #[arg(long, value_name = "REF", env = "KILN_BUILDER_IMAGE")]
+    pub builder_image: Option<String>,
+}
+
+/// Where the dependency install runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DepsSandbox {
+    /// bwrap with a builder image when one is given and kiln is not inside one.
+    Auto,
+    /// Inside the builder image with bubblewrap.
+    Bwrap,
+    /// The toolchain on PATH.
+    None,
 }
 
 /// The values `kiln build` takes from the environment, read once here.
@@ -89,6 +112,8 @@ struct Env {
     source_date_epoch: Option<String>,
     path: OsString,
     ssl_cert_file: Option<PathBuf>,
+    /// `KILN_BUILDER`: set in builder images to their runtime's name.
+    in_builder: Option<String>,
     proxy: Vec<(String, String)>,
 }
 
@@ -112,6 +137,7 @@ impl Env {
                 .filter(|v| !v.is_empty()),
             path: var("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into()),
             ssl_cert_file: var("SSL_CERT_FILE").map(PathBuf::from),
+            in_builder: std::env::var("KILN_BUILDER").ok().filter(|v| !v.is_empty()),
             proxy,
         }
     }
@@ -119,10 +145,11 @@ impl Env {
 
 pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
     let env = Env::read();
-    let (opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    let (mut opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
+    opts.install.isolation = isolation(&args, &env, &opts, &client).await?;
     let output = build::run(&client, &opts).await.map_err(|e| {
         let input = e.is_input_error();
         let e = anyhow::Error::new(e);
@@ -139,6 +166,66 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
     }
     write_outputs(&extra, &output).map_err(Failure::Build)?;
     Ok(output.published.reference)
+}
+
+/// Resolves `--deps-sandbox` into where the install runs, unpacking the builder image (once,
+/// cached by digest) when it runs sandboxed.
+async fn isolation(
+    args: &BuildArgs,
+    env: &Env,
+    opts: &Options,
+    client: &Client,
+) -> Result<Isolation, Failure> {
+    let sandboxed = match (args.deps_sandbox, &args.builder_image) {
+        (DepsSandbox::None, _) => false,
+        (DepsSandbox::Bwrap, None) => {
+            return Err(Failure::Usage(anyhow!(
+                "--deps-sandbox bwrap needs --builder-image REF (make one with `kiln base build {}`)",
+                opts.runtime.name
+            )));
+        }
+        (DepsSandbox::Bwrap, Some(_)) => true,
+        // Inside a builder image (a build Job) the toolchain on PATH is the right one.
+        (DepsSandbox::Auto, Some(_)) => env.in_builder.as_deref() != Some(&opts.runtime.name),
+        (DepsSandbox::Auto, None) => false,
+    };
+    let Some(image) = args.builder_image.as_deref().filter(|_| sandboxed) else {
+        return Ok(Isolation::Host);
+    };
+    let image = image
+        .parse::<crate::run::ImageRef>()
+        .with_context(|| format!("invalid --builder-image {image:?}"))
+        .map_err(Failure::Usage)?;
+    let run_opts = crate::run::Options {
+        image,
+        platform: opts.platform.clone(),
+        cache_dir: opts.cache_dir.clone(),
+        env: vec![],
+        args: None,
+        jobs: opts.jobs,
+    };
+    let entry = crate::run::prepare(client, &run_opts)
+        .await
+        .context("preparing the builder image for the dependency install")
+        .map_err(Failure::Build)?;
+    let image_env = entry
+        .config
+        .config
+        .as_ref()
+        .and_then(|c| c.env.as_ref())
+        .map(|vars| {
+            vars.iter()
+                .filter_map(|v| v.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
+    Ok(Isolation::Builder {
+        rootfs: entry.rootfs,
+        digest: entry.digest,
+        env: image_env,
+    })
 }
 
 struct Extra {
@@ -219,6 +306,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
         proxy: env.proxy.clone(),
         package_cache: cache_dir.join("packages"),
+        isolation: Isolation::Host,
     };
     if let Some(ca) = &install.ca_bundle
         && !ca.is_file()

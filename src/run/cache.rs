@@ -27,6 +27,8 @@ pub struct RootfsCache {
 /// A cached, runnable image.
 #[derive(Clone, Debug)]
 pub struct Entry {
+    /// The image's manifest digest.
+    pub digest: Digest,
     /// The unpacked root filesystem.
     pub rootfs: PathBuf,
     /// The image config.
@@ -118,7 +120,11 @@ impl RootfsCache {
         let bytes = fs::read(dir.join("config.json")).ok()?;
         let config = serde_json::from_slice(&bytes).ok()?;
         let rootfs = dir.join("rootfs");
-        rootfs.is_dir().then_some(Entry { rootfs, config })
+        rootfs.is_dir().then_some(Entry {
+            digest: digest.clone(),
+            rootfs,
+            config,
+        })
     }
 
     /// Creates an empty staging area.
@@ -181,6 +187,7 @@ impl RootfsCache {
             let _ = dir.keep();
         }
         Ok(Entry {
+            digest: digest.clone(),
             rootfs: dest.join("rootfs"),
             config: parsed,
         })

@@ -35,7 +35,8 @@ use std::path::PathBuf;
 pub use error::Error;
 pub use reference::{ImageRef, Selector};
 
-use self::cache::{Entry, RootfsCache, Staging};
+pub use self::cache::Entry;
+use self::cache::{RootfsCache, Staging};
 use self::image::{LayerFile, Resolved};
 use self::unpack::Unpacker;
 use crate::oci::{Descriptor, Digest, ImageConfig, Platform};
@@ -94,8 +95,12 @@ pub async fn run(client: &Client, opts: &Options) -> Result<u8> {
     process::supervise(&launch, &mut signals).await
 }
 
-/// Checks bwrap, then finds the image's rootfs in the cache or unpacks it there.
-async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
+/// Checks bwrap, then finds the image's rootfs in the cache or unpacks it there (every layer
+/// verified). Also used to get a builder image's root filesystem for sandboxed installs.
+///
+/// # Errors
+/// No bwrap, an unreachable or lying registry, a malformed image.
+pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
     crate::sandbox::check_available().await?;
     let cache = RootfsCache::new(&opts.cache_dir);
     if let Some(digest) = pinned_digest(&opts.image)
