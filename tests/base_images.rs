@@ -327,7 +327,7 @@ fn a_package_whose_bytes_differ_from_the_lock_fails_the_base_build() {
 /// (bubblewrap), runs the result and returns the body of `GET /` plus the layout path.
 fn build_in_builder_and_call(
     runtime: &str,
-    fixture: &str,
+    fixture: PathBuf,
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (String, PathBuf, tempfile::TempDir) {
@@ -335,7 +335,8 @@ fn build_in_builder_and_call(
     let work = tempfile::tempdir().unwrap();
     let bases = work.path().join("bases");
     base_build(&k, runtime, &bases);
-    let dir = common::kiln::copy_fixture(fixture, &work.path().join("fn"));
+    let dir = work.path().join("fn");
+    copy_tree(&fixture, &dir);
     let out = work.path().join("out");
     let base = format!("oci:{}:{runtime}", bases.display());
     let builder = format!("oci:{}:{runtime}-builder", bases.display());
@@ -378,7 +379,8 @@ fn build_in_builder_and_call(
 
 #[test]
 fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpreter() {
-    let (answer, out, _work) = build_in_builder_and_call("python313", "python-deps", &[], b"");
+    let (answer, out, _work) =
+        build_in_builder_and_call("python313", functions("python-deps"), &[], b"");
     assert!(
         answer.contains("\"libyaml\": true"),
         "PyYAML's C extension loads: {answer}"
@@ -401,7 +403,7 @@ fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpr
 fn npm_dependencies_installed_in_the_builder_serve_the_function() {
     let (answer, out, _work) = build_in_builder_and_call(
         "nodejs22",
-        "node-deps",
+        functions("node-deps"),
         &[("Content-Type", "text/plain")],
         b"one two",
     );
@@ -414,6 +416,40 @@ fn npm_dependencies_installed_in_the_builder_serve_the_function() {
         secret.trim(),
         "0",
         "the .npmrc token never enters the image"
+    );
+}
+
+fn functions(name: &str) -> PathBuf {
+    fixtures().join("functions").join(name)
+}
+
+fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
+
+#[test]
+fn the_examples_build_and_answer_over_http() {
+    let (answer, _, _work) = build_in_builder_and_call(
+        "nodejs24",
+        example("node-words"),
+        &[("Content-Type", "text/plain")],
+        b"to be or not to be",
+    );
+    assert!(
+        answer.contains(r#""be":2"#) && answer.contains(r#""id":""#),
+        "{answer}"
+    );
+    let (answer, _, _work) = build_in_builder_and_call(
+        "python313",
+        example("python-yaml"),
+        &[("Content-Type", "text/plain")],
+        b"a: [1, 2]",
+    );
+    assert!(
+        answer.contains("\"libyaml\": true") && answer.contains("[1, 2]"),
+        "{answer}"
     );
 }
 
