@@ -100,6 +100,19 @@ pub enum Error {
     Layout(String, #[source] oci::layout::Error),
 }
 
+/// Wraps a registry error with what was being pushed or fetched, and where.
+fn registry_err(
+    what: impl Into<String>,
+    target: impl ToString,
+) -> impl Fn(registry::Error) -> Error {
+    let (what, target) = (what.into(), target.to_string());
+    move |source| Error::Registry {
+        what: what.clone(),
+        target: target.clone(),
+        source: Box::new(source),
+    }
+}
+
 /// Everything a publisher needs.
 #[derive(Clone, Copy, Debug)]
 pub struct PublishInput<'a> {
@@ -149,11 +162,7 @@ impl RegistryPublisher {
         input: PublishInput<'_>,
     ) -> Result<BlobReport, Error> {
         let d = &blob.descriptor;
-        let err = |source: registry::Error| Error::Registry {
-            what: format!("blob {}", d.digest),
-            target: self.target.to_string(),
-            source: Box::new(source),
-        };
+        let err = registry_err(format!("blob {}", d.digest), self.target.to_string());
         let report = |outcome: BlobOutcome| {
             let (outcome, bytes_sent) = match outcome {
                 BlobOutcome::Existed => (Outcome::Existed, 0),
@@ -174,14 +183,14 @@ impl RegistryPublisher {
                 .client
                 .push_blob(&self.target, d, BlobSource::File(path.clone()), None)
                 .await
-                .map_err(err)?;
+                .map_err(&err)?;
             return Ok(report(outcome));
         }
         if self
             .client
             .blob_exists(&self.target, &d.digest)
             .await
-            .map_err(err)?
+            .map_err(&err)?
             .is_some()
         {
             return Ok(report(BlobOutcome::Existed));
@@ -191,7 +200,7 @@ impl RegistryPublisher {
                 .client
                 .mount_blob(&self.target, &d.digest, &from)
                 .await
-                .map_err(err)?
+                .map_err(&err)?
         {
             return Ok(report(BlobOutcome::Mounted));
         }
@@ -207,7 +216,7 @@ impl RegistryPublisher {
                 None,
             )
             .await
-            .map_err(err)?;
+            .map_err(&err)?;
         Ok(report(outcome))
     }
 }
@@ -243,11 +252,10 @@ async fn fetch_base_layer(
             client
                 .get_blob_to_file(r, d, &tmp)
                 .await
-                .map_err(|source| Error::Registry {
-                    what: format!("base layer {}", d.digest),
-                    target: r.to_string(),
-                    source: Box::new(source),
-                })?;
+                .map_err(registry_err(
+                    format!("base layer {}", d.digest),
+                    r.to_string(),
+                ))?;
             Ok(LocalFile::Temp(tmp))
         }
     }
@@ -275,11 +283,7 @@ impl Publisher for RegistryPublisher {
         self.client
             .authorize(&self.target.registry, &scopes)
             .await
-            .map_err(|source| Error::Registry {
-                what: "credentials".into(),
-                target: target.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(registry_err("credentials", target.clone()))?;
         // Collected first: a mapping closure inside the stream trips rustc's higher-ranked
         // lifetime inference for `Send` futures.
         let pushes: Vec<_> = input
@@ -301,11 +305,10 @@ impl Publisher for RegistryPublisher {
                 None,
             )
             .await
-            .map_err(|source| Error::Registry {
-                what: format!("config {}", config.digest),
-                target: target.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(registry_err(
+                format!("config {}", config.digest),
+                target.clone(),
+            ))?;
         let (outcome, bytes_sent) = match outcome {
             BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
             _ => (Outcome::Existed, 0),
@@ -325,11 +328,10 @@ impl Publisher for RegistryPublisher {
         self.client
             .put_manifest(&destination, manifest)
             .await
-            .map_err(|source| Error::Registry {
-                what: format!("manifest {}", manifest.digest),
-                target: target.clone(),
-                source: Box::new(source),
-            })?;
+            .map_err(registry_err(
+                format!("manifest {}", manifest.digest),
+                target.clone(),
+            ))?;
         let size = manifest.bytes.len() as u64;
         blobs.push(BlobReport {
             digest: manifest.digest.clone(),
@@ -392,11 +394,10 @@ impl LayoutPublisher {
                 self.client
                     .get_blob_to_file(r, d, &layout.blob_path(&d.digest))
                     .await
-                    .map_err(|source| Error::Registry {
-                        what: format!("base layer {}", d.digest),
-                        target: r.to_string(),
-                        source: Box::new(source),
-                    })?;
+                    .map_err(registry_err(
+                        format!("base layer {}", d.digest),
+                        r.to_string(),
+                    ))?;
             }
         }
         report.outcome = Outcome::Written;
