@@ -475,3 +475,60 @@ fn a_sandboxed_install_without_a_builder_image_is_a_usage_error() {
         "{err}"
     );
 }
+
+#[test]
+fn with_no_base_or_destination_the_runtime_images_are_built_into_the_local_store_on_first_use() {
+    let k = Kiln::new();
+    let store = shared_cache().join("store");
+    let built = k.run_cmd(kiln(&k).args([
+        "build",
+        example("hello-node").to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+    ]));
+    let reference = built.reference();
+    assert!(
+        reference.starts_with(&format!("oci:{}@sha256:", store.display())),
+        "{reference}"
+    );
+    let port = common::free_port();
+    let mut child = kiln(&k)
+        .args(["run", &reference, "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ready(port, &mut child);
+    let _running = Running(child);
+    let (status, body) = http(
+        port,
+        "POST",
+        "/",
+        &[("Content-Type", "application/json")],
+        br#"{"name":"store"}"#,
+    );
+    assert_eq!(
+        (status, body.contains("Hello, store!")),
+        (200, true),
+        "{body}"
+    );
+    // A Function with dependencies installs them in the store's builder image by default.
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("words");
+    copy_tree(&example("node-words"), &dir);
+    let built = k.run_cmd(kiln(&k).args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--no-cache",
+    ]));
+    built.reference();
+    assert!(
+        built
+            .stderr
+            .contains("dependencies install inside the builder image"),
+        "{}",
+        built.stderr
+    );
+}

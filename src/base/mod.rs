@@ -8,3 +8,4 @@ pub mod npm;
 pub mod recipe;
 pub mod rootfs;
 pub mod servers;
+pub mod store;

@@ -40,6 +40,8 @@ pub enum Isolation {
     /// when asked for with `--deps-sandbox none`.
     #[default]
     Host,
+    /// Inside this builder image, unpacked (once) only when there is something to install.
+    Pending(crate::run::ImageRef),
     /// Inside the runtime's builder image root filesystem, in a rootless bubblewrap sandbox,
     /// so the toolchain (and any native module it builds) matches the base image exactly.
     Builder {
@@ -233,7 +235,9 @@ pub async fn install(
     let command = argv.join(" ");
     let config = inputs.configs.first().map(|c| c.name.as_str());
     let mut cmd = match &env.isolation {
-        Isolation::Host => host_command(runtime, env, argv, &work, &home, config),
+        Isolation::Host | Isolation::Pending(_) => {
+            host_command(runtime, env, argv, &work, &home, config)
+        }
         Isolation::Builder {
             rootfs,
             env: image_env,

@@ -126,6 +126,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Preparing the builder image for the install.
+    #[error("preparing the builder image for the dependency install")]
+    Builder(#[from] Box<crate::run::Error>),
     /// A worker thread died.
     #[error("internal task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -155,7 +158,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let mut layers = Vec::new();
         let mut plans = Vec::new();
         let deps = match &function.deps {
-            Some(inputs) => Some(dependency_layer(opts, &cache, inputs).await?),
+            Some(inputs) => Some(dependency_layer(client, opts, &cache, inputs).await?),
             None => None,
         };
         if let Some((key, cached)) = &deps {
@@ -214,7 +217,47 @@ async fn load_function(opts: &Options) -> Result<Function, Error> {
     Ok(f)
 }
 
+/// Unpacks a pending builder image (once, verified, cached by digest) into the root
+/// filesystem the install runs in.
+async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, Error> {
+    let deps::Isolation::Pending(image) = &opts.install.isolation else {
+        return Ok(opts.install.clone());
+    };
+    let run_opts = crate::run::Options {
+        image: image.clone(),
+        platform: opts.platform.clone(),
+        cache_dir: opts.cache_dir.clone(),
+        env: vec![],
+        args: None,
+        jobs: opts.jobs,
+    };
+    let entry = crate::run::prepare(client, &run_opts)
+        .await
+        .map_err(Box::new)?;
+    let env = entry
+        .config
+        .config
+        .as_ref()
+        .and_then(|c| c.env.as_ref())
+        .map(|vars| {
+            let pairs = vars.iter().filter_map(|v| v.split_once('='));
+            pairs.map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        })
+        .unwrap_or_default();
+    tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
+    let isolation = deps::Isolation::Builder {
+        rootfs: entry.rootfs,
+        digest: entry.digest,
+        env,
+    };
+    Ok(InstallEnv {
+        isolation,
+        ..opts.install.clone()
+    })
+}
+
 async fn dependency_layer(
+    client: &Client,
     opts: &Options,
     cache: &LayerCache,
     inputs: &function::DepInputs,
@@ -223,7 +266,8 @@ async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    let toolchain = deps::toolchain_id(&opts.runtime, &opts.install, scratch.path()).await?;
+    let install = resolve_builder(client, opts).await?;
+    let toolchain = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
     let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
@@ -231,7 +275,7 @@ async fn dependency_layer(
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
         return Ok((key, hit));
     }
-    let output = deps::install(&opts.runtime, inputs, &opts.install, scratch.path()).await?;
+    let output = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
     let (dest, tmp, epoch) = (
         opts.runtime.dependencies.dir.clone(),
         cache.tmp_dir(),

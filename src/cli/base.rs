@@ -85,7 +85,7 @@ pub(super) async fn run(cmd: BaseCommand) -> Result<String, Failure> {
     }
 }
 
-fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
+pub(super) fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
     let mirror = match &args.debian_mirror {
         Some(url) => url.clone(),
         None => debian::system_mirror_url().ok_or_else(|| {

@@ -149,7 +149,19 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    opts.install.isolation = isolation(&args, &env, &opts, &client).await?;
+    let mut builder = args.builder_image.clone();
+    if let Some(store) = &extra.store {
+        ensure_store(&opts, store).await.map_err(Failure::Build)?;
+        // The runtime's own base: install in its own builder unless told otherwise.
+        builder = builder.or_else(|| {
+            Some(format!(
+                "oci:{}:{}",
+                store.display(),
+                crate::base::store::builder_name(&opts.runtime.name)
+            ))
+        });
+    }
+    opts.install.isolation = isolation(&args, builder.as_deref(), &env, &opts)?;
     let output = build::run(&client, &opts).await.map_err(|e| {
         let input = e.is_input_error();
         let e = anyhow::Error::new(e);
@@ -168,15 +180,14 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
     Ok(output.published.reference)
 }
 
-/// Resolves `--deps-sandbox` into where the install runs, unpacking the builder image (once,
-/// cached by digest) when it runs sandboxed.
-async fn isolation(
+/// Resolves `--deps-sandbox` into where the install runs.
+fn isolation(
     args: &BuildArgs,
+    builder: Option<&str>,
     env: &Env,
     opts: &Options,
-    client: &Client,
 ) -> Result<Isolation, Failure> {
-    let sandboxed = match (args.deps_sandbox, &args.builder_image) {
+    let sandboxed = match (args.deps_sandbox, builder) {
         (DepsSandbox::None, _) => false,
         (DepsSandbox::Bwrap, None) => {
             return Err(Failure::Usage(anyhow!(
@@ -189,49 +200,51 @@ async fn isolation(
         (DepsSandbox::Auto, Some(_)) => env.in_builder.as_deref() != Some(&opts.runtime.name),
         (DepsSandbox::Auto, None) => false,
     };
-    let Some(image) = args.builder_image.as_deref().filter(|_| sandboxed) else {
+    let Some(image) = builder.filter(|_| sandboxed) else {
         return Ok(Isolation::Host);
     };
     let image = image
         .parse::<crate::run::ImageRef>()
         .with_context(|| format!("invalid --builder-image {image:?}"))
         .map_err(Failure::Usage)?;
-    let run_opts = crate::run::Options {
-        image,
-        platform: opts.platform.clone(),
-        cache_dir: opts.cache_dir.clone(),
-        env: vec![],
-        args: None,
-        jobs: opts.jobs,
+    // Unpacked by the build only if the Function has dependencies to install.
+    Ok(Isolation::Pending(image))
+}
+
+/// Makes sure the local store has the runtime's base and builder images.
+async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result<()> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let source_args = super::base::SourceArgs {
+        debian_mirror: var("KILN_DEBIAN_MIRROR")
+            .map(|u| u.parse())
+            .transpose()
+            .context("KILN_DEBIAN_MIRROR")?,
+        keyring: crate::base::debian::DEBIAN_ARCHIVE_KEYRING.into(),
+        npm_registry: var("KILN_NPM_REGISTRY")
+            .map(|u| u.parse())
+            .transpose()
+            .context("KILN_NPM_REGISTRY")?,
+        cache_dir: Some(opts.cache_dir.clone()),
     };
-    let entry = crate::run::prepare(client, &run_opts)
+    let sources = super::base::sources(&source_args)?;
+    let kiln = std::env::current_exe().context("finding the kiln binary")?;
+    crate::base::store::ensure(&sources, &opts.runtime.name, store, &kiln)
         .await
-        .context("preparing the builder image for the dependency install")
-        .map_err(Failure::Build)?;
-    let image_env = entry
-        .config
-        .config
-        .as_ref()
-        .and_then(|c| c.env.as_ref())
-        .map(|vars| {
-            vars.iter()
-                .filter_map(|v| v.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
+        .with_context(|| {
+            format!(
+                "preparing the {} runtime images in {}",
+                opts.runtime.name,
+                store.display()
+            )
         })
-        .unwrap_or_default();
-    tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
-    Ok(Isolation::Builder {
-        rootfs: entry.rootfs,
-        digest: entry.digest,
-        env: image_env,
-    })
 }
 
 struct Extra {
     digest_file: Option<PathBuf>,
     report: Option<PathBuf>,
     verify: bool,
+    /// The local store, when the base comes from it.
+    store: Option<PathBuf>,
 }
 
 fn write_outputs(extra: &Extra, output: &build::Output) -> anyhow::Result<()> {
@@ -279,12 +292,21 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
             (FunctionSpec::Dir(dir), name, None)
         }
     };
-    let base_name = args
+    let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
+    let store = cache_dir.join("store");
+    let explicit_base = args
         .base
         .clone()
-        .or_else(|| manifest.as_ref().and_then(|m| m.runtime_image_override.clone()))
-        .or_else(|| runtime.base.clone())
-        .ok_or_else(|| anyhow!("runtime {} has no default base image yet; pass --base REF (a registry reference or oci:DIR)", runtime.name))?;
+        .or_else(|| {
+            manifest
+                .as_ref()
+                .and_then(|m| m.runtime_image_override.clone())
+        })
+        .or_else(|| runtime.base.clone());
+    let default_base = explicit_base.is_none();
+    // Without a base, the runtime's own base image from the local store (built on first use).
+    let base_name =
+        explicit_base.unwrap_or_else(|| format!("oci:{}:{}", store.display(), runtime.name));
     let base =
         BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
     let platform = Platform::parse(&args.platform).ok_or_else(|| {
@@ -293,14 +315,14 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
             args.platform
         )
     })?;
-    let target = target(args)?;
+    let name = args.name.clone().unwrap_or(default_name);
+    let target = target(args, &store, &name)?;
     let epoch = match &env.source_date_epoch {
         None => 0,
         Some(v) => v
             .parse()
             .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
     };
-    let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
     let install = InstallEnv {
         path: env.path.clone(),
         ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
@@ -317,7 +339,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
     let opts = Options {
         function,
         runtime: runtime.clone(),
-        name: args.name.clone().unwrap_or(default_name),
+        name,
         namespace: args
             .namespace
             .clone()
@@ -337,6 +359,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         digest_file: args.digest_file.clone(),
         report: args.report.clone(),
         verify: args.verify,
+        store: default_base.then_some(store),
     };
     Ok((opts, config, extra))
 }
@@ -372,7 +395,7 @@ fn dir_name(dir: &Path) -> String {
         .unwrap_or_else(|| "function".into())
 }
 
-fn target(args: &BuildArgs) -> anyhow::Result<Target> {
+fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> {
     match (&args.image, &args.output) {
         (Some(image), None) => {
             let reference: Reference = image
@@ -395,8 +418,11 @@ fn target(args: &BuildArgs) -> anyhow::Result<Target> {
                 name: name.unwrap_or_else(|| "latest".into()),
             })
         }
-        _ => Err(anyhow!(
-            "say where the image goes: --image REGISTRY/REPO[:TAG] or --output oci:DIR"
-        )),
+        // No registry named: the local store, where `kiln run` finds it.
+        (None, None) => Ok(Target::Layout {
+            dir: store.to_path_buf(),
+            name: format!("functions/{name}"),
+        }),
+        _ => Err(anyhow!("--image and --output are exclusive")),
     }
 }

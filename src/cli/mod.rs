@@ -1,7 +1,7 @@
 //! Command-line parsing and its validation into plain config structs: the only place that
 //! reads the environment (with `telemetry`). Past this module no code sees clap types.
 
-mod base;
+pub mod base;
 mod build;
 mod registry;
 mod run;

@@ -1,0 +1,122 @@
+//! The local image store: an OCI layout under the cache directory holding each runtime's base
+//! and builder images, assembled on first use from the recipes and locks compiled into kiln,
+//! and the images `kiln build` writes when no registry or layout is named. A file lock keeps
+//! concurrent kiln processes from assembling the same runtime twice.
+
+use std::path::{Path, PathBuf};
+
+use super::assemble::{self, Sources};
+use super::recipe;
+use crate::build::publish::{LayoutPublisher, PublishInput, Publisher};
+use crate::oci::Layout;
+use crate::registry::{Client, ClientConfig};
+
+/// Why the store could not provide a runtime's images.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The runtime has no recipe.
+    #[error(transparent)]
+    Recipe(#[from] recipe::Error),
+    /// Assembling failed.
+    #[error("assembling the {runtime} base images")]
+    Assemble {
+        /// The runtime.
+        runtime: String,
+        /// The cause.
+        #[source]
+        source: Box<assemble::Error>,
+    },
+    /// Writing the layout.
+    #[error(transparent)]
+    Publish(#[from] crate::build::publish::Error),
+    /// The store directory or its lock.
+    #[error("using the image store {path}")]
+    Io {
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker thread died.
+    #[error("internal task failed")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// The layout name of a runtime's builder image.
+pub fn builder_name(runtime: &str) -> String {
+    format!("{runtime}-builder")
+}
+
+/// Makes sure the store at `dir` holds `runtime`'s base and builder images, assembling them
+/// (about 15 s, plus downloads the first time) when it does not.
+///
+/// # Errors
+/// Unknown runtime, failed downloads or verification, I/O.
+pub async fn ensure(
+    src: &Sources,
+    runtime: &str,
+    dir: &Path,
+    kiln_binary: &Path,
+) -> Result<(), Error> {
+    let io = |source| Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let lock_path = dir.join(".lock");
+    let lock = tokio::task::spawn_blocking(move || -> std::io::Result<std::fs::File> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)?;
+        Ok(file)
+    })
+    .await?
+    .map_err(io)?;
+    let present = |name: &str| {
+        Layout::open(dir)
+            .and_then(|l| l.resolve(Some(name)))
+            .is_ok()
+    };
+    if present(runtime) && present(&builder_name(runtime)) {
+        return Ok(());
+    }
+    tracing::info!(runtime, store = %dir.display(), "assembling the runtime's base and builder images (first use)");
+    let (recipe, lock_file) = recipe::embedded(runtime)?;
+    // Shared images: one fixed timestamp, whatever the Function's SOURCE_DATE_EPOCH.
+    let built = assemble::assemble(src, &recipe, &lock_file, 0, kiln_binary)
+        .await
+        .map_err(|e| Error::Assemble {
+            runtime: runtime.into(),
+            source: Box::new(e),
+        })?;
+    let client = Client::new(ClientConfig::default()).map_err(|e| Error::Io {
+        path: dir.into(),
+        source: std::io::Error::other(e),
+    })?;
+    let scratch = src.cache_dir.join("tmp");
+    for (assembly, name) in [
+        (&built.base, runtime.to_string()),
+        (&built.builder, builder_name(runtime)),
+    ] {
+        let input = PublishInput {
+            image: &assembly.image,
+            layers: &assembly.layers,
+            base: None,
+            scratch: &scratch,
+        };
+        LayoutPublisher {
+            client: client.clone(),
+            dir: dir.to_path_buf(),
+            name,
+            jobs: 4,
+        }
+        .publish(input)
+        .await?;
+    }
+    drop(lock);
+    Ok(())
+}
