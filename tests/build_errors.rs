@@ -235,3 +235,50 @@ fn a_base_image_that_does_not_exist_is_reported() {
     assert!(err.contains("base/nothing"), "{err}");
     s.assert_nothing_pushed();
 }
+
+#[test]
+fn a_host_toolchain_that_does_not_match_the_runtime_is_refused_with_deps_sandbox_none() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("node-deps", &work.path().join("fn"));
+    // A fake Node.js 18 first on PATH, whatever the machine has.
+    let bin = work.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for (tool, version) in [("node", "v18.0.0"), ("npm", "10.0.0")] {
+        let path = bin.join(tool);
+        std::fs::write(&path, format!("#!/bin/sh\necho {version}\n")).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let output = format!("oci:{}", work.path().join("out").display());
+    let base = common::kiln::tiny_base();
+    let args = [
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--output",
+        &output,
+    ];
+    let path = format!("{}:/usr/bin:/bin", bin.display());
+    let strict = kiln.run_cmd(
+        kiln.command()
+            .env("PATH", &path)
+            .args(args)
+            .args(["--deps-sandbox", "none"]),
+    );
+    let err = strict.failure(1);
+    assert!(
+        err.contains("node on PATH is \"v18.0.0\" but the nodejs22 runtime needs v22.*"),
+        "{err}"
+    );
+    // As a fallback (a --base override without a builder image) it is a loud warning instead;
+    // the fake npm then "installs" nothing, which fails the build further on.
+    let fallback = kiln.run_cmd(kiln.command().env("PATH", &path).args(args));
+    assert!(
+        fallback.stderr.contains("WARN") && fallback.stderr.contains("needs v22.*"),
+        "{}",
+        fallback.stderr
+    );
+}

@@ -31,6 +31,9 @@ pub struct InstallEnv {
     pub package_cache: PathBuf,
     /// Where the install runs.
     pub isolation: Isolation,
+    /// Whether a host toolchain that does not match the runtime is an error (asked for with
+    /// `--deps-sandbox none`) rather than a warning (a fallback).
+    pub strict_toolchain: bool,
 }
 
 /// Where the dependency install runs.
@@ -71,6 +74,20 @@ pub enum Error {
         tool: String,
         /// The runtime.
         runtime: String,
+    },
+    /// The host toolchain is not the runtime's.
+    #[error(
+        "{tool} on PATH is {found:?} but the {runtime} runtime needs {expected}*: install dependencies in the builder image (--builder-image REF, or drop --base to use the runtime's own) or put a matching {tool} on PATH"
+    )]
+    ToolchainMismatch {
+        /// The program.
+        tool: String,
+        /// The runtime.
+        runtime: String,
+        /// The expected version prefix.
+        expected: String,
+        /// What the tool printed.
+        found: String,
     },
     /// The install exited non-zero.
     #[error("`{command}` failed ({status}); last lines of its output:\n{stderr_tail}")]
@@ -163,7 +180,34 @@ pub async fn toolchain_id(
         id.push_str(String::from_utf8_lossy(&out.stdout).trim());
         id.push('\n');
     }
+    check_toolchain(runtime, env, &id)?;
     Ok(id)
+}
+
+/// Compares the host toolchain with the runtime's: an error when asked for strictly, else a
+/// warning (native modules built by it may not load in the image).
+fn check_toolchain(runtime: &RuntimeSpec, env: &InstallEnv, id: &str) -> Result<(), Error> {
+    let (Some(expected), Some(tool)) = (
+        &runtime.dependencies.toolchain_version,
+        runtime.dependencies.toolchain.first(),
+    ) else {
+        return Ok(());
+    };
+    let found = id.lines().next().unwrap_or("").to_string();
+    if found.starts_with(expected.as_str()) {
+        return Ok(());
+    }
+    let mismatch = Error::ToolchainMismatch {
+        tool: tool[0].clone(),
+        runtime: runtime.name.clone(),
+        expected: expected.clone(),
+        found,
+    };
+    if env.strict_toolchain {
+        return Err(mismatch);
+    }
+    tracing::warn!("{mismatch}");
+    Ok(())
 }
 
 /// The dependency cache key: what decides the dependency layer's content.

@@ -329,6 +329,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         proxy: env.proxy.clone(),
         package_cache: cache_dir.join("packages"),
         isolation: Isolation::Host,
+        strict_toolchain: args.deps_sandbox == DepsSandbox::None,
     };
     if let Some(ca) = &install.ca_bundle
         && !ca.is_file()

@@ -100,6 +100,10 @@ pub struct DependencySpec {
     pub output: String,
     /// Commands whose output identifies the toolchain (part of the cache key).
     pub toolchain: Vec<Vec<String>>,
+    /// What the first toolchain command's output starts with when the toolchain matches the
+    /// runtime's base image (`v22.`, `Python 3.13.`).
+    #[serde(default)]
+    pub toolchain_version: Option<String>,
     /// The install command.
     pub install: Vec<String>,
     /// The install command when a lock file is present.
