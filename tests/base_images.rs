@@ -102,6 +102,20 @@ fn wait_ready(port: u16, child: &mut Child) {
     panic!("the function did not become ready on port {port}");
 }
 
+/// Starts `kiln run REFERENCE` on a free port and waits until the function answers /healthz.
+fn serve(k: &Kiln, reference: &str, extra: &[&str]) -> (u16, Running) {
+    let port = common::free_port();
+    let mut child = kiln(k)
+        .args(["run", reference, "--port", &port.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_ready(port, &mut child);
+    (port, Running(child))
+}
+
 /// Builds the contract fixture Function on `runtime`'s kiln-built base and checks it over
 /// HTTP inside `kiln run`.
 fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
@@ -125,24 +139,11 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
         &format!("oci:{}", out.display()),
     ]));
     let reference = built.reference();
-    let port = common::free_port();
-    let mut child = kiln(&k)
-        .args([
-            "run",
-            &reference,
-            "--port",
-            &port.to_string(),
-            "--env",
-            "FUNC_TIMEOUT=1",
-            "--env",
-            "REQ_MB_LIMIT=0.01",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    wait_ready(port, &mut child);
-    let mut running = Running(child);
+    let (port, mut running) = serve(
+        &k,
+        &reference,
+        &["--env", "FUNC_TIMEOUT=1", "--env", "REQ_MB_LIMIT=0.01"],
+    );
 
     let (status, body) = http(
         port,
@@ -362,15 +363,7 @@ fn build_in_builder_and_call(
         "{}",
         built.stderr
     );
-    let port = common::free_port();
-    let mut child = kiln(&k)
-        .args(["run", &reference, "--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_ready(port, &mut child);
-    let _running = Running(child);
+    let (port, _running) = serve(&k, &reference, &[]);
     let method = if body.is_empty() { "GET" } else { "POST" };
     let (status, answer) = http(port, method, "/", headers, body);
     assert_eq!(status, 200, "{answer}");
@@ -491,15 +484,7 @@ fn with_no_base_or_destination_the_runtime_images_are_built_into_the_local_store
         reference.starts_with(&format!("oci:{}@sha256:", store.display())),
         "{reference}"
     );
-    let port = common::free_port();
-    let mut child = kiln(&k)
-        .args(["run", &reference, "--port", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_ready(port, &mut child);
-    let _running = Running(child);
+    let (port, _running) = serve(&k, &reference, &[]);
     let (status, body) = http(
         port,
         "POST",
