@@ -48,6 +48,17 @@ pub fn builder_name(runtime: &str) -> String {
     format!("{runtime}-builder")
 }
 
+/// Whether the store at `dir` already holds `runtime`'s base and builder images. Cheap: the
+/// fast path of every build on the runtime's own base.
+pub fn has_images(dir: &Path, runtime: &str) -> bool {
+    let present = |name: &str| {
+        Layout::open(dir)
+            .and_then(|l| l.resolve(Some(name)))
+            .is_ok()
+    };
+    present(runtime) && present(&builder_name(runtime))
+}
+
 /// Makes sure the store at `dir` holds `runtime`'s base and builder images, assembling them
 /// (about 15 s, plus downloads the first time) when it does not.
 ///

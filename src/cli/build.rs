@@ -213,6 +213,10 @@ fn isolation(
 
 /// Makes sure the local store has the runtime's base and builder images.
 async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result<()> {
+    // The fast path: finding the package sources runs npm, which costs more than the build.
+    if crate::base::store::has_images(store, &opts.runtime.name) {
+        return Ok(());
+    }
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     let source_args = super::base::SourceArgs {
         debian_mirror: var("KILN_DEBIAN_MIRROR")
