@@ -19,6 +19,9 @@ use crate::oci::{
     NewLayer,
 };
 
+/// Where the builder image has the kiln binary; its entrypoint.
+pub const KILN_IN_BUILDER: &str = "/usr/local/bin/kiln";
+
 /// Where packages come from.
 #[derive(Clone, Debug)]
 pub struct Sources {
@@ -213,13 +216,10 @@ pub async fn assemble(
             .npm_layer("builder-npm", lock, recipe, Target::Builder)
             .await?,
     );
-    builder_layers.push(stage.file_layer("kiln", kiln_binary, "usr/local/bin/kiln")?);
+    let kiln_dest = KILN_IN_BUILDER.trim_start_matches('/');
+    builder_layers.push(stage.file_layer("kiln", kiln_binary, kiln_dest)?);
 
-    let mut builder_edit = config_edit(recipe, epoch, &stage.sbom_label());
-    // Tells `kiln build --deps-sandbox auto` inside a build Job that this is the toolchain.
-    builder_edit
-        .env
-        .push(("KILN_BUILDER".into(), recipe.runtime.clone()));
+    let builder_edit = builder_edit(config_edit(recipe, epoch, &stage.sbom_label()), recipe);
     let base = stage.image(&base_layers, &base_edit)?;
     let builder = stage.image(&builder_layers, &builder_edit)?;
     Ok(Assembled {
@@ -500,6 +500,17 @@ fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
     }
 }
 
+/// The builder's config: the base's, but running kiln (a build Job runs `kiln build …` in it;
+/// without arguments it prints `kiln build --help`), and `KILN_BUILDER` telling
+/// `kiln build --deps-sandbox auto` that the toolchain is right here.
+fn builder_edit(mut edit: ConfigEdit, recipe: &Recipe) -> ConfigEdit {
+    edit.entrypoint = Some(vec![KILN_IN_BUILDER.into()]);
+    edit.cmd = Some(vec!["build".into(), "--help".into()]);
+    edit.env
+        .push(("KILN_BUILDER".into(), recipe.runtime.clone()));
+    edit
+}
+
 /// An empty linux/amd64 image to append the first layers to.
 fn scratch() -> Base {
     let config =
@@ -516,5 +527,28 @@ fn scratch() -> Base {
     Base {
         manifest: Document::new(MediaType::OciManifest, manifest.into_bytes()),
         config,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_builder_runs_kiln_while_the_base_keeps_the_function_server() {
+        let (recipe, _) = super::super::recipe::embedded("python313").unwrap();
+        let base = config_edit(&recipe, 0, "");
+        let builder = builder_edit(base.clone(), &recipe);
+        assert_eq!(base.entrypoint, Some(recipe.image.entrypoint.clone()));
+        assert_eq!(base.cmd, None);
+        assert_eq!(builder.entrypoint, Some(vec!["/usr/local/bin/kiln".into()]));
+        assert_eq!(builder.cmd, Some(vec!["build".into(), "--help".into()]));
+        assert!(
+            builder
+                .env
+                .contains(&("KILN_BUILDER".into(), "python313".into()))
+        );
+        assert!(!base.env.iter().any(|(k, _)| k == "KILN_BUILDER"));
     }
 }
