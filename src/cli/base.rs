@@ -1,7 +1,7 @@
 //! `kiln base lock|build`: pin a runtime's base-image inputs, and assemble its base and
 //! builder images from the pins.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
@@ -70,6 +70,10 @@ pub struct BuildBaseArgs {
     /// Use this lock file instead of the one compiled into kiln.
     #[arg(long, value_name = "FILE")]
     pub lock: Option<PathBuf>,
+    /// The kiln executable to put into the builder image at /usr/local/bin/kiln (for example a
+    /// release build for linux/amd64) [default: this kiln].
+    #[arg(long, value_name = "PATH")]
+    pub kiln_binary: Option<PathBuf>,
     /// Registry access.
     #[command(flatten)]
     pub registry: RegistryArgs,
@@ -169,9 +173,12 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             .map_err(Failure::Usage)?,
         _ => 0,
     };
-    let kiln = std::env::current_exe()
-        .context("finding the kiln binary")
-        .map_err(Failure::Build)?;
+    let kiln = match &args.kiln_binary {
+        Some(path) => check_kiln_binary(path).map_err(Failure::Usage)?,
+        None => std::env::current_exe()
+            .context("finding the kiln binary")
+            .map_err(Failure::Build)?,
+    };
     let built = assemble::assemble(&src, &recipe, &lock, epoch, &kiln)
         .await
         .map_err(|e| Failure::Build(e.into()))?;
@@ -231,4 +238,59 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
         lines.push(published.map_err(|e| Failure::Build(e.into()))?.reference);
     }
     Ok(lines.join("\n"))
+}
+
+/// `--kiln-binary`: an existing, executable regular file (symlinks followed).
+fn check_kiln_binary(path: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).with_context(|| {
+        format!(
+            "--kiln-binary {}: cannot read it; pass the path of a kiln executable",
+            path.display()
+        )
+    })?;
+    if !meta.is_file() {
+        return Err(anyhow!(
+            "--kiln-binary {} is not a regular file; pass the path of a kiln executable",
+            path.display()
+        ));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(anyhow!(
+            "--kiln-binary {} is not executable; chmod +x it or pass another file",
+            path.display()
+        ));
+    }
+    Ok(path.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_kiln_binary_must_be_an_executable_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("kiln");
+        std::fs::write(&exe, b"x").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(check_kiln_binary(&exe).unwrap(), exe);
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, b"x").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = format!("{:#}", check_kiln_binary(&plain).unwrap_err());
+        assert!(err.contains("is not executable"), "{err}");
+        let err = format!("{:#}", check_kiln_binary(dir.path()).unwrap_err());
+        assert!(err.contains("is not a regular file"), "{err}");
+        let err = format!(
+            "{:#}",
+            check_kiln_binary(&dir.path().join("nope")).unwrap_err()
+        );
+        assert!(
+            err.contains("cannot read it") && err.contains("No such file"),
+            "{err}"
+        );
+    }
 }
