@@ -1,7 +1,7 @@
 //! `kiln run`: flags, their validation into [`crate::run::Options`], and the run. The
 //! function's own stdout is the command's output, so this prints nothing itself.
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 
 use anyhow::{Context, anyhow};
 use clap::Args;
@@ -11,6 +11,7 @@ use super::registry::RegistryArgs;
 use crate::oci::Platform;
 use crate::registry::{Client, ClientConfig};
 use crate::run::{self, ImageRef, Options};
+use crate::sandbox::Bind;
 
 /// Flags of `kiln run`.
 #[derive(Debug, Args)]
@@ -42,6 +43,11 @@ pub struct RunArgs {
     /// Set an environment variable for the function, over the image's Env; repeatable.
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
+    /// Bind a host file or directory into the sandbox at DEST (an absolute path), writable
+    /// unless `:ro` is given; repeatable. HOST must exist; a relative HOST is taken from the
+    /// current directory.
+    #[arg(long = "volume", short = 'v', value_name = "HOST:DEST[:ro]")]
+    pub volumes: Vec<String>,
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
@@ -63,11 +69,11 @@ pub struct RunArgs {
 /// Runs the image; `Ok("")` when the function exited 0, [`Failure::Exit`] with its code
 /// otherwise.
 pub(super) async fn run(args: RunArgs) -> Result<String, Failure> {
-    let (opts, config) = validate(&args).map_err(Failure::Usage)?;
+    let (opts, volumes, config) = validate(&args).map_err(Failure::Usage)?;
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    match run::run(&client, &opts).await {
+    match run::run(&client, &opts, &volumes).await {
         Ok(0) => Ok(String::new()),
         Ok(code) => Err(Failure::Exit(code)),
         Err(e) => {
@@ -86,7 +92,7 @@ pub(super) async fn run(args: RunArgs) -> Result<String, Failure> {
     }
 }
 
-fn validate(args: &RunArgs) -> anyhow::Result<(Options, ClientConfig)> {
+fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)> {
     let image: ImageRef = args
         .image
         .parse()
@@ -108,6 +114,14 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, ClientConfig)> {
     if let Some(port) = args.port {
         vars.push(("FUNC_PORT".into(), port.to_string()));
     }
+    let volumes = match args.volumes.as_slice() {
+        [] => Vec::new(),
+        specs => {
+            let cwd = std::env::current_dir().context("finding the current directory")?;
+            let parse = |spec: &String| parse_volume(spec, &cwd);
+            specs.iter().map(parse).collect::<anyhow::Result<_>>()?
+        }
+    };
     let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
     let opts = Options {
         image,
@@ -117,7 +131,59 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, ClientConfig)> {
         args: (!args.args.is_empty()).then(|| args.args.clone()),
         jobs: usize::from(args.jobs),
     };
-    Ok((opts, args.registry.client_config()?))
+    Ok((opts, volumes, args.registry.client_config()?))
+}
+
+/// Parses `--volume HOST:DEST[:ro|:rw]` (as `docker run -v`). HOST may contain `:`; DEST
+/// may not.
+fn parse_volume(spec: &str, cwd: &Path) -> anyhow::Result<Bind> {
+    let usage = || {
+        anyhow!("invalid --volume {spec:?}: expected HOST:DEST[:ro], e.g. ./src:/workspace/src:ro")
+    };
+    let (rest, writable) = match spec.rsplit_once(':') {
+        Some((rest, mode)) if rest.contains(':') && !mode.starts_with('/') => match mode {
+            "ro" => (rest, false),
+            "rw" => (rest, true),
+            _ => {
+                return Err(anyhow!(
+                    "invalid --volume {spec:?}: unknown mode {mode:?}; use :ro for read-only, \
+                     or nothing (or :rw) for writable"
+                ));
+            }
+        },
+        _ => (spec, true),
+    };
+    let (host, dest) = rest
+        .rsplit_once(':')
+        .filter(|(host, dest)| !host.is_empty() && !dest.is_empty())
+        .ok_or_else(usage)?;
+    let dest_path = Path::new(dest);
+    if !dest_path.is_absolute() {
+        return Err(anyhow!(
+            "invalid --volume {spec:?}: DEST {dest:?} must be an absolute path in the sandbox, \
+             e.g. /workspace/{dest}"
+        ));
+    }
+    if dest_path.parent().is_none() || dest_path.components().any(|c| c == Component::ParentDir) {
+        return Err(anyhow!(
+            "invalid --volume {spec:?}: DEST {dest:?} must name a directory or file below / \
+             without `..`, e.g. /workspace/src"
+        ));
+    }
+    let host = std::path::absolute(cwd.join(host))
+        .with_context(|| format!("invalid --volume {spec:?}: resolving {host:?}"))?;
+    if !host.exists() {
+        return Err(anyhow!(
+            "invalid --volume {spec:?}: the host path {} does not exist; create it first or \
+             fix the path",
+            host.display()
+        ));
+    }
+    Ok(if writable {
+        Bind::writable(host, dest)
+    } else {
+        Bind::read_only(host, dest)
+    })
 }
 
 /// This machine's platform in OCI (GOARCH) terms.
@@ -132,5 +198,57 @@ fn host_platform() -> Platform {
     Platform {
         architecture: arch.into(),
         ..Platform::linux_amd64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn err(spec: &str, cwd: &Path) -> String {
+        format!("{:#}", parse_volume(spec, cwd).unwrap_err())
+    }
+
+    #[test]
+    fn volumes_are_writable_unless_read_only_and_relative_hosts_are_made_absolute() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path();
+        std::fs::create_dir(cwd.join("src")).unwrap();
+        let src = cwd.join("src");
+        let bind = parse_volume("src:/workspace/src:ro", cwd).unwrap();
+        assert_eq!(bind, Bind::read_only(&src, "/workspace/src"));
+        let bind = parse_volume("./src:/workspace/out", cwd).unwrap();
+        assert_eq!(bind, Bind::writable(&src, "/workspace/out"));
+        let spec = format!("{}:/w:rw", src.display());
+        assert_eq!(
+            parse_volume(&spec, cwd).unwrap(),
+            Bind::writable(&src, "/w")
+        );
+    }
+
+    #[test]
+    fn a_host_path_may_contain_colons() {
+        let dir = tempfile::tempdir().unwrap();
+        let odd = dir.path().join("a:b");
+        std::fs::write(&odd, b"x").unwrap();
+        let bind = parse_volume("a:b:/etc/x:ro", dir.path()).unwrap();
+        assert_eq!(bind, Bind::read_only(&odd, "/etc/x"));
+    }
+
+    #[test]
+    fn bad_volumes_say_what_is_wrong_and_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let cwd = dir.path();
+        for spec in ["src", ":/x", "src:"] {
+            assert!(err(spec, cwd).contains("expected HOST:DEST[:ro]"), "{spec}");
+        }
+        let e = err("missing:/x", cwd);
+        assert!(e.contains("does not exist") && e.contains("missing"), "{e}");
+        assert!(err(".:rel/x", cwd).contains("must be an absolute path"));
+        assert!(err("/x:ro", cwd).contains("DEST \"ro\" must be an absolute path"));
+        assert!(err(".:/x:rx", cwd).contains("unknown mode \"rx\""));
+        assert!(err(".:/", cwd).contains("below /"));
+        assert!(err(".:/a/../etc", cwd).contains("without `..`"));
     }
 }

@@ -17,7 +17,7 @@
 //!     args: None,
 //!     jobs: 4,
 //! };
-//! let code: u8 = kiln::run::run(&client, &opts).await?;
+//! let code: u8 = kiln::run::run(&client, &opts, &[]).await?;
 //! # let _ = code; Ok(()) }
 //! ```
 
@@ -41,6 +41,7 @@ use self::image::{LayerFile, Resolved};
 use self::unpack::Unpacker;
 use crate::oci::{Descriptor, Digest, ImageConfig, Platform};
 use crate::registry::Client;
+use crate::sandbox::Bind;
 
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -62,14 +63,15 @@ pub struct Options {
     pub jobs: usize,
 }
 
-/// Runs the image and returns the exit code to exit with (the function's, or 128 + the
-/// signal that ended it). SIGINT and SIGTERM are forwarded to the function once it runs;
-/// before that they stop kiln with [`Error::Interrupted`].
+/// Runs the image, with `volumes` (host paths) bound into its sandbox after everything else,
+/// and returns the exit code to exit with (the function's, or 128 + the signal that ended
+/// it). SIGINT and SIGTERM are forwarded to the function once it runs; before that they stop
+/// kiln with [`Error::Interrupted`].
 ///
 /// # Errors
 /// bwrap missing or unusable, the image unavailable or malformed, layers that fail to
 /// unpack, a config that cannot be run.
-pub async fn run(client: &Client, opts: &Options) -> Result<u8> {
+pub async fn run(client: &Client, opts: &Options, volumes: &[Bind]) -> Result<u8> {
     let mut signals = process::Signals::install()?;
     let entry = tokio::select! {
         entry = prepare(client, opts) => entry?,
@@ -80,8 +82,9 @@ pub async fn run(client: &Client, opts: &Options) -> Result<u8> {
         tracing::warn!(image = %format!("{os}/{arch}"), wanted = %opts.platform, "the image is for another platform");
     }
     let launch = {
-        let opts = opts.clone();
-        tokio::task::spawn_blocking(move || process::plan(&entry.rootfs, &entry.config, &opts))
+        let (opts, volumes) = (opts.clone(), volumes.to_vec());
+        let plan = move || process::plan(&entry.rootfs, &entry.config, &opts, &volumes);
+        tokio::task::spawn_blocking(plan)
             .await
             .map_err(Error::Task)??
     };

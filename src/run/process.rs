@@ -25,12 +25,18 @@ pub struct Launch {
     pub argv: Vec<String>,
 }
 
-/// Works out how to run the image unpacked at `rootfs`. Reads the image's `/etc/passwd` and
+/// Works out how to run the image unpacked at `rootfs`, with `volumes` bound in last (so one
+/// may replace `/etc/resolv.conf` or sit below `/tmp`). Reads the image's `/etc/passwd` and
 /// `/etc/group` for a named user.
 ///
 /// # Errors
 /// No command to run, an unknown user or group, a missing working directory.
-pub fn plan(rootfs: &Path, config: &ImageConfig, opts: &Options) -> Result<Launch, Error> {
+pub fn plan(
+    rootfs: &Path,
+    config: &ImageConfig,
+    opts: &Options,
+    volumes: &[Bind],
+) -> Result<Launch, Error> {
     let run = config.config.clone().unwrap_or_default();
     let mut argv = run.entrypoint.clone().unwrap_or_default();
     argv.extend(opts.args.clone().or(run.cmd.clone()).unwrap_or_default());
@@ -49,8 +55,10 @@ pub fn plan(rootfs: &Path, config: &ImageConfig, opts: &Options) -> Result<Launc
     }
     let home = user.home.clone().unwrap_or_else(|| "/".into());
     let env = environment(run.env.as_deref().unwrap_or_default(), &opts.env, &home);
+    let mut binds = vec![Bind::read_only(HOST_RESOLV_CONF, HOST_RESOLV_CONF).optional()];
+    binds.extend_from_slice(volumes);
     let sandbox = Sandbox {
-        binds: vec![Bind::read_only(HOST_RESOLV_CONF, HOST_RESOLV_CONF).optional()],
+        binds,
         env,
         cwd,
         uid: user.uid,
@@ -204,7 +212,7 @@ mod tests {
             r#"{"Entrypoint":["/bin/sh","-c"],"Cmd":["exec serve"],"User":"app",
             "WorkingDir":"srv/app","Env":["PATH=/bin","FUNC_PORT=8080","ODD"]}"#,
         );
-        let launch = plan(dir.path(), &cfg, &opts(&[("FUNC_PORT", "9000")], None)).unwrap();
+        let launch = plan(dir.path(), &cfg, &opts(&[("FUNC_PORT", "9000")], None), &[]).unwrap();
         assert_eq!(launch.argv, ["/bin/sh", "-c", "exec serve"]);
         let s = &launch.sandbox;
         assert_eq!((s.uid, s.gid), (1000, 1000));
@@ -221,19 +229,43 @@ mod tests {
     fn arguments_replace_cmd_but_keep_the_entrypoint() {
         let dir = rootfs();
         let cfg = config(r#"{"Entrypoint":["/bin/echo"],"Cmd":["default"],"Env":["HOME=/x"]}"#);
-        let launch = plan(dir.path(), &cfg, &opts(&[], Some(&["hi"]))).unwrap();
+        let launch = plan(dir.path(), &cfg, &opts(&[], Some(&["hi"])), &[]).unwrap();
         assert_eq!(launch.argv, ["/bin/echo", "hi"]);
         assert_eq!(launch.sandbox.env, [("HOME".to_string(), "/x".to_string())]);
         assert_eq!((launch.sandbox.uid, launch.sandbox.cwd.as_str()), (0, "/"));
     }
 
     #[test]
+    fn volumes_are_bound_after_the_resolver_config_as_given() {
+        let dir = rootfs();
+        let cfg = config(r#"{"Cmd":["x"]}"#);
+        let volumes = [
+            Bind::read_only("/host/src", "/workspace/src"),
+            Bind::writable("/host/out", "/workspace/out"),
+        ];
+        let launch = plan(dir.path(), &cfg, &opts(&[], None), &volumes).unwrap();
+        assert_eq!(launch.sandbox.binds[0].dest, HOST_RESOLV_CONF);
+        assert_eq!(launch.sandbox.binds[1..], volumes);
+        let args: Vec<String> = launch
+            .sandbox
+            .args(&launch.argv)
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let line = args.join(" ");
+        assert!(
+            line.contains("--ro-bind /host/src /workspace/src --bind /host/out /workspace/out"),
+            "{line}"
+        );
+    }
+
+    #[test]
     fn images_without_command_or_working_directory_are_refused() {
         let dir = rootfs();
-        let none = plan(dir.path(), &config("{}"), &opts(&[], None));
+        let none = plan(dir.path(), &config("{}"), &opts(&[], None), &[]);
         assert!(matches!(none, Err(Error::NoCommand)));
         let cfg = config(r#"{"Cmd":["x"],"WorkingDir":"/missing"}"#);
-        let missing = plan(dir.path(), &cfg, &opts(&[], None));
+        let missing = plan(dir.path(), &cfg, &opts(&[], None), &[]);
         assert!(matches!(missing, Err(Error::NoWorkingDir(d)) if d == "/missing"));
     }
 
