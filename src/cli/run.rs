@@ -46,7 +46,8 @@ pub struct RunArgs {
     /// Bind a host file or directory into the sandbox at DEST (an absolute path), writable
     /// unless `:ro` is given; repeatable. HOST must exist; a relative HOST is taken from the
     /// current directory.
-    #[arg(long = "volume", short = 'v', value_name = "HOST:DEST[:ro]")]
+    // No `-v`: that is the global --verbose.
+    #[arg(long = "volume", value_name = "HOST:DEST[:ro]")]
     pub volumes: Vec<String>,
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
@@ -225,6 +226,12 @@ mod tests {
             parse_volume(&spec, cwd).unwrap(),
             Bind::writable(&src, "/w")
         );
+    }
+
+    #[test]
+    fn run_flags_do_not_clash_with_the_global_ones() {
+        use clap::CommandFactory;
+        crate::cli::Cli::command().debug_assert();
     }
 
     #[test]
