@@ -21,9 +21,22 @@ impl From<Exit> for ExitCode {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    // The built-in sandbox's init process is this binary; it must run before any thread.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let Some(code) = kiln::sandbox::builtin::dispatch(&args) {
+        return code;
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(Cli::parse_from(args))),
+        Err(e) => {
+            eprintln!("error: starting the async runtime: {e}");
+            Exit::Failed.into()
+        }
+    }
+}
+
+async fn run(cli: Cli) -> ExitCode {
     kiln::telemetry::init(&cli.global);
     // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code.
     let outcome = if matches!(cli.command, cli::Command::Run(_)) {

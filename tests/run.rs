@@ -1,7 +1,8 @@
 //! `kiln run` end to end, black-box on the binary: images made with umoci from Debian's static
 //! busybox (plus hand-made layers with OCI whiteouts), run from OCI layouts and from a real
-//! registry in a bubblewrap sandbox; HTTP on the host network, the image's user, a read-only
-//! root, whiteouts, exit codes, signal forwarding and the rootfs cache.
+//! registry, each in both sandboxes (bubblewrap and kiln's built-in one on util-linux
+//! `unshare`); HTTP on the host network, the image's user, a read-only root, whiteouts, exit
+//! codes, signal forwarding and the rootfs cache.
 
 #![allow(clippy::unwrap_used)]
 
@@ -23,8 +24,10 @@ use common::{free_port, require_tool, run};
 
 const CREATED: &str = "2000-01-01T00:00:00Z";
 const INDEX_HTML: &str = "<h1>hello from kiln run</h1>\n";
-/// Prints the ids, and whether / and /tmp are writable.
-const WHO_AM_I: &str = "busybox id -u; busybox id -g; echo HOME=$HOME; \
+/// Prints the ids, the shell's pid (2: under the sandbox's init, in its own PID namespace), the
+/// effective and permitted capabilities, and whether / and /tmp are writable.
+const WHO_AM_I: &str = "busybox id -u; busybox id -g; echo HOME=$HOME; echo pid=$$; \
+     busybox grep -E '^Cap(Eff|Prm)' /proc/self/status; \
      if busybox touch /x 2>/dev/null; then echo root-writable; else echo root-read-only; fi; \
      busybox touch /tmp/y && echo tmp-writable";
 
@@ -175,14 +178,12 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     Some(response)
 }
 
-#[test]
-fn a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm() {
+fn a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
     let port = free_port();
     let stderr = kiln.home.path().join("stderr.log");
-    let mut child = kiln
-        .command()
+    let mut child = command(&kiln, sandbox)
         .args(["run", &oci(&layout, "web"), "--port", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(fs::File::create(&stderr).unwrap())
@@ -216,24 +217,24 @@ fn a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm() {
     );
 }
 
-#[test]
-fn the_function_runs_as_the_images_user_with_a_read_only_root_and_a_writable_tmp() {
+fn the_function_runs_as_the_images_user_with_a_read_only_root_and_a_writable_tmp(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
-    let out = kiln.run(&["run", &oci(&layout, "user")]);
+    let out = run_in(&kiln, sandbox, &["run", &oci(&layout, "user")]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(
-        out.stdout, "1000\n1000\nHOME=/home/user\nroot-read-only\ntmp-writable\n",
+        out.stdout,
+        "1000\n1000\nHOME=/home/user\npid=2\nCapPrm:\t0000000000000000\n\
+         CapEff:\t0000000000000000\nroot-read-only\ntmp-writable\n",
         "{}",
         out.stderr
     );
 }
 
-#[test]
-fn whiteouts_and_opaque_directories_of_later_layers_hide_lower_files() {
+fn whiteouts_and_opaque_directories_of_later_layers_hide_lower_files(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
-    let out = kiln.run(&["run", &oci(&layout, "layers")]);
+    let out = run_in(&kiln, sandbox, &["run", &oci(&layout, "layers")]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(
         out.stdout, "/data:\nkept.txt\n\n/olddir:\nnew.txt\nkept",
@@ -242,25 +243,27 @@ fn whiteouts_and_opaque_directories_of_later_layers_hide_lower_files() {
     );
 }
 
-#[test]
-fn the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints() {
+fn the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
     // `kiln build --output oci:DIR` prints `oci:DIR@sha256:…`, DIR as given (here relative).
     let printed = format!("oci:layout@{}", tagged_digest(&layout, "exit"));
     let out = kiln.run_cmd(
-        kiln.command()
+        command(&kiln, sandbox)
             .current_dir(kiln.home.path())
             .args(["run", &printed]),
     );
     assert_eq!(out.code, 42, "{}", out.stderr);
     assert_eq!(out.stdout, "bye\n");
-    let out = kiln.run(&["run", &oci(&layout, "exit"), "--", "exit 3"]);
+    let out = run_in(
+        &kiln,
+        sandbox,
+        &["run", &oci(&layout, "exit"), "--", "exit 3"],
+    );
     assert_eq!(out.code, 3, "arguments replace Cmd: {}", out.stderr);
 }
 
-#[test]
-fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs() {
+fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
     let reg = Registry::start(RegistryKind::Plain);
@@ -275,7 +278,11 @@ fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs() {
             .count()
     };
 
-    let first = kiln.run(&["run", &pinned, "--insecure-registry", &host]);
+    let first = run_in(
+        &kiln,
+        sandbox,
+        &["run", &pinned, "--insecure-registry", &host],
+    );
     assert_eq!(first.code, 0, "{}", first.stderr);
     assert!(first.stdout.starts_with("1000\n1000\n"), "{}", first.stdout);
     assert!(
@@ -292,7 +299,11 @@ fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs() {
     );
 
     for image in [&pinned, &tagged] {
-        let again = kiln.run(&["run", image, "--insecure-registry", &host]);
+        let again = run_in(
+            &kiln,
+            sandbox,
+            &["run", image, "--insecure-registry", &host],
+        );
         assert_eq!(again.code, 0, "{}", again.stderr);
         assert_eq!(again.stdout, first.stdout);
         assert!(
@@ -305,12 +316,10 @@ fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs() {
     assert_eq!(blob_gets(), fetched, "{:?}", reg.access_log());
 }
 
-#[test]
-fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code() {
+fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
-    let mut child = kiln
-        .command()
+    let mut child = command(&kiln, sandbox)
         .args(["run", &oci(&layout, "trap")])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -334,3 +343,35 @@ fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code() {
     assert_eq!(code, Some(5), "{stderr}");
     assert_eq!(rest, "got-INT\n", "{stderr}");
 }
+
+/// kiln with the sandbox `sandbox` chosen.
+fn command(kiln: &Kiln, sandbox: &str) -> Command {
+    let mut cmd = kiln.command();
+    cmd.env("KILN_SANDBOX", sandbox);
+    cmd
+}
+
+fn run_in(kiln: &Kiln, sandbox: &str, args: &[&str]) -> common::kiln::Run {
+    kiln.run_cmd(command(kiln, sandbox).args(args))
+}
+
+/// Every test, once per sandbox.
+macro_rules! in_each_sandbox {
+    ($($test:ident),* $(,)?) => {
+        mod bwrap {
+            $(#[test] fn $test() { super::$test("bwrap") })*
+        }
+        mod builtin {
+            $(#[test] fn $test() { super::$test("builtin") })*
+        }
+    };
+}
+
+in_each_sandbox!(
+    a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm,
+    the_function_runs_as_the_images_user_with_a_read_only_root_and_a_writable_tmp,
+    whiteouts_and_opaque_directories_of_later_layers_hide_lower_files,
+    the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints,
+    a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs,
+    sigint_reaches_the_function_which_exits_gracefully_with_its_own_code
+);

@@ -1,26 +1,36 @@
-//! Rootless bubblewrap (`bwrap`) sandboxes around an unpacked root filesystem: a builder for
-//! the `bwrap` command line (used by `kiln run` and for sandboxed dependency installs), a check
-//! that bwrap and user namespaces are usable, and signal forwarding into a running sandbox.
-//! It spawns nothing but `bwrap`, reads no environment variables and never prints.
+//! Rootless sandboxes around an unpacked root filesystem, for `kiln run` and sandboxed
+//! dependency installs: the description ([`Sandbox`]), the choice of how to run it (bubblewrap
+//! when installed, else kiln's own [`builtin`] one on util-linux `unshare`), a check that user
+//! namespaces are usable, and signal forwarding into a running sandbox. It reads only
+//! `PATH` and [`BACKEND_ENV`] and never prints.
+
+pub mod builtin;
 
 use std::ffi::OsString;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 
 use rustix::process::{Pid, kill_process, kill_process_group};
+use serde::{Deserialize, Serialize};
+
+use builtin::Builtin;
 
 /// The bubblewrap program, looked up on `PATH`.
 pub const BWRAP: &str = "bwrap";
 
+/// Chooses the sandbox: `bwrap`, `builtin`, or `auto` (the default: bwrap when installed).
+pub const BACKEND_ENV: &str = "KILN_SANDBOX";
+
 /// Errors setting up or signalling a sandbox.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// `bwrap` is not on `PATH`.
+    /// Neither `bwrap` nor `unshare` is on `PATH`.
     #[error(
-        "bubblewrap ({program}) is not installed; install the Debian package `bubblewrap` \
-         (apt-get install bubblewrap)"
+        "no sandbox program: {program} is not installed; install the Debian package \
+         `bubblewrap` (apt-get install bubblewrap), or util-linux for kiln's built-in sandbox"
     )]
     Missing {
         /// The program looked for.
@@ -35,18 +45,23 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// bwrap runs but cannot create a user namespace.
+    /// The sandbox program runs but cannot create a user namespace.
     #[error(
-        "bubblewrap cannot create a user namespace ({stderr}); enable them: sysctl \
+        "{program} cannot create a user namespace ({stderr}); enable them: sysctl \
          user.max_user_namespaces must be above 0, kernel.unprivileged_userns_clone=1 on \
          kernels that have it, kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 23.10+, \
          and inside a container the seccomp profile must allow unshare/clone (or run it with \
          --privileged)"
     )]
     NoUserNamespaces {
-        /// What bwrap printed.
+        /// The program that tried.
+        program: &'static str,
+        /// What it printed.
         stderr: String,
     },
+    /// [`BACKEND_ENV`] names no sandbox kiln has.
+    #[error("{BACKEND_ENV}={0:?} is not a sandbox kiln has; use bwrap, builtin or auto")]
+    UnknownBackend(String),
     /// A signal could not be delivered.
     #[error("sending {signal} to process {pid}")]
     Signal {
@@ -64,7 +79,7 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A host path made visible inside the sandbox.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bind {
     /// The host path.
     pub source: PathBuf,
@@ -119,9 +134,10 @@ impl Bind {
 /// environment and `--die-with-parent`.
 ///
 /// Mount points missing from `rootfs` (`/proc`, `/dev`, tmpfs and bind destinations) are
-/// created in it by bwrap, so `rootfs` must be writable by the caller even when
-/// `read_only_root` is set; nothing else in it is modified. bwrap adds `PWD` to `env`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// created in it, so `rootfs` must be writable by the caller even when `read_only_root` is
+/// set; nothing else in it is modified. bwrap adds `PWD` to `env`. The built-in sandbox does
+/// not bring up a loopback interface in a private network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sandbox {
     /// The directory mounted as `/`.
     pub rootfs: PathBuf,
@@ -132,7 +148,9 @@ pub struct Sandbox {
     pub binds: Vec<Bind>,
     /// Fresh writable tmpfs mounts (e.g. `/tmp`).
     pub tmpfs: Vec<String>,
-    /// The complete environment of the sandboxed process.
+    /// The complete environment of the sandboxed process; never serialized, so it stays off
+    /// command lines.
+    #[serde(skip)]
     pub env: Vec<(String, String)>,
     /// The working directory inside the sandbox.
     pub cwd: String,
@@ -144,8 +162,6 @@ pub struct Sandbox {
     pub share_network: bool,
     /// The host name inside the sandbox (its own UTS namespace in any case).
     pub hostname: Option<String>,
-    /// Capabilities (as `CAP_NET_RAW`) kept inside the user namespace; all others are dropped.
-    pub capabilities: Vec<String>,
     /// Put the process in a new session, so it cannot inject input into the caller's terminal
     /// (`TIOCSTI`).
     pub new_session: bool,
@@ -166,7 +182,6 @@ impl Sandbox {
             gid: 0,
             share_network: false,
             hostname: None,
-            capabilities: Vec::new(),
             new_session: true,
         }
     }
@@ -190,9 +205,6 @@ impl Sandbox {
         }
         // Without this bwrap keeps every capability (inside the user namespace) for uid 0.
         push(&["--cap-drop", "ALL"]);
-        for cap in &self.capabilities {
-            push(&["--cap-add", cap]);
-        }
         // The root is bound writable and remounted read-only at the end: bwrap has to create
         // missing mount points, which a read-only bind would refuse.
         args.extend(["--bind".into(), self.rootfs.clone().into(), "/".into()]);
@@ -224,10 +236,23 @@ impl Sandbox {
     /// bwrap gets its own process group: a terminal's Ctrl-C then reaches only the caller,
     /// which decides what the sandbox gets ([`forward_signal`]); bwrap would die of it at once
     /// and take the sandbox down with SIGKILL.
+    ///
+    /// The sandbox program is the one [`check_available`] chose (bwrap before it ran).
     pub fn command(&self, argv: &[String]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(BWRAP);
-        cmd.args(self.args(argv))
-            .env_clear()
+        let mut cmd = match CHOSEN.get() {
+            Some(Backend::Builtin(builtin)) => {
+                let mut line = builtin.argv(self, argv).into_iter();
+                let mut cmd = tokio::process::Command::new(line.next().unwrap_or_default());
+                cmd.args(line);
+                cmd
+            }
+            Some(Backend::Bwrap) | None => {
+                let mut cmd = tokio::process::Command::new(BWRAP);
+                cmd.args(self.args(argv));
+                cmd
+            }
+        };
+        cmd.env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .process_group(0)
             .kill_on_drop(true);
@@ -235,14 +260,48 @@ impl Sandbox {
     }
 }
 
-/// Checks that `bwrap` is installed and can create a user namespace, by running
-/// `bwrap --unshare-user --ro-bind / / bwrap --version`.
+/// How sandboxes are run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// bubblewrap.
+    Bwrap,
+    /// kiln's own, on util-linux `unshare`.
+    Builtin(Builtin),
+}
+
+static CHOSEN: OnceLock<Backend> = OnceLock::new();
+
+/// Chooses how sandboxes run, once per process, and checks that it can create a user
+/// namespace: bwrap (probed with `bwrap --unshare-user --ro-bind / / bwrap --version`) when
+/// installed, else the built-in sandbox; [`BACKEND_ENV`] (`bwrap`, `builtin`, `auto`) forces
+/// the choice.
 ///
 /// # Errors
-/// [`Error::Missing`] naming the Debian package, [`Error::NoUserNamespaces`] with bwrap's
-/// message and how to enable them, [`Error::Spawn`].
-pub async fn check_available() -> Result<()> {
-    probe(BWRAP).await
+/// [`Error::Missing`] naming the Debian package, [`Error::NoUserNamespaces`] with the
+/// program's message and how to enable them, [`Error::UnknownBackend`], [`Error::Spawn`].
+pub async fn check_available() -> Result<Backend> {
+    if let Some(chosen) = CHOSEN.get() {
+        return Ok(chosen.clone());
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    let builtin = || async {
+        let builtin = Builtin::find(&path)?;
+        builtin.probe().await?;
+        Ok::<_, Error>(Backend::Builtin(builtin))
+    };
+    let wanted = std::env::var(BACKEND_ENV).unwrap_or_default();
+    let backend = match wanted.as_str() {
+        "" | "auto" => match probe(BWRAP).await {
+            Ok(()) => Backend::Bwrap,
+            Err(Error::Missing { .. }) => builtin().await?,
+            Err(e) => return Err(e),
+        },
+        "bwrap" => probe(BWRAP).await.map(|()| Backend::Bwrap)?,
+        "builtin" => builtin().await?,
+        other => return Err(Error::UnknownBackend(other.to_string())),
+    };
+    tracing::debug!(?backend, "sandbox chosen");
+    Ok(CHOSEN.get_or_init(|| backend).clone())
 }
 
 async fn probe(program: &str) -> Result<()> {
@@ -271,6 +330,7 @@ async fn probe(program: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::NoUserNamespaces {
+        program: BWRAP,
         stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
     })
 }
@@ -323,14 +383,15 @@ pub enum Delivery {
         /// The group: the host pid of bwrap's init process in the sandbox.
         pgid: u32,
     },
-    /// To bwrap itself, because the sandbox was not set up yet; bwrap dies and the sandbox
-    /// with it (`--die-with-parent`).
-    Bwrap,
+    /// To the launcher (bwrap or unshare) itself, because the sandbox was not set up yet; it
+    /// dies and the sandbox with it.
+    Launcher,
     /// Nowhere: the sandbox has already exited.
     Gone,
 }
 
-/// Sends `signal` to the processes of the sandbox whose `bwrap` has host pid `bwrap_pid`.
+/// Sends `signal` to the processes of the sandbox whose launcher (`bwrap`, or `unshare` for
+/// the built-in sandbox) has host pid `launcher`.
 ///
 /// bwrap does not forward signals itself. With `--unshare-pid` its child is an init process
 /// (pid 1 inside) that called `setsid()`, so its pid is also the process group of the
@@ -339,7 +400,7 @@ pub enum Delivery {
 ///
 /// # Errors
 /// [`Error::Signal`] when `kill(2)` fails for another reason than the process being gone.
-pub fn forward_signal(bwrap_pid: u32, signal: Signal) -> Result<Delivery> {
+pub fn forward_signal(launcher: u32, signal: Signal) -> Result<Delivery> {
     let sig = signal.to_rustix();
     let gone = |e: &rustix::io::Errno| *e == rustix::io::Errno::SRCH;
     let err = |pid, e: rustix::io::Errno| Error::Signal {
@@ -347,7 +408,7 @@ pub fn forward_signal(bwrap_pid: u32, signal: Signal) -> Result<Delivery> {
         pid,
         source: e.into(),
     };
-    if let Some(init) = children(bwrap_pid).into_iter().next()
+    if let Some(init) = children(launcher).into_iter().next()
         && let Some(pid) = Pid::from_raw(init as i32)
     {
         match kill_process_group(pid, sig) {
@@ -357,13 +418,13 @@ pub fn forward_signal(bwrap_pid: u32, signal: Signal) -> Result<Delivery> {
             Err(e) => return Err(err(init, e)),
         }
     }
-    let Some(pid) = Pid::from_raw(bwrap_pid as i32) else {
+    let Some(pid) = Pid::from_raw(launcher as i32) else {
         return Ok(Delivery::Gone);
     };
     match kill_process(pid, sig) {
-        Ok(()) => Ok(Delivery::Bwrap),
+        Ok(()) => Ok(Delivery::Launcher),
         Err(e) if gone(&e) => Ok(Delivery::Gone),
-        Err(e) => Err(err(bwrap_pid, e)),
+        Err(e) => Err(err(launcher, e)),
     }
 }
 
@@ -446,7 +507,7 @@ mod tests {
     }
 
     #[test]
-    fn binds_user_network_and_capabilities_appear_in_the_arguments() {
+    fn binds_user_and_network_appear_in_the_arguments() {
         let sandbox = Sandbox {
             binds: vec![
                 Bind::read_only("/etc/resolv.conf", "/etc/resolv.conf").optional(),
@@ -459,7 +520,6 @@ mod tests {
             share_network: true,
             read_only_root: false,
             hostname: Some("fn".into()),
-            capabilities: vec!["CAP_CHOWN".into()],
             new_session: false,
             cwd: "/app".into(),
             ..Sandbox::new("/r")
@@ -472,7 +532,7 @@ mod tests {
         assert!(!args.contains(&"--remount-ro".to_string()));
         assert!(!args.contains(&"--tmpfs".to_string()));
         assert!(joined.contains("--hostname fn "));
-        assert!(joined.contains("--cap-drop ALL --cap-add CAP_CHOWN --bind /r / "));
+        assert!(joined.contains("--cap-drop ALL --bind /r / "));
         assert!(joined.contains(
             "--ro-bind-try /etc/resolv.conf /etc/resolv.conf --bind /work/out /out \
              --ro-bind /ca.pem /etc/ssl/ca.pem --chdir /app -- node"
