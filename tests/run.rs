@@ -344,6 +344,32 @@ fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code(sandbox:
     assert_eq!(rest, "got-INT\n", "{stderr}");
 }
 
+#[test]
+fn without_bubblewrap_on_path_kiln_picks_its_built_in_sandbox() {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    // A PATH with util-linux's tools and `true` (the probe), but no bwrap.
+    let bin = kiln.home.path().join("bin");
+    fs::create_dir(&bin).unwrap();
+    for tool in ["unshare", "setpriv", "true"] {
+        let host = ["/usr/bin", "/bin"]
+            .map(|dir| Path::new(dir).join(tool))
+            .into_iter()
+            .find(|p| p.exists())
+            .unwrap();
+        std::os::unix::fs::symlink(host, bin.join(tool)).unwrap();
+    }
+    let out = kiln.run_cmd(
+        kiln.command()
+            .env("PATH", &bin)
+            .env_remove("KILN_SANDBOX")
+            .args(["run", &oci(&layout, "user")]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.starts_with("1000\n1000\n"), "{}", out.stdout);
+    assert!(out.stderr.contains("built-in sandbox"), "{}", out.stderr);
+}
+
 /// kiln with the sandbox `sandbox` chosen.
 fn command(kiln: &Kiln, sandbox: &str) -> Command {
     let mut cmd = kiln.command();

@@ -293,7 +293,10 @@ pub async fn check_available() -> Result<Backend> {
     let backend = match wanted.as_str() {
         "" | "auto" => match probe(BWRAP).await {
             Ok(()) => Backend::Bwrap,
-            Err(Error::Missing { .. }) => builtin().await?,
+            Err(Error::Missing { .. }) => {
+                tracing::info!("bubblewrap is not installed: using kiln's built-in sandbox");
+                builtin().await?
+            }
             Err(e) => return Err(e),
         },
         "bwrap" => probe(BWRAP).await.map(|()| Backend::Bwrap)?,
