@@ -501,11 +501,14 @@ fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
 }
 
 /// The builder's config: the base's, but running kiln (a build Job runs `kiln build …` in it;
-/// without arguments it prints `kiln build --help`), and `KILN_BUILDER` telling
+/// without arguments it prints `kiln build --help`) in `/tmp`, and `KILN_BUILDER` telling
 /// `kiln build --deps-sandbox auto` that the toolchain is right here.
 fn builder_edit(mut edit: ConfigEdit, recipe: &Recipe) -> ConfigEdit {
     edit.entrypoint = Some(vec![KILN_IN_BUILDER.into()]);
     edit.cmd = Some(vec!["build".into(), "--help".into()]);
+    // The base's working directory (the Function's) exists only once a Function is built on
+    // it; /tmp exists, is the user's HOME and the one writable place under a read-only root.
+    edit.working_dir = Some("/tmp".into());
     edit.env
         .push(("KILN_BUILDER".into(), recipe.runtime.clone()));
     edit
@@ -544,6 +547,7 @@ mod tests {
         assert_eq!(base.cmd, None);
         assert_eq!(builder.entrypoint, Some(vec!["/usr/local/bin/kiln".into()]));
         assert_eq!(builder.cmd, Some(vec!["build".into(), "--help".into()]));
+        assert_eq!(builder.working_dir.as_deref(), Some("/tmp"));
         assert!(
             builder
                 .env
