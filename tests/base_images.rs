@@ -29,13 +29,21 @@ fn kiln(k: &Kiln) -> Command {
 }
 
 fn base_build(k: &Kiln, runtime: &str, out: &Path) -> Vec<String> {
-    let run = k.run_cmd(kiln(k).args([
-        "base",
-        "build",
-        runtime,
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]));
+    base_build_with(k, runtime, out, &[])
+}
+
+fn base_build_with(k: &Kiln, runtime: &str, out: &Path, extra: &[&str]) -> Vec<String> {
+    let run = k.run_cmd(
+        kiln(k)
+            .args([
+                "base",
+                "build",
+                runtime,
+                "--output",
+                &format!("oci:{}", out.display()),
+            ])
+            .args(extra),
+    );
     assert_eq!(run.code, 0, "{}", run.stderr);
     run.stdout.lines().map(str::to_string).collect()
 }
@@ -515,5 +523,127 @@ fn with_no_base_or_destination_the_runtime_images_are_built_into_the_local_store
             .contains("dependencies install inside the builder image"),
         "{}",
         built.stderr
+    );
+}
+
+/// The host's CA bundle: this machine may reach package registries through a TLS-intercepting
+/// proxy whose CA only the host trusts.
+fn host_ca_bundle() -> PathBuf {
+    std::env::var_os("SSL_CERT_FILE")
+        .filter(|v| !v.is_empty())
+        .map_or_else(
+            || "/etc/ssl/certs/ca-certificates.crt".into(),
+            PathBuf::from,
+        )
+}
+
+/// `--env K=V` for every proxy variable set here, for the package downloads in the sandbox.
+fn proxy_env_args() -> Vec<String> {
+    let names = ["http_proxy", "https_proxy", "no_proxy"];
+    let upper = names.map(str::to_uppercase);
+    names
+        .iter()
+        .map(|n| n.to_string())
+        .chain(upper)
+        .filter_map(|k| {
+            std::env::var(&k)
+                .ok()
+                .map(|v| ["--env".into(), format!("{k}={v}")])
+        })
+        .flatten()
+        .collect()
+}
+
+#[test]
+fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    // The builder carries a stripped kiln: the same program, a fraction of the bytes to layer.
+    let binary = work.path().join("kiln");
+    common::run(Command::new("strip").args([
+        "-o",
+        binary.to_str().unwrap(),
+        env!("CARGO_BIN_EXE_kiln"),
+    ]));
+    let bases = work.path().join("bases");
+    base_build_with(
+        &k,
+        "python313",
+        &bases,
+        &["--kiln-binary", binary.to_str().unwrap()],
+    );
+    let builder = format!("oci:{}:python313-builder", bases.display());
+    let config = common::run_bytes(Command::new("skopeo").args(["inspect", "--config", &builder]));
+    assert_eq!(
+        common::jq_raw(".config.Entrypoint | join(\" \")", &config),
+        "/usr/local/bin/kiln"
+    );
+    assert_eq!(
+        common::jq_raw(".config.Cmd | join(\" \")", &config),
+        "build --help"
+    );
+    // Without arguments the builder explains itself.
+    let help = k.run_cmd(kiln(&k).args(["run", &builder]));
+    assert!(
+        help.code == 0 && help.stdout.contains("Usage: kiln build"),
+        "{help:?}"
+    );
+
+    // A build Job: the source read-only, an output directory, the base as an OCI layout; the
+    // host CA bundle and proxy settings for pip; kiln's cache in the sandbox's /tmp.
+    let src = work.path().join("src");
+    copy_tree(&example("python-yaml"), &src);
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let volume = |host: &Path, dest: &str| format!("{}:{dest}", host.display());
+    let job = k.run_cmd(
+        kiln(&k)
+            .args(["run", &builder])
+            .args(["--volume", &volume(&bases, "/workspace/bases:ro")])
+            .args(["--volume", &volume(&src, "/workspace/src:ro")])
+            .args(["--volume", &volume(&out, "/workspace/out")])
+            .args([
+                "--volume",
+                &volume(&host_ca_bundle(), "/tmp/host-ca.crt:ro"),
+            ])
+            .args(proxy_env_args())
+            .args(["--", "build", "/workspace/src", "--runtime", "python313"])
+            .args(["--base", "oci:/workspace/bases:python313"])
+            .args(["--output", "oci:/workspace/out", "--deps-sandbox", "auto"])
+            .args([
+                "--ca-bundle",
+                "/tmp/host-ca.crt",
+                "--cache-dir",
+                "/tmp/kiln-cache",
+            ]),
+    );
+    let reference = job.reference();
+    // Natively: pip from the builder's own PATH, no nested sandbox (the builder has no bwrap).
+    assert!(
+        job.stderr.contains("installing dependencies")
+            && job.stderr.contains("python3 -m pip install")
+            && !job
+                .stderr
+                .contains("dependencies install inside the builder image"),
+        "{}",
+        job.stderr
+    );
+    let digest = reference
+        .strip_prefix("oci:/workspace/out@")
+        .unwrap_or_else(|| panic!("{reference}"));
+    validate_layout(&out);
+    let built = format!("oci:{}@{digest}", out.display());
+    let (port, _running) = serve(&k, &built, &[]);
+    let (status, answer) = http(
+        port,
+        "POST",
+        "/",
+        &[("Content-Type", "text/plain")],
+        b"a: [1, 2]",
+    );
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer.contains("\"libyaml\": true") && answer.contains("[1, 2]"),
+        "PyYAML's C extension, built in the builder, loads in the base: {answer}"
     );
 }
