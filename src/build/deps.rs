@@ -31,9 +31,6 @@ pub struct InstallEnv {
     pub package_cache: PathBuf,
     /// Where the install runs.
     pub isolation: Isolation,
-    /// Whether a host toolchain that does not match the runtime is an error (asked for with
-    /// `--deps-sandbox none`) rather than a warning (a fallback).
-    pub strict_toolchain: bool,
 }
 
 /// Where the dependency install runs.
@@ -45,6 +42,13 @@ pub enum Isolation {
     Host,
     /// Inside this builder image, unpacked (once) only when there is something to install.
     Pending(crate::run::ImageRef),
+    /// A sandbox was asked for but no builder image is known: the base is not the runtime's
+    /// own, so nothing says which toolchain matches it. A usage error, but only once there is
+    /// something to install (a Function without dependencies needs no builder).
+    MissingBuilder {
+        /// The `--deps-sandbox` mode that asked for the sandbox (`auto` or `bwrap`).
+        sandbox: &'static str,
+    },
     /// Inside the runtime's builder image root filesystem, in a rootless bubblewrap sandbox,
     /// so the toolchain (and any native module it builds) matches the base image exactly.
     Builder {
@@ -77,7 +81,7 @@ pub enum Error {
     },
     /// The host toolchain is not the runtime's.
     #[error(
-        "{tool} on PATH is {found:?} but the {runtime} runtime needs {expected}*: install dependencies in the builder image (--builder-image REF, or drop --base to use the runtime's own) or put a matching {tool} on PATH"
+        "{tool} on PATH is {found:?} but the {runtime} runtime needs {expected}*: install dependencies in a builder image instead (--deps-sandbox auto with --builder-image REF, or drop --base to use the runtime's own) or put a matching {tool} on PATH"
     )]
     ToolchainMismatch {
         /// The program.
@@ -150,7 +154,8 @@ impl InstallEnv {
 /// An identity of the toolchain on PATH (`node --version` and so on), for the cache key.
 ///
 /// # Errors
-/// When a toolchain command is missing or fails.
+/// When a toolchain command is missing or fails, or the toolchain on PATH is not the
+/// runtime's (`toolchain_version`).
 pub async fn toolchain_id(
     runtime: &RuntimeSpec,
     env: &InstallEnv,
@@ -180,13 +185,13 @@ pub async fn toolchain_id(
         id.push_str(String::from_utf8_lossy(&out.stdout).trim());
         id.push('\n');
     }
-    check_toolchain(runtime, env, &id)?;
+    check_toolchain(runtime, &id)?;
     Ok(id)
 }
 
-/// Compares the host toolchain with the runtime's: an error when asked for strictly, else a
-/// warning (native modules built by it may not load in the image).
-fn check_toolchain(runtime: &RuntimeSpec, env: &InstallEnv, id: &str) -> Result<(), Error> {
+/// Compares the toolchain on PATH with the runtime's: a mismatch is an error, never a
+/// fallback, since native modules built by another interpreter may not load in the image.
+fn check_toolchain(runtime: &RuntimeSpec, id: &str) -> Result<(), Error> {
     let (Some(expected), Some(tool)) = (
         &runtime.dependencies.toolchain_version,
         runtime.dependencies.toolchain.first(),
@@ -197,17 +202,12 @@ fn check_toolchain(runtime: &RuntimeSpec, env: &InstallEnv, id: &str) -> Result<
     if found.starts_with(expected.as_str()) {
         return Ok(());
     }
-    let mismatch = Error::ToolchainMismatch {
+    Err(Error::ToolchainMismatch {
         tool: tool[0].clone(),
         runtime: runtime.name.clone(),
         expected: expected.clone(),
         found,
-    };
-    if env.strict_toolchain {
-        return Err(mismatch);
-    }
-    tracing::warn!("{mismatch}");
-    Ok(())
+    })
 }
 
 /// The dependency cache key: what decides the dependency layer's content.
@@ -279,7 +279,9 @@ pub async fn install(
     let command = argv.join(" ");
     let config = inputs.configs.first().map(|c| c.name.as_str());
     let mut cmd = match &env.isolation {
-        Isolation::Host | Isolation::Pending(_) => {
+        // The caller resolves a pending or missing builder first (`build::run` does), and
+        // `toolchain_id` refuses a toolchain on PATH that is not the runtime's.
+        Isolation::Host | Isolation::Pending(_) | Isolation::MissingBuilder { .. } => {
             host_command(runtime, env, argv, &work, &home, config)
         }
         Isolation::Builder {
@@ -470,6 +472,20 @@ mod tests {
             "//reg/:_authToken=*** x"
         );
         assert_eq!(redact("plain line"), "plain line");
+    }
+
+    #[test]
+    fn a_toolchain_on_path_that_is_not_the_runtimes_is_refused() {
+        let runtime = crate::runtime::Catalog::embedded()
+            .get("nodejs22")
+            .unwrap()
+            .clone();
+        assert!(check_toolchain(&runtime, "v22.11.0\n10.9.0\n").is_ok());
+        let err = check_toolchain(&runtime, "v20.20.2\n11.19.1\n").unwrap_err();
+        assert!(
+            matches!(&err, Error::ToolchainMismatch { found, .. } if found == "v20.20.2"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -126,6 +126,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// Dependencies to install in a sandbox, but no builder image that matches the base.
+    #[error(
+        "--deps-sandbox {sandbox} needs --builder-image REF to install the dependencies: the base {base} is not the {runtime} runtime's own, so kiln cannot know which toolchain matches it; pass --builder-image REF (the builder image that matches the base; `kiln base build {runtime}` makes one), or --deps-sandbox none to install with the toolchain on PATH (its version is checked)"
+    )]
+    NoBuilder {
+        /// The `--deps-sandbox` mode.
+        sandbox: &'static str,
+        /// The base image as the user wrote it.
+        base: String,
+        /// The runtime.
+        runtime: String,
+    },
     /// Preparing the builder image for the install.
     #[error("preparing the builder image for the dependency install")]
     Builder(#[from] Box<crate::run::Error>),
@@ -137,7 +149,7 @@ pub enum Error {
 impl Error {
     /// Whether the user's input is at fault (exit code 2) rather than the build (exit 1).
     pub fn is_input_error(&self) -> bool {
-        matches!(self, Error::Function(_))
+        matches!(self, Error::Function(_) | Error::NoBuilder { .. })
     }
 }
 
@@ -152,6 +164,10 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let cache = LayerCache::open(&opts.cache_dir).map_err(|source| Error::Cache { path: opts.cache_dir.clone(), source })?;
         let function = load_function(opts).await?;
         tracing::info!(files = function.tree.file_count(), "collected source");
+        if function.deps.is_some() {
+            // Before anything is fetched: a usage error should not wait for the network.
+            require_builder(opts)?;
+        }
         let base = base::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
         let family = base.base.family();
@@ -217,9 +233,23 @@ async fn load_function(opts: &Options) -> Result<Function, Error> {
     Ok(f)
 }
 
+/// Refuses a sandboxed install without a builder image: the user must name one (or ask for
+/// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
+fn require_builder(opts: &Options) -> Result<(), Error> {
+    match &opts.install.isolation {
+        deps::Isolation::MissingBuilder { sandbox } => Err(Error::NoBuilder {
+            sandbox,
+            base: opts.base_name.clone(),
+            runtime: opts.runtime.name.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Unpacks a pending builder image (once, verified, cached by digest) into the root
 /// filesystem the install runs in.
 async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, Error> {
+    require_builder(opts)?;
     let deps::Isolation::Pending(image) = &opts.install.isolation else {
         return Ok(opts.install.clone());
     };

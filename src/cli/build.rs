@@ -86,12 +86,15 @@ pub struct BuildArgs {
     pub verify: bool,
     /// Where the dependency install runs: `bwrap` inside the builder image's root file
     /// system in a rootless sandbox (the toolchain and native modules then match the base
-    /// exactly); `none` with the toolchain on PATH; `auto` is `bwrap` when a builder image is
-    /// given and not already running inside one, else `none`.
+    /// exactly); `none` with the toolchain on PATH, which must be the runtime's version;
+    /// `auto` is `bwrap`, or the toolchain on PATH when already inside the runtime's builder
+    /// image. With --base and dependencies to install, `auto` and `bwrap` need
+    /// --builder-image.
     #[arg(long, value_enum, default_value_t = DepsSandbox::Auto, env = "KILN_DEPS_SANDBOX")]
     pub deps_sandbox: DepsSandbox,
     /// The builder image to install dependencies in (a registry reference or oci:DIR[:NAME]);
-    /// `kiln base build RUNTIME` makes one. Needed when --base overrides the runtime's base.
+    /// `kiln base build RUNTIME` makes one. Needed when --base overrides the runtime's base
+    /// and the Function has dependencies (unless --deps-sandbox none).
     #[arg(long, value_name = "REF", env = "KILN_BUILDER_IMAGE")]
     pub builder_image: Option<String>,
 }
@@ -99,7 +102,7 @@ pub struct BuildArgs {
 /// Where the dependency install runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DepsSandbox {
-    /// bwrap with a builder image when one is given and kiln is not inside one.
+    /// bwrap, or the toolchain on PATH inside the runtime's builder image.
     Auto,
     /// Inside the builder image with bubblewrap.
     Bwrap,
@@ -161,7 +164,13 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
             ))
         });
     }
-    opts.install.isolation = isolation(&args, builder.as_deref(), &env, &opts)?;
+    opts.install.isolation = isolation(
+        args.deps_sandbox,
+        builder.as_deref(),
+        env.in_builder.as_deref(),
+        &opts.runtime.name,
+    )
+    .map_err(Failure::Usage)?;
     let output = build::run(&client, &opts).await.map_err(|e| {
         let input = e.is_input_error();
         let e = anyhow::Error::new(e);
@@ -180,33 +189,28 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
     Ok(output.published.reference)
 }
 
-/// Resolves `--deps-sandbox` into where the install runs.
+/// Resolves `--deps-sandbox` into where the install runs; `in_builder` is `KILN_BUILDER`.
 fn isolation(
-    args: &BuildArgs,
+    mode: DepsSandbox,
     builder: Option<&str>,
-    env: &Env,
-    opts: &Options,
-) -> Result<Isolation, Failure> {
-    let sandboxed = match (args.deps_sandbox, builder) {
-        (DepsSandbox::None, _) => false,
-        (DepsSandbox::Bwrap, None) => {
-            return Err(Failure::Usage(anyhow!(
-                "--deps-sandbox bwrap needs --builder-image REF (make one with `kiln base build {}`)",
-                opts.runtime.name
-            )));
-        }
-        (DepsSandbox::Bwrap, Some(_)) => true,
-        // Inside a builder image (a build Job) the toolchain on PATH is the right one.
-        (DepsSandbox::Auto, Some(_)) => env.in_builder.as_deref() != Some(&opts.runtime.name),
-        (DepsSandbox::Auto, None) => false,
+    in_builder: Option<&str>,
+    runtime: &str,
+) -> anyhow::Result<Isolation> {
+    let sandbox = match mode {
+        DepsSandbox::None => return Ok(Isolation::Host),
+        // Inside the runtime's builder image (a build Job) the toolchain on PATH is its own.
+        DepsSandbox::Auto if in_builder == Some(runtime) => return Ok(Isolation::Host),
+        DepsSandbox::Auto => "auto",
+        DepsSandbox::Bwrap => "bwrap",
     };
-    let Some(image) = builder.filter(|_| sandboxed) else {
-        return Ok(Isolation::Host);
+    let Some(image) = builder else {
+        // A base override without a builder: the build refuses it only if the Function has
+        // dependencies to install, never by falling back to the toolchain on PATH.
+        return Ok(Isolation::MissingBuilder { sandbox });
     };
     let image = image
         .parse::<crate::run::ImageRef>()
-        .with_context(|| format!("invalid --builder-image {image:?}"))
-        .map_err(Failure::Usage)?;
+        .with_context(|| format!("invalid --builder-image {image:?}"))?;
     // Unpacked by the build only if the Function has dependencies to install.
     Ok(Isolation::Pending(image))
 }
@@ -333,7 +337,6 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         proxy: env.proxy.clone(),
         package_cache: cache_dir.join("packages"),
         isolation: Isolation::Host,
-        strict_toolchain: args.deps_sandbox == DepsSandbox::None,
     };
     if let Some(ca) = &install.ca_bundle
         && !ca.is_file()
@@ -429,5 +432,43 @@ fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> 
             name: format!("functions/{name}"),
         }),
         _ => Err(anyhow!("--image and --output are exclusive")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_without_a_builder_image_is_left_for_the_build_to_refuse() {
+        let resolve = |mode, builder, in_builder| {
+            isolation(mode, builder, in_builder, "nodejs22").expect("valid flags")
+        };
+        let builder = Some("oci:/tmp/bases:nodejs22-builder");
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, None, None),
+            Isolation::MissingBuilder { sandbox: "auto" }
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Bwrap, None, Some("nodejs22")),
+            Isolation::MissingBuilder { sandbox: "bwrap" }
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, builder, None),
+            Isolation::Pending(_)
+        ));
+        // Another runtime's builder image does not have this runtime's toolchain.
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, builder, Some("python313")),
+            Isolation::Pending(_)
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, None, Some("nodejs22")),
+            Isolation::Host
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::None, builder, None),
+            Isolation::Host
+        ));
     }
 }
