@@ -18,8 +18,8 @@ use crate::sandbox::Bind;
 #[command(after_help = "\
 The function runs in a rootless bubblewrap sandbox (Debian package `bubblewrap`): the image's \
 root filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, the host's \
-/etc/resolv.conf, all capabilities dropped, and its own user, PID, IPC and UTS namespaces. It \
-SHARES THE HOST NETWORK, so the function's port is reachable on the host (and the function can \
+/etc/resolv.conf, the --volume binds, all capabilities dropped, and its own user, PID, IPC and \
+UTS namespaces. It SHARES THE HOST NETWORK, so the function's port is reachable on the host (and the function can \
 reach everything the host can). It runs as the image's User (default root inside the sandbox, \
 which is your own user, without capabilities, outside) with only the image's Env, the --env values and \
 HOME. Layers are unpacked once per image into the cache directory.
@@ -30,7 +30,10 @@ function's own, 128+N when signal N ended it, 1 when kiln failed, 2 for bad usag
 Examples:
   kiln run \"$(kiln build ./hello --runtime nodejs22 --output oci:./out)\" --port 8080
   kiln run registry.example.com/team/hello:1.0 --port 8080 --env LOG_LEVEL=debug
-  kiln run oci:./out:latest -p 8080 -e NODE_ENV=development")]
+  kiln run oci:./out:latest -p 8080 -e NODE_ENV=development
+  kiln run oci:./bases:python313-builder --volume ./bases:/workspace/bases:ro \\
+    --volume ./fn:/workspace/src:ro --volume ./out:/workspace/out -- build /workspace/src \\
+    --runtime python313 --base oci:/workspace/bases:python313 --output oci:/workspace/out")]
 pub struct RunArgs {
     /// The image: what `kiln build` prints (REGISTRY/REPO@sha256:… or oci:DIR@sha256:…), a
     /// registry reference with a tag, or oci:DIR[:NAME].
