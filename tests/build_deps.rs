@@ -1,7 +1,8 @@
-//! Real dependency installs from the npm registry and PyPI with the toolchain on PATH: the
+//! Real dependency installs from the npm registry and PyPI inside a builder image that kiln
+//! assembled (`kiln base build`, bubblewrap), on the tiny base given with `--base`: the
 //! dependency layer holds what was installed, secrets from `.npmrc`/`pip.conf` never reach
 //! the image or the logs, and a cached dependency layer makes a source-only rebuild skip the
-//! install entirely.
+//! install entirely. The host's toolchain never stands in.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +12,9 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
-use common::kiln::{Kiln, blobs_with_role, copy_fixture, read_report, tiny_base};
+use common::kiln::{
+    Kiln, blobs_with_role, copy_fixture, kiln_built_builder, read_report, tiny_base,
+};
 use common::schema::validate_layout;
 
 /// Every file path and the concatenated content of every layer in the layout's only image.
@@ -46,30 +49,53 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn build(kiln: &Kiln, dir: &Path, runtime: &str, out: &Path, report: &Path) -> common::kiln::Run {
+/// A build of `dir` on the tiny base, its dependencies installed in `builder`.
+fn build(
+    kiln: &Kiln,
+    dir: &Path,
+    runtime: &str,
+    builder: &str,
+    out: &Path,
+    report: &Path,
+) -> common::kiln::Run {
+    common::require_tool("bwrap", "bubblewrap");
     let (base, output) = (tiny_base(), format!("oci:{}", out.display()));
-    kiln.run(&[
+    let run = kiln.run(&[
         "build",
         dir.to_str().unwrap(),
         "--runtime",
         runtime,
         "--base",
         &base,
+        "--builder-image",
+        builder,
         "--output",
         &output,
         "--report",
         report.to_str().unwrap(),
-    ])
+    ]);
+    assert!(
+        run.stderr
+            .contains("dependencies install inside the builder image"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("on PATH is"),
+        "the toolchain on PATH is never consulted: {}",
+        run.stderr
+    );
+    run
 }
 
 #[test]
 fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_rebuilds() {
-    common::require_tool("npm", "npm");
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
     let dir = copy_fixture("node-deps", &work.path().join("fn"));
     let (out, report) = (work.path().join("out"), work.path().join("r.json"));
-    let run = build(&kiln, &dir, "nodejs22", &out, &report);
+    let run = build(&kiln, &dir, "nodejs22", &builder, &out, &report);
     run.reference();
     validate_layout(&out);
     let (paths, content) = layer_contents(&out);
@@ -104,7 +130,7 @@ fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_reb
         "module.exports = { main: () => 'changed' };\n",
     )
     .unwrap();
-    let again = build(&kiln, &dir, "nodejs22", &out, &report);
+    let again = build(&kiln, &dir, "nodejs22", &builder, &out, &report);
     again.reference();
     assert!(
         again.stderr.contains("dependency layer from cache"),
@@ -123,8 +149,8 @@ fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_reb
 
 #[test]
 fn a_fresh_install_reproduces_the_same_dependency_layer() {
-    common::require_tool("npm", "npm");
     let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&Kiln::new(), "nodejs22", &work.path().join("bases"));
     let dir = copy_fixture("node-deps", &work.path().join("fn"));
     let mut digests = Vec::new();
     for i in 0..2 {
@@ -135,6 +161,7 @@ fn a_fresh_install_reproduces_the_same_dependency_layer() {
             &kiln,
             &dir,
             "nodejs22",
+            &builder,
             &work.path().join(format!("out{i}")),
             &report,
         )
@@ -146,12 +173,12 @@ fn a_fresh_install_reproduces_the_same_dependency_layer() {
 
 #[test]
 fn pip_dependencies_are_layered_without_the_pip_conf() {
-    common::require_tool("python3", "python3");
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "python313", &work.path().join("bases"));
     let dir = copy_fixture("python-deps", &work.path().join("fn"));
     let (out, report) = (work.path().join("out"), work.path().join("r.json"));
-    let run = build(&kiln, &dir, "python313", &out, &report);
+    let run = build(&kiln, &dir, "python313", &builder, &out, &report);
     run.reference();
     validate_layout(&out);
     let (paths, content) = layer_contents(&out);
@@ -162,10 +189,11 @@ fn pip_dependencies_are_layered_without_the_pip_conf() {
         "PyYAML installed"
     );
     assert!(
-        paths
-            .iter()
-            .any(|p| p.starts_with("kubeless/site-packages/yaml/_yaml.") && p.ends_with(".so")),
-        "with its compiled extension"
+        paths.iter().any(
+            |p| p.starts_with("kubeless/site-packages/yaml/_yaml.cpython-313-")
+                && p.ends_with(".so")
+        ),
+        "with its compiled extension, built for the builder's Python 3.13"
     );
     assert!(paths.iter().any(|p| p == "kubeless/handler.py"));
     assert!(!paths.iter().any(|p| p.ends_with("pip.conf")));

@@ -163,3 +163,27 @@ pub fn blob_bytes_sent(report: &serde_json::Value) -> u64 {
         .map(|b| b["bytes_sent"].as_u64().unwrap())
         .sum()
 }
+
+/// The download cache (.debs, npm tarballs: content-addressed) that every test shares, so
+/// assembling base and builder images is fast once it is warm.
+pub fn shared_download_cache() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-test-cache")
+}
+
+/// Assembles `runtime`'s base and builder images with `kiln base build` into the OCI layout
+/// `dir` (downloads from [`shared_download_cache`]) and returns the builder's `oci:`
+/// reference, for `kiln build --builder-image`.
+pub fn kiln_built_builder(kiln: &Kiln, runtime: &str, dir: &Path) -> String {
+    let run = kiln.run_cmd(
+        kiln.command()
+            .env("KILN_CACHE_DIR", shared_download_cache())
+            .args(["base", "build", runtime, "--output"])
+            .arg(format!("oci:{}", dir.display())),
+    );
+    assert_eq!(
+        run.code, 0,
+        "kiln base build {runtime} failed:\n{}",
+        run.stderr
+    );
+    format!("oci:{}:{runtime}-builder", dir.display())
+}
