@@ -9,7 +9,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use common::images::push_base_images;
-use common::kiln::{Kiln, Run, copy_fixture};
+use common::kiln::{Kiln, Run, copy_fixture, kiln_built_builder, tiny_base};
 use common::registry::{Registry, RegistryKind};
 
 /// Whether the registry holds any manifest for `repo`.
@@ -134,7 +134,11 @@ fn a_failing_install_shows_the_tail_of_its_output() {
         r#"{"dependencies": {"kiln-no-such-package-4d1e9": "1.0.0"}}"#,
     )
     .unwrap();
-    let err = s.build(&dir, "nodejs22", &[]).failure(1).to_string();
+    let builder = kiln_built_builder(&s.kiln, "nodejs22", &s.work.path().join("bases"));
+    let err = s
+        .build(&dir, "nodejs22", &["--builder-image", &builder])
+        .failure(1)
+        .to_string();
     assert!(err.contains("`npm install --omit=dev"), "{err}");
     assert!(
         err.contains("kiln-no-such-package-4d1e9"),
@@ -273,12 +277,55 @@ fn a_host_toolchain_that_does_not_match_the_runtime_is_refused_with_deps_sandbox
         err.contains("node on PATH is \"v18.0.0\" but the nodejs22 runtime needs v22.*"),
         "{err}"
     );
-    // As a fallback (a --base override without a builder image) it is a loud warning instead;
-    // the fake npm then "installs" nothing, which fails the build further on.
-    let fallback = kiln.run_cmd(kiln.command().env("PATH", &path).args(args));
+    // Without --deps-sandbox none the toolchain on PATH never stands in, not even with a
+    // warning: a --base override without a builder image is refused before it runs.
+    let refused = kiln.run_cmd(kiln.command().env("PATH", &path).args(args));
+    let err = refused.failure(2);
     assert!(
-        fallback.stderr.contains("WARN") && fallback.stderr.contains("needs v22.*"),
-        "{}",
-        fallback.stderr
+        err.contains("--builder-image") && !err.contains("v18.0.0"),
+        "{err}"
     );
+}
+
+#[test]
+fn a_base_override_with_dependencies_and_no_builder_image_is_a_usage_error() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("node-deps", &work.path().join("fn"));
+    let out = work.path().join("out");
+    let output = format!("oci:{}", out.display());
+    let base = tiny_base();
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--output",
+        &output,
+    ]);
+    let err = run.failure(2);
+    for want in [
+        "--deps-sandbox auto needs --builder-image REF",
+        &format!("the base {base} is not the nodejs22 runtime's own"),
+        "cannot know which toolchain matches it",
+        "--deps-sandbox none",
+    ] {
+        assert!(err.contains(want), "{want:?} missing: {err}");
+    }
+    assert!(!err.contains("WARN"), "no fallback warning: {err}");
+    assert!(!out.join("index.json").exists(), "nothing is written");
+
+    // A Function without dependencies needs no builder image: --base alone builds it.
+    let hello = copy_fixture("hello-node", &work.path().join("hello"));
+    kiln.run(&[
+        "build",
+        hello.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--output",
+        &output,
+    ])
+    .reference();
 }
