@@ -387,7 +387,7 @@ fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpr
         "PyYAML's C extension loads: {answer}"
     );
     let listing = common::run(Command::new("sh").arg("-c").arg(format!(
-        "for l in {}/blobs/sha256/*; do tar tzf $l 2>/dev/null; done",
+        "for l in {}/blobs/sha256/*; do tar tzf $l 2>/dev/null || true; done",
         out.display()
     )));
     assert!(
