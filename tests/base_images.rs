@@ -618,10 +618,11 @@ fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
             ]),
     );
     let reference = job.reference();
-    // Natively: pip from the builder's own PATH, no nested sandbox (the builder has no bwrap).
+    // Natively: pip from the builder's own PATH, no nested sandbox.
     assert!(
         job.stderr.contains("installing dependencies")
             && job.stderr.contains("python3 -m pip install")
+            && job.stderr.contains("the toolchain on PATH")
             && !job
                 .stderr
                 .contains("dependencies install inside the builder image"),

@@ -49,8 +49,9 @@ pub enum Isolation {
         /// The `--deps-sandbox` mode that asked for the sandbox (`auto` or `bwrap`).
         sandbox: &'static str,
     },
-    /// Inside the runtime's builder image root filesystem, in a rootless bubblewrap sandbox,
-    /// so the toolchain (and any native module it builds) matches the base image exactly.
+    /// Inside the runtime's builder image root filesystem, in a rootless sandbox (bubblewrap,
+    /// or kiln's built-in one), so the toolchain (and any native module it builds) matches
+    /// the base image exactly.
     Builder {
         /// The unpacked builder image.
         rootfs: PathBuf,
@@ -278,22 +279,26 @@ pub async fn install(
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
     let config = inputs.configs.first().map(|c| c.name.as_str());
-    let mut cmd = match &env.isolation {
+    let (mut cmd, place) = match &env.isolation {
         // The caller resolves a pending or missing builder first (`build::run` does), and
         // `toolchain_id` refuses a toolchain on PATH that is not the runtime's.
-        Isolation::Host | Isolation::Pending(_) | Isolation::MissingBuilder { .. } => {
-            host_command(runtime, env, argv, &work, &home, config)
-        }
+        Isolation::Host | Isolation::Pending(_) | Isolation::MissingBuilder { .. } => (
+            host_command(runtime, env, argv, &work, &home, config),
+            "the toolchain on PATH",
+        ),
         Isolation::Builder {
             rootfs,
             env: image_env,
             ..
-        } => sandbox_command(runtime, env, argv, rootfs, image_env, &work, config),
+        } => (
+            sandbox_command(runtime, env, argv, rootfs, image_env, &work, config),
+            "the builder image in a sandbox",
+        ),
     };
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    tracing::info!(command, "installing dependencies");
+    tracing::info!(command, using = place, "installing dependencies");
     let mut child = cmd
         .spawn()
         .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;

@@ -85,7 +85,8 @@ pub struct BuildArgs {
     #[arg(long)]
     pub verify: bool,
     /// Where the dependency install runs: `bwrap` inside the builder image's root file
-    /// system in a rootless sandbox (the toolchain and native modules then match the base
+    /// system in a rootless sandbox (bubblewrap, or kiln's built-in one where bubblewrap is
+    /// not installed; the toolchain and native modules then match the base
     /// exactly); `none` with the toolchain on PATH, which must be the runtime's version;
     /// `auto` is `bwrap`, or the toolchain on PATH when already inside the runtime's builder
     /// image. With --base and dependencies to install, `auto` and `bwrap` need
@@ -104,7 +105,7 @@ pub struct BuildArgs {
 pub enum DepsSandbox {
     /// bwrap, or the toolchain on PATH inside the runtime's builder image.
     Auto,
-    /// Inside the builder image with bubblewrap.
+    /// Inside the builder image, in a rootless sandbox (bubblewrap or kiln's built-in one).
     Bwrap,
     /// The toolchain on PATH.
     None,

@@ -63,7 +63,7 @@ pub enum Command {
     /// base-images/), reproducibly, without a daemon or root.
     #[command(subcommand)]
     Base(Box<base::BaseCommand>),
-    /// Run an image's function locally in a rootless bubblewrap sandbox.
+    /// Run an image's function locally in a rootless sandbox.
     ///
     /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
     /// exits with the function's exit code (128+N when killed by signal N).

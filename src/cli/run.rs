@@ -16,13 +16,15 @@ use crate::sandbox::Bind;
 /// Flags of `kiln run`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
-The function runs in a rootless bubblewrap sandbox (Debian package `bubblewrap`): the image's \
-root filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, the host's \
+The function runs in a rootless sandbox: bubblewrap when installed, else kiln's built-in one on \
+util-linux `unshare` (KILN_SANDBOX=bwrap|builtin|auto chooses). Either gives the image's root \
+filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, the host's \
 /etc/resolv.conf, the --volume binds, all capabilities dropped, and its own user, PID, IPC and \
-UTS namespaces. It SHARES THE HOST NETWORK, so the function's port is reachable on the host (and the function can \
-reach everything the host can). It runs as the image's User (default root inside the sandbox, \
-which is your own user, without capabilities, outside) with only the image's Env, the --env values and \
-HOME. Layers are unpacked once per image into the cache directory.
+UTS namespaces. It SHARES THE HOST NETWORK, so the function's port is reachable on the host \
+(and the function can reach everything the host can). It runs as the image's User (default \
+root inside the sandbox, which is your own user, without capabilities, outside) with only the \
+image's Env, the --env values and HOME. Layers are unpacked once per image into the cache \
+directory.
 
 SIGINT and SIGTERM are forwarded to the function (a second one kills it). Exit code: the \
 function's own, 128+N when signal N ended it, 1 when kiln failed, 2 for bad usage or input.
