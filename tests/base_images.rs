@@ -333,8 +333,10 @@ fn a_package_whose_bytes_differ_from_the_lock_fails_the_base_build() {
 }
 
 /// Builds `fixture` with its dependencies installed inside `runtime`'s kiln-built builder image
-/// (bubblewrap), runs the result and returns the body of `GET /` plus the layout path.
+/// (in `sandbox`: `bwrap` or `builtin`), runs the result and returns the body of `GET /` plus
+/// the layout path.
 fn build_in_builder_and_call(
+    sandbox: &str,
     runtime: &str,
     fixture: PathBuf,
     headers: &[(&str, &str)],
@@ -349,7 +351,7 @@ fn build_in_builder_and_call(
     let out = work.path().join("out");
     let base = format!("oci:{}:{runtime}", bases.display());
     let builder = format!("oci:{}:{runtime}-builder", bases.display());
-    let built = k.run_cmd(kiln(&k).args([
+    let built = k.run_cmd(kiln(&k).env("KILN_SANDBOX", sandbox).args([
         "build",
         dir.to_str().unwrap(),
         "--runtime",
@@ -371,6 +373,12 @@ fn build_in_builder_and_call(
         "{}",
         built.stderr
     );
+    assert_eq!(
+        built.stderr.contains("using kiln's built-in sandbox"),
+        sandbox == "builtin",
+        "{}",
+        built.stderr
+    );
     let (port, _running) = serve(&k, &reference, &[]);
     let method = if body.is_empty() { "GET" } else { "POST" };
     let (status, answer) = http(port, method, "/", headers, body);
@@ -381,7 +389,7 @@ fn build_in_builder_and_call(
 #[test]
 fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpreter() {
     let (answer, out, _work) =
-        build_in_builder_and_call("python313", functions("python-deps"), &[], b"");
+        build_in_builder_and_call("bwrap", "python313", functions("python-deps"), &[], b"");
     assert!(
         answer.contains("\"libyaml\": true"),
         "PyYAML's C extension loads: {answer}"
@@ -402,7 +410,9 @@ fn a_compiled_python_extension_installed_in_the_builder_matches_the_base_interpr
 
 #[test]
 fn npm_dependencies_installed_in_the_builder_serve_the_function() {
+    // kiln's built-in sandbox, as on a machine without bubblewrap.
     let (answer, out, _work) = build_in_builder_and_call(
+        "builtin",
         "nodejs22",
         functions("node-deps"),
         &[("Content-Type", "text/plain")],
@@ -433,6 +443,7 @@ fn example(name: &str) -> PathBuf {
 #[test]
 fn the_examples_build_and_answer_over_http() {
     let (answer, _, _work) = build_in_builder_and_call(
+        "bwrap",
         "nodejs24",
         example("node-words"),
         &[("Content-Type", "text/plain")],
@@ -443,6 +454,7 @@ fn the_examples_build_and_answer_over_http() {
         "{answer}"
     );
     let (answer, _, _work) = build_in_builder_and_call(
+        "bwrap",
         "python313",
         example("python-yaml"),
         &[("Content-Type", "text/plain")],

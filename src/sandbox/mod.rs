@@ -300,7 +300,10 @@ pub async fn check_available() -> Result<Backend> {
             Err(e) => return Err(e),
         },
         "bwrap" => probe(BWRAP).await.map(|()| Backend::Bwrap)?,
-        "builtin" => builtin().await?,
+        "builtin" => {
+            tracing::info!("{BACKEND_ENV}=builtin: using kiln's built-in sandbox");
+            builtin().await?
+        }
         other => return Err(Error::UnknownBackend(other.to_string())),
     };
     tracing::debug!(?backend, "sandbox chosen");
