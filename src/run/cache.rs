@@ -1,7 +1,8 @@
 //! Unpacked root filesystems cached by manifest digest: `<cache>/rootfs/sha256/<hex>/` holds
 //! `rootfs/` and the image's exact `config.json`. An entry is unpacked in
 //! `<cache>/rootfs/tmp/<random>/` and renamed into place whole, so a half-unpacked rootfs is
-//! never found. Synchronous: callers use `spawn_blocking`.
+//! never found; what a killed run left there is removed a day later. Synchronous: callers use
+//! `spawn_blocking`.
 
 use std::fs;
 use std::io;
@@ -93,6 +94,29 @@ impl Drop for Staging {
     }
 }
 
+/// How old a staging area must be to count as abandoned: far longer than any unpack takes.
+const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Removes staging areas a killed run left behind (dropping [`Staging`] removes its own, but
+/// SIGKILL skips that). Best effort: what cannot be removed now is tried again next time.
+fn remove_abandoned(tmp: &Path) {
+    let Ok(entries) = fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let abandoned = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > ABANDONED_AFTER);
+        if abandoned && entry.file_name().to_string_lossy().starts_with("unpack-") {
+            tracing::debug!(path = %entry.path().display(), "removing an abandoned unpack");
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
     let path = path.to_path_buf();
     move |source| Error::Io {
@@ -134,6 +158,7 @@ impl RootfsCache {
     pub fn stage(&self) -> Result<Staging, Error> {
         let tmp = self.root.join("tmp");
         fs::create_dir_all(&tmp).map_err(io_err("creating", &tmp))?;
+        remove_abandoned(&tmp);
         let dir = tempfile::Builder::new()
             .prefix("unpack-")
             .tempdir_in(&tmp)
@@ -264,5 +289,24 @@ mod tests {
             fs::read_dir(dir.path().join("rootfs/tmp")).unwrap().count(),
             0
         );
+    }
+
+    #[test]
+    fn staging_areas_a_killed_run_left_are_removed_once_a_day_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RootfsCache::new(dir.path());
+        let tmp = dir.path().join("rootfs/tmp");
+        let (old, recent) = (tmp.join("unpack-old"), tmp.join("unpack-recent"));
+        for leftover in [&old, &recent] {
+            fs::create_dir_all(leftover.join("rootfs")).unwrap();
+        }
+        let two_days_ago = std::time::SystemTime::now() - 2 * ABANDONED_AFTER;
+        fs::File::open(&old)
+            .unwrap()
+            .set_modified(two_days_ago)
+            .unwrap();
+        let _staging = cache.stage().unwrap();
+        assert!(!old.exists(), "a day-old unpack is abandoned");
+        assert!(recent.exists(), "another run may still be unpacking");
     }
 }
