@@ -246,9 +246,7 @@ mod tests {
         let launch = plan(dir.path(), &cfg, &opts(&[], None), &volumes).unwrap();
         assert_eq!(launch.sandbox.binds[0].dest, HOST_RESOLV_CONF);
         assert_eq!(launch.sandbox.binds[1..], volumes);
-        let args: Vec<String> = launch
-            .sandbox
-            .args(&launch.argv)
+        let args: Vec<String> = crate::sandbox::bwrap::args(&launch.sandbox, &launch.argv)
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();

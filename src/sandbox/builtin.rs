@@ -117,23 +117,10 @@ impl Builtin {
     /// # Errors
     /// [`Error::NoUserNamespaces`] with `unshare`'s message, [`Error::Spawn`].
     pub async fn probe(&self) -> Result<()> {
-        let output = tokio::process::Command::new(&self.unshare)
-            .args(["--map-user=1000", "--map-group=1000", "--keep-caps"])
-            .args(["--mount", "--pid", "--fork", "--", "true"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .await
-            .map_err(|source| Error::Spawn {
-                program: self.unshare.display().to_string(),
-                source,
-            })?;
-        if output.status.success() {
-            return Ok(());
-        }
-        Err(Error::NoUserNamespaces {
-            program: UNSHARE,
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-        })
+        let mut cmd = tokio::process::Command::new(&self.unshare);
+        cmd.args(["--map-user=1000", "--map-group=1000", "--keep-caps"])
+            .args(["--mount", "--pid", "--fork", "--", "true"]);
+        super::run_probe(UNSHARE, &mut cmd).await
     }
 }
 
