@@ -57,6 +57,7 @@ fn build(
     builder: &str,
     out: &Path,
     report: &Path,
+    installs: bool,
 ) -> common::kiln::Run {
     common::require_tool("bwrap", "bubblewrap");
     let (base, output) = (tiny_base(), format!("oci:{}", out.display()));
@@ -74,9 +75,11 @@ fn build(
         "--report",
         report.to_str().unwrap(),
     ]);
-    assert!(
+    // The builder is unpacked only for an install; a cached dependency layer needs neither.
+    assert_eq!(
         run.stderr
             .contains("dependencies install inside the builder image"),
+        installs,
         "{}",
         run.stderr
     );
@@ -95,7 +98,7 @@ fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_reb
     let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
     let dir = copy_fixture("node-deps", &work.path().join("fn"));
     let (out, report) = (work.path().join("out"), work.path().join("r.json"));
-    let run = build(&kiln, &dir, "nodejs22", &builder, &out, &report);
+    let run = build(&kiln, &dir, "nodejs22", &builder, &out, &report, true);
     run.reference();
     validate_layout(&out);
     let (paths, content) = layer_contents(&out);
@@ -130,7 +133,11 @@ fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_reb
         "module.exports = { main: () => 'changed' };\n",
     )
     .unwrap();
-    let again = build(&kiln, &dir, "nodejs22", &builder, &out, &report);
+    // Without the unpacked builder: a cache hit must not need it.
+    let rootfs_cache = kiln.cache_dir().join("rootfs");
+    fs::remove_dir_all(&rootfs_cache).unwrap();
+    let again = build(&kiln, &dir, "nodejs22", &builder, &out, &report, false);
+    assert!(!rootfs_cache.exists(), "the builder was not unpacked again");
     again.reference();
     assert!(
         again.stderr.contains("dependency layer from cache"),
@@ -164,6 +171,7 @@ fn a_fresh_install_reproduces_the_same_dependency_layer() {
             &builder,
             &work.path().join(format!("out{i}")),
             &report,
+            true,
         )
         .reference();
         digests.push(blobs_with_role(&read_report(&report), "dependencies")[0]["digest"].clone());
@@ -178,7 +186,7 @@ fn pip_dependencies_are_layered_without_the_pip_conf() {
     let builder = kiln_built_builder(&kiln, "python313", &work.path().join("bases"));
     let dir = copy_fixture("python-deps", &work.path().join("fn"));
     let (out, report) = (work.path().join("out"), work.path().join("r.json"));
-    let run = build(&kiln, &dir, "python313", &builder, &out, &report);
+    let run = build(&kiln, &dir, "python313", &builder, &out, &report, true);
     run.reference();
     validate_layout(&out);
     let (paths, content) = layer_contents(&out);

@@ -152,6 +152,11 @@ impl InstallEnv {
     }
 }
 
+/// The toolchain identity of a builder image: its manifest digest.
+pub fn builder_toolchain_id(digest: &crate::oci::Digest) -> String {
+    format!("builder image {digest}")
+}
+
 /// An identity of the toolchain on PATH (`node --version` and so on), for the cache key.
 ///
 /// # Errors
@@ -163,7 +168,7 @@ pub async fn toolchain_id(
     scratch: &Path,
 ) -> Result<String, Error> {
     if let Isolation::Builder { digest, .. } = &env.isolation {
-        return Ok(format!("builder image {digest}"));
+        return Ok(builder_toolchain_id(digest));
     }
     let mut id = String::new();
     for argv in &runtime.dependencies.toolchain {

@@ -249,7 +249,6 @@ fn require_builder(opts: &Options) -> Result<(), Error> {
 /// Unpacks a pending builder image (once, verified, cached by digest) into the root
 /// filesystem the install runs in.
 async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, Error> {
-    require_builder(opts)?;
     let deps::Isolation::Pending(image) = &opts.install.isolation else {
         return Ok(opts.install.clone());
     };
@@ -296,8 +295,21 @@ async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    let install = resolve_builder(client, opts).await?;
-    let toolchain = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
+    // A pending builder is only unpacked for an install: its digest alone names the toolchain,
+    // so a cache hit needs neither the sandbox nor the builder's layers.
+    let (toolchain, mut install) = match &opts.install.isolation {
+        deps::Isolation::Pending(image) => {
+            let resolved = crate::run::image::resolve(client, image, &opts.platform)
+                .await
+                .map_err(Box::new)?;
+            (deps::builder_toolchain_id(&resolved.digest), None)
+        }
+        _ => {
+            let install = opts.install.clone();
+            let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
+            (id, Some(install))
+        }
+    };
     let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
@@ -305,6 +317,10 @@ async fn dependency_layer(
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
         return Ok((key, hit));
     }
+    let install = match install.take() {
+        Some(install) => install,
+        None => resolve_builder(client, opts).await?,
+    };
     let output = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
     let (dest, tmp, epoch) = (
         opts.runtime.dependencies.dir.clone(),
