@@ -384,12 +384,9 @@ impl LayoutPublisher {
         match (&blob.local, input.base.map(|b| &b.location)) {
             (Some(path), _) => layout.import_blob(path, &d.digest).map_err(lerr)?,
             (None, None) => return Err(Error::MissingLayer(d.digest.clone())),
-            (None, Some(BaseLocation::Layout(base))) => {
-                layout
-                    .import_blob(&base.blob_path(&d.digest), &d.digest)
-                    .map_err(lerr)?;
-                layout.verify_blob(&d.digest).map_err(lerr)?;
-            }
+            (None, Some(BaseLocation::Layout(base))) => layout
+                .import_blob(&base.blob_path(&d.digest), &d.digest)
+                .map_err(lerr)?,
             (None, Some(BaseLocation::Registry(r))) => {
                 self.client
                     .get_blob_to_file(r, d, &layout.blob_path(&d.digest))

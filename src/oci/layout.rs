@@ -146,18 +146,34 @@ impl Layout {
         Ok(digest)
     }
 
-    /// Stores the file at `src`, whose digest the caller computed, as blob `digest`.
+    /// Stores the file at `src` as blob `digest`, checking the digest while copying: a file
+    /// that does not match never lands under that name.
     ///
     /// # Errors
-    /// When copying fails.
+    /// [`Error::Corrupt`] when the bytes do not match, [`Error::Io`] when copying fails.
     pub fn import_blob(&self, src: &Path, digest: &Digest) -> Result<()> {
         let dest = self.blob_path(digest);
         if dest.exists() {
             return Ok(());
         }
-        let tmp = dest.with_extension("tmp");
-        fs::copy(src, &tmp).map_err(io_err("copying a blob to", &tmp))?;
-        fs::rename(&tmp, &dest).map_err(io_err("renaming", &dest))
+        let dir = self.root.join("blobs/sha256");
+        // A unique temp file: two writers of the same blob must not share one.
+        let mut tmp = tempfile::NamedTempFile::new_in(&dir)
+            .map_err(io_err("creating a temporary file in", &dir))?;
+        let file = fs::File::open(src).map_err(io_err("opening", src))?;
+        let mut reader = HashingReader::new(file);
+        io::copy(&mut reader, tmp.as_file_mut()).map_err(io_err("copying a blob to", &dest))?;
+        let (actual, _) = reader.finish();
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                layout: src.to_path_buf(),
+                expected: digest.clone(),
+                actual,
+            });
+        }
+        tmp.persist(&dest)
+            .map_err(|e| io_err("renaming into", &dest)(e.error))?;
+        Ok(())
     }
 
     /// Reads a whole (JSON) blob and checks its digest.
@@ -321,5 +337,24 @@ mod tests {
         fs::write(layout.blob_path(&d), b"evil").unwrap();
         assert!(matches!(layout.read_blob(&d), Err(Error::Corrupt { .. })));
         assert!(matches!(layout.verify_blob(&d), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn an_imported_blob_is_checked_before_it_is_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::create(&dir.path().join("l")).unwrap();
+        let src = dir.path().join("blob");
+        fs::write(&src, b"good").unwrap();
+        let good = Digest::of(b"good");
+        layout.import_blob(&src, &good).unwrap();
+        assert_eq!(layout.read_blob(&good).unwrap(), b"good");
+        let claimed = Digest::of(b"other");
+        let err = layout.import_blob(&src, &claimed).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err:?}");
+        assert!(!layout.blob_path(&claimed).exists());
+        let leftovers = fs::read_dir(dir.path().join("l/blobs/sha256"))
+            .unwrap()
+            .count();
+        assert_eq!(leftovers, 1, "only the good blob, no temporary file");
     }
 }
