@@ -1,8 +1,8 @@
 //! Base and builder images assembled by kiln from signed Debian packages and the npm
 //! registry, proven by running them: for every runtime, a Function built on the base runs in
-//! `kiln run` (rootless bubblewrap, read-only root, user 1000) and answers over HTTP as the
-//! runtime contract says. Also: a base build is reproducible, and a bad signature or a
-//! corrupted package fails the build with a clear error.
+//! `kiln run` (rootless sandbox, read-only root, user 1000) and answers over HTTP as the
+//! runtime contract says. Also: a base build is reproducible (into a layout or a registry),
+//! and a bad signature or a corrupted package fails the build with a clear error.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::kiln::{Kiln, copy_tree, fixtures};
+use common::registry::{Registry, RegistryKind};
 use common::schema::validate_layout;
 
 /// Downloads (.debs, npm tarballs) are content-addressed: every test shares one cache.
@@ -260,7 +261,26 @@ fn building_a_base_image_twice_gives_the_same_digests() {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
     let first = base_build(&k, "nodejs22", &work.path().join("a"));
-    let second = base_build(&k, "nodejs22", &work.path().join("b"));
+    // The second time into a registry: the same images, wherever they go.
+    let reg = Registry::start(RegistryKind::Plain);
+    let pushed = k.run_cmd(kiln(&k).args([
+        "base",
+        "build",
+        "nodejs22",
+        "--image",
+        &reg.reference("kiln/nodejs22:1"),
+        "--builder-image",
+        &reg.reference("kiln/nodejs22-builder:1"),
+        "--insecure-registry",
+        &reg.host(),
+    ]));
+    assert_eq!(pushed.code, 0, "{}", pushed.stderr);
+    let second: Vec<String> = pushed.stdout.lines().map(str::to_string).collect();
+    assert_eq!(second.len(), 2, "{}", pushed.stdout);
+    assert!(
+        second[1].contains("/kiln/nodejs22-builder@sha256:"),
+        "{second:?}"
+    );
     let digest = |line: &String| line.rsplit('@').next().unwrap().to_string();
     assert_eq!(
         first.iter().map(digest).collect::<Vec<_>>(),

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::assemble::{self, Sources};
+use super::assemble::{self, Assembled, Sources};
 use super::recipe;
 use crate::build::publish::{LayoutPublisher, PublishInput, Publisher};
 use crate::oci::Layout;
@@ -87,12 +87,8 @@ pub async fn ensure(
     })
     .await?
     .map_err(io)?;
-    let present = |name: &str| {
-        Layout::open(dir)
-            .and_then(|l| l.resolve(Some(name)))
-            .is_ok()
-    };
-    if present(runtime) && present(&builder_name(runtime)) {
+    // Another process may have assembled them while this one waited for the lock.
+    if has_images(dir, runtime) {
         return Ok(());
     }
     tracing::info!(runtime, store = %dir.display(), "assembling the runtime's base and builder images (first use)");
@@ -108,7 +104,24 @@ pub async fn ensure(
         path: dir.into(),
         source: std::io::Error::other(e),
     })?;
-    let scratch = src.cache_dir.join("tmp");
+    write_layout(&built, &client, dir, runtime, &src.cache_dir.join("tmp")).await?;
+    drop(lock);
+    Ok(())
+}
+
+/// Writes `built`'s base and builder images into the layout at `dir`, named `runtime` and
+/// [`builder_name`]; returns their references (`oci:DIR@sha256:…`), base first.
+///
+/// # Errors
+/// When writing the layout fails.
+pub async fn write_layout(
+    built: &Assembled,
+    client: &Client,
+    dir: &Path,
+    runtime: &str,
+    scratch: &Path,
+) -> Result<Vec<String>, crate::build::publish::Error> {
+    let mut references = Vec::new();
     for (assembly, name) in [
         (&built.base, runtime.to_string()),
         (&built.builder, builder_name(runtime)),
@@ -117,17 +130,15 @@ pub async fn ensure(
             image: &assembly.image,
             layers: &assembly.layers,
             base: None,
-            scratch: &scratch,
+            scratch,
         };
-        LayoutPublisher {
+        let publisher = LayoutPublisher {
             client: client.clone(),
             dir: dir.to_path_buf(),
             name,
             jobs: 4,
-        }
-        .publish(input)
-        .await?;
+        };
+        references.push(publisher.publish(input).await?.reference);
     }
-    drop(lock);
-    Ok(())
+    Ok(references)
 }

@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 use super::Failure;
 use super::registry::RegistryArgs;
 use crate::base::assemble::{self, Sources};
-use crate::base::{debian, recipe};
-use crate::build::publish::{LayoutPublisher, PublishInput, Publisher, RegistryPublisher};
+use crate::base::{debian, recipe, store};
+use crate::build::publish::{PublishInput, Publisher, RegistryPublisher};
 use crate::registry::{Client, Reference};
 
 /// `kiln base` subcommands.
@@ -179,6 +179,8 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             .context("finding the kiln binary")
             .map_err(Failure::Build)?,
     };
+    // Checked before the assembly, which takes a while.
+    let destination = destination(&args).map_err(Failure::Usage)?;
     let built = assemble::assemble(&src, &recipe, &lock, epoch, &kiln)
         .await
         .map_err(|e| Failure::Build(e.into()))?;
@@ -186,58 +188,33 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
     let scratch = src.cache_dir.join("tmp");
-    let mut lines = Vec::new();
-    for (assembly, name, image) in [
-        (&built.base, args.runtime.clone(), args.image.clone()),
-        (
-            &built.builder,
-            format!("{}-builder", args.runtime),
-            args.builder_image.clone(),
-        ),
-    ] {
-        let input = PublishInput {
-            image: &assembly.image,
-            layers: &assembly.layers,
-            base: None,
-            scratch: &scratch,
-        };
-        let published = match (&args.output, image) {
-            (Some(output), _) => {
-                let dir = output
-                    .strip_prefix("oci:")
-                    .ok_or_else(|| Failure::Usage(anyhow!("--output must start with oci:")))?;
-                LayoutPublisher {
-                    client: client.clone(),
-                    dir: dir.into(),
-                    name,
-                    jobs: 4,
-                }
-                .publish(input)
-                .await
-            }
-            (None, Some(image)) => {
-                let target: Reference = image
-                    .parse()
-                    .with_context(|| format!("invalid image {image:?}"))
-                    .map_err(Failure::Usage)?;
-                RegistryPublisher {
+    let lines = match destination {
+        Destination::Layout(dir) => {
+            store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await
+        }
+        Destination::Registry { base, builder } => {
+            let images = [(&built.base, Some(base)), (&built.builder, builder)];
+            let mut lines = Vec::new();
+            for (assembly, target) in images {
+                let Some(target) = target else { continue };
+                let input = PublishInput {
+                    image: &assembly.image,
+                    layers: &assembly.layers,
+                    base: None,
+                    scratch: &scratch,
+                };
+                let publisher = RegistryPublisher {
                     client: client.clone(),
                     target,
                     jobs: 4,
-                }
-                .publish(input)
-                .await
+                };
+                let published = publisher.publish(input).await;
+                lines.push(published.map_err(|e| Failure::Build(e.into()))?.reference);
             }
-            (None, None) if name.ends_with("-builder") => continue,
-            (None, None) => {
-                return Err(Failure::Usage(anyhow!(
-                    "say where the images go: --output oci:DIR or --image REF"
-                )));
-            }
-        };
-        lines.push(published.map_err(|e| Failure::Build(e.into()))?.reference);
-    }
-    Ok(lines.join("\n"))
+            Ok(lines)
+        }
+    };
+    Ok(lines.map_err(|e| Failure::Build(e.into()))?.join("\n"))
 }
 
 /// `--kiln-binary`: an existing, executable regular file (symlinks followed).
@@ -264,11 +241,84 @@ fn check_kiln_binary(path: &Path) -> anyhow::Result<PathBuf> {
     Ok(path.to_path_buf())
 }
 
+/// Where `kiln base build` writes its images.
+enum Destination {
+    /// Both into this layout.
+    Layout(PathBuf),
+    /// The base here, the builder there when named.
+    Registry {
+        base: Reference,
+        builder: Option<Reference>,
+    },
+}
+
+fn destination(args: &BuildBaseArgs) -> anyhow::Result<Destination> {
+    let parse = |image: &String| -> anyhow::Result<Reference> {
+        image
+            .parse()
+            .with_context(|| format!("invalid image {image:?}"))
+    };
+    match (&args.output, &args.image) {
+        (Some(output), _) => {
+            let dir = output
+                .strip_prefix("oci:")
+                .ok_or_else(|| anyhow!("--output must start with oci:, e.g. oci:./bases"))?;
+            Ok(Destination::Layout(dir.into()))
+        }
+        (None, Some(image)) => Ok(Destination::Registry {
+            base: parse(image)?,
+            builder: args.builder_image.as_ref().map(parse).transpose()?,
+        }),
+        (None, None) => Err(anyhow!(
+            "say where the images go: --output oci:DIR or --image REF"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    fn destination_of(args: &[&str]) -> anyhow::Result<Destination> {
+        #[derive(clap::Parser)]
+        struct Wrapper {
+            #[command(flatten)]
+            args: BuildBaseArgs,
+        }
+        let parsed =
+            <Wrapper as clap::Parser>::try_parse_from(["kiln", "nodejs22"].iter().chain(args))
+                .unwrap();
+        destination(&parsed.args)
+    }
+
+    #[test]
+    fn where_the_images_go_is_checked_before_anything_is_assembled() {
+        let err = destination_of(&[]).err().unwrap().to_string();
+        assert!(err.contains("--output oci:DIR or --image REF"), "{err}");
+        let err = destination_of(&["--output", "./bases"]).err().unwrap();
+        assert!(err.to_string().contains("must start with oci:"), "{err}");
+        let err = destination_of(&["--image", "Not A Ref"]).err().unwrap();
+        assert!(err.to_string().contains("invalid image"), "{err}");
+        match destination_of(&["--output", "oci:./bases"]).unwrap() {
+            Destination::Layout(dir) => assert_eq!(dir, PathBuf::from("./bases")),
+            Destination::Registry { .. } => panic!("a layout"),
+        }
+        let both = [
+            "--image",
+            "r.example/b:1",
+            "--builder-image",
+            "r.example/bb:1",
+        ];
+        match destination_of(&both).unwrap() {
+            Destination::Registry { base, builder } => {
+                assert_eq!(base.to_string(), "r.example/b:1");
+                assert_eq!(builder.unwrap().to_string(), "r.example/bb:1");
+            }
+            Destination::Layout(_) => panic!("a registry"),
+        }
+    }
 
     #[test]
     fn the_kiln_binary_must_be_an_executable_file() {
