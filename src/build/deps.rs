@@ -66,6 +66,13 @@ pub enum Isolation {
 const SANDBOX_WORK: &str = "/tmp/work";
 const SANDBOX_CACHE: &str = "/tmp/cache";
 const SANDBOX_CA: &str = "/tmp/kiln-ca.crt";
+/// The variables that point the tools at a CA bundle: each reads a different one.
+const CA_VARS: [&str; 4] = [
+    "NODE_EXTRA_CA_CERTS",
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+];
 
 /// Why the install failed.
 #[derive(Debug, thiserror::Error)]
@@ -134,12 +141,7 @@ impl InstallEnv {
         if let Some(ca) = &self.ca_bundle {
             // Each tool reads a different variable; the bundle is mounted for the install
             // only and never layered.
-            for var in [
-                "NODE_EXTRA_CA_CERTS",
-                "SSL_CERT_FILE",
-                "PIP_CERT",
-                "REQUESTS_CA_BUNDLE",
-            ] {
+            for var in CA_VARS {
                 cmd.env(var, ca);
             }
         }
@@ -388,12 +390,7 @@ fn sandbox_command(
     ]);
     if let Some(ca) = &env.ca_bundle {
         sandbox.binds.push(Bind::read_only(ca, SANDBOX_CA));
-        for var in [
-            "NODE_EXTRA_CA_CERTS",
-            "SSL_CERT_FILE",
-            "PIP_CERT",
-            "REQUESTS_CA_BUNDLE",
-        ] {
+        for var in CA_VARS {
             vars.push((var.into(), SANDBOX_CA.into()));
         }
     }

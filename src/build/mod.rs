@@ -267,11 +267,7 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         .config
         .config
         .as_ref()
-        .and_then(|c| c.env.as_ref())
-        .map(|vars| {
-            let pairs = vars.iter().filter_map(|v| v.split_once('='));
-            pairs.map(|(k, v)| (k.to_string(), v.to_string())).collect()
-        })
+        .map(|c| c.env_pairs())
         .unwrap_or_default();
     tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
     let isolation = deps::Isolation::Builder {

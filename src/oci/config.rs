@@ -125,6 +125,13 @@ impl RunConfig {
         }
     }
 
+    /// The `KEY=value` entries as pairs, in order (entries without `=` are skipped).
+    pub fn env_pairs(&self) -> Vec<(String, String)> {
+        let entries = self.env.iter().flatten();
+        let pairs = entries.filter_map(|e| e.split_once('='));
+        pairs.map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
     /// The value of `KEY`, if set.
     pub fn env_value(&self, key: &str) -> Option<&str> {
         self.env.as_ref()?.iter().find_map(|e| {
@@ -162,5 +169,16 @@ mod tests {
         run.set_env("C", "4");
         assert_eq!(run.env.as_deref().unwrap(), ["A=3", "B=2", "C=4"]);
         assert_eq!(run.env_value("B"), Some("2"));
+    }
+
+    #[test]
+    fn env_pairs_split_at_the_first_equals_sign_and_skip_malformed_entries() {
+        let run = RunConfig {
+            env: Some(vec!["A=1=2".into(), "junk".into(), "B=".into()]),
+            ..Default::default()
+        };
+        let pairs = [("A", "1=2"), ("B", "")].map(|(k, v)| (k.to_string(), v.to_string()));
+        assert_eq!(run.env_pairs(), pairs);
+        assert!(RunConfig::default().env_pairs().is_empty());
     }
 }

@@ -54,7 +54,7 @@ pub fn plan(
         return Err(Error::NoWorkingDir(cwd));
     }
     let home = user.home.clone().unwrap_or_else(|| "/".into());
-    let env = environment(run.env.as_deref().unwrap_or_default(), &opts.env, &home);
+    let env = environment(run.env_pairs(), &opts.env, &home);
     let mut binds = vec![Bind::read_only(HOST_RESOLV_CONF, HOST_RESOLV_CONF).optional()];
     binds.extend_from_slice(volumes);
     let sandbox = Sandbox {
@@ -70,18 +70,14 @@ pub fn plan(
     Ok(Launch { sandbox, argv })
 }
 
-/// The image's `KEY=value` entries, then `overrides` (replacing in place), then `HOME` when
-/// neither sets it.
+/// The image's entries, then `overrides` (replacing in place), then `HOME` when neither sets
+/// it.
 fn environment(
-    image: &[String],
+    image: Vec<(String, String)>,
     overrides: &[(String, String)],
     home: &str,
 ) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = image
-        .iter()
-        .filter_map(|e| e.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let mut env = image;
     for (key, value) in overrides {
         match env.iter_mut().find(|(k, _)| k == key) {
             Some(entry) => entry.1 = value.clone(),
