@@ -243,3 +243,30 @@ fn the_image_reads_back_with_a_second_independent_client_that_verifies_every_blo
         "{names:?}"
     );
 }
+
+#[test]
+fn a_layout_base_is_pushed_from_disk_with_one_existence_check_per_blob() {
+    let kiln = Kiln::new();
+    let reg = Registry::start(RegistryKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let report = work.path().join("r.json");
+    let base = common::kiln::tiny_base();
+    build(&kiln, &reg, &dir, &base, "fn/hello:1", &report);
+    std::thread::sleep(std::time::Duration::from_millis(200)); // the access log trails
+    let log = reg.access_log();
+    let report = read_report(&report);
+    for blob in report["blobs"].as_array().unwrap() {
+        let digest = blob["digest"].as_str().unwrap();
+        let heads = log
+            .iter()
+            .filter(|l| l.starts_with("HEAD /v2/fn/hello/blobs/") && l.contains(digest))
+            .count();
+        assert!(heads <= 1, "{digest} checked {heads} times: {log:?}");
+    }
+    let base_layers = blobs_with_role(&report, "base");
+    assert!(!base_layers.is_empty(), "{report}");
+    for layer in base_layers {
+        assert_eq!(layer["outcome"], "uploaded", "{report}");
+    }
+}

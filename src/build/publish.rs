@@ -178,10 +178,18 @@ impl RegistryPublisher {
                 bytes_sent,
             }
         };
-        if let Some(path) = &blob.local {
+        // Bytes already on disk (ours, or a layout base's): push_blob checks, then uploads.
+        let on_disk = blob
+            .local
+            .clone()
+            .or_else(|| match input.base.map(|b| &b.location) {
+                Some(BaseLocation::Layout(layout)) => Some(layout.blob_path(&d.digest)),
+                _ => None,
+            });
+        if let Some(path) = on_disk {
             let outcome = self
                 .client
-                .push_blob(&self.target, d, BlobSource::File(path.clone()), None)
+                .push_blob(&self.target, d, BlobSource::File(path), None)
                 .await
                 .map_err(&err)?;
             return Ok(report(outcome));
@@ -204,8 +212,8 @@ impl RegistryPublisher {
         {
             return Ok(report(BlobOutcome::Mounted));
         }
-        // The base lives elsewhere (another registry, a layout) or refused the mount: copy
-        // the layer through a verified local file.
+        // The base lives on another registry or refused the mount: copy the layer through a
+        // verified local file.
         let file = fetch_base_layer(&self.client, input.base, d, input.scratch).await?;
         let outcome = self
             .client
