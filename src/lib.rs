@@ -7,6 +7,7 @@
 pub mod base;
 pub mod build;
 pub mod cli;
+pub mod controller;
 pub mod oci;
 pub mod registry;
 pub mod run;

@@ -378,23 +378,31 @@ fn pick_runtime<'a>(
     flag: Option<&str>,
     manifest: Option<&FunctionManifest>,
 ) -> anyhow::Result<&'a RuntimeSpec> {
-    let name = match (flag, manifest) {
-        (Some(f), Some(m)) if f != m.runtime => {
-            return Err(anyhow!(
-                "--runtime {f} contradicts spec.runtime {} in the Function manifest",
-                m.runtime
-            ));
+    let resolve = |name: &str| -> anyhow::Result<&'a RuntimeSpec> {
+        let (spec, alias) = catalog.resolve(name)?;
+        if let Some(alias) = alias {
+            tracing::warn!("{}", alias.warning());
         }
-        (Some(f), _) => f,
-        (None, Some(m)) => &m.runtime,
-        (None, None) => {
-            return Err(anyhow!(
-                "--runtime is required; known runtimes: {}",
-                catalog.names().join(", ")
-            ));
-        }
+        Ok(spec)
     };
-    Ok(catalog.get(name)?)
+    match (flag, manifest) {
+        (Some(f), Some(m)) => {
+            let (flagged, declared) = (resolve(f)?, resolve(&m.runtime)?);
+            if flagged.name != declared.name {
+                return Err(anyhow!(
+                    "--runtime {f} contradicts spec.runtime {} in the Function manifest",
+                    m.runtime
+                ));
+            }
+            Ok(flagged)
+        }
+        (Some(f), None) => resolve(f),
+        (None, Some(m)) => resolve(&m.runtime),
+        (None, None) => Err(anyhow!(
+            "--runtime is required; known runtimes: {}",
+            catalog.names().join(", ")
+        )),
+    }
 }
 
 fn dir_name(dir: &Path) -> String {

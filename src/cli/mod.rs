@@ -68,6 +68,9 @@ pub enum Command {
     /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
     /// exits with the function's exit code (128+N when killed by signal N).
     Run(Box<run::RunArgs>),
+    /// Print the Function CRD (functions.serverless.kyma-project.io, v1alpha2) as YAML, for
+    /// `kubectl apply -f -`.
+    Crd,
     /// Print the version.
     Version,
 }
@@ -92,6 +95,9 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Build(args) => build::run(*args).await,
         Command::Base(cmd) => base::run(*cmd).await,
         Command::Run(args) => run::run(*args).await,
+        Command::Crd => crate::controller::crd::crd_yaml()
+            .map(|yaml| yaml.trim_end().to_string())
+            .map_err(|e| Failure::Build(e.into())),
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }
 }

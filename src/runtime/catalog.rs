@@ -1,6 +1,7 @@
 //! The embedded runtime catalog: every `runtimes/*/runtime.toml` compiled into the binary.
 
 use super::RuntimeSpec;
+use super::alias::Alias;
 
 /// The runtime files, by folder name. A new runtime is a new folder plus a line here.
 const EMBEDDED: &[(&str, &str)] = &[
@@ -68,6 +69,26 @@ impl Catalog {
             })
     }
 
+    /// The runtime for a manifest's `runtime` name: a kiln runtime, or one of Kyma's names
+    /// mapped to the nearest kiln runtime (then the [`Alias`] used is returned too, for the
+    /// warning).
+    ///
+    /// # Errors
+    /// [`UnknownRuntime`] for a name that is neither.
+    pub fn resolve(&self, name: &str) -> Result<(&RuntimeSpec, Option<Alias>), UnknownRuntime> {
+        match super::alias::lookup(name) {
+            Some(alias) => Ok((self.get(alias.kiln)?, Some(alias))),
+            None => self.get(name).map(|r| (r, None)).map_err(|mut e| {
+                e.known.extend(
+                    super::alias::ALIASES
+                        .iter()
+                        .map(|a| format!("{} (as {})", a.kyma, a.kiln)),
+                );
+                e
+            }),
+        }
+    }
+
     /// Every runtime name, in catalog order.
     pub fn names(&self) -> Vec<String> {
         self.runtimes.iter().map(|r| r.name.clone()).collect()
@@ -87,6 +108,20 @@ mod tests {
             Catalog::embedded().names(),
             ["nodejs22", "nodejs24", "python313"]
         );
+    }
+
+    #[test]
+    fn kyma_names_resolve_to_the_nearest_kiln_runtime() {
+        let catalog = Catalog::embedded();
+        let (spec, alias) = catalog.resolve("python312").unwrap();
+        assert_eq!(
+            (spec.name.as_str(), alias.map(|a| a.kyma)),
+            ("python313", Some("python312"))
+        );
+        let (spec, alias) = catalog.resolve("nodejs24").unwrap();
+        assert_eq!((spec.name.as_str(), alias), ("nodejs24", None));
+        let err = catalog.resolve("ruby3").unwrap_err().to_string();
+        assert!(err.contains("nodejs20 (as nodejs22)"), "{err}");
     }
 
     #[test]

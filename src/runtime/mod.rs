@@ -1,6 +1,7 @@
 //! The runtime catalog: `runtimes/<name>/runtime.toml`, embedded in the binary, parsed into
 //! validated [`RuntimeSpec`]s. Pure: no I/O beyond the embedded text.
 
+pub mod alias;
 mod catalog;
 mod manifest;
 
@@ -9,6 +10,7 @@ use std::fmt;
 
 use serde::Deserialize;
 
+pub use alias::Alias;
 pub use catalog::{Catalog, UnknownRuntime};
 pub use manifest::{ManifestError, has_dependencies, validate_manifest};
 
