@@ -84,3 +84,6 @@ pub fn runtime_default_seccomp() -> SeccompProfile {
         localhost_profile: None,
     }
 }
+
+#[cfg(test)]
+mod tests;
