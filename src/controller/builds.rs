@@ -17,7 +17,7 @@ use super::names;
 use super::plan::Plan;
 use super::reconcile::Context;
 use super::render;
-use super::slots::is_active;
+use super::slots::{is_active, waiter};
 use super::status::Working;
 use super::stores::object_ref;
 
@@ -42,6 +42,7 @@ pub async fn step(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) ->
         st.status.failed_builds = None;
         cleanup(f, plan, ctx).await?;
         if let Some(digest) = ctx.images.find(&plan.push_image).await? {
+            ctx.slots.forget(&waiter(f));
             st.set(
                 Kind::BuildReady,
                 State::True,
@@ -117,6 +118,12 @@ async fn finished(
     if let Some(took) = job_duration(job) {
         ctx.metrics.build_finished(took);
     }
+    if st
+        .condition(Kind::BuildReady)
+        .is_none_or(|c| c.reason.as_deref() != Some(reason::JOB_FINISHED))
+    {
+        ctx.slots.wake(running_jobs(ctx));
+    }
     st.status.failed_builds = None;
     st.set(
         Kind::BuildReady,
@@ -141,6 +148,7 @@ async fn failed(f: &Function, ctx: &Context, st: &mut Working, job: &Job) -> Res
         if let Some(took) = job_duration(job) {
             ctx.metrics.build_finished(took);
         }
+        ctx.slots.wake(running_jobs(ctx));
     }
     let failures = st.status.failed_builds.unwrap_or(1);
     let delay = backoff(ctx, failures);
@@ -191,7 +199,7 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
                 j.metadata.name.as_deref().unwrap_or_default()
             )
         });
-    if let Err(running) = ctx.slots.try_take(&key, active) {
+    if let Err(running) = ctx.slots.try_take(&key, &waiter(f), active) {
         st.set(
             Kind::BuildReady,
             State::Unknown,
@@ -297,6 +305,16 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
         }
     }
     Ok(messages.pop())
+}
+
+/// Build Jobs running now, by the cache.
+pub fn running_jobs(ctx: &Context) -> usize {
+    ctx.stores
+        .jobs
+        .state()
+        .iter()
+        .filter(|j| is_active(j))
+        .count()
 }
 
 fn backoff(ctx: &Context, failures: u32) -> Duration {

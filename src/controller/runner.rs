@@ -108,6 +108,7 @@ pub async fn run(opts: Options) -> Result<()> {
         hpas,
         knative: knative.as_ref().map(|(s, _)| s.clone()),
     };
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let reporter = Reporter {
         controller: "kiln-controller".into(),
         instance: Some(opts.identity.clone()),
@@ -119,7 +120,7 @@ pub async fn run(opts: Options) -> Result<()> {
             opts.config.package_registry_secret.clone(),
             opts.config.image_cache_ttl,
         ),
-        slots: BuildSlots::new(opts.config.max_build_jobs),
+        slots: BuildSlots::new(opts.config.max_build_jobs, Some(wake)),
         git: opts.git.clone(),
         git_checked: Mutex::default(),
         catalog: Catalog::embedded(),
@@ -141,11 +142,14 @@ pub async fn run(opts: Options) -> Result<()> {
     if let Some((_, stream)) = knative {
         controller = controller.owns_stream_with(stream, knative_resource());
     }
+    controller = controller
+        .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }));
     if let Some(every) = opts.resync {
         controller = controller.reconcile_all_on(ticks(every));
     }
-    let functions = controller.store();
-    let queue_metrics = metrics.clone();
+    let queue = ctx.clone();
     let controller = controller
         .with_config(controller::Config::default().concurrency(opts.workers))
         .shutdown_on_signal()
@@ -154,7 +158,7 @@ pub async fn run(opts: Options) -> Result<()> {
             if let Err(e) = result {
                 tracing::debug!(error = %e, "reconcile");
             }
-            queue_metrics.set_queued(queued_functions(&functions));
+            queue.metrics.set_queued(queue.slots.waiting());
             std::future::ready(())
         });
     match &candidate {
@@ -216,19 +220,4 @@ fn ticks(every: Duration) -> impl Stream<Item = ()> + Send + 'static {
         tokio::time::sleep(every).await;
         Some(((), ()))
     })
-}
-
-/// Functions whose BuildReady says they wait for a build slot.
-fn queued_functions(functions: &Store<Function>) -> usize {
-    functions
-        .state()
-        .iter()
-        .filter(|f| {
-            f.status.as_ref().is_some_and(|s| {
-                super::conditions::get(s, super::conditions::Kind::BuildReady).is_some_and(|c| {
-                    c.reason.as_deref() == Some(super::conditions::reason::JOB_QUEUED)
-                })
-            })
-        })
-        .count()
 }
