@@ -18,6 +18,7 @@ pub mod names;
 pub mod plan;
 pub mod plumbing;
 pub mod presets;
+pub mod quantity;
 pub mod reconcile;
 pub mod render;
 pub mod runner;
