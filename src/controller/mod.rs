@@ -8,6 +8,7 @@ pub mod builds;
 pub mod conditions;
 pub mod config;
 pub mod crd;
+pub mod defaults;
 pub mod deploy;
 pub mod error;
 pub mod key;
