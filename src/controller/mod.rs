@@ -28,3 +28,4 @@ pub mod slots;
 pub mod status;
 pub mod stores;
 pub mod validate;
+pub mod webhook;
