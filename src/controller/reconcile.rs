@@ -106,7 +106,7 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
             Kind::ConfigurationReady,
             State::False,
             reason::INVALID_FUNCTION_SPEC,
-            verdict.errors.join("; "),
+            verdict.message(),
         );
         return Ok(Action::await_change());
     }
