@@ -42,7 +42,7 @@ pub fn deployment(f: &Function, plan: &Plan, config: &Config, digest: &str) -> D
     let mut d = Deployment {
         metadata: child_meta(f, f.name_or_empty(), names::object_labels(f)),
         spec: Some(DeploymentSpec {
-            replicas: Some(f.spec.replicas.unwrap_or(1)),
+            replicas: Some(replicas(f)),
             revision_history_limit: Some(0),
             selector: LabelSelector {
                 match_labels: Some(selector),
@@ -62,6 +62,16 @@ pub fn deployment(f: &Function, plan: &Plan, config: &Config, digest: &str) -> D
     };
     stamp(&mut d, |d| &mut d.metadata);
     d
+}
+
+/// The replicas to run: `spec.replicas` (default 1), kept within `scaleConfig`'s bounds (an
+/// HPA moves it between them; with min = max there is no HPA, and the bound is the count).
+pub fn replicas(f: &Function) -> i32 {
+    let wanted = f.spec.replicas.unwrap_or(1);
+    match &f.spec.scale_config {
+        Some(s) => wanted.clamp(s.min_replicas, s.max_replicas.max(s.min_replicas)),
+        None => wanted,
+    }
 }
 
 /// The runtime Pod: the function container, /tmp, the secret mounts, user 10001.

@@ -260,6 +260,11 @@ fn service_and_hpa_follow_kyma() {
         max_replicas: 2,
     });
     assert!(hpa::hpa(&f, &config).is_none(), "min = max, no HPA");
+    assert_eq!(
+        deployment::replicas(&f),
+        2,
+        "replicas held within scaleConfig"
+    );
     f.spec.scale_config = Some(ScaleConfig {
         min_replicas: 1,
         max_replicas: 4,
