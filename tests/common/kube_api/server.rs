@@ -1,0 +1,463 @@
+//! The HTTP face of the fake API server: one axum fallback handler that logs the request,
+//! injects faults, parses the path into a [`Route`] and the query, and dispatches the verb
+//! (get, list, watch, create, replace, patch, delete, deletecollection; the `status` and
+//! `scale` subresources) to the store under its lock. Answers are JSON objects, lists and
+//! `Status` errors as kube-apiserver sends them.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::apply::{self, Scope};
+use super::error::{Cause, Error, Result};
+use super::gc::DeleteOptions;
+use super::kinds::{Route, parse_route};
+use super::meta;
+use super::observe::{Observer, Request};
+use super::patch::{self, PatchKind};
+use super::selector::Selectors;
+use super::store::{Key, Store, Target, Write};
+use super::watch::{self, WatchRequest};
+
+/// Everything the handler shares.
+pub struct Shared {
+    /// The objects.
+    pub store: Mutex<Store>,
+    /// Request log and faults.
+    pub observer: Observer,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+}
+
+impl Shared {
+    /// The store, locked (a panicked holder does not poison it for other tests' requests).
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A request's query parameters, URL-decoded.
+#[derive(Debug, Default)]
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Self {
+        Self(
+            url::form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some("true" | "1"))
+    }
+
+    fn selectors(&self) -> Result<Selectors> {
+        Selectors::parse(self.get("labelSelector"), self.get("fieldSelector"))
+    }
+
+    fn write(&self, target: Target) -> Write {
+        Write {
+            dry_run: self.get("dryRun") == Some("All"),
+            ..Write::to(target)
+        }
+    }
+}
+
+/// The answer of a verb and whether it changed stored state.
+type Answer = (StatusCode, Value, bool);
+
+/// The axum handler for every path.
+pub async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let raw_query = uri.query().unwrap_or_default().to_string();
+    let query = Query::parse(&raw_query);
+    let write = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    let watch = query.flag("watch");
+    let mut record = Request {
+        method: method.to_string(),
+        path: path.clone(),
+        query: raw_query,
+        status: 0,
+        write,
+        changed: false,
+        watch,
+        injected: false,
+    };
+    let result = match shared.observer.take_fault(method.as_str(), &path) {
+        Some(code) => {
+            record.injected = true;
+            Err(Error::Injected { code })
+        }
+        None if path == "/version" => Ok((StatusCode::OK, version(), false).into_answer()),
+        None => dispatch(&shared, &method, &path, &query, &headers, &body),
+    };
+    let (response, changed) = match result {
+        Ok(ok) => ok,
+        Err(e) => (e.into_response(), false),
+    };
+    record.status = response.status().as_u16();
+    record.changed = changed;
+    shared.observer.record(record);
+    response
+}
+
+trait IntoAnswer {
+    fn into_answer(self) -> (Response, bool);
+}
+
+impl IntoAnswer for Answer {
+    fn into_answer(self) -> (Response, bool) {
+        let (code, body, changed) = self;
+        ((code, axum::Json(body)).into_response(), changed)
+    }
+}
+
+/// What `kubectl version` and `Client::apiserver_version` read.
+fn version() -> Value {
+    json!({
+        "major": "1", "minor": "33", "gitVersion": "v1.33.0-kiln-fake",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn dispatch(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Response, bool)> {
+    let route = parse_route(path)?;
+    let sub = route.subresource.as_deref();
+    let supported = match sub {
+        None => true,
+        Some("status") => route.kind.status,
+        Some("scale") => route.kind.scale,
+        Some(_) => false,
+    };
+    if !supported {
+        return Err(Error::UnknownPath {
+            path: path.to_string(),
+        });
+    }
+    if *method == Method::GET && route.name.is_none() && query.flag("watch") {
+        let req = watch_request(&route, query)?;
+        return Ok((
+            watch::start(&shared.store, req, shared.bookmark_interval)?,
+            false,
+        ));
+    }
+    let mut store = shared.store();
+    let answer = match (method.clone(), route.name.is_some()) {
+        (Method::GET, true) => get(&store, &route),
+        (Method::GET, false) => list(&store, &route, query),
+        (Method::POST, false) => create(&mut store, &route, query, body),
+        (Method::PUT, true) => replace(&mut store, &route, query, body),
+        (Method::PATCH, true) => patch(&mut store, &route, query, headers, body),
+        (Method::DELETE, true) => delete(&mut store, &route, body),
+        (Method::DELETE, false) => {
+            let opts = DeleteOptions::parse(body)?;
+            let ns = route.namespace.as_deref();
+            let items = store.delete_collection(route.kind, ns, &query.selectors()?, &opts);
+            let changed = !items.is_empty() && !opts.dry_run;
+            Ok((
+                StatusCode::OK,
+                list_body(&route, store.rv(), items),
+                changed,
+            ))
+        }
+        _ => Err(Error::MethodNotAllowed {
+            method: method.to_string(),
+        }),
+    }?;
+    Ok(answer.into_answer())
+}
+
+fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {
+    let timeout = match query.get("timeoutSeconds") {
+        Some(s) => s.parse().map_err(|_| Error::BadRequest {
+            message: format!("invalid timeoutSeconds {s:?}"),
+        })?,
+        None => 1800, // kube-apiserver's default --min-request-timeout range
+    };
+    Ok(WatchRequest {
+        kind: route.kind,
+        namespace: route.namespace.clone(),
+        selectors: query.selectors()?,
+        resource_version: query.get("resourceVersion").map(str::to_string),
+        bookmarks: query.flag("allowWatchBookmarks"),
+        send_initial_events: query.flag("sendInitialEvents"),
+        timeout: Duration::from_secs(timeout),
+    })
+}
+
+fn key(route: &Route) -> Key {
+    Key::new(
+        route.kind,
+        route.namespace.as_deref(),
+        route.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn stored(store: &Store, route: &Route) -> Result<Value> {
+    let name = route.name.clone().unwrap_or_default();
+    store
+        .get(route.kind, route.namespace.as_deref(), &name)
+        .cloned()
+        .ok_or(Error::NotFound {
+            kind: route.kind,
+            name,
+        })
+}
+
+fn get(store: &Store, route: &Route) -> Result<Answer> {
+    let obj = stored(store, route)?;
+    let body = if route.subresource.as_deref() == Some("scale") {
+        scale_view(&obj)
+    } else {
+        obj
+    };
+    Ok((StatusCode::OK, body, false))
+}
+
+fn list_body(route: &Route, rv: u64, items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": route.kind.api_version(),
+        "kind": route.kind.list_kind(),
+        "metadata": { "resourceVersion": rv.to_string() },
+        "items": items,
+    })
+}
+
+/// LIST: everything in one page (`limit` and `continue` are accepted; no `continue` token is
+/// ever returned), always the latest state whatever `resourceVersion` asks.
+fn list(store: &Store, route: &Route, query: &Query) -> Result<Answer> {
+    let items = store.list(route.kind, route.namespace.as_deref(), &query.selectors()?);
+    Ok((StatusCode::OK, list_body(route, store.rv(), items), false))
+}
+
+fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+    if route.subresource.is_some() {
+        return Err(Error::MethodNotAllowed {
+            method: "POST".into(),
+        });
+    }
+    let how = query.write(Target::Main);
+    let obj = store.create(
+        route.kind,
+        route.namespace.as_deref(),
+        patch::parse_json(body)?,
+        how,
+    )?;
+    Ok((StatusCode::CREATED, obj, !how.dry_run))
+}
+
+fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+    let new = patch::parse_json(body)?;
+    if route.subresource.as_deref() == Some("scale") {
+        return write_scale(store, route, query, new);
+    }
+    let target = if route.subresource.is_some() {
+        Target::Status
+    } else {
+        Target::Main
+    };
+    // Custom resources need optimistic concurrency on PUT; built-in kinds allow an
+    // unconditional update.
+    if route.kind.custom
+        && target == Target::Main
+        && meta::meta_str(&new, "resourceVersion").is_none()
+    {
+        return Err(Error::Invalid {
+            kind: route.kind,
+            name: route.name.clone().unwrap_or_default(),
+            causes: vec![Cause::new(
+                "FieldValueInvalid",
+                "metadata.resourceVersion",
+                "Invalid value: 0x0: must be specified for an update",
+            )],
+        });
+    }
+    let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
+    Ok((StatusCode::OK, obj, changed))
+}
+
+fn patch(
+    store: &mut Store,
+    route: &Route,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Answer> {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let kind = PatchKind::from_content_type(content_type)?;
+    let target = if route.subresource.as_deref() == Some("status") {
+        Target::Status
+    } else {
+        Target::Main
+    };
+    if kind == PatchKind::Apply {
+        return server_side_apply(store, route, query, body, target);
+    }
+    let name = route.name.clone().unwrap_or_default();
+    let invalid = |message: String| Error::Invalid {
+        kind: route.kind,
+        name: name.clone(),
+        causes: vec![Cause::new("FieldValueInvalid", "", message)],
+    };
+    let current = stored(store, route)?;
+    if route.subresource.as_deref() == Some("scale") {
+        let scale = patch::apply_patch(kind, &scale_view(&current), body, invalid)?;
+        return write_scale(store, route, query, scale);
+    }
+    let new = patch::apply_patch(kind, &current, body, invalid)?;
+    let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
+    Ok((StatusCode::OK, obj, changed))
+}
+
+fn server_side_apply(
+    store: &mut Store,
+    route: &Route,
+    query: &Query,
+    body: &[u8],
+    target: Target,
+) -> Result<Answer> {
+    let name = route.name.clone().unwrap_or_default();
+    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
+        return Err(Error::Invalid {
+            kind: route.kind,
+            name,
+            causes: vec![Cause::new(
+                "FieldValueRequired",
+                "fieldManager",
+                "Required value: is required for apply patch",
+            )],
+        });
+    };
+    let applied = patch::parse_apply(body)?;
+    let sent_name = meta::name_of(&applied);
+    if !sent_name.is_empty() && sent_name != name {
+        return Err(Error::BadRequest {
+            message: format!(
+                "the name of the object ({sent_name}) does not match the name on the URL ({name})"
+            ),
+        });
+    }
+    let scope = match target {
+        Target::Status => Scope::Status,
+        _ => Scope::Main {
+            status_subresource: route.kind.status,
+        },
+    };
+    let how = Write {
+        managed_fields: true,
+        ..query.write(target)
+    };
+    let api_version = route.kind.api_version();
+    let sent_rv = meta::meta_str(&applied, "resourceVersion");
+    match store
+        .get(route.kind, route.namespace.as_deref(), &name)
+        .cloned()
+    {
+        None if target == Target::Status => Err(Error::NotFound {
+            kind: route.kind,
+            name,
+        }),
+        None if sent_rv.is_some() => Err(Error::Conflict {
+            kind: route.kind,
+            name,
+        }),
+        None => {
+            let skeleton = json!({ "apiVersion": api_version, "kind": route.kind.kind, "metadata": { "name": name } });
+            let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
+            let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
+            Ok((StatusCode::CREATED, obj, !how.dry_run))
+        }
+        Some(live) => {
+            if sent_rv.is_some_and(|rv| Some(rv) != meta::meta_str(&live, "resourceVersion")) {
+                return Err(Error::Conflict {
+                    kind: route.kind,
+                    name,
+                });
+            }
+            let new = apply::apply(&live, &applied, manager, scope, &api_version);
+            let (obj, changed) = store.update(route.kind, &key(route), new, how)?;
+            Ok((StatusCode::OK, obj, changed))
+        }
+    }
+}
+
+/// The `autoscaling/v1` Scale of an object (`.spec.replicas`, `.status.replicas`,
+/// `.status.podSelector` — the Function CRD's scale paths).
+fn scale_view(obj: &Value) -> Value {
+    let metadata = &obj["metadata"];
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": metadata["name"], "namespace": metadata["namespace"], "uid": metadata["uid"],
+            "resourceVersion": metadata["resourceVersion"], "creationTimestamp": metadata["creationTimestamp"],
+        },
+        "spec": { "replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0)) },
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": obj.pointer("/status/podSelector").cloned().unwrap_or(json!("")),
+        },
+    })
+}
+
+/// Writes a Scale's `spec.replicas` back into the object (with its resourceVersion as a
+/// precondition) and answers the new Scale.
+fn write_scale(store: &mut Store, route: &Route, query: &Query, scale: Value) -> Result<Answer> {
+    let mut obj = stored(store, route)?;
+    let replicas = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
+    obj["spec"]["replicas"] = replicas;
+    let rv = meta::meta_str(&scale, "resourceVersion").map(str::to_string);
+    let metadata = meta::metadata_mut(&mut obj);
+    match rv {
+        Some(rv) => metadata.insert("resourceVersion".into(), json!(rv)),
+        None => metadata.remove("resourceVersion"),
+    };
+    let (obj, changed) = store.update(route.kind, &key(route), obj, query.write(Target::Main))?;
+    Ok((StatusCode::OK, scale_view(&obj), changed))
+}
+
+fn delete(store: &mut Store, route: &Route, body: &[u8]) -> Result<Answer> {
+    if route.subresource.is_some() {
+        return Err(Error::MethodNotAllowed {
+            method: "DELETE".into(),
+        });
+    }
+    let opts = DeleteOptions::parse(body)?;
+    let obj = store.delete(route.kind, &key(route), &opts)?;
+    Ok((StatusCode::OK, obj, !opts.dry_run))
+}

@@ -1,0 +1,649 @@
+//! Proves the fake Kubernetes API server of the test harness (`tests/common/kube_api`) with
+//! kube's own typed clients and runtime, the way the controller will use it.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::Api;
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+    PostParams, WatchEvent, WatchParams,
+};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use common::kube_api::KubeApi;
+
+fn cm(name: &str, labels: Value, data: Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": { "name": name, "labels": labels }, "data": data,
+    }))
+    .unwrap()
+}
+
+fn names<K: kube::Resource>(list: impl IntoIterator<Item = K>) -> Vec<String> {
+    list.into_iter()
+        .map(|o| o.meta().name.clone().unwrap())
+        .collect()
+}
+
+/// The `Status` of a failed call: (code, reason, message, causes as (field, message)).
+fn status(err: kube::Error) -> (u16, String, String, Vec<(String, String)>) {
+    match err {
+        kube::Error::Api(s) => {
+            let causes = s
+                .details
+                .map(|d| d.causes.into_iter().map(|c| (c.field, c.message)).collect())
+                .unwrap_or_default();
+            (s.code, s.reason, s.message, causes)
+        }
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+fn code_reason(err: kube::Error) -> (u16, String) {
+    let (code, reason, _, _) = status(err);
+    (code, reason)
+}
+
+fn function_api(client: kube::Client) -> (Api<DynamicObject>, ApiResource) {
+    let gvk = GroupVersionKind::gvk("serverless.kyma-project.io", "v1alpha2", "Function");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "functions");
+    (Api::namespaced_with(client, "default", &ar), ar)
+}
+
+/// A Kyma Function as users write it.
+fn kyma_function(name: &str) -> Value {
+    json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2",
+        "kind": "Function",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "runtime": "nodejs22",
+            "source": { "inline": {
+                "source": "module.exports = { main: function (event, context) { return 'hi' } }",
+                "dependencies": "{ \"name\": \"hello\", \"version\": \"1.0.0\" }",
+            }},
+            "env": [{ "name": "GREETING", "value": "hi" }],
+            "resourceConfiguration": { "function": { "profile": "S" }, "build": { "profile": "normal" } },
+            "scaleConfig": { "minReplicas": 1, "maxReplicas": 3 },
+            "labels": { "team": "a" },
+        },
+    })
+}
+
+#[tokio::test]
+async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
+    let api = KubeApi::start();
+    let client = api.client();
+    let default: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let other: Api<ConfigMap> = Api::namespaced(client.clone(), "other");
+    let pp = PostParams::default();
+    let a = default
+        .create(&pp, &cm("a", json!({"app": "web", "tier": "x"}), json!({})))
+        .await
+        .unwrap();
+    default
+        .create(&pp, &cm("b", json!({"app": "db", "tier": "y"}), json!({})))
+        .await
+        .unwrap();
+    default
+        .create(&pp, &cm("c", json!({"tier": "z"}), json!({})))
+        .await
+        .unwrap();
+    other
+        .create(&pp, &cm("a", json!({"app": "web"}), json!({})))
+        .await
+        .unwrap();
+
+    assert_eq!(a.metadata.generation, Some(1));
+    assert_eq!(a.metadata.uid.as_ref().unwrap().len(), 36);
+    assert!(a.metadata.creation_timestamp.is_some());
+    let got = default.get("a").await.unwrap();
+    assert_eq!(got.metadata.resource_version, a.metadata.resource_version);
+
+    let select = |api: Api<ConfigMap>, s: &'static str| async move {
+        names(api.list(&ListParams::default().labels(s)).await.unwrap())
+    };
+    assert_eq!(select(default.clone(), "app=web").await, ["a"]);
+    assert_eq!(select(default.clone(), "app==db").await, ["b"]);
+    assert_eq!(select(default.clone(), "app!=web").await, ["b", "c"]);
+    assert_eq!(select(default.clone(), "tier in (x, z)").await, ["a", "c"]);
+    assert_eq!(select(default.clone(), "tier notin (x)").await, ["b", "c"]);
+    assert_eq!(select(default.clone(), "app").await, ["a", "b"]);
+    assert_eq!(select(default.clone(), "!app").await, ["c"]);
+    assert_eq!(select(default.clone(), "app,tier in (y)").await, ["b"]);
+    let all: Api<ConfigMap> = Api::all(client.clone());
+    let everywhere = all
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap();
+    assert_eq!(everywhere.items.len(), 2);
+    assert!(everywhere.metadata.resource_version.is_some());
+    let by_field = all
+        .list(&ListParams::default().fields("metadata.namespace=other"))
+        .await;
+    assert_eq!(names(by_field.unwrap()), ["a"]);
+    let by_name = default
+        .list(&ListParams::default().fields("metadata.name!=a"))
+        .await;
+    assert_eq!(names(by_name.unwrap()), ["b", "c"]);
+
+    let bad = default
+        .list(&ListParams::default().labels("app in x"))
+        .await
+        .unwrap_err();
+    assert_eq!(status(bad).0, 400);
+    let dup = default
+        .create(&pp, &cm("a", json!({}), json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(dup), (409, "AlreadyExists".into()));
+    let (code, reason, message, _) = status(default.get("nope").await.unwrap_err());
+    assert_eq!(
+        (code, reason.as_str(), message.as_str()),
+        (404, "NotFound", "configmaps \"nope\" not found")
+    );
+    assert_eq!(default.get_opt("nope").await.unwrap(), None);
+
+    let generated: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
+    let generated = default.create(&pp, &generated).await.unwrap();
+    let name = generated.metadata.name.unwrap();
+    assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
+
+    let unknown = client
+        .request::<Value>(
+            axum::http::Request::get("/apis/example.com/v1/widgets")
+                .body(vec![])
+                .unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(unknown), (404, "NotFound".into()));
+    let invalid = default
+        .create(&pp, &cm("Not_A_Name", json!({}), json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(status(invalid).0, 422);
+}
+
+#[tokio::test]
+async fn replace_with_a_stale_resource_version_is_a_conflict_and_patches_apply() {
+    let api = KubeApi::start();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client());
+    let pp = PostParams::default();
+    let first = cms
+        .create(&pp, &cm("x", json!({}), json!({"a": "1"})))
+        .await
+        .unwrap();
+    let mut second = first.clone();
+    second.data = Some([("a".to_string(), "2".to_string())].into());
+    let second = cms.replace("x", &pp, &second).await.unwrap();
+    assert_ne!(
+        second.metadata.resource_version,
+        first.metadata.resource_version
+    );
+    let stale = cms.replace("x", &pp, &first).await.unwrap_err();
+    assert_eq!(code_reason(stale), (409, "Conflict".into()));
+
+    let merge = json!({"data": {"a": null, "b": "3"}, "metadata": {"labels": {"l": "v"}}});
+    let merged = cms
+        .patch("x", &PatchParams::default(), &Patch::Merge(&merge))
+        .await
+        .unwrap();
+    assert_eq!(
+        merged.data.unwrap(),
+        [("b".to_string(), "3".to_string())].into()
+    );
+    let stale_merge = json!({"metadata": {"resourceVersion": first.metadata.resource_version}});
+    let err = cms
+        .patch("x", &PatchParams::default(), &Patch::Merge(&stale_merge))
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(err).0, 409);
+
+    let ops: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/data/b", "value": "3"},
+        {"op": "add", "path": "/data/c", "value": "4"},
+    ]))
+    .unwrap();
+    let patched = cms
+        .patch("x", &PatchParams::default(), &Patch::Json::<()>(ops))
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap()["c"], "4");
+    let failing: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "test", "path": "/data/b", "value": "nope"}]))
+            .unwrap();
+    let err = cms
+        .patch("x", &PatchParams::default(), &Patch::Json::<()>(failing))
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(err).0, 422);
+    // A strategic merge patch is applied as a merge patch.
+    let strategic = json!({"data": {"d": "5"}});
+    let patched = cms
+        .patch("x", &PatchParams::default(), &Patch::Strategic(&strategic))
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap().len(), 3);
+    assert_eq!(
+        code_reason(
+            cms.patch("nope", &PatchParams::default(), &Patch::Merge(&merge))
+                .await
+                .unwrap_err()
+        )
+        .0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn apply_removes_what_the_manager_dropped_and_keeps_other_managers_fields() {
+    let api = KubeApi::start();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client());
+    let apply = |manager: &'static str, data: Value| {
+        let cms = cms.clone();
+        async move {
+            let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}, "data": data});
+            cms.patch(
+                "s",
+                &PatchParams::apply(manager).force(),
+                &Patch::Apply(&obj),
+            )
+            .await
+        }
+    };
+    let created = apply("ctrl", json!({"a": "1", "b": "2"})).await.unwrap();
+    assert_eq!(created.metadata.generation, Some(1));
+    apply("other", json!({"c": "3"})).await.unwrap();
+    let reapplied = apply("ctrl", json!({"a": "10"})).await.unwrap();
+    let data = reapplied.data.clone().unwrap();
+    assert_eq!(
+        data,
+        [("a".into(), "10".into()), ("c".into(), "3".into())].into()
+    );
+
+    let managed = reapplied.metadata.managed_fields.unwrap();
+    let entry = |m: &str| {
+        managed
+            .iter()
+            .find(|e| e.manager.as_deref() == Some(m))
+            .unwrap()
+            .clone()
+    };
+    let ctrl = entry("ctrl");
+    assert_eq!(ctrl.operation.as_deref(), Some("Apply"));
+    assert_eq!(ctrl.fields_type.as_deref(), Some("FieldsV1"));
+    assert_eq!(ctrl.api_version.as_deref(), Some("v1"));
+    assert_eq!(
+        serde_json::to_value(ctrl.fields_v1.unwrap()).unwrap(),
+        json!({"f:data": {"f:a": {}}})
+    );
+    assert_eq!(
+        serde_json::to_value(entry("other").fields_v1.unwrap()).unwrap(),
+        json!({"f:data": {"f:c": {}}})
+    );
+
+    // Re-applying the same configuration changes nothing, not even the resourceVersion.
+    api.reset_requests();
+    let again = apply("ctrl", json!({"a": "10"})).await.unwrap();
+    assert_eq!(
+        again.metadata.resource_version,
+        reapplied.metadata.resource_version
+    );
+    let writes = api.writes();
+    assert_eq!(writes.len(), 1);
+    assert!(
+        !writes[0].changed && writes[0].has_query("fieldManager", "ctrl"),
+        "{}",
+        writes[0]
+    );
+
+    // Without a field manager an apply is invalid.
+    let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}});
+    let err = cms
+        .patch("s", &PatchParams::default(), &Patch::Apply(&obj))
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(err), (422, "Invalid".into()));
+}
+
+#[tokio::test]
+async fn the_status_subresource_and_generation_follow_the_api_server() {
+    let api = KubeApi::start();
+    let deployments: Api<Deployment> = Api::default_namespaced(api.client());
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "d"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "d"}},
+                 "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+        "status": {"replicas": 5},
+    }))
+    .unwrap();
+    let created = deployments
+        .create(&PostParams::default(), &deployment)
+        .await
+        .unwrap();
+    assert_eq!(created.status, None, "a create carries no status");
+
+    let status = json!({"status": {"availableReplicas": 1, "replicas": 1}});
+    let pp = PatchParams::default();
+    let with_status = deployments
+        .patch_status("d", &pp, &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert_eq!(
+        with_status.status.as_ref().unwrap().available_replicas,
+        Some(1)
+    );
+    assert_eq!(
+        with_status.metadata.generation,
+        Some(1),
+        "status writes keep the generation"
+    );
+
+    let sneaky = json!({"spec": {"replicas": 3}, "status": {"availableReplicas": 9}});
+    let main = deployments
+        .patch("d", &pp, &Patch::Merge(&sneaky))
+        .await
+        .unwrap();
+    assert_eq!(
+        main.status.as_ref().unwrap().available_replicas,
+        Some(1),
+        "main writes keep status"
+    );
+    assert_eq!(
+        main.metadata.generation,
+        Some(2),
+        "a spec change bumps the generation"
+    );
+    let via_status = json!({"spec": {"replicas": 7}, "status": {"availableReplicas": 2}});
+    let after = deployments
+        .patch_status("d", &pp, &Patch::Merge(&via_status))
+        .await
+        .unwrap();
+    assert_eq!(
+        after.spec.unwrap().replicas,
+        Some(3),
+        "status writes keep spec"
+    );
+    assert_eq!(after.status.unwrap().available_replicas, Some(2));
+    let labels = json!({"metadata": {"labels": {"x": "y"}}});
+    let relabelled = deployments
+        .patch("d", &pp, &Patch::Merge(&labels))
+        .await
+        .unwrap();
+    assert_eq!(
+        relabelled.metadata.generation,
+        Some(2),
+        "metadata changes keep the generation"
+    );
+
+    // A write that changes nothing keeps the resourceVersion; the log says it changed nothing.
+    api.reset_requests();
+    let same = deployments
+        .replace("d", &PostParams::default(), &relabelled)
+        .await
+        .unwrap();
+    let unchanged = deployments
+        .patch("d", &pp, &Patch::Merge(&labels))
+        .await
+        .unwrap();
+    assert_eq!(
+        same.metadata.resource_version,
+        relabelled.metadata.resource_version
+    );
+    assert_eq!(
+        unchanged.metadata.resource_version,
+        relabelled.metadata.resource_version
+    );
+    assert!(
+        api.writes().iter().all(|w| !w.changed),
+        "{:?}",
+        api.writes()
+    );
+}
+
+fn owned_by(kind: &str, api_version: &str, name: &str, uid: &str) -> Value {
+    json!([{ "apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true }])
+}
+
+#[test]
+fn deleting_an_owner_collects_its_dependents_as_the_garbage_collector_does() {
+    let api = KubeApi::start();
+    let function = api.insert(kyma_function("f"));
+    let uid = function["metadata"]["uid"].as_str().unwrap().to_string();
+    let fn_owner = owned_by("Function", "serverless.kyma-project.io/v1alpha2", "f", &uid);
+    let job = api.insert(json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "f-build", "namespace": "default", "ownerReferences": fn_owner}}));
+    let job_uid = job["metadata"]["uid"].as_str().unwrap();
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "f-build-pod", "namespace": "default",
+                     "ownerReferences": owned_by("Job", "batch/v1", "f-build", job_uid)}}));
+    let keeper = api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "keeper", "namespace": "default"}}));
+    let mut two_owners = fn_owner.clone();
+    two_owners
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "name": "keeper", "uid": keeper["metadata"]["uid"]}));
+    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "shared", "namespace": "default", "ownerReferences": two_owners}}));
+
+    let client = api.client();
+    let (functions, _) = function_api(client.clone());
+    api.block_on(functions.delete("f", &DeleteParams::background()))
+        .unwrap();
+    assert_eq!(api.get("Function", "default", "f"), None);
+    assert_eq!(
+        api.get("Job", "default", "f-build"),
+        None,
+        "the dependent goes"
+    );
+    assert_eq!(
+        api.get("Pod", "default", "f-build-pod"),
+        None,
+        "and its own dependent"
+    );
+    let shared = api
+        .get("ConfigMap", "default", "shared")
+        .expect("another owner keeps it");
+    assert_eq!(
+        shared["metadata"]["ownerReferences"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // Orphan: the dependent stays without its owner reference.
+    let owner = api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "o", "namespace": "default"}}));
+    let owner_ref = owned_by(
+        "ConfigMap",
+        "v1",
+        "o",
+        owner["metadata"]["uid"].as_str().unwrap(),
+    );
+    api.insert(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dep", "namespace": "default", "ownerReferences": owner_ref}}));
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    api.block_on(cms.delete("o", &DeleteParams::orphan()))
+        .unwrap();
+    let orphan = api
+        .get("Secret", "default", "dep")
+        .expect("orphaned, not deleted");
+    assert_eq!(orphan["metadata"]["ownerReferences"], json!([]));
+
+    // Finalizers hold a deletion until they are removed.
+    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "held", "namespace": "default", "finalizers": ["kiln.dev/cleanup"]}}));
+    api.block_on(cms.delete("held", &DeleteParams::default()))
+        .unwrap();
+    let held = api
+        .get("ConfigMap", "default", "held")
+        .expect("held by its finalizer");
+    assert!(held["metadata"]["deletionTimestamp"].is_string());
+    let release = json!({"metadata": {"finalizers": null}});
+    api.block_on(cms.patch("held", &PatchParams::default(), &Patch::Merge(&release)))
+        .unwrap();
+    assert_eq!(api.get("ConfigMap", "default", "held"), None);
+}
+
+/// The next event of a watcher stream, failing the test after a few seconds.
+async fn next<S, T>(stream: &mut S) -> T
+where
+    S: futures_util::Stream<Item = T> + Unpin,
+{
+    tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("an event within 5 s")
+        .expect("the stream goes on")
+}
+
+fn event_name(event: &watcher::Event<ConfigMap>) -> String {
+    match event {
+        watcher::Event::Init => "init".into(),
+        watcher::Event::InitApply(o) => format!("init-apply {}", o.metadata.name.as_ref().unwrap()),
+        watcher::Event::InitDone => "init-done".into(),
+        watcher::Event::Apply(o) => {
+            format!("apply {} {:?}", o.metadata.name.as_ref().unwrap(), o.data)
+        }
+        watcher::Event::Delete(o) => format!("delete {}", o.metadata.name.as_ref().unwrap()),
+    }
+}
+
+#[tokio::test]
+async fn kubes_watcher_sees_creates_updates_and_deletes_and_relists_after_410() {
+    let api = KubeApi::start();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client_from_kubeconfig().await);
+    let pp = PostParams::default();
+    cms.create(&pp, &cm("before", json!({"w": "1"}), json!({})))
+        .await
+        .unwrap();
+    let config = watcher::Config::default().labels("w=1");
+    let mut events = watcher(cms.clone(), config).boxed();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(event_name(&next(&mut events).await.unwrap()));
+    }
+    assert_eq!(seen, ["init", "init-apply before", "init-done"]);
+
+    cms.create(&pp, &cm("other", json!({"w": "2"}), json!({})))
+        .await
+        .unwrap();
+    cms.create(&pp, &cm("new", json!({"w": "1"}), json!({})))
+        .await
+        .unwrap();
+    let data = json!({"data": {"k": "v"}});
+    cms.patch("new", &PatchParams::default(), &Patch::Merge(&data))
+        .await
+        .unwrap();
+    // Relabelled out of the selection: the watch reports it deleted, as kube-apiserver does.
+    let relabel = json!({"metadata": {"labels": {"w": "3"}}});
+    cms.patch("before", &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+    cms.delete("new", &DeleteParams::default()).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(event_name(&next(&mut events).await.unwrap()));
+    }
+    assert_eq!(
+        seen,
+        [
+            "apply new Some({})",
+            "apply new Some({\"k\": \"v\"})",
+            "delete before",
+            "delete new",
+        ]
+    );
+
+    // The history moves on: the open watch ends with 410 Gone and the watcher lists again.
+    cms.create(&pp, &cm("after", json!({"w": "1"}), json!({})))
+        .await
+        .unwrap();
+    assert_eq!(
+        event_name(&next(&mut events).await.unwrap()),
+        "apply after Some({})"
+    );
+    api.reset_requests();
+    api.expire_watches();
+    let gone = next(&mut events).await.unwrap_err();
+    assert!(
+        gone.to_string().contains("410") || format!("{gone:?}").contains("410"),
+        "{gone:?}"
+    );
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(event_name(&next(&mut events).await.unwrap()));
+    }
+    assert_eq!(seen, ["init", "init-apply after", "init-done"]);
+    let relists = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.watch)
+        .count();
+    assert_eq!(relists, 1, "{:?}", api.requests());
+}
+
+#[tokio::test]
+async fn raw_watches_get_bookmarks_and_410_for_a_compacted_resource_version() {
+    let api = KubeApi::start();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client());
+    let created = cms
+        .create(&PostParams::default(), &cm("a", json!({}), json!({})))
+        .await
+        .unwrap();
+    let rv = created.metadata.resource_version.unwrap();
+    let params = WatchParams::default().timeout(2);
+    let mut stream = cms.watch(&params, &rv).await.unwrap().boxed();
+    cms.delete("a", &DeleteParams::default()).await.unwrap();
+    let deleted = next(&mut stream).await.unwrap();
+    assert!(matches!(&deleted, WatchEvent::Deleted(o) if o.metadata.name.as_deref() == Some("a")));
+    let WatchEvent::Bookmark(bookmark) = next(&mut stream).await.unwrap() else {
+        panic!("expected a bookmark");
+    };
+    let current = api.resource_version().to_string();
+    assert_eq!(bookmark.metadata.resource_version, current);
+    // timeoutSeconds=2 ends the stream (bookmarks come every 0.5 s until then).
+    let rest: Vec<_> = tokio::time::timeout(Duration::from_secs(5), stream.collect::<Vec<_>>())
+        .await
+        .unwrap();
+    assert!(
+        rest.iter()
+            .all(|e| matches!(e, Ok(WatchEvent::Bookmark(_)))),
+        "{rest:?}"
+    );
+
+    api.compact();
+    let mut stream = cms
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    match next(&mut stream).await.unwrap() {
+        WatchEvent::Error(status) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected 410 Gone, got {other:?}"),
+    }
+    assert!(
+        next_opt(&mut stream).await.is_none(),
+        "the stream ends after the error"
+    );
+}
+
+async fn next_opt<S: futures_util::Stream + Unpin>(stream: &mut S) -> Option<S::Item> {
+    tokio::time::timeout(Duration::from_secs(5), stream.next())
+        .await
+        .expect("within 5 s")
+}
