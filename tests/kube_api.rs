@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::Api;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
     PostParams, WatchEvent, WatchParams,
 };
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
@@ -646,4 +646,315 @@ async fn next_opt<S: futures_util::Stream + Unpin>(stream: &mut S) -> Option<S::
     tokio::time::timeout(Duration::from_secs(5), stream.next())
         .await
         .expect("within 5 s")
+}
+
+/// Creates a Function changed by `edit` and returns the 422's causes (field, message).
+async fn rejected(
+    functions: &Api<DynamicObject>,
+    edit: impl FnOnce(&mut Value),
+) -> Vec<(String, String)> {
+    let mut function = kyma_function("bad");
+    edit(&mut function);
+    let object: DynamicObject = serde_json::from_value(function).unwrap();
+    let err = functions
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_err();
+    let (code, reason, message, causes) = status(err);
+    assert_eq!((code, reason.as_str()), (422, "Invalid"), "{message}");
+    assert!(
+        message.starts_with("Function.serverless.kyma-project.io \"bad\" is invalid: "),
+        "{message}"
+    );
+    causes
+}
+
+#[tokio::test]
+async fn functions_are_validated_against_the_crd_schema_and_its_cel_rules() {
+    let api = KubeApi::start();
+    let (functions, _) = function_api(api.client());
+    let valid: DynamicObject = serde_json::from_value(kyma_function("hello")).unwrap();
+    let created = functions
+        .create(&PostParams::default(), &valid)
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["replicas"], 1,
+        "the CRD default is applied"
+    );
+
+    let causes = rejected(&functions, |f| {
+        f["spec"]["source"]["gitRepository"] =
+            json!({"url": "https://git.example/r", "baseDir": "/", "reference": "main"});
+    })
+    .await;
+    assert_eq!(
+        causes,
+        [(
+            "spec.source".to_string(),
+            "Invalid value: \"object\": spec.source needs exactly one of inline and gitRepository"
+                .to_string()
+        )]
+    );
+    let causes = rejected(&functions, |f| {
+        f["spec"]["scaleConfig"] = json!({"minReplicas": 4, "maxReplicas": 2})
+    })
+    .await;
+    assert_eq!(
+        causes,
+        [(
+            "spec.scaleConfig".to_string(),
+            "Invalid value: \"object\": minReplicas must not exceed maxReplicas".to_string()
+        )]
+    );
+    let causes = rejected(&functions, |f| {
+        f["spec"]["env"] = json!([{"name": "FUNC_PORT", "value": "1"}])
+    })
+    .await;
+    assert_eq!(causes[0].0, "spec.env");
+    assert!(
+        causes[0].1.contains(
+            "FUNC_RUNTIME, FUNC_HANDLER, FUNC_PORT, MOD_NAME, NODE_PATH and PYTHONPATH are reserved"
+        ),
+        "{causes:?}"
+    );
+    let causes = rejected(&functions, |f| {
+        f["spec"]["labels"] = json!({"serverless.kyma-project.io/x": "y"})
+    })
+    .await;
+    assert_eq!(causes[0].0, "spec.labels");
+    assert!(
+        causes[0]
+            .1
+            .ends_with("labels with the prefix serverless.kyma-project.io/ are reserved"),
+        "{causes:?}"
+    );
+    let causes = rejected(&functions, |f| {
+        f["spec"]["resourceConfiguration"]["function"]["profile"] = json!("XXL")
+    })
+    .await;
+    assert_eq!(
+        causes,
+        [(
+            "spec.resourceConfiguration.function.profile".to_string(),
+            "Unsupported value: \"XXL\": supported values: \"XS\", \"S\", \"M\", \"L\", \"XL\""
+                .to_string()
+        )]
+    );
+    // Structural rules: required fields, types, minimum.
+    let causes = rejected(&functions, |f| {
+        f["spec"].as_object_mut().unwrap().remove("runtime");
+        f["spec"]["replicas"] = json!("two");
+        f["spec"]["scaleConfig"]["minReplicas"] = json!(0);
+    })
+    .await;
+    let fields: Vec<&str> = causes.iter().map(|(f, _)| f.as_str()).collect();
+    assert!(
+        fields.contains(&"spec.runtime")
+            && fields.contains(&"spec.replicas")
+            && fields.contains(&"spec.scaleConfig.minReplicas"),
+        "{causes:?}"
+    );
+
+    // Updates are validated too, and unknown fields are pruned as kube-apiserver does.
+    let bad_update = json!({"spec": {"scaleConfig": {"minReplicas": 9}}, "unknownField": 1});
+    let err = functions
+        .patch("hello", &PatchParams::default(), &Patch::Merge(&bad_update))
+        .await
+        .unwrap_err();
+    assert_eq!(code_reason(err).0, 422);
+    let pruned = json!({"spec": {"bogus": true}});
+    let patched = functions
+        .patch("hello", &PatchParams::default(), &Patch::Merge(&pruned))
+        .await
+        .unwrap();
+    assert!(patched.data["spec"].get("bogus").is_none());
+}
+
+#[tokio::test]
+async fn functions_have_a_scale_subresource_over_spec_replicas() {
+    let api = KubeApi::start();
+    let (functions, _) = function_api(api.client());
+    let valid: DynamicObject = serde_json::from_value(kyma_function("s")).unwrap();
+    functions
+        .create(&PostParams::default(), &valid)
+        .await
+        .unwrap();
+    let status = json!({"status": {"replicas": 1, "podSelector": "app=s"}});
+    functions
+        .patch_status("s", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let scale = functions.get_scale("s").await.unwrap();
+    assert_eq!(scale.spec.unwrap().replicas, Some(1));
+    assert_eq!(
+        scale.status.as_ref().unwrap().selector.as_deref(),
+        Some("app=s")
+    );
+    let up = json!({"spec": {"replicas": 3}});
+    functions
+        .patch_scale("s", &PatchParams::default(), &Patch::Merge(&up))
+        .await
+        .unwrap();
+    assert_eq!(
+        api.get("Function", "default", "s").unwrap()["spec"]["replicas"],
+        3
+    );
+}
+
+#[test]
+fn injected_faults_fail_the_next_matching_requests_and_are_logged() {
+    let api = KubeApi::start();
+    let cms: Api<ConfigMap> = Api::default_namespaced(api.client());
+    api.block_on(cms.create(&PostParams::default(), &cm("f", json!({}), json!({}))))
+        .unwrap();
+    api.fail_next(2, "PUT", "/configmaps/f", 409);
+    api.fail_next(1, "*", "/configmaps", 500);
+    let current = api.block_on(cms.get("f")).unwrap_err();
+    assert_eq!(code_reason(current), (500, "InternalError".into()));
+    let current = api.block_on(cms.get("f")).unwrap();
+    for _ in 0..2 {
+        let err = api
+            .block_on(cms.replace("f", &PostParams::default(), &current))
+            .unwrap_err();
+        assert_eq!(code_reason(err), (409, "Conflict".into()));
+    }
+    api.block_on(cms.replace("f", &PostParams::default(), &current))
+        .unwrap();
+    let log: Vec<String> = api.requests().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        log,
+        [
+            "POST /api/v1/namespaces/default/configmaps -> 201",
+            "GET /api/v1/namespaces/default/configmaps/f -> 500 (injected)",
+            "GET /api/v1/namespaces/default/configmaps/f -> 200",
+            "PUT /api/v1/namespaces/default/configmaps/f -> 409 (injected)",
+            "PUT /api/v1/namespaces/default/configmaps/f -> 409 (injected)",
+            "PUT /api/v1/namespaces/default/configmaps/f -> 200",
+        ]
+    );
+}
+
+/// What the test controller shares with its reconciler.
+struct Ctx {
+    client: kube::Client,
+    reconciles: std::sync::atomic::AtomicUsize,
+}
+
+/// A tiny controller: every ConfigMap gets an owned Secret `<name>-copy` with its data,
+/// written with server-side apply.
+async fn copy_to_secret(
+    cm: std::sync::Arc<ConfigMap>,
+    ctx: std::sync::Arc<Ctx>,
+) -> Result<Action, kube::Error> {
+    use kube::{Resource, ResourceExt};
+    ctx.reconciles
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &cm.namespace().unwrap());
+    let name = format!("{}-copy", cm.name_any());
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": { "name": name, "ownerReferences": [cm.controller_owner_ref(&()).unwrap()] },
+        "stringData": cm.data.clone().unwrap_or_default(),
+    });
+    secrets
+        .patch(
+            &name,
+            &PatchParams::apply("copier").force(),
+            &Patch::Apply(&secret),
+        )
+        .await?;
+    Ok(Action::await_change())
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_without_writes() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let api = KubeApi::start();
+    let client = api.client();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    cms.create(
+        &PostParams::default(),
+        &cm("src", json!({}), json!({"k": "v"})),
+    )
+    .await
+    .unwrap();
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        reconciles: 0.into(),
+    });
+    let controller = Controller::new(cms.clone(), watcher::Config::default())
+        .owns(
+            Api::<Secret>::default_namespaced(client.clone()),
+            watcher::Config::default(),
+        )
+        .run(
+            copy_to_secret,
+            |_, _, _| Action::requeue(Duration::from_secs(1)),
+            Arc::clone(&ctx),
+        )
+        .for_each(|_| async {});
+    let running = tokio::spawn(controller);
+
+    eventually("the Secret exists", || {
+        api.get("Secret", "default", "src-copy").is_some()
+    })
+    .await;
+    let secret = api.get("Secret", "default", "src-copy").unwrap();
+    assert_eq!(
+        secret["data"],
+        json!({"k": "dg=="}),
+        "stringData is stored as data"
+    );
+    assert_eq!(secret["metadata"]["ownerReferences"][0]["name"], "src");
+
+    // The Secret is owned: deleting it wakes the controller, which puts it back.
+    api.delete("Secret", "default", "src-copy");
+    eventually("the Secret is back", || {
+        api.get("Secret", "default", "src-copy").is_some()
+    })
+    .await;
+
+    // A change to the ConfigMap that leaves the Secret as it is: one reconcile, one apply,
+    // and that apply changes nothing.
+    let before = ctx.reconciles.load(Ordering::SeqCst);
+    let secret_rv =
+        api.get("Secret", "default", "src-copy").unwrap()["metadata"]["resourceVersion"].clone();
+    api.reset_requests();
+    let note = json!({"metadata": {"annotations": {"note": "x"}}});
+    cms.patch("src", &PatchParams::default(), &Patch::Merge(&note))
+        .await
+        .unwrap();
+    eventually("the controller reconciled", || {
+        ctx.reconciles.load(Ordering::SeqCst) > before
+    })
+    .await;
+    eventually("the apply was sent", || api.writes().len() == 2).await;
+    let applies: Vec<_> = api
+        .writes()
+        .into_iter()
+        .filter(|w| w.path.contains("/secrets/"))
+        .collect();
+    assert_eq!(applies.len(), 1, "{:?}", api.writes());
+    assert!(
+        !applies[0].changed,
+        "a steady-state apply is a no-op: {}",
+        applies[0]
+    );
+    assert_eq!(
+        api.get("Secret", "default", "src-copy").unwrap()["metadata"]["resourceVersion"],
+        secret_rv
+    );
+    running.abort();
 }

@@ -138,6 +138,22 @@ pub fn same_object(old: &Value, new: &Value) -> bool {
     strip(old) == strip(new)
 }
 
+/// A Secret's `stringData` becomes base64 `data` (its keys win), as kube-apiserver stores it.
+pub fn fold_string_data(secret: &mut Value) {
+    use base64::Engine as _;
+    let Some(map) = secret.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = map.remove("stringData") else {
+        return;
+    };
+    let data = map.entry("data").or_insert_with(|| json!({}));
+    for (key, value) in strings {
+        let text = value.as_str().unwrap_or_default();
+        data[key.as_str()] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+    }
+}
+
 fn is_label_char(c: char) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'
 }

@@ -66,11 +66,15 @@ pub fn load_crds(yaml: &str) -> Result<Vec<Crd>, String> {
 }
 
 impl Crd {
-    /// Prunes and defaults `obj` in place, then validates it (`old` is the stored object on
-    /// an update, for CEL transition rules). Returns the field errors, empty when valid.
-    pub fn admit(&self, obj: &mut Value, old: Option<&Value>) -> Vec<Cause> {
+    /// Prunes unknown fields and applies defaults, as decoding a request does.
+    pub fn normalize(&self, obj: &mut Value) {
         prune_root(&self.schema, obj);
         *obj = kube_cel::apply_defaults(&self.schema, obj);
+    }
+
+    /// Validates a normalized object (`old` is the stored object on an update, for CEL
+    /// transition rules). Returns the field errors, empty when valid.
+    pub fn validate(&self, obj: &Value, old: Option<&Value>) -> Vec<Cause> {
         let mut causes = Vec::new();
         check(&self.schema, obj, "", &mut causes);
         if let Err(errors) = self.validator.validate_compiled(&self.compiled, obj, old) {
@@ -158,7 +162,7 @@ fn prune_object(schema: &Value, map: &mut Map<String, Value>) {
     map.retain(|key, value| {
         let child = props.and_then(|p| p.get(key)).or(additional);
         // Unknown fields are dropped; so are nulls where the schema does not allow them.
-        child.is_some_and(|c| !(value.is_null() && !nullable(c)))
+        child.is_some_and(|c| !value.is_null() || nullable(c))
     });
     for (key, value) in map.iter_mut() {
         if let Some(child) = props.and_then(|p| p.get(key)).or(additional) {

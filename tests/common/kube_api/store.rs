@@ -263,11 +263,23 @@ impl Store {
         Ok(self.crds.iter().flatten().find(|c| c.kind == kind))
     }
 
+    /// What decoding a request does to it: a Secret's `stringData` folded into `data`; a
+    /// custom resource pruned and defaulted. Runs before generation and no-op checks.
+    fn normalize(&mut self, kind: &'static Kind, obj: &mut Value) -> Result<()> {
+        if kind.group.is_empty() && kind.kind == "Secret" {
+            meta::fold_string_data(obj);
+        }
+        if let Some(crd) = self.crd(kind)? {
+            crd.normalize(obj);
+        }
+        Ok(())
+    }
+
     /// Validation of a write: metadata for every kind, the CRD for custom kinds.
-    fn admit(&mut self, kind: &'static Kind, obj: &mut Value, old: Option<&Value>) -> Result<()> {
+    fn admit(&mut self, kind: &'static Kind, obj: &Value, old: Option<&Value>) -> Result<()> {
         let mut causes = meta::validate(kind, obj);
         if let Some(crd) = self.crd(kind)? {
-            causes.extend(crd.admit(obj, old));
+            causes.extend(crd.validate(obj, old));
         }
         if causes.is_empty() {
             Ok(())
@@ -321,7 +333,8 @@ impl Store {
                 map.remove("status");
             }
         }
-        self.admit(kind, &mut obj, None)?;
+        self.normalize(kind, &mut obj)?;
+        self.admit(kind, &obj, None)?;
         let key = Key::new(kind, namespace, meta::name_of(&obj));
         if self.objects.contains_key(&key) {
             return Err(Error::AlreadyExists {
@@ -375,9 +388,9 @@ impl Store {
                 {
                     meta::metadata_mut(&mut merged).insert("managedFields".into(), fields.clone());
                 }
-                merged
-                    .as_object_mut()
-                    .map(|m| m.retain(|_, v| !v.is_null()));
+                if let Some(map) = merged.as_object_mut() {
+                    map.retain(|_, v| !v.is_null());
+                }
                 merged
             }
             Target::Main | Target::Seed => new,
@@ -407,10 +420,13 @@ impl Store {
             match old.get("status") {
                 Some(status) => new["status"] = status.clone(),
                 None => {
-                    new.as_object_mut().map(|m| m.remove("status"));
+                    if let Some(map) = new.as_object_mut() {
+                        map.remove("status");
+                    }
                 }
             }
         }
+        self.normalize(kind, &mut new)?;
         if meta::spec_changed(&old, &new) {
             let generation = old
                 .pointer("/metadata/generation")
@@ -418,7 +434,7 @@ impl Store {
                 .unwrap_or(0);
             meta::metadata_mut(&mut new).insert("generation".into(), json!(generation + 1));
         }
-        self.admit(kind, &mut new, Some(&old))?;
+        self.admit(kind, &new, Some(&old))?;
         if meta::same_object(&old, &new) || how.dry_run {
             return Ok((if how.dry_run { new } else { old }, false));
         }
