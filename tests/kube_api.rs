@@ -16,6 +16,7 @@ use kube::api::{
     PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as RecorderEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
@@ -47,6 +48,20 @@ fn status(err: kube::Error) -> (u16, String, String, Vec<(String, String)>) {
         }
         other => panic!("expected an API error, got {other:?}"),
     }
+}
+
+fn data_of(cm: &ConfigMap) -> Vec<(&str, &str)> {
+    let data = cm.data.as_ref().unwrap();
+    data.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
+}
+
+/// The `fieldsV1` of a field manager's entry in `managedFields`.
+fn fields_of(cm: &ConfigMap, manager: &str) -> Option<Value> {
+    let entries = cm.metadata.managed_fields.as_ref()?;
+    let entry = entries
+        .iter()
+        .find(|e| e.manager.as_deref() == Some(manager))?;
+    Some(serde_json::to_value(entry.fields_v1.as_ref()?).unwrap())
 }
 
 fn code_reason(err: kube::Error) -> (u16, String) {
@@ -265,34 +280,45 @@ async fn apply_removes_what_the_manager_dropped_and_keeps_other_managers_fields(
     };
     let created = apply("ctrl", json!({"a": "1", "b": "2"})).await.unwrap();
     assert_eq!(created.metadata.generation, Some(1));
-    apply("other", json!({"c": "3"})).await.unwrap();
-    let reapplied = apply("ctrl", json!({"a": "10"})).await.unwrap();
-    let data = reapplied.data.clone().unwrap();
+    // "other" sets c, and applies b with the value it has: b is then owned by both, and
+    // stays while either still applies it.
+    apply("other", json!({"b": "2", "c": "3"})).await.unwrap();
+    let other = apply("other", json!({"c": "3"})).await.unwrap();
+    assert_eq!(data_of(&other), [("a", "1"), ("b", "2"), ("c", "3")]);
     assert_eq!(
-        data,
-        [("a".into(), "10".into()), ("c".into(), "3".into())].into()
+        fields_of(&other, "other"),
+        Some(json!({"f:data": {"f:c": {}}}))
     );
-
-    let managed = reapplied.metadata.managed_fields.unwrap();
-    let entry = |m: &str| {
-        managed
-            .iter()
-            .find(|e| e.manager.as_deref() == Some(m))
-            .unwrap()
-            .clone()
-    };
-    let ctrl = entry("ctrl");
+    let reapplied = apply("ctrl", json!({"a": "10"})).await.unwrap();
+    assert_eq!(
+        data_of(&reapplied),
+        [("a", "10"), ("c", "3")],
+        "b went with its last owner"
+    );
+    assert_eq!(
+        fields_of(&reapplied, "ctrl"),
+        Some(json!({"f:data": {"f:a": {}}}))
+    );
+    let ctrl = reapplied.metadata.managed_fields.as_ref().unwrap()[0].clone();
+    assert_eq!(ctrl.manager.as_deref(), Some("ctrl"));
     assert_eq!(ctrl.operation.as_deref(), Some("Apply"));
     assert_eq!(ctrl.fields_type.as_deref(), Some("FieldsV1"));
     assert_eq!(ctrl.api_version.as_deref(), Some("v1"));
+    assert!(ctrl.time.is_some());
+
+    // Changing a field another manager owns takes it over (force semantics).
+    let taken = apply("ctrl", json!({"a": "10", "c": "4"})).await.unwrap();
     assert_eq!(
-        serde_json::to_value(ctrl.fields_v1.unwrap()).unwrap(),
-        json!({"f:data": {"f:a": {}}})
+        fields_of(&taken, "ctrl"),
+        Some(json!({"f:data": {"f:a": {}, "f:c": {}}}))
     );
     assert_eq!(
-        serde_json::to_value(entry("other").fields_v1.unwrap()).unwrap(),
-        json!({"f:data": {"f:c": {}}})
+        fields_of(&taken, "other"),
+        None,
+        "a manager owning nothing has no entry"
     );
+    let reapplied = apply("ctrl", json!({"a": "10"})).await.unwrap();
+    assert_eq!(data_of(&reapplied), [("a", "10")]);
 
     // Re-applying the same configuration changes nothing, not even the resourceVersion.
     api.reset_requests();
@@ -387,6 +413,30 @@ async fn the_status_subresource_and_generation_follow_the_api_server() {
         Some(2),
         "metadata changes keep the generation"
     );
+
+    // Server-side apply of status: only .status changes, recorded for the status subresource.
+    let applied = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+        "spec": {"replicas": 9}, "status": {"readyReplicas": 1}});
+    let ssa = PatchParams::apply("ctrl").force();
+    let after = deployments
+        .patch_status("d", &ssa, &Patch::Apply(&applied))
+        .await
+        .unwrap();
+    assert_eq!(after.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(after.status.as_ref().unwrap().ready_replicas, Some(1));
+    let entry = after
+        .metadata
+        .managed_fields
+        .unwrap()
+        .into_iter()
+        .find(|e| e.manager.as_deref() == Some("ctrl"))
+        .unwrap();
+    assert_eq!(entry.subresource.as_deref(), Some("status"));
+    assert_eq!(
+        serde_json::to_value(entry.fields_v1.unwrap()).unwrap(),
+        json!({"f:status": {"f:readyReplicas": {}}})
+    );
+    let relabelled = deployments.get("d").await.unwrap();
 
     // A write that changes nothing keeps the resourceVersion; the log says it changed nothing.
     api.reset_requests();
@@ -838,11 +888,12 @@ fn injected_faults_fail_the_next_matching_requests_and_are_logged() {
 /// What the test controller shares with its reconciler.
 struct Ctx {
     client: kube::Client,
+    recorder: Recorder,
     reconciles: std::sync::atomic::AtomicUsize,
 }
 
 /// A tiny controller: every ConfigMap gets an owned Secret `<name>-copy` with its data,
-/// written with server-side apply.
+/// written with server-side apply, and an Event says so.
 async fn copy_to_secret(
     cm: std::sync::Arc<ConfigMap>,
     ctx: std::sync::Arc<Ctx>,
@@ -864,6 +915,14 @@ async fn copy_to_secret(
             &Patch::Apply(&secret),
         )
         .await?;
+    let event = RecorderEvent {
+        type_: EventType::Normal,
+        reason: "Copied".into(),
+        note: Some(format!("copied into {name}")),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    ctx.recorder.publish(&event, &cm.object_ref(&())).await?;
     Ok(Action::await_change())
 }
 
@@ -890,8 +949,13 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
     )
     .await
     .unwrap();
+    let reporter = Reporter {
+        controller: "copier".into(),
+        instance: None,
+    };
     let ctx = Arc::new(Ctx {
         client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
         reconciles: 0.into(),
     });
     let controller = Controller::new(cms.clone(), watcher::Config::default())
@@ -940,7 +1004,12 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
         ctx.reconciles.load(Ordering::SeqCst) > before
     })
     .await;
-    eventually("the apply was sent", || api.writes().len() == 2).await;
+    let secret_writes = || {
+        api.writes()
+            .into_iter()
+            .filter(|w| w.path.contains("/secrets/"))
+    };
+    eventually("the apply was sent", || secret_writes().count() == 1).await;
     let applies: Vec<_> = api
         .writes()
         .into_iter()
@@ -956,5 +1025,52 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
         api.get("Secret", "default", "src-copy").unwrap()["metadata"]["resourceVersion"],
         secret_rv
     );
+
+    // The Events kube's Recorder published: created once, then patched as a series.
+    eventually("the event series is patched", || {
+        api.writes().iter().any(|w| {
+            w.method == "PATCH"
+                && w.path
+                    .contains("/apis/events.k8s.io/v1/namespaces/default/events/")
+        })
+    })
+    .await;
+    let events = api.list("Event.events.k8s.io");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["reason"], "Copied");
+    assert_eq!(events[0]["regarding"]["name"], "src");
+    assert!(
+        events[0]["series"]["count"].as_i64().unwrap() >= 2,
+        "{}",
+        events[0]
+    );
     running.abort();
+}
+
+#[test]
+fn a_written_kubeconfig_and_a_streaming_list_watcher_work_from_a_plain_test() {
+    let api = KubeApi::start();
+    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seed", "namespace": "default"}}));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&path);
+    let seen = api.block_on(async {
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let options = kube::config::KubeConfigOptions::default();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+            .await
+            .unwrap();
+        assert_eq!(config.cluster_url.to_string(), format!("{}/", api.url()));
+        let cms: Api<ConfigMap> = Api::default_namespaced(kube::Client::try_from(config).unwrap());
+        let config = watcher::Config::default().streaming_lists();
+        let mut events = watcher(cms, config).boxed();
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(event_name(&next(&mut events).await.unwrap()));
+        }
+        seen
+    });
+    assert_eq!(seen, ["init", "init-apply seed", "init-done"]);
+    let watch = api.requests().into_iter().find(|r| r.watch).unwrap();
+    assert!(watch.has_query("sendInitialEvents", "true"), "{watch}");
 }

@@ -6,8 +6,9 @@
 //!   `fieldsType: FieldsV1`, `fieldsV1` as an `f:` trie, `subresource` for `/status`);
 //! - on re-apply, a field the manager owned before and omits now is removed unless another
 //!   manager owns it too; other managers' fields are kept;
-//! - **conflicts are never reported**: every apply behaves as `force=true`, taking the
-//!   applied fields from the managers that owned them.
+//! - applying the value a field already has shares its ownership with the managers that own
+//!   it; **conflicts are never reported**: changing another manager's field behaves as
+//!   `force=true` and takes it from them.
 //!
 //! Not modelled: ownership of fields written by PUT/merge/JSON patches (`operation: Update`
 //! entries), list items keyed by merge keys (`k:`/`v:` paths), and the `.` self-ownership
@@ -144,6 +145,10 @@ pub fn from_fields_v1(trie: &Value) -> BTreeSet<FieldPath> {
     out
 }
 
+fn value_at<'a>(obj: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(obj, |v, key| v.get(key))
+}
+
 fn is_entry(entry: &Value, manager: &str, scope: Scope) -> bool {
     entry["manager"] == manager
         && entry["operation"] == "Apply"
@@ -218,7 +223,10 @@ pub fn apply(
         .map(|i| from_fields_v1(&entries[i]["fieldsV1"]))
         .unwrap_or_default();
 
-    // Force semantics: the applied fields leave every other manager's set.
+    // Applying the value a field already has shares its ownership; changing it takes the
+    // field from the other managers (force semantics: no conflict is reported).
+    let applied_root = Value::Object(patch.clone());
+    let changed = |path: &FieldPath| value_at(&applied_root, path) != value_at(live, path);
     for (_, entry) in entries
         .iter_mut()
         .enumerate()
@@ -226,7 +234,7 @@ pub fn apply(
     {
         let mut theirs = from_fields_v1(&entry["fieldsV1"]);
         let before = theirs.len();
-        theirs.retain(|p| !new_paths.contains(p));
+        theirs.retain(|p| !(new_paths.contains(p) && changed(p)));
         if theirs.len() != before {
             entry["fieldsV1"] = to_fields_v1(&theirs);
         }

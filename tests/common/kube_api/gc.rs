@@ -13,7 +13,8 @@ use super::error::{Error, Result};
 use super::kinds::{self, Kind};
 use super::meta;
 use super::selector::Selectors;
-use super::store::{EventType, Key, Store, Target, Write};
+use super::store::{EventType, Key, Store};
+use super::write::{Target, Write};
 
 /// `propagationPolicy` of a delete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -23,11 +23,13 @@ pub mod kinds;
 pub mod meta;
 pub mod observe;
 pub mod patch;
+pub mod patching;
 pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
 pub mod watch;
+pub mod write;
 
 use std::future::Future;
 use std::net::SocketAddr;

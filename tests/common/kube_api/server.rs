@@ -1,7 +1,7 @@
 //! The HTTP face of the fake API server: one axum fallback handler that logs the request,
 //! injects faults, parses the path into a [`Route`] and the query, and dispatches the verb
-//! (get, list, watch, create, replace, patch, delete, deletecollection; the `status` and
-//! `scale` subresources) to the store under its lock. Answers are JSON objects, lists and
+//! (get, list, watch, create, replace, delete, deletecollection; PATCH and the `scale`
+//! subresource are in `patching.rs`) to the store under its lock. Answers are JSON objects, lists and
 //! `Status` errors as kube-apiserver sends them.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -9,20 +9,21 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::apply::{self, Scope};
 use super::error::{Cause, Error, Result};
 use super::gc::DeleteOptions;
 use super::kinds::{Route, parse_route};
 use super::meta;
 use super::observe::{Observer, Request};
-use super::patch::{self, PatchKind};
+use super::patch;
+use super::patching;
 use super::selector::Selectors;
-use super::store::{Key, Store, Target, Write};
+use super::store::{Key, Store};
 use super::watch::{self, WatchRequest};
+use super::write::{Target, Write};
 
 /// Everything the handler shares.
 pub struct Shared {
@@ -43,7 +44,7 @@ impl Shared {
 
 /// A request's query parameters, URL-decoded.
 #[derive(Debug, Default)]
-struct Query(Vec<(String, String)>);
+pub(super) struct Query(Vec<(String, String)>);
 
 impl Query {
     fn parse(query: &str) -> Self {
@@ -54,22 +55,22 @@ impl Query {
         )
     }
 
-    fn get(&self, name: &str) -> Option<&str> {
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.as_str())
     }
 
-    fn flag(&self, name: &str) -> bool {
+    pub(super) fn flag(&self, name: &str) -> bool {
         matches!(self.get(name), Some("true" | "1"))
     }
 
-    fn selectors(&self) -> Result<Selectors> {
+    pub(super) fn selectors(&self) -> Result<Selectors> {
         Selectors::parse(self.get("labelSelector"), self.get("fieldSelector"))
     }
 
-    fn write(&self, target: Target) -> Write {
+    pub(super) fn write(&self, target: Target) -> Write {
         Write {
             dry_run: self.get("dryRun") == Some("All"),
             ..Write::to(target)
@@ -78,7 +79,7 @@ impl Query {
 }
 
 /// The answer of a verb and whether it changed stored state.
-type Answer = (StatusCode, Value, bool);
+pub(super) type Answer = (StatusCode, Value, bool);
 
 /// The axum handler for every path.
 pub async fn handle(
@@ -179,7 +180,7 @@ fn dispatch(
         (Method::GET, false) => list(&store, &route, query),
         (Method::POST, false) => create(&mut store, &route, query, body),
         (Method::PUT, true) => replace(&mut store, &route, query, body),
-        (Method::PATCH, true) => patch(&mut store, &route, query, headers, body),
+        (Method::PATCH, true) => patching::patch(&mut store, &route, query, headers, body),
         (Method::DELETE, true) => delete(&mut store, &route, body),
         (Method::DELETE, false) => {
             let opts = DeleteOptions::parse(body)?;
@@ -217,7 +218,7 @@ fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {
     })
 }
 
-fn key(route: &Route) -> Key {
+pub(super) fn key(route: &Route) -> Key {
     Key::new(
         route.kind,
         route.namespace.as_deref(),
@@ -225,7 +226,7 @@ fn key(route: &Route) -> Key {
     )
 }
 
-fn stored(store: &Store, route: &Route) -> Result<Value> {
+pub(super) fn stored(store: &Store, route: &Route) -> Result<Value> {
     let name = route.name.clone().unwrap_or_default();
     store
         .get(route.kind, route.namespace.as_deref(), &name)
@@ -239,7 +240,7 @@ fn stored(store: &Store, route: &Route) -> Result<Value> {
 fn get(store: &Store, route: &Route) -> Result<Answer> {
     let obj = stored(store, route)?;
     let body = if route.subresource.as_deref() == Some("scale") {
-        scale_view(&obj)
+        patching::scale_view(&obj)
     } else {
         obj
     };
@@ -281,7 +282,7 @@ fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Resul
 fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
     let new = patch::parse_json(body)?;
     if route.subresource.as_deref() == Some("scale") {
-        return write_scale(store, route, query, new);
+        return patching::write_scale(store, route, query, new);
     }
     let target = if route.subresource.is_some() {
         Target::Status
@@ -306,149 +307,6 @@ fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Resu
     }
     let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
     Ok((StatusCode::OK, obj, changed))
-}
-
-fn patch(
-    store: &mut Store,
-    route: &Route,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Answer> {
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default();
-    let kind = PatchKind::from_content_type(content_type)?;
-    let target = if route.subresource.as_deref() == Some("status") {
-        Target::Status
-    } else {
-        Target::Main
-    };
-    if kind == PatchKind::Apply {
-        return server_side_apply(store, route, query, body, target);
-    }
-    let name = route.name.clone().unwrap_or_default();
-    let invalid = |message: String| Error::Invalid {
-        kind: route.kind,
-        name: name.clone(),
-        causes: vec![Cause::new("FieldValueInvalid", "", message)],
-    };
-    let current = stored(store, route)?;
-    if route.subresource.as_deref() == Some("scale") {
-        let scale = patch::apply_patch(kind, &scale_view(&current), body, invalid)?;
-        return write_scale(store, route, query, scale);
-    }
-    let new = patch::apply_patch(kind, &current, body, invalid)?;
-    let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
-    Ok((StatusCode::OK, obj, changed))
-}
-
-fn server_side_apply(
-    store: &mut Store,
-    route: &Route,
-    query: &Query,
-    body: &[u8],
-    target: Target,
-) -> Result<Answer> {
-    let name = route.name.clone().unwrap_or_default();
-    let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
-        return Err(Error::Invalid {
-            kind: route.kind,
-            name,
-            causes: vec![Cause::new(
-                "FieldValueRequired",
-                "fieldManager",
-                "Required value: is required for apply patch",
-            )],
-        });
-    };
-    let applied = patch::parse_apply(body)?;
-    let sent_name = meta::name_of(&applied);
-    if !sent_name.is_empty() && sent_name != name {
-        return Err(Error::BadRequest {
-            message: format!(
-                "the name of the object ({sent_name}) does not match the name on the URL ({name})"
-            ),
-        });
-    }
-    let scope = match target {
-        Target::Status => Scope::Status,
-        _ => Scope::Main {
-            status_subresource: route.kind.status,
-        },
-    };
-    let how = Write {
-        managed_fields: true,
-        ..query.write(target)
-    };
-    let api_version = route.kind.api_version();
-    let sent_rv = meta::meta_str(&applied, "resourceVersion");
-    match store
-        .get(route.kind, route.namespace.as_deref(), &name)
-        .cloned()
-    {
-        None if target == Target::Status => Err(Error::NotFound {
-            kind: route.kind,
-            name,
-        }),
-        None if sent_rv.is_some() => Err(Error::Conflict {
-            kind: route.kind,
-            name,
-        }),
-        None => {
-            let skeleton = json!({ "apiVersion": api_version, "kind": route.kind.kind, "metadata": { "name": name } });
-            let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
-            let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
-            Ok((StatusCode::CREATED, obj, !how.dry_run))
-        }
-        Some(live) => {
-            if sent_rv.is_some_and(|rv| Some(rv) != meta::meta_str(&live, "resourceVersion")) {
-                return Err(Error::Conflict {
-                    kind: route.kind,
-                    name,
-                });
-            }
-            let new = apply::apply(&live, &applied, manager, scope, &api_version);
-            let (obj, changed) = store.update(route.kind, &key(route), new, how)?;
-            Ok((StatusCode::OK, obj, changed))
-        }
-    }
-}
-
-/// The `autoscaling/v1` Scale of an object (`.spec.replicas`, `.status.replicas`,
-/// `.status.podSelector` — the Function CRD's scale paths).
-fn scale_view(obj: &Value) -> Value {
-    let metadata = &obj["metadata"];
-    json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": metadata["name"], "namespace": metadata["namespace"], "uid": metadata["uid"],
-            "resourceVersion": metadata["resourceVersion"], "creationTimestamp": metadata["creationTimestamp"],
-        },
-        "spec": { "replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0)) },
-        "status": {
-            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
-            "selector": obj.pointer("/status/podSelector").cloned().unwrap_or(json!("")),
-        },
-    })
-}
-
-/// Writes a Scale's `spec.replicas` back into the object (with its resourceVersion as a
-/// precondition) and answers the new Scale.
-fn write_scale(store: &mut Store, route: &Route, query: &Query, scale: Value) -> Result<Answer> {
-    let mut obj = stored(store, route)?;
-    let replicas = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
-    obj["spec"]["replicas"] = replicas;
-    let rv = meta::meta_str(&scale, "resourceVersion").map(str::to_string);
-    let metadata = meta::metadata_mut(&mut obj);
-    match rv {
-        Some(rv) => metadata.insert("resourceVersion".into(), json!(rv)),
-        None => metadata.remove("resourceVersion"),
-    };
-    let (obj, changed) = store.update(route.kind, &key(route), obj, query.write(Target::Main))?;
-    Ok((StatusCode::OK, scale_view(&obj), changed))
 }
 
 fn delete(store: &mut Store, route: &Route, body: &[u8]) -> Result<Answer> {
