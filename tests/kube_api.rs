@@ -871,6 +871,9 @@ fn injected_faults_fail_the_next_matching_requests_and_are_logged() {
     }
     api.block_on(cms.replace("f", &PostParams::default(), &current))
         .unwrap();
+    let changed: Vec<bool> = api.requests().iter().map(|r| r.changed).collect();
+    // Only the create changed anything: the last PUT sent the object as it was.
+    assert_eq!(changed, [true, false, false, false, false, false]);
     let log: Vec<String> = api.requests().iter().map(ToString::to_string).collect();
     assert_eq!(
         log,

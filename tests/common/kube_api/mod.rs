@@ -11,10 +11,13 @@
 //! validation of Functions (schema + CEL). Tests also get a request log, fault injection and
 //! direct access to the objects. Known kinds are listed in `kinds.rs`.
 //!
-//! Not modelled: authentication and RBAC, admission webhooks, built-in defaulting and
-//! validation of built-in kinds beyond names and labels (a Deployment is stored as sent),
-//! other controllers (nothing runs Pods or Jobs: the test kubelet does), namespaces existing
-//! before objects are created in them, paging, and list/get at an old resourceVersion.
+//! Not modelled: authentication and RBAC; admission webhooks; defaulting and validation of
+//! built-in kinds beyond names and labels (a Deployment is stored as sent, with no
+//! defaults); other controllers (nothing runs Pods or Jobs, Pods are deleted at once rather
+//! than gracefully); namespaces having to exist; `core/v1` and `events.k8s.io/v1` Events
+//! sharing storage; paging (LIST answers everything in one page) and reads at an old
+//! resourceVersion; `generation` is kept on every kind. The simplifications of server-side
+//! apply are listed in `apply.rs`, those of CRD validation in `schema.rs`.
 
 pub mod apply;
 pub mod error;

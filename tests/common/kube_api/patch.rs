@@ -96,7 +96,11 @@ pub fn apply_patch(
                 })?;
             json_patch::patch(&mut patched, &patch).map_err(|e| invalid(e.to_string()))?;
         }
-        PatchKind::Apply => unreachable!("server-side apply is handled by apply.rs"),
+        PatchKind::Apply => {
+            return Err(Error::Internal {
+                message: "server-side apply is no plain patch (apply.rs handles it)".into(),
+            });
+        }
     }
     Ok(patched)
 }

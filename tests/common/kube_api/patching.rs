@@ -48,8 +48,8 @@ pub(super) fn patch(
         return write_scale(store, route, query, scale);
     }
     let new = patch::apply_patch(kind, &current, body, invalid)?;
-    let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
-    Ok((StatusCode::OK, obj, changed))
+    let (obj, _) = store.update(route.kind, &key(route), new, query.write(target))?;
+    Ok((StatusCode::OK, obj))
 }
 
 fn server_side_apply(
@@ -108,7 +108,7 @@ fn server_side_apply(
             let skeleton = json!({ "apiVersion": api_version, "kind": route.kind.kind, "metadata": { "name": name } });
             let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
             let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
-            Ok((StatusCode::CREATED, obj, !how.dry_run))
+            Ok((StatusCode::CREATED, obj))
         }
         Some(live) => {
             if sent_rv.is_some_and(|rv| Some(rv) != meta::meta_str(&live, "resourceVersion")) {
@@ -118,8 +118,8 @@ fn server_side_apply(
                 });
             }
             let new = apply::apply(&live, &applied, manager, scope, &api_version);
-            let (obj, changed) = store.update(route.kind, &key(route), new, how)?;
-            Ok((StatusCode::OK, obj, changed))
+            let (obj, _) = store.update(route.kind, &key(route), new, how)?;
+            Ok((StatusCode::OK, obj))
         }
     }
 }
@@ -160,6 +160,6 @@ pub(super) fn write_scale(
         Some(rv) => metadata.insert("resourceVersion".into(), json!(rv)),
         None => metadata.remove("resourceVersion"),
     };
-    let (obj, changed) = store.update(route.kind, &key(route), obj, query.write(Target::Main))?;
-    Ok((StatusCode::OK, scale_view(&obj), changed))
+    let (obj, _) = store.update(route.kind, &key(route), obj, query.write(Target::Main))?;
+    Ok((StatusCode::OK, scale_view(&obj)))
 }

@@ -78,8 +78,8 @@ impl Query {
     }
 }
 
-/// The answer of a verb and whether it changed stored state.
-pub(super) type Answer = (StatusCode, Value, bool);
+/// The answer of a verb: status code and JSON body.
+pub(super) type Answer = (StatusCode, Value);
 
 /// The axum handler for every path.
 pub async fn handle(
@@ -112,7 +112,7 @@ pub async fn handle(
             record.injected = true;
             Err(Error::Injected { code })
         }
-        None if path == "/version" => Ok((StatusCode::OK, version(), false).into_answer()),
+        None if path == "/version" => Ok((json_response((StatusCode::OK, version())), false)),
         None => dispatch(&shared, &method, &path, &query, &headers, &body),
     };
     let (response, changed) = match result {
@@ -125,15 +125,8 @@ pub async fn handle(
     response
 }
 
-trait IntoAnswer {
-    fn into_answer(self) -> (Response, bool);
-}
-
-impl IntoAnswer for Answer {
-    fn into_answer(self) -> (Response, bool) {
-        let (code, body, changed) = self;
-        ((code, axum::Json(body)).into_response(), changed)
-    }
+fn json_response((code, body): Answer) -> Response {
+    (code, axum::Json(body)).into_response()
 }
 
 /// What `kubectl version` and `Client::apiserver_version` read.
@@ -175,6 +168,9 @@ fn dispatch(
         ));
     }
     let mut store = shared.store();
+    // The lock is held throughout, so a moved resourceVersion means this request changed
+    // something (no-op writes, dry runs and failures leave it).
+    let before = store.rv();
     let answer = match (method.clone(), route.name.is_some()) {
         (Method::GET, true) => get(&store, &route),
         (Method::GET, false) => list(&store, &route, query),
@@ -186,18 +182,13 @@ fn dispatch(
             let opts = DeleteOptions::parse(body)?;
             let ns = route.namespace.as_deref();
             let items = store.delete_collection(route.kind, ns, &query.selectors()?, &opts);
-            let changed = !items.is_empty() && !opts.dry_run;
-            Ok((
-                StatusCode::OK,
-                list_body(&route, store.rv(), items),
-                changed,
-            ))
+            Ok((StatusCode::OK, list_body(&route, store.rv(), items)))
         }
         _ => Err(Error::MethodNotAllowed {
             method: method.to_string(),
         }),
     }?;
-    Ok(answer.into_answer())
+    Ok((json_response(answer), store.rv() != before))
 }
 
 fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {
@@ -244,7 +235,7 @@ fn get(store: &Store, route: &Route) -> Result<Answer> {
     } else {
         obj
     };
-    Ok((StatusCode::OK, body, false))
+    Ok((StatusCode::OK, body))
 }
 
 fn list_body(route: &Route, rv: u64, items: Vec<Value>) -> Value {
@@ -260,7 +251,7 @@ fn list_body(route: &Route, rv: u64, items: Vec<Value>) -> Value {
 /// ever returned), always the latest state whatever `resourceVersion` asks.
 fn list(store: &Store, route: &Route, query: &Query) -> Result<Answer> {
     let items = store.list(route.kind, route.namespace.as_deref(), &query.selectors()?);
-    Ok((StatusCode::OK, list_body(route, store.rv(), items), false))
+    Ok((StatusCode::OK, list_body(route, store.rv(), items)))
 }
 
 fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
@@ -276,7 +267,7 @@ fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Resul
         patch::parse_json(body)?,
         how,
     )?;
-    Ok((StatusCode::CREATED, obj, !how.dry_run))
+    Ok((StatusCode::CREATED, obj))
 }
 
 fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
@@ -305,8 +296,8 @@ fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Resu
             )],
         });
     }
-    let (obj, changed) = store.update(route.kind, &key(route), new, query.write(target))?;
-    Ok((StatusCode::OK, obj, changed))
+    let (obj, _) = store.update(route.kind, &key(route), new, query.write(target))?;
+    Ok((StatusCode::OK, obj))
 }
 
 fn delete(store: &mut Store, route: &Route, body: &[u8]) -> Result<Answer> {
@@ -317,5 +308,5 @@ fn delete(store: &mut Store, route: &Route, body: &[u8]) -> Result<Answer> {
     }
     let opts = DeleteOptions::parse(body)?;
     let obj = store.delete(route.kind, &key(route), &opts)?;
-    Ok((StatusCode::OK, obj, !opts.dry_run))
+    Ok((StatusCode::OK, obj))
 }
