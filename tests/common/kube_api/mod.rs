@@ -55,8 +55,9 @@ use store::{Key, Store};
 /// How to start a [`KubeApi`].
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The CRDs that validate custom resources (default: `kiln crd`, run on first use).
-    pub crds: CrdSource,
+    /// The CRDs that validate custom resources (default: `kiln crd`, run on first use; add
+    /// Knative Serving's to validate its Services; empty: no validation).
+    pub crds: Vec<CrdSource>,
     /// How often a watch that allows bookmarks gets one (kube-apiserver: about a minute).
     pub bookmark_interval: Duration,
     /// How many events watches can resume from; older resourceVersions get 410 Gone.
@@ -66,7 +67,9 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self {
-            crds: CrdSource::KilnBinary(PathBuf::from(env!("CARGO_BIN_EXE_kiln"))),
+            crds: vec![CrdSource::KilnBinary(PathBuf::from(env!(
+                "CARGO_BIN_EXE_kiln"
+            )))],
             bookmark_interval: Duration::from_millis(500),
             history_limit: 10_000,
         }

@@ -96,15 +96,14 @@ pub enum Signal {
     Expire,
 }
 
-/// Where the CRDs of custom kinds come from.
+/// Where a CRD that validates a custom kind comes from (a custom kind without one is stored
+/// unvalidated).
 #[derive(Debug, Clone)]
 pub enum CrdSource {
     /// Run this `kiln` binary's `kiln crd`, on first use.
     KilnBinary(PathBuf),
-    /// These CRD manifests (YAML).
-    Yaml(Vec<String>),
-    /// No CRD: custom resources are stored unvalidated.
-    None,
+    /// A CRD manifest (YAML), e.g. Knative Serving's for `serving.knative.dev` Services.
+    Yaml(String),
 }
 
 /// The state behind the server.
@@ -115,13 +114,13 @@ pub struct Store {
     compacted: u64,
     history_limit: usize,
     signals: broadcast::Sender<Signal>,
-    pub(super) crd_source: CrdSource,
+    pub(super) crd_sources: Vec<CrdSource>,
     pub(super) crds: Option<Vec<Crd>>,
 }
 
 impl Store {
     /// An empty store keeping at most `history_limit` events for watches to resume from.
-    pub fn new(crd_source: CrdSource, history_limit: usize) -> Self {
+    pub fn new(crd_sources: Vec<CrdSource>, history_limit: usize) -> Self {
         Self {
             objects: BTreeMap::new(),
             rv: 1,
@@ -129,7 +128,7 @@ impl Store {
             compacted: 0,
             history_limit,
             signals: broadcast::channel(16 * 1024).0,
-            crd_source,
+            crd_sources,
             crds: None,
         }
     }

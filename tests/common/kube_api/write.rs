@@ -55,14 +55,13 @@ impl Store {
             return Ok(None);
         }
         if self.crds.is_none() {
-            let manifests = match &self.crd_source {
-                CrdSource::None => Vec::new(),
-                CrdSource::Yaml(yaml) => yaml.clone(),
-                CrdSource::KilnBinary(bin) => vec![run_kiln_crd(bin)?],
-            };
             let mut crds = Vec::new();
-            for yaml in &manifests {
-                crds.extend(load_crds(yaml).map_err(|message| Error::Internal { message })?);
+            for source in &self.crd_sources {
+                let yaml = match source {
+                    CrdSource::Yaml(yaml) => yaml.clone(),
+                    CrdSource::KilnBinary(bin) => run_kiln_crd(bin)?,
+                };
+                crds.extend(load_crds(&yaml).map_err(|message| Error::Internal { message })?);
             }
             self.crds = Some(crds);
         }
