@@ -88,7 +88,10 @@ fn kyma_function(name: &str) -> Value {
                 "dependencies": "{ \"name\": \"hello\", \"version\": \"1.0.0\" }",
             }},
             "env": [{ "name": "GREETING", "value": "hi" }],
-            "resourceConfiguration": { "function": { "profile": "S" }, "build": { "profile": "normal" } },
+            "resourceConfiguration": {
+                "function": { "profile": "S" },
+                "build": { "profile": "normal" },
+            },
             "scaleConfig": { "minReplicas": 1, "maxReplicas": 3 },
             "labels": { "team": "a" },
         },
@@ -189,6 +192,11 @@ async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
         .await
         .unwrap_err();
     assert_eq!(status(invalid).0, 422);
+    let long = "v".repeat(64);
+    let bad_label = cm("l", json!({"ok": long, "bad key": "v"}), json!({}));
+    let (code, _, _, causes) = status(default.create(&pp, &bad_label).await.unwrap_err());
+    let fields: Vec<&str> = causes.iter().map(|(f, _)| f.as_str()).collect();
+    assert_eq!((code, fields), (422, vec!["metadata.labels[bad key]", "metadata.labels[ok]"]));
 }
 
 #[tokio::test]
@@ -269,7 +277,9 @@ async fn apply_removes_what_the_manager_dropped_and_keeps_other_managers_fields(
     let apply = |manager: &'static str, data: Value| {
         let cms = cms.clone();
         async move {
-            let obj = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}, "data": data});
+            let obj = json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s"}, "data": data,
+            });
             cms.patch(
                 "s",
                 &PatchParams::apply(manager).force(),
@@ -351,7 +361,10 @@ async fn the_status_subresource_and_generation_follow_the_api_server() {
     let deployment: Deployment = serde_json::from_value(json!({
         "metadata": {"name": "d"},
         "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "d"}},
-                 "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}},
+                 "template": {
+                     "metadata": {"labels": {"app": "d"}},
+                     "spec": {"containers": [{"name": "c", "image": "i"}]},
+                 }},
         "status": {"replicas": 5},
     }))
     .unwrap();
@@ -464,7 +477,9 @@ async fn the_status_subresource_and_generation_follow_the_api_server() {
 }
 
 fn owned_by(kind: &str, api_version: &str, name: &str, uid: &str) -> Value {
-    json!([{ "apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true }])
+    json!([{
+        "apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": true,
+    }])
 }
 
 #[test]
@@ -517,14 +532,16 @@ fn deleting_an_owner_collects_its_dependents_as_the_garbage_collector_does() {
     );
 
     // Orphan: the dependent stays without its owner reference.
-    let owner = api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "o", "namespace": "default"}}));
+    let owner = api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "o", "namespace": "default"}}));
     let owner_ref = owned_by(
         "ConfigMap",
         "v1",
         "o",
         owner["metadata"]["uid"].as_str().unwrap(),
     );
-    api.insert(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "dep", "namespace": "default", "ownerReferences": owner_ref}}));
+    api.insert(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "dep", "namespace": "default", "ownerReferences": owner_ref}}));
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     api.block_on(cms.delete("o", &DeleteParams::orphan()))
         .unwrap();
@@ -1053,7 +1070,8 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
 #[test]
 fn a_written_kubeconfig_and_a_streaming_list_watcher_work_from_a_plain_test() {
     let api = KubeApi::start();
-    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "seed", "namespace": "default"}}));
+    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "seed", "namespace": "default"}}));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     api.write_kubeconfig(&path);

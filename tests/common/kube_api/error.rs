@@ -173,7 +173,10 @@ impl Error {
             Self::UnsupportedMediaType { content_type } => (
                 "UnsupportedMediaType",
                 format!(
-                    "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json (got {content_type:?})"
+                    "the body of the request was in an unknown format - accepted media types \
+                     include: application/json-patch+json, application/merge-patch+json, \
+                     application/apply-patch+yaml, application/strategic-merge-patch+json \
+                     (got {content_type:?})"
                 ),
                 None,
             ),

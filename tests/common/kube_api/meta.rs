@@ -233,7 +233,10 @@ fn validate_label(key: &str, value: &Value, causes: &mut Vec<Cause>) {
         causes.push(Cause::new(
             "FieldValueInvalid",
             &field,
-            format!("Invalid value: \"{key}\": name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"),
+            format!(
+                "Invalid value: \"{key}\": name part must consist of alphanumeric characters, \
+                 '-', '_' or '.', and must start and end with an alphanumeric character"
+            ),
         ));
     }
     let Some(value) = value.as_str() else {
@@ -255,7 +258,11 @@ fn validate_label(key: &str, value: &Value, causes: &mut Vec<Cause>) {
         causes.push(Cause::new(
             "FieldValueInvalid",
             &field,
-            format!("Invalid value: \"{value}\": a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character, at most 63 characters"),
+            format!(
+                "Invalid value: \"{value}\": a valid label must be an empty string or consist \
+                 of alphanumeric characters, '-', '_' or '.', and must start and end with an \
+                 alphanumeric character, at most 63 characters"
+            ),
         ));
     }
 }

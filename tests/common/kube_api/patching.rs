@@ -105,7 +105,11 @@ fn server_side_apply(
             name,
         }),
         None => {
-            let skeleton = json!({ "apiVersion": api_version, "kind": route.kind.kind, "metadata": { "name": name } });
+            let skeleton = json!({
+                "apiVersion": api_version,
+                "kind": route.kind.kind,
+                "metadata": { "name": name },
+            });
             let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
             let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
             Ok((StatusCode::CREATED, obj))
@@ -132,8 +136,11 @@ pub fn scale_view(obj: &Value) -> Value {
         "kind": "Scale",
         "apiVersion": "autoscaling/v1",
         "metadata": {
-            "name": metadata["name"], "namespace": metadata["namespace"], "uid": metadata["uid"],
-            "resourceVersion": metadata["resourceVersion"], "creationTimestamp": metadata["creationTimestamp"],
+            "name": metadata["name"],
+            "namespace": metadata["namespace"],
+            "uid": metadata["uid"],
+            "resourceVersion": metadata["resourceVersion"],
+            "creationTimestamp": metadata["creationTimestamp"],
         },
         "spec": { "replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0)) },
         "status": {

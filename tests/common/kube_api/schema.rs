@@ -215,7 +215,10 @@ fn check(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Cause>) {
         causes.push(Cause::new(
             "FieldValueTypeInvalid",
             path,
-            format!("Invalid value: \"{actual}\": {path} in body must be of type {expected}: \"{actual}\""),
+            format!(
+                "Invalid value: \"{actual}\": {path} in body must be of type {expected}: \
+                 \"{actual}\""
+            ),
         ));
         return;
     }

@@ -1,8 +1,8 @@
 //! The HTTP face of the fake API server: one axum fallback handler that logs the request,
 //! injects faults, parses the path into a [`Route`] and the query, and dispatches the verb
 //! (get, list, watch, create, replace, delete, deletecollection; PATCH and the `scale`
-//! subresource are in `patching.rs`) to the store under its lock. Answers are JSON objects, lists and
-//! `Status` errors as kube-apiserver sends them.
+//! subresource are in `patching.rs`) to the store under its lock. Answers are JSON objects,
+//! lists and `Status` errors as kube-apiserver sends them.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;

@@ -297,7 +297,8 @@ fn set_type(kind: &Kind, obj: &mut Value) -> Result<()> {
             Some(sent) => {
                 return Err(Error::BadRequest {
                     message: format!(
-                        "the {field} of the object ({sent}) does not match the {field} of the request ({expected})"
+                        "the {field} of the object ({sent}) does not match the {field} of the \
+                         request ({expected})"
                     ),
                 });
             }
@@ -316,7 +317,9 @@ fn set_namespace(kind: &Kind, namespace: Option<&str>, obj: &mut Value) -> Resul
     let url_ns = namespace.unwrap_or_default();
     match metadata.get("namespace").and_then(Value::as_str) {
         Some(sent) if !sent.is_empty() && sent != url_ns => Err(Error::BadRequest {
-            message: "the namespace of the provided object does not match the namespace sent on the request".into(),
+            message: "the namespace of the provided object does not match the namespace sent \
+                      on the request"
+                .into(),
         }),
         _ if url_ns.is_empty() => Err(Error::BadRequest {
             message: "the namespace of the object is required".into(),
