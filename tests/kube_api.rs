@@ -196,7 +196,10 @@ async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
     let bad_label = cm("l", json!({"ok": long, "bad key": "v"}), json!({}));
     let (code, _, _, causes) = status(default.create(&pp, &bad_label).await.unwrap_err());
     let fields: Vec<&str> = causes.iter().map(|(f, _)| f.as_str()).collect();
-    assert_eq!((code, fields), (422, vec!["metadata.labels[bad key]", "metadata.labels[ok]"]));
+    assert_eq!(
+        (code, fields),
+        (422, vec!["metadata.labels[bad key]", "metadata.labels[ok]"])
+    );
 }
 
 #[tokio::test]
