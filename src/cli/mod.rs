@@ -3,6 +3,7 @@
 
 pub mod base;
 mod build;
+mod controller;
 mod registry;
 mod run;
 
@@ -71,6 +72,8 @@ pub enum Command {
     /// Print the Function CRD (functions.serverless.kyma-project.io, v1alpha2) as YAML, for
     /// `kubectl apply -f -`.
     Crd,
+    /// Run the Function controller: build Functions with build Jobs and run them.
+    Controller(Box<controller::ControllerArgs>),
     /// Print the version.
     Version,
 }
@@ -95,6 +98,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Build(args) => build::run(*args).await,
         Command::Base(cmd) => base::run(*cmd).await,
         Command::Run(args) => run::run(*args).await,
+        Command::Controller(args) => controller::run(*args).await,
         Command::Crd => crate::controller::crd::crd_yaml()
             .map(|yaml| yaml.trim_end().to_string())
             .map_err(|e| Failure::Build(e.into())),
