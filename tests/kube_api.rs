@@ -1098,3 +1098,44 @@ fn a_written_kubeconfig_and_a_streaming_list_watcher_work_from_a_plain_test() {
     let watch = api.requests().into_iter().find(|r| r.watch).unwrap();
     assert!(watch.has_query("sendInitialEvents", "true"), "{watch}");
 }
+
+#[tokio::test]
+async fn knative_services_are_validated_against_knative_servings_published_crd() {
+    use common::kube_api::{CrdSource, Options};
+    let crd = std::fs::read_to_string(common::kiln::fixtures().join("knative/service-crd.yaml"));
+    let options = Options {
+        crds: vec![CrdSource::Yaml(crd.unwrap())],
+        ..Options::default()
+    };
+    let api = KubeApi::with_options(options);
+    let gvk = GroupVersionKind::gvk("serving.knative.dev", "v1", "Service");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "services");
+    let ksvcs: Api<DynamicObject> = Api::namespaced_with(api.client(), "default", &ar);
+    let ksvc = |port: Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "serving.knative.dev/v1", "kind": "Service",
+            "metadata": {"name": "hello"},
+            "spec": {"template": {"spec": {"containers": [{
+                "image": "registry.example/hello@sha256:0000",
+                "ports": [{"containerPort": port, "name": "http1"}],
+            }]}}},
+        }))
+        .unwrap()
+    };
+    let err = ksvcs
+        .create(&PostParams::default(), &ksvc(json!("8080")))
+        .await
+        .unwrap_err();
+    let (code, _, message, causes) = status(err);
+    assert_eq!(code, 422, "{message}");
+    let field = "spec.template.spec.containers[0].ports[0].containerPort";
+    assert!(causes.iter().any(|(f, _)| f == field), "{causes:?}");
+    let created = ksvcs
+        .create(&PostParams::default(), &ksvc(json!(8080)))
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"],
+        8080
+    );
+}
