@@ -1,0 +1,459 @@
+//! The hand-over between the two halves of a split build. `--stage deps` (which runs the
+//! third-party install, without push credentials) writes the dependency layer and a small
+//! record of it into a stage directory; `--stage publish` (with push credentials, running no
+//! program) reads them back trusting nothing there: every file is opened without following
+//! symlinks and must be a regular file, the record must describe this very Function, and the
+//! layer is copied out while its size, digest and diff_id are checked.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use serde::{Deserialize, Serialize};
+use tempfile::{NamedTempFile, TempPath};
+
+use super::function::DepInputs;
+use crate::oci::{Digest, Hasher, MediaType};
+
+/// The record's file name in the stage directory.
+pub const RECORD_FILE: &str = "dependencies.json";
+/// The dependency layer's file name in the stage directory.
+pub const BLOB_FILE: &str = "dependencies.tar.gz";
+/// The record format this kiln writes and reads.
+pub const FORMAT: &str = "kiln-staged-dependencies/v1";
+/// A record is a few hundred bytes; anything bigger is not one.
+const RECORD_LIMIT: u64 = 64 * 1024;
+
+/// What `--stage deps` hands to `--stage publish`. It holds no registry configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Record {
+    /// [`FORMAT`].
+    pub format: String,
+    /// The runtime the dependencies were installed for.
+    pub runtime: String,
+    /// `SOURCE_DATE_EPOCH` of the install (part of the layer's bytes).
+    pub epoch: u64,
+    /// [`manifest_digest`] of the Function's dependency manifest and lock file; `None` when
+    /// it has nothing to install.
+    pub manifest_digest: Option<Digest>,
+    /// The layer; `None` when the Function has nothing to install.
+    pub dependencies: Option<StagedLayer>,
+}
+
+/// The dependency layer in the stage directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StagedLayer {
+    /// The dependency cache key (the build key's dependency part).
+    pub key: Digest,
+    /// The blob's media type as written.
+    pub media_type: MediaType,
+    /// Digest of the compressed blob.
+    pub digest: Digest,
+    /// Digest of the uncompressed tar.
+    pub diff_id: Digest,
+    /// Size of the compressed blob.
+    pub size: u64,
+    /// The image history entry's `created_by`.
+    pub created_by: String,
+}
+
+/// What the publishing build expects the record to say.
+#[derive(Clone, Debug)]
+pub struct Expected<'a> {
+    /// The runtime.
+    pub runtime: &'a str,
+    /// `SOURCE_DATE_EPOCH`.
+    pub epoch: u64,
+    /// The Function's dependency inputs.
+    pub inputs: Option<&'a DepInputs>,
+    /// The install command line, for the history text.
+    pub install_command: String,
+}
+
+/// A verified stage: the record, and a private copy of the layer made while checking it.
+#[derive(Debug)]
+pub struct Verified {
+    /// The record.
+    pub record: Record,
+    /// The layer copy, when there are dependencies.
+    pub blob: Option<TempPath>,
+}
+
+/// Why the stage directory cannot be written or used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file is missing or cannot be opened.
+    #[error(
+        "opening {path}: run `kiln build --stage deps --stage-dir DIR` for this Function first"
+    )]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// A symlink, directory, device or other non-regular file.
+    #[error(
+        "{path} is {kind}, not a regular file; refusing it: only `kiln build --stage deps` writes the stage directory"
+    )]
+    NotRegular {
+        /// The file.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Not a record.
+    #[error("{path} is not a kiln dependency record")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The record describes another build.
+    #[error(
+        "{path} does not describe this build: its {field} is {recorded}, this build's is {current}; run both stages with the same Function and flags"
+    )]
+    Mismatch {
+        /// The record.
+        path: PathBuf,
+        /// Which field.
+        field: &'static str,
+        /// What the record says.
+        recorded: String,
+        /// What this build has.
+        current: String,
+    },
+    /// The blob is not what the record says.
+    #[error("{path} does not match its record: {field} is {actual}, the record says {expected}")]
+    Blob {
+        /// The blob.
+        path: PathBuf,
+        /// size, digest or diff_id.
+        field: &'static str,
+        /// What the record says.
+        expected: String,
+        /// What the file has.
+        actual: String,
+    },
+    /// The blob is not a gzip tar stream.
+    #[error("{path} is not a gzip-compressed layer")]
+    Gzip {
+        /// The blob.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Reading or writing.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// Whether the stage directory's content is at fault (exit code 2) rather than I/O.
+    pub fn is_input_error(&self) -> bool {
+        !matches!(self, Error::Io { .. })
+    }
+}
+
+/// The digest that ties a record to a Function: its dependency manifest and lock file,
+/// names and bytes (never the registry config, which publish does not need to have).
+pub fn manifest_digest(inputs: &DepInputs) -> Digest {
+    let mut h = Hasher::new();
+    for file in std::iter::once(&inputs.manifest).chain(&inputs.lock) {
+        for part in [file.name.as_bytes(), &file.bytes] {
+            h.update(&(part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+    }
+    h.finish().0
+}
+
+/// The history text of a dependency layer.
+pub fn created_by(install_command: &str, key: &Digest) -> String {
+    format!("kiln: dependencies ({install_command}, key {key})")
+}
+
+/// Writes `record` (and the layer at `blob`, copied) into `dir`, creating it. Each file is
+/// written to a temporary name and renamed over the final one, so a symlink planted there
+/// beforehand is replaced, never followed.
+///
+/// # Errors
+/// I/O errors naming the file.
+pub fn write(dir: &Path, record: &Record, blob: Option<&Path>) -> Result<(), Error> {
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    let blob_path = dir.join(BLOB_FILE);
+    match blob {
+        Some(source) => {
+            let mut from = File::open(source).map_err(io("reading", source))?;
+            let mut tmp = NamedTempFile::new_in(dir).map_err(io("writing into", dir))?;
+            io::copy(&mut from, &mut tmp).map_err(io("writing", &blob_path))?;
+            tmp.persist(&blob_path)
+                .map_err(|e| io("writing", &blob_path)(e.error))?;
+        }
+        None => match std::fs::remove_file(&blob_path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(io("removing the stale", &blob_path)(e));
+            }
+            _ => {}
+        },
+    }
+    let record_path = dir.join(RECORD_FILE);
+    let bytes =
+        serde_json::to_vec_pretty(record).map_err(|e| io("writing", &record_path)(e.into()))?;
+    let mut tmp = NamedTempFile::new_in(dir).map_err(io("writing into", dir))?;
+    tmp.write_all(&bytes).map_err(io("writing", &record_path))?;
+    tmp.persist(&record_path)
+        .map_err(|e| io("writing", &record_path)(e.error))?;
+    Ok(())
+}
+
+/// Reads and checks the stage in `dir` against what this build expects, copying the layer
+/// into `scratch` while verifying it.
+///
+/// # Errors
+/// Any file that is missing, not a regular file, malformed, or does not match.
+pub fn read(dir: &Path, expected: &Expected<'_>, scratch: &Path) -> Result<Verified, Error> {
+    let dir_fd = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Open {
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })?;
+    let record_path = dir.join(RECORD_FILE);
+    let mut bytes = Vec::new();
+    open_beneath(&dir_fd, dir, RECORD_FILE)?
+        .take(RECORD_LIMIT)
+        .read_to_end(&mut bytes)
+        .map_err(|source| Error::Io {
+            action: "reading",
+            path: record_path.clone(),
+            source,
+        })?;
+    let record: Record = serde_json::from_slice(&bytes).map_err(|source| Error::Parse {
+        path: record_path.clone(),
+        source,
+    })?;
+    check_record(&record, expected, &record_path)?;
+    let blob = match &record.dependencies {
+        None => None,
+        Some(layer) => {
+            let file = open_beneath(&dir_fd, dir, BLOB_FILE)?;
+            Some(copy_verified(file, &dir.join(BLOB_FILE), layer, scratch)?)
+        }
+    };
+    Ok(Verified { record, blob })
+}
+
+fn check_record(record: &Record, expected: &Expected<'_>, path: &Path) -> Result<(), Error> {
+    let mismatch = |field, recorded: String, current: String| {
+        if recorded == current {
+            return Ok(());
+        }
+        Err(Error::Mismatch {
+            path: path.to_path_buf(),
+            field,
+            recorded,
+            current,
+        })
+    };
+    let none = || "none".to_string();
+    mismatch("format", record.format.clone(), FORMAT.into())?;
+    mismatch("runtime", record.runtime.clone(), expected.runtime.into())?;
+    mismatch(
+        "SOURCE_DATE_EPOCH",
+        record.epoch.to_string(),
+        expected.epoch.to_string(),
+    )?;
+    let current = expected.inputs.map(manifest_digest);
+    mismatch(
+        "dependency manifest digest",
+        record
+            .manifest_digest
+            .as_ref()
+            .map_or_else(none, Digest::to_string),
+        current.as_ref().map_or_else(none, Digest::to_string),
+    )?;
+    let layer = match (&record.dependencies, current) {
+        (None, None) => return Ok(()),
+        (Some(layer), Some(_)) => layer,
+        (recorded, _) => {
+            let describe = |some: bool| if some { "a layer" } else { "none" }.to_string();
+            return mismatch(
+                "dependency layer",
+                describe(recorded.is_some()),
+                describe(recorded.is_none()),
+            );
+        }
+    };
+    mismatch(
+        "history text",
+        layer.created_by.clone(),
+        created_by(&expected.install_command, &layer.key),
+    )?;
+    if !matches!(
+        layer.media_type,
+        MediaType::OciLayerGzip | MediaType::DockerLayerGzip
+    ) {
+        return mismatch(
+            "media type",
+            layer.media_type.to_string(),
+            MediaType::OciLayerGzip.to_string(),
+        );
+    }
+    Ok(())
+}
+
+/// Opens `name` in `dir_fd` for reading without following any symlink, and checks that it is
+/// a regular file. `O_NONBLOCK` keeps a planted FIFO from blocking the open.
+fn open_beneath(dir_fd: &OwnedFd, dir: &Path, name: &str) -> Result<File, Error> {
+    let path = dir.join(name);
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let opened = match rustix::fs::openat2(dir_fd, name, flags, Mode::empty(), resolve) {
+        // Kernels before 5.6: `name` is one component, so O_NOFOLLOW alone covers it.
+        Err(rustix::io::Errno::NOSYS) => rustix::fs::openat(dir_fd, name, flags, Mode::empty()),
+        other => other,
+    };
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP | rustix::io::Errno::XDEV) => {
+            return Err(Error::NotRegular {
+                path,
+                kind: "a symlink",
+            });
+        }
+        Err(e) => {
+            return Err(Error::Open {
+                path,
+                source: e.into(),
+            });
+        }
+    };
+    let file = File::from(fd);
+    let kind = file
+        .metadata()
+        .map_err(|source| Error::Io {
+            action: "inspecting",
+            path: path.clone(),
+            source,
+        })?
+        .file_type();
+    if !kind.is_file() {
+        let kind = if kind.is_dir() {
+            "a directory"
+        } else {
+            "a special file"
+        };
+        return Err(Error::NotRegular { path, kind });
+    }
+    Ok(file)
+}
+
+/// Copies `file` into a temp file in `scratch`, hashing the compressed bytes and, through a
+/// gzip decoder, the tar stream; all three of size, digest and diff_id must match `layer`.
+fn copy_verified(
+    file: File,
+    path: &Path,
+    layer: &StagedLayer,
+    scratch: &Path,
+) -> Result<TempPath, Error> {
+    let io = |action| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let blob_err = |field, expected: String, actual: String| Error::Blob {
+        path: path.to_path_buf(),
+        field,
+        expected,
+        actual,
+    };
+    let size = file.metadata().map_err(io("inspecting"))?.len();
+    if size != layer.size {
+        return Err(blob_err("size", layer.size.to_string(), size.to_string()));
+    }
+    let out = NamedTempFile::new_in(scratch).map_err(io("copying"))?;
+    let tee = Tee {
+        // Never more than the record allows, whatever happens to the file meanwhile.
+        inner: file.take(layer.size + 1),
+        out: out.as_file(),
+        hasher: Hasher::new(),
+    };
+    let mut gz = flate2::read::GzDecoder::new(tee);
+    let mut tar = crate::oci::HashingWriter::new(io::sink());
+    let unpacked = io::copy(&mut gz, &mut tar);
+    let mut tee = gz.into_inner();
+    // Bytes after the gzip stream (or after a corrupt spot) still count toward the digest.
+    io::copy(&mut tee, &mut io::sink()).map_err(io("reading"))?;
+    let (digest, copied) = tee.hasher.finish();
+    let (_, diff_id, _) = tar.finish();
+    if copied != layer.size {
+        return Err(blob_err("size", layer.size.to_string(), copied.to_string()));
+    }
+    if digest != layer.digest {
+        return Err(blob_err(
+            "digest",
+            layer.digest.to_string(),
+            digest.to_string(),
+        ));
+    }
+    unpacked.map_err(|source| Error::Gzip {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if diff_id != layer.diff_id {
+        return Err(blob_err(
+            "diff_id",
+            layer.diff_id.to_string(),
+            diff_id.to_string(),
+        ));
+    }
+    Ok(out.into_temp_path())
+}
+
+/// A reader that copies what it reads into `out` and hashes it.
+struct Tee<'a, R> {
+    inner: R,
+    out: &'a File,
+    hasher: Hasher,
+}
+
+impl<R: Read> Read for Tee<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.out.write_all(&buf[..n])?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
