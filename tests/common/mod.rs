@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod git;
 pub mod images;
 pub mod kiln;
 pub mod kube_api;
