@@ -288,7 +288,7 @@ fn an_unknown_reference_and_a_missing_base_directory_are_named() {
 }
 
 #[test]
-fn ssh_urls_are_refused_as_usage_errors_before_any_network() {
+fn ssh_urls_and_credentials_over_plain_http_are_refused_before_any_network() {
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
     for url in [
@@ -300,6 +300,23 @@ fn ssh_urls_are_refused_as_usage_errors_before_any_network() {
         assert!(err.contains("kiln clones over HTTPS only"), "{err}");
         assert!(err.contains("the builder image does not have"), "{err}");
     }
+    // Nor are credentials ever sent over plain HTTP.
+    let auth = work.path().join("auth");
+    fs::create_dir_all(&auth).unwrap();
+    fs::write(auth.join("username"), "u").unwrap();
+    fs::write(auth.join("password"), "KILN-PLAIN-SECRET").unwrap();
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        "http://127.0.0.1:9/fns.git",
+        &["--git-auth-dir", auth.to_str().unwrap()],
+    );
+    let err = run.failure(2);
+    assert!(
+        err.contains("--git-auth-dir needs an https:// URL"),
+        "{err}"
+    );
+    assert!(!err.contains("KILN-PLAIN-SECRET"), "{err}");
     let help = kiln.run(&["build", "--help"]);
     let help = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(

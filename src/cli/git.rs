@@ -44,6 +44,13 @@ impl GitArgs {
             return Ok(None);
         };
         let source = Source::parse(url, self.git_ref.as_deref(), self.git_base_dir.as_deref())?;
+        if self.git_auth_dir.is_some() && !source.url.is_https() {
+            // gix would refuse at the first 401; say so before anything is sent.
+            anyhow::bail!(
+                "--git-auth-dir needs an https:// URL: credentials are never sent in clear text to {}",
+                source.url
+            );
+        }
         let credentials = self
             .git_auth_dir
             .as_deref()

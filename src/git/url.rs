@@ -48,6 +48,11 @@ impl RemoteUrl {
         Ok(RemoteUrl { url })
     }
 
+    /// Whether the connection is encrypted (credentials are only ever sent over HTTPS).
+    pub fn is_https(&self) -> bool {
+        self.url.scheme() == "https"
+    }
+
     /// The URL to connect to.
     pub fn as_str(&self) -> &str {
         self.url.as_str()
