@@ -12,7 +12,7 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
-use common::git::{GIT_PASSWORD, GitServer, GitServerKind, Repo};
+use common::git::{GIT_FORBIDDEN_PASSWORD, GIT_PASSWORD, GitServer, GitServerKind, Repo};
 use common::kiln::{Kiln, Run, read_report, tiny_base};
 use common::schema::validate_layout;
 
@@ -235,6 +235,20 @@ fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
         "no password in errors: {err}"
     );
 
+    let forbidden = server.auth_dir(GIT_FORBIDDEN_PASSWORD);
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &flags(forbidden.to_str().unwrap()),
+    );
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("{url} denied access (HTTP 403)")),
+        "{err}"
+    );
+    assert!(!err.contains(GIT_FORBIDDEN_PASSWORD), "{err}");
+
     let (run, _) = build_git(&kiln, work.path(), &url, &["--git-ca", ca]);
     let err = run.failure(1);
     assert!(
@@ -252,7 +266,7 @@ fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
 }
 
 #[test]
-fn an_unknown_reference_and_a_missing_base_directory_are_named() {
+fn unknown_references_missing_base_directories_and_unreachable_servers_are_named() {
     let server = GitServer::start(GitServerKind::Plain);
     let work = tempfile::tempdir().unwrap();
     let (_, head) = two_commit_repo(work.path(), &server);
@@ -277,6 +291,13 @@ fn an_unknown_reference_and_a_missing_base_directory_are_named() {
         err.contains(&format!(
             "commit {head} of {url} has no directory /orders/function"
         )),
+        "{err}"
+    );
+    let closed = format!("http://127.0.0.1:{}/fns.git", common::free_port());
+    let (run, _) = build_git(&kiln, work.path(), &closed, &[]);
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("cannot reach the git server of {closed}")),
         "{err}"
     );
     let (run, _) = build_git(&kiln, work.path(), &server.url("missing"), &[]);

@@ -16,6 +16,8 @@ use super::{harness_dir, require_tool, run};
 pub const GIT_USER: &str = "gituser";
 /// Password the Basic-auth git server accepts.
 pub const GIT_PASSWORD: &str = "git-Secret-3141";
+/// A password the Basic-auth git server authenticates ([`GIT_USER`]) but denies access (403).
+pub const GIT_FORBIDDEN_PASSWORD: &str = "git-NoAccess-2718";
 
 /// A working repository on disk, committed to with the machine's `git`.
 pub struct Repo {
@@ -126,7 +128,8 @@ impl GitServer {
         if kind == GitServerKind::BasicTls {
             let tls = dir.path().join("tls");
             super::registry::make_test_tls(&tls);
-            cmd.args(["--basic", GIT_USER, GIT_PASSWORD, "--tls"])
+            cmd.args(["--basic", GIT_USER, GIT_PASSWORD])
+                .args(["--forbid", GIT_USER, GIT_FORBIDDEN_PASSWORD, "--tls"])
                 .arg(tls.join("cert.pem"))
                 .arg(tls.join("key.pem"));
         }

@@ -2,18 +2,21 @@
 """A git smart-HTTP server for kiln's integration tests: `git http-backend` behind a small
 stdlib HTTP(S) server with optional HTTP Basic auth.
 
-Usage: gitsrv.py STATE_DIR PROJECT_ROOT [--basic USER PASSWORD] [--tls CERT KEY]
+Usage: gitsrv.py STATE_DIR PROJECT_ROOT [--basic USER PASSWORD] [--forbid USER PASSWORD]
+                 [--tls CERT KEY]
 
 Listens on 127.0.0.1 on a port picked by the kernel and writes STATE_DIR/port (atomically,
 last) once it is ready. Every repository under PROJECT_ROOT is served (GIT_HTTP_EXPORT_ALL);
 git http-backend answers protocol v0 and v2 (the Git-Protocol header is passed through).
 
 With --basic, every request without the right `Authorization: Basic` header gets 401 and a
-`WWW-Authenticate: Basic` challenge, as a real git host does.
+`WWW-Authenticate: Basic` challenge, as a real git host does. With --forbid, those
+credentials authenticate but are denied access: 403, as for a user who may not read the
+repository.
 
 Every request appends one line to STATE_DIR/access.log:
   METHOD<TAB>PATH<TAB>STATUS<TAB>RESPONSE_BODY_BYTES<TAB>AUTH
-where AUTH is `none`, `ok` or `bad` (never the credentials themselves). Request bodies that
+where AUTH is `none`, `ok`, `bad` or `forbidden` (never the credentials themselves). Request bodies that
 the client sends for git-upload-pack are appended, decompressed, to STATE_DIR/upload-pack.log
 (pkt-lines as text: `want …`, `deepen 1`, …), so a test can see what the client asked for.
 """
@@ -31,10 +34,14 @@ from urllib.parse import urlsplit
 STATE_DIR, PROJECT_ROOT = sys.argv[1:3]
 OPTIONS = sys.argv[3:]
 BASIC = None
+FORBID = None
 TLS = None
 while OPTIONS:
     if OPTIONS[0] == "--basic":
         BASIC = (OPTIONS[1], OPTIONS[2])
+        OPTIONS = OPTIONS[3:]
+    elif OPTIONS[0] == "--forbid":
+        FORBID = (OPTIONS[1], OPTIONS[2])
         OPTIONS = OPTIONS[3:]
     elif OPTIONS[0] == "--tls":
         TLS = (OPTIONS[1], OPTIONS[2])
@@ -62,6 +69,8 @@ def auth_state(header):
         user, _, password = base64.b64decode(value).decode("utf-8").partition(":")
     except Exception:
         return "bad"
+    if (user, password) == FORBID:
+        return "forbidden"
     return "ok" if (user, password) == BASIC else "bad"
 
 
@@ -115,6 +124,9 @@ class Handler(BaseHTTPRequestHandler):
     def serve(self):
         body = self.read_body() if self.command == "POST" else b""
         auth = auth_state(self.headers.get("Authorization"))
+        if auth == "forbidden":
+            self.send(403, [], b"forbidden\n")
+            return
         if BASIC is not None and auth != "ok":
             self.send(401, [("WWW-Authenticate", 'Basic realm="kiln-test-git"')], b"unauthorized\n")
             return
