@@ -13,7 +13,7 @@ use clap::{Args, ValueEnum};
 use super::Failure;
 use super::registry::RegistryArgs;
 use crate::controller::config::{Config, RuntimeImages, Serving};
-use crate::controller::lookup::{CommitResolver, GitCredentials};
+use crate::controller::lookup::CommitResolver;
 use crate::controller::runner::{self, Options};
 use crate::registry::Client;
 use crate::runtime::Catalog;
@@ -264,16 +264,21 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// Git references resolved with kiln's git client (an ls-remote, no clone).
+/// Git references resolved with kiln's git client (the ref listing only, no clone).
 struct GitLsRemote;
 
 impl CommitResolver for GitLsRemote {
     fn resolve(
         &self,
-        _url: &str,
-        _reference: &str,
-        _credentials: Option<&GitCredentials>,
+        url: &str,
+        reference: &str,
+        credentials: Option<&crate::git::Credentials>,
     ) -> Result<String, String> {
-        Err("git sources are not wired to the git client yet".into())
+        let access = crate::git::Access {
+            credentials: credentials.cloned(),
+            ..crate::git::Access::default()
+        };
+        crate::git::resolve_reference(url, reference, &access)
+            .map_err(|e| format!("{:#}", anyhow::Error::new(e)))
     }
 }

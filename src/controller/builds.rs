@@ -205,7 +205,12 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
         tracing::debug!(running, "waiting for a build slot");
         let max = ctx.slots.max();
         let message = format!("waiting for a build slot: at most {max} builds run at once");
-        st.set(Kind::BuildReady, State::Unknown, reason::JOB_QUEUED, message);
+        st.set(
+            Kind::BuildReady,
+            State::Unknown,
+            reason::JOB_QUEUED,
+            message,
+        );
         // A finished build wakes the oldest waiters at once; this is the fallback.
         return Ok(Build::Pending(Some(ctx.config.requeue * 6)));
     }

@@ -148,23 +148,6 @@ impl RegistryConfigs {
     }
 }
 
-/// Basic credentials for a git server.
-#[derive(Clone)]
-pub struct GitCredentials {
-    /// The user name.
-    pub username: String,
-    /// The password or token.
-    pub password: String,
-}
-
-impl std::fmt::Debug for GitCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GitCredentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
-
 /// Resolves a git reference (branch, tag or commit) to a commit without cloning.
 pub trait CommitResolver: Send + Sync {
     /// The 40-hex commit `reference` names at `url`.
@@ -175,7 +158,7 @@ pub trait CommitResolver: Send + Sync {
         &self,
         url: &str,
         reference: &str,
-        credentials: Option<&GitCredentials>,
+        credentials: Option<&crate::git::Credentials>,
     ) -> std::result::Result<String, String>;
 }
 
@@ -187,7 +170,7 @@ pub async fn git_credentials(
     client: &kube::Client,
     namespace: &str,
     secret: &str,
-) -> Result<GitCredentials> {
+) -> Result<crate::git::Credentials> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let s = api
         .get_opt(secret)
@@ -212,7 +195,7 @@ pub async fn git_credentials(
                 ))
             })
     };
-    Ok(GitCredentials {
+    Ok(crate::git::Credentials {
         username: key("username")?,
         password: key("password")?,
     })

@@ -194,6 +194,9 @@ fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
             if auth_secret.is_some() {
                 args.extend(["--git-auth-dir".into(), GIT_DIR.into()]);
             }
+            if config.ca_bundle_configmap.is_some() {
+                args.extend(["--git-ca".into(), format!("{CA_DIR}/ca.crt")]);
+            }
         }
     }
     args.extend([
