@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod images;
+pub mod k8s_validate;
 pub mod kiln;
 pub mod registry;
 pub mod schema;
