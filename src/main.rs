@@ -38,8 +38,9 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> ExitCode {
     kiln::telemetry::init(&cli.global);
-    // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code.
-    let outcome = if matches!(cli.command, cli::Command::Run(_)) {
+    // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code;
+    // `kiln webhook` shuts down gracefully on them.
+    let outcome = if matches!(cli.command, cli::Command::Run(_) | cli::Command::Webhook(_)) {
         cli::run(cli).await
     } else {
         tokio::select! {

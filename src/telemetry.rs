@@ -21,7 +21,11 @@ pub fn init(args: &GlobalArgs) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match (args.log_format, tty) {
-        (LogFormat::Json, _) => builder.json().with_current_span(false).init(),
+        (LogFormat::Json, _) => builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
         (LogFormat::Auto, true) => builder.compact().without_time().with_target(false).init(),
         _ => builder.with_ansi(false).with_target(false).init(),
     }

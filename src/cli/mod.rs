@@ -3,8 +3,10 @@
 
 pub mod base;
 mod build;
+mod controller;
 mod registry;
 mod run;
+mod webhook;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -68,9 +70,14 @@ pub enum Command {
     /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
     /// exits with the function's exit code (128+N when killed by signal N).
     Run(Box<run::RunArgs>),
+    /// Serve the admission webhook for Functions: defaulting (POST /mutate) and validation
+    /// (POST /validate), AdmissionReview v1 over HTTPS.
+    Webhook(Box<webhook::WebhookArgs>),
     /// Print the Function CRD (functions.serverless.kyma-project.io, v1alpha2) as YAML, for
     /// `kubectl apply -f -`.
     Crd,
+    /// Run the Function controller: build Functions with build Jobs and run them.
+    Controller(Box<controller::ControllerArgs>),
     /// Print the version.
     Version,
 }
@@ -95,6 +102,8 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Build(args) => build::run(*args).await,
         Command::Base(cmd) => base::run(*cmd).await,
         Command::Run(args) => run::run(*args).await,
+        Command::Controller(args) => controller::run(*args).await,
+        Command::Webhook(args) => webhook::run(*args).await,
         Command::Crd => crate::controller::crd::crd_yaml()
             .map(|yaml| yaml.trim_end().to_string())
             .map_err(|e| Failure::Build(e.into())),

@@ -44,32 +44,12 @@ pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
     shortname = "fn",
     doc = "A serverless Function: source and dependencies built into an image by kiln, then deployed",
     scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.podSelector"}"#,
-    printcolumn(
-        name = "Configured",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type=='ConfigurationReady')].status"
-    ),
-    printcolumn(
-        name = "Built",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type=='BuildReady')].status"
-    ),
-    printcolumn(
-        name = "Running",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type=='Running')].status"
-    ),
-    printcolumn(name = "Runtime", type_ = "string", json_path = ".spec.runtime"),
-    printcolumn(
-        name = "Version",
-        type_ = "integer",
-        json_path = ".metadata.generation"
-    ),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
+    printcolumn = r#"{"name":"Configured","type":"string","jsonPath":".status.conditions[?(@.type=='ConfigurationReady')].status"}"#,
+    printcolumn = r#"{"name":"Built","type":"string","jsonPath":".status.conditions[?(@.type=='BuildReady')].status"}"#,
+    printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.conditions[?(@.type=='Running')].status"}"#,
+    printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
+    printcolumn = r#"{"name":"Version","type":"integer","jsonPath":".metadata.generation"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[x_kube(validation = Rule::new(
     "!has(self.template) || (!has(self.template.labels) && !has(self.template.annotations))"

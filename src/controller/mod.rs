@@ -3,5 +3,29 @@
 //! builder image, and a Deployment + Service (+ HPA) running the image by digest. It never
 //! builds images itself; it asks the registry only whether an image already exists.
 
+pub mod apply;
+pub mod builds;
+pub mod conditions;
+pub mod config;
 pub mod crd;
+pub mod defaults;
+pub mod deploy;
+pub mod error;
+pub mod key;
+pub mod leader;
+pub mod lookup;
+pub mod metrics;
+pub mod names;
+pub mod plan;
+pub mod plumbing;
 pub mod presets;
+pub mod quantity;
+pub mod reconcile;
+pub mod render;
+pub mod runner;
+pub mod server;
+pub mod slots;
+pub mod status;
+pub mod stores;
+pub mod validate;
+pub mod webhook;

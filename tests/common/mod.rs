@@ -1,6 +1,7 @@
 //! Integration-test harness shared by the test binaries under `tests/`.
 //!
-//! It is an independent checker: it does not use the kiln crate, only std, `tempfile` and
+//! It is an independent checker: it does not use the kiln crate, only std, `tempfile`, the
+//! crate's HTTP and Kubernetes client dependencies (for the fake API server, `kube_api`) and
 //! external programs (docker-registry, skopeo, umoci, openssl, htpasswd, curl, jq, python3).
 
 #![allow(dead_code)]
@@ -8,6 +9,7 @@
 pub mod images;
 pub mod k8s_validate;
 pub mod kiln;
+pub mod kube_api;
 pub mod registry;
 pub mod schema;
 pub mod skopeo;

@@ -1,0 +1,279 @@
+//! `kiln controller`: flags, their validation into [`crate::controller::config::Config`], and
+//! the run.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::{Args, ValueEnum};
+
+use super::Failure;
+use super::registry::RegistryArgs;
+use crate::controller::config::{Config, RuntimeImages, Serving};
+use crate::controller::lookup::{CommitResolver, GitCredentials};
+use crate::controller::runner::{self, Options};
+use crate::registry::Client;
+use crate::runtime::Catalog;
+
+/// Flags of `kiln controller`.
+#[derive(Debug, Args)]
+#[command(after_help = "\
+The controller watches Function resources (serverless.kyma-project.io/v1alpha2; `kiln crd` \
+prints the CRD) in every namespace and, for each, builds the image with a build Job running \
+`kiln build` in the runtime's builder image, then runs it by digest as a Deployment, Service and \
+HPA (or a Knative Service). It finds the API server from KUBECONFIG or, in a Pod, from its \
+service account.
+
+Images are pushed to REGISTRY/<namespace>-<name>:<build key>; an image whose tag exists is never \
+built again. Build Jobs push with the dockerconfigjson Secret --registry-secret, copied from \
+--namespace into each Function's namespace.
+
+Example:
+  kiln controller --registry registry.example.com/functions \\
+    --base-image nodejs22=registry.example.com/kiln/nodejs22@sha256:… \\
+    --builder-image nodejs22=registry.example.com/kiln/nodejs22-builder@sha256:… \\
+    --registry-auth /var/run/kiln/registry/.dockerconfigjson")]
+pub struct ControllerArgs {
+    /// Where build Jobs push images: REGISTRY[/PREFIX].
+    #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_REGISTRY")]
+    pub registry: String,
+    /// Where nodes pull images from, when it differs from --registry.
+    #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_PULL_REGISTRY")]
+    pub pull_registry: Option<String>,
+    /// A runtime's base image: RUNTIME=REF (pin it by digest, or it is resolved every few
+    /// minutes); repeatable. `kiln base build RUNTIME --image REF` makes it.
+    #[arg(long = "base-image", value_name = "RUNTIME=REF", required = true)]
+    pub base_images: Vec<String>,
+    /// A runtime's builder image (same OS and toolchain as its base, plus kiln):
+    /// RUNTIME=REF; repeatable.
+    #[arg(long = "builder-image", value_name = "RUNTIME=REF", required = true)]
+    pub builder_images: Vec<String>,
+    /// The controller's own namespace: where --registry-secret, --ca-bundle-configmap and the
+    /// leader Lease live.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kiln-system")]
+    pub namespace: String,
+    /// The kubernetes.io/dockerconfigjson Secret build Jobs push with.
+    #[arg(long, default_value = "kiln-registry")]
+    pub registry_secret: String,
+    /// A ConfigMap (key ca.crt) of CAs build Jobs trust for package and image registries.
+    #[arg(long, value_name = "NAME")]
+    pub ca_bundle_configmap: Option<String>,
+    /// The Secret (keys .npmrc, pip.conf) of private package registries, in a Function's
+    /// namespace (Kyma's name).
+    #[arg(long, default_value = "serverless-package-registry-config")]
+    pub package_registry_secret: String,
+    /// At most this many build Jobs at once, cluster-wide; the rest wait (JobQueued).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_build_jobs: u16,
+    /// A build Job's activeDeadlineSeconds.
+    #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
+    pub build_deadline: u64,
+    /// The first retry delay after a failed build, doubling per failure.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub build_retry_base: u64,
+    /// The longest retry delay after failed builds.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub build_retry_max: u64,
+    /// How often a git source's reference is resolved again.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub git_poll_interval: u64,
+    /// The Function profile when a Function names none (XS, S, M, L, XL).
+    #[arg(long, default_value = "L")]
+    pub default_function_profile: String,
+    /// The build profile when a Function names none (local-dev, slow, normal, fast).
+    #[arg(long, default_value = "normal")]
+    pub default_build_profile: String,
+    /// Run Functions as Deployments (Kyma) or Knative Services.
+    #[arg(long, value_enum, default_value_t = ServingArg::Deployment)]
+    pub serving: ServingArg,
+    /// The HPA's target CPU utilization, in percent.
+    #[arg(long, default_value_t = 50)]
+    pub target_cpu_utilization: i32,
+    /// The runtime Pods' service account (carrying imagePullSecrets).
+    #[arg(long, value_name = "NAME")]
+    pub function_service_account: Option<String>,
+    /// TRACE_COLLECTOR_ENDPOINT for Functions.
+    #[arg(long, value_name = "URL")]
+    pub trace_collector_endpoint: Option<String>,
+    /// PUBLISHER_PROXY_ADDRESS for Functions.
+    #[arg(long, value_name = "URL")]
+    pub publisher_proxy_address: Option<String>,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_address: SocketAddr,
+    /// The Lease for leader election (one replica reconciles).
+    #[arg(
+        long,
+        default_value = "kiln-controller",
+        conflicts_with = "no_leader_election"
+    )]
+    pub leader_lease: String,
+    /// Reconcile without leader election (a single replica).
+    #[arg(long)]
+    pub no_leader_election: bool,
+    /// Reconciles running at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
+    /// Reconcile every Function again this often (0: only on changes).
+    #[arg(long, default_value_t = 600, value_name = "SECONDS")]
+    pub resync: u64,
+    /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or the Pod's service account].
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Registry access for the controller's own lookups (does this image exist?).
+    #[command(flatten)]
+    pub access: RegistryArgs,
+}
+
+/// `--serving`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ServingArg {
+    /// Deployment + Service + HPA.
+    Deployment,
+    /// serving.knative.dev/v1 Service.
+    Knative,
+}
+
+pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
+    let config = config(&args).map_err(Failure::Usage)?;
+    let registry = Client::new(args.access.client_config().map_err(Failure::Usage)?)
+        .context("setting up the registry client")
+        .map_err(Failure::Usage)?;
+    let client = kube_client(args.kubeconfig.as_deref())
+        .await
+        .map_err(Failure::Usage)?;
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .or_else(|| {
+            rustix::system::uname()
+                .nodename()
+                .to_str()
+                .ok()
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "kiln-controller".into());
+    let opts = Options {
+        client,
+        config,
+        registry,
+        git: Arc::new(GitLsRemote),
+        metrics_address: args.metrics_address,
+        lease: (!args.no_leader_election).then(|| args.leader_lease.clone()),
+        identity,
+        workers: args.workers,
+        resync: (args.resync > 0).then(|| Duration::from_secs(args.resync)),
+    };
+    runner::run(opts)
+        .await
+        .map_err(|e| Failure::Build(anyhow::Error::new(e)))?;
+    Ok(String::new())
+}
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &kube::config::KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using --kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer().await.context(
+            "finding the Kubernetes API: set KUBECONFIG or --kubeconfig, or run in a Pod",
+        )?,
+    };
+    kube::Client::try_from(config).context("setting up the Kubernetes client")
+}
+
+fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
+    let catalog = Catalog::embedded();
+    let pairs = |flag: &str, values: &[String]| -> anyhow::Result<BTreeMap<String, String>> {
+        let mut map = BTreeMap::new();
+        for v in values {
+            let (runtime, reference) = v
+                .split_once('=')
+                .filter(|(r, i)| !r.is_empty() && !i.is_empty())
+                .ok_or_else(|| anyhow!("invalid {flag} {v:?}: expected RUNTIME=REF"))?;
+            catalog
+                .get(runtime)
+                .with_context(|| format!("{flag} {v:?}"))?;
+            reference
+                .parse::<crate::registry::Reference>()
+                .with_context(|| format!("{flag} {v:?}"))?;
+            map.insert(runtime.to_string(), reference.to_string());
+        }
+        Ok(map)
+    };
+    let bases = pairs("--base-image", &args.base_images)?;
+    let mut builders = pairs("--builder-image", &args.builder_images)?;
+    let mut runtimes = BTreeMap::new();
+    for (runtime, base) in bases {
+        let builder = builders.remove(&runtime).ok_or_else(|| {
+            anyhow!("--base-image {runtime}=… has no --builder-image {runtime}=…: builds need both")
+        })?;
+        runtimes.insert(runtime, RuntimeImages { base, builder });
+    }
+    if let Some(runtime) = builders.keys().next() {
+        return Err(anyhow!(
+            "--builder-image {runtime}=… has no --base-image {runtime}=…"
+        ));
+    }
+    let profile = |flag: &str, value: &str, table: &[crate::controller::presets::Preset]| {
+        crate::controller::presets::find(table, value)
+            .map(|p| p.name.to_string())
+            .ok_or_else(|| {
+                let known: Vec<&str> = table.iter().map(|p| p.name).collect();
+                anyhow!("invalid {flag} {value:?}: one of {}", known.join(", "))
+            })
+    };
+    let registry_host = crate::controller::render::job::registry_host(&args.registry);
+    let mut config = Config::new(args.registry.trim_end_matches('/').to_string(), runtimes);
+    config.pull_registry = args.pull_registry.clone();
+    config.insecure_registry = args.access.insecure_registry.contains(&registry_host);
+    config.namespace = args.namespace.clone();
+    config.registry_secret = args.registry_secret.clone();
+    config.ca_bundle_configmap = args.ca_bundle_configmap.clone();
+    config.package_registry_secret = args.package_registry_secret.clone();
+    config.max_build_jobs = usize::from(args.max_build_jobs);
+    config.build_deadline = Duration::from_secs(args.build_deadline);
+    config.build_retry_base = Duration::from_secs(args.build_retry_base);
+    config.build_retry_max = Duration::from_secs(args.build_retry_max.max(args.build_retry_base));
+    config.git_poll_interval = Duration::from_secs(args.git_poll_interval);
+    config.default_function_profile = profile(
+        "--default-function-profile",
+        &args.default_function_profile,
+        &crate::controller::presets::FUNCTION_PRESETS,
+    )?;
+    config.default_build_profile = profile(
+        "--default-build-profile",
+        &args.default_build_profile,
+        &crate::controller::presets::BUILD_PRESETS,
+    )?;
+    config.serving = match args.serving {
+        ServingArg::Deployment => Serving::Deployment,
+        ServingArg::Knative => Serving::Knative,
+    };
+    config.target_cpu_utilization = args.target_cpu_utilization;
+    config.function_service_account = args.function_service_account.clone();
+    config.trace_collector_endpoint = args.trace_collector_endpoint.clone();
+    config.publisher_proxy_address = args.publisher_proxy_address.clone();
+    Ok(config)
+}
+
+/// Git references resolved with kiln's git client (an ls-remote, no clone).
+struct GitLsRemote;
+
+impl CommitResolver for GitLsRemote {
+    fn resolve(
+        &self,
+        _url: &str,
+        _reference: &str,
+        _credentials: Option<&GitCredentials>,
+    ) -> Result<String, String> {
+        Err("git sources are not wired to the git client yet".into())
+    }
+}

@@ -1,0 +1,111 @@
+//! The controller's configuration: plain values, validated by `cli::controller` from flags
+//! and the environment. Nothing here reads the environment.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The images a runtime builds with: its base (what Functions run on) and its builder (the
+/// same OS and toolchain plus kiln: what build Jobs run in). Registry references; pinned by
+/// digest or resolved by the controller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuntimeImages {
+    /// The base image.
+    pub base: String,
+    /// The builder image (`kiln base build RUNTIME` makes both).
+    pub builder: String,
+}
+
+/// What the controller renders to run a Function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// Deployment + Service (+ HPA): Kyma's flow.
+    Deployment,
+    /// A Knative Serving `Service` (Kyma's 2019–2020 flow).
+    Knative,
+}
+
+/// The controller's settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Where build Jobs push: `REGISTRY[/PREFIX]`; images are `<this>/<namespace>-<name>:<key>`.
+    pub registry: String,
+    /// Where nodes pull from when it differs from `registry` (Kyma's NodePort address).
+    pub pull_registry: Option<String>,
+    /// Talk plain HTTP to the registry (build Jobs get `--insecure-registry`).
+    pub insecure_registry: bool,
+    /// Base and builder image per kiln runtime.
+    pub runtimes: BTreeMap<String, RuntimeImages>,
+    /// The controller's own namespace: where the registry Secret and CA ConfigMap live.
+    pub namespace: String,
+    /// The `kubernetes.io/dockerconfigjson` Secret build Jobs push with (copied into each
+    /// Function's namespace when a build needs it).
+    pub registry_secret: String,
+    /// A ConfigMap (key `ca.crt`) with CAs the builds trust for package and image registries.
+    pub ca_bundle_configmap: Option<String>,
+    /// The per-namespace Secret with `.npmrc` / `pip.conf` for private package registries.
+    pub package_registry_secret: String,
+    /// At most this many build Jobs run at once, cluster-wide.
+    pub max_build_jobs: usize,
+    /// A build Job's `activeDeadlineSeconds`.
+    pub build_deadline: Duration,
+    /// The first retry delay after a failed build; it doubles per failure.
+    pub build_retry_base: Duration,
+    /// The longest retry delay.
+    pub build_retry_max: Duration,
+    /// How often a git source's reference is resolved again.
+    pub git_poll_interval: Duration,
+    /// How long a resolved image tag → digest stays trusted.
+    pub image_cache_ttl: Duration,
+    /// The Function profile when a Function sets none.
+    pub default_function_profile: String,
+    /// The build profile when a Function sets none.
+    pub default_build_profile: String,
+    /// Deployments or Knative Services.
+    pub serving: Serving,
+    /// The HPA's CPU target.
+    pub target_cpu_utilization: i32,
+    /// The runtime Pods' service account (Kyma's `serverless-function`), if any.
+    pub function_service_account: Option<String>,
+    /// `TRACE_COLLECTOR_ENDPOINT` for Functions.
+    pub trace_collector_endpoint: Option<String>,
+    /// `PUBLISHER_PROXY_ADDRESS` for Functions.
+    pub publisher_proxy_address: Option<String>,
+    /// The pause before a Function waiting for a build slot, a running build or a Deployment
+    /// is looked at again.
+    pub requeue: Duration,
+}
+
+impl Config {
+    /// A configuration with Kyma's defaults for everything but the registry and images.
+    pub fn new(registry: String, runtimes: BTreeMap<String, RuntimeImages>) -> Config {
+        Config {
+            registry,
+            pull_registry: None,
+            insecure_registry: false,
+            runtimes,
+            namespace: "kiln-system".into(),
+            registry_secret: "kiln-registry".into(),
+            ca_bundle_configmap: None,
+            package_registry_secret: "serverless-package-registry-config".into(),
+            max_build_jobs: 5,
+            build_deadline: Duration::from_secs(1800),
+            build_retry_base: Duration::from_secs(30),
+            build_retry_max: Duration::from_secs(300),
+            git_poll_interval: Duration::from_secs(300),
+            image_cache_ttl: Duration::from_secs(300),
+            default_function_profile: super::presets::DEFAULT_FUNCTION_PROFILE.into(),
+            default_build_profile: super::presets::DEFAULT_BUILD_PROFILE.into(),
+            serving: Serving::Deployment,
+            target_cpu_utilization: 50,
+            function_service_account: None,
+            trace_collector_endpoint: None,
+            publisher_proxy_address: None,
+            requeue: Duration::from_secs(5),
+        }
+    }
+
+    /// The registry nodes pull from.
+    pub fn pull_registry(&self) -> &str {
+        self.pull_registry.as_deref().unwrap_or(&self.registry)
+    }
+}

@@ -1,0 +1,197 @@
+//! The build key: one digest over every input that decides a Function's image, computed by
+//! the controller before anything runs. The image is tagged with it, so "is it built?" is one
+//! manifest HEAD, and an unchanged Function is never rebuilt. Pure.
+//!
+//! Inputs, in order (each on its own line, so no two different input sets hash alike):
+//! the key format version; the kiln runtime; the base image digest; the builder image digest
+//! (which names the toolchain and the kiln that builds); the Function's namespace and name
+//! (the image's `SERVICE_NAMESPACE`/`FUNC_NAME`); the source — inline: the handler source and
+//! the dependency manifest as the build sees them; git: the URL, the resolved commit and
+//! the base directory — and the digest of the package-registry config (`.npmrc`/`pip.conf`:
+//! hashed, never in clear), or `none`.
+
+use crate::oci::{Digest, Hasher};
+
+/// Bump when the image kiln builds from the same inputs changes shape.
+const FORMAT: &str = "kiln-function-key-v1";
+
+/// Where the code comes from, as far as the image is concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourceInput {
+    /// The manifest's own code.
+    Inline {
+        /// The handler source.
+        source: String,
+        /// The dependency manifest as built (an empty Node.js one is `{}`).
+        dependencies: String,
+    },
+    /// A commit of a repository.
+    Git {
+        /// The repository URL.
+        url: String,
+        /// The resolved commit (40 hex).
+        commit: String,
+        /// The Function's directory in it.
+        base_dir: String,
+    },
+}
+
+/// Every input of the build key.
+#[derive(Clone, Debug)]
+pub struct KeyInputs<'a> {
+    /// The kiln runtime (after mapping a Kyma name).
+    pub runtime: &'a str,
+    /// The base image's manifest digest.
+    pub base: &'a Digest,
+    /// The builder image's manifest digest.
+    pub builder: &'a Digest,
+    /// The Function's namespace.
+    pub namespace: &'a str,
+    /// The Function's name.
+    pub name: &'a str,
+    /// The code.
+    pub source: &'a SourceInput,
+    /// Digest of the package-registry config, if the namespace has one.
+    pub registry_config: Option<&'a Digest>,
+}
+
+/// The build key as 64 hex digits (it is also the image tag).
+pub fn build_key(inputs: &KeyInputs<'_>) -> String {
+    let mut h = Hasher::new();
+    let mut line = |part: &str| {
+        // Length-prefixed: a part containing a newline cannot imitate two parts.
+        h.update(format!("{}:", part.len()).as_bytes());
+        h.update(part.as_bytes());
+        h.update(b"\n");
+    };
+    line(FORMAT);
+    line(inputs.runtime);
+    line(&inputs.base.to_string());
+    line(&inputs.builder.to_string());
+    line(inputs.namespace);
+    line(inputs.name);
+    match inputs.source {
+        SourceInput::Inline {
+            source,
+            dependencies,
+        } => {
+            line("inline");
+            line(source);
+            line(dependencies);
+        }
+        SourceInput::Git {
+            url,
+            commit,
+            base_dir,
+        } => {
+            line("git");
+            line(url);
+            line(commit);
+            line(base_dir);
+        }
+    }
+    line(
+        &inputs
+            .registry_config
+            .map_or("none".into(), ToString::to_string),
+    );
+    h.finish().0.hex().to_string()
+}
+
+/// The image repository of a Function: `<registry>/<namespace>-<name>` (Kyma's naming).
+pub fn repository(registry: &str, namespace: &str, name: &str) -> String {
+    format!("{}/{namespace}-{name}", registry.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn digest(c: char) -> Digest {
+        format!("sha256:{}", c.to_string().repeat(64))
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn every_input_changes_the_key_and_equal_inputs_give_equal_keys() {
+        let (a, b) = (digest('a'), digest('b'));
+        let inline = SourceInput::Inline {
+            source: "s".into(),
+            dependencies: "{}".into(),
+        };
+        let base = KeyInputs {
+            runtime: "nodejs22",
+            base: &a,
+            builder: &a,
+            namespace: "ns",
+            name: "f",
+            source: &inline,
+            registry_config: None,
+        };
+        let key = build_key(&base);
+        assert_eq!(key.len(), 64);
+        assert_eq!(key, build_key(&base.clone()));
+        let other_source = SourceInput::Inline {
+            source: "s2".into(),
+            dependencies: "{}".into(),
+        };
+        let git = SourceInput::Git {
+            url: "https://x/r.git".into(),
+            commit: "c".into(),
+            base_dir: "/".into(),
+        };
+        let variants = [
+            KeyInputs {
+                runtime: "nodejs24",
+                ..base.clone()
+            },
+            KeyInputs {
+                base: &b,
+                ..base.clone()
+            },
+            KeyInputs {
+                builder: &b,
+                ..base.clone()
+            },
+            KeyInputs {
+                namespace: "ns2",
+                ..base.clone()
+            },
+            KeyInputs {
+                name: "g",
+                ..base.clone()
+            },
+            KeyInputs {
+                source: &other_source,
+                ..base.clone()
+            },
+            KeyInputs {
+                source: &git,
+                ..base.clone()
+            },
+            KeyInputs {
+                registry_config: Some(&b),
+                ..base.clone()
+            },
+            // A part may not run into the next one.
+            KeyInputs {
+                namespace: "n",
+                name: "sf",
+                ..base.clone()
+            },
+        ];
+        let mut keys: Vec<String> = variants.iter().map(build_key).collect();
+        keys.push(key);
+        let unique: std::collections::BTreeSet<&String> = keys.iter().collect();
+        assert_eq!(unique.len(), keys.len(), "two input sets share a key");
+    }
+
+    #[test]
+    fn the_repository_is_kymas_namespace_dash_name() {
+        assert_eq!(
+            repository("reg:5000/fn/", "team", "hello"),
+            "reg:5000/fn/team-hello"
+        );
+    }
+}

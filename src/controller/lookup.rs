@@ -1,0 +1,219 @@
+//! What the reconciler looks up outside the Function, each behind a small time-bounded cache
+//! so a steady state costs no requests: image tags resolved to digests (the base and builder
+//! images every Function of a runtime shares), "does the registry have this build's image",
+//! the digest of a namespace's package-registry config, and git references resolved to
+//! commits (through [`CommitResolver`], the seam to the git client).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+
+use super::error::{Error, Result};
+use crate::oci::{Digest, Hasher};
+use crate::registry::{self, Reference};
+
+/// Entries that expire.
+struct Ttl<V> {
+    ttl: Duration,
+    entries: Mutex<HashMap<String, (Instant, V)>>,
+}
+
+impl<V: Clone> Ttl<V> {
+    fn new(ttl: Duration) -> Ttl<V> {
+        Ttl {
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<V> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(key)
+            .filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, key: &str, value: V) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries.insert(key.to_string(), (Instant::now(), value));
+    }
+}
+
+/// Image references resolved to `(repository, digest)`.
+pub struct Images {
+    client: registry::Client,
+    cache: Ttl<(String, Digest)>,
+}
+
+impl Images {
+    /// A resolver trusting a tag's digest for `ttl`.
+    pub fn new(client: registry::Client, ttl: Duration) -> Images {
+        Images {
+            client,
+            cache: Ttl::new(ttl),
+        }
+    }
+
+    /// The repository and manifest digest `reference` names: no request when it is pinned
+    /// by digest or was resolved within the TTL.
+    ///
+    /// # Errors
+    /// An invalid reference, a registry failure, or an image that does not exist.
+    pub async fn resolve(&self, reference: &str) -> Result<(String, Digest)> {
+        let parsed: Reference = reference
+            .parse()
+            .map_err(|e| Error::Missing(format!("invalid image reference {reference:?}: {e}")))?;
+        let repository = format!("{}/{}", parsed.registry, parsed.repository);
+        if let Some(digest) = &parsed.digest {
+            return Ok((repository, digest.clone()));
+        }
+        if let Some(hit) = self.cache.get(reference) {
+            return Ok(hit);
+        }
+        let found = self
+            .client
+            .head_manifest(&parsed)
+            .await
+            .map_err(Error::registry(format!("resolving image {reference}")))?
+            .ok_or_else(|| Error::Missing(format!("image {reference} does not exist")))?;
+        let value = (repository, found.digest);
+        self.cache.put(reference, value.clone());
+        Ok(value)
+    }
+
+    /// The digest of the manifest tagged `reference`, if the registry has it (one HEAD).
+    ///
+    /// # Errors
+    /// A registry failure.
+    pub async fn find(&self, reference: &str) -> Result<Option<Digest>> {
+        let parsed: Reference = reference
+            .parse()
+            .map_err(|e| Error::Missing(format!("invalid image reference {reference:?}: {e}")))?;
+        let found = self
+            .client
+            .head_manifest(&parsed)
+            .await
+            .map_err(Error::registry(format!("looking up image {reference}")))?;
+        Ok(found.map(|d| d.digest))
+    }
+}
+
+/// Digests of namespaces' package-registry config Secrets.
+pub struct RegistryConfigs {
+    secret: String,
+    cache: Ttl<Option<Digest>>,
+}
+
+impl RegistryConfigs {
+    /// Looks up Secret `secret` in each namespace, trusting an answer for `ttl`.
+    pub fn new(secret: String, ttl: Duration) -> RegistryConfigs {
+        RegistryConfigs {
+            secret,
+            cache: Ttl::new(ttl),
+        }
+    }
+
+    /// The digest of `namespace`'s package-registry config, `None` when it has none. The
+    /// Secret's contents never leave this function: only a digest over them does.
+    ///
+    /// # Errors
+    /// An API failure other than "not found".
+    pub async fn digest(&self, client: &kube::Client, namespace: &str) -> Result<Option<Digest>> {
+        if let Some(hit) = self.cache.get(namespace) {
+            return Ok(hit);
+        }
+        let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let secret = api
+            .get_opt(&self.secret)
+            .await
+            .map_err(Error::kube(format!(
+                "reading Secret {namespace}/{}",
+                self.secret
+            )))?;
+        let digest = secret.map(|s| {
+            let mut h = Hasher::new();
+            h.update(b"kiln-package-registry-config-v1\n");
+            for (key, value) in s.data.unwrap_or_default() {
+                h.update(format!("{}:{key}\n{}:", key.len(), value.0.len()).as_bytes());
+                h.update(&value.0);
+            }
+            h.finish().0
+        });
+        self.cache.put(namespace, digest.clone());
+        Ok(digest)
+    }
+}
+
+/// Basic credentials for a git server.
+#[derive(Clone)]
+pub struct GitCredentials {
+    /// The user name.
+    pub username: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for GitCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitCredentials")
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves a git reference (branch, tag or commit) to a commit without cloning.
+pub trait CommitResolver: Send + Sync {
+    /// The 40-hex commit `reference` names at `url`.
+    ///
+    /// # Errors
+    /// A message for the Function's condition: unreachable, unauthorized, unknown reference.
+    fn resolve(
+        &self,
+        url: &str,
+        reference: &str,
+        credentials: Option<&GitCredentials>,
+    ) -> std::result::Result<String, String>;
+}
+
+/// Reads the `username` and `password` of a git auth Secret.
+///
+/// # Errors
+/// The Secret is missing or lacks a key.
+pub async fn git_credentials(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+) -> Result<GitCredentials> {
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let s = api
+        .get_opt(secret)
+        .await
+        .map_err(Error::kube(format!("reading Secret {namespace}/{secret}")))?
+        .ok_or_else(|| {
+            Error::Missing(format!(
+                "the git auth Secret {namespace}/{secret} does not exist"
+            ))
+        })?;
+    let data = s.data.unwrap_or_default();
+    let key = |k: &str| {
+        data.get(k)
+            .map(|v| {
+                String::from_utf8_lossy(&v.0)
+                    .trim_end_matches('\n')
+                    .to_string()
+            })
+            .ok_or_else(|| {
+                Error::Missing(format!(
+                    "the git auth Secret {namespace}/{secret} has no key {k:?}"
+                ))
+            })
+    };
+    Ok(GitCredentials {
+        username: key("username")?,
+        password: key("password")?,
+    })
+}

@@ -1,0 +1,136 @@
+//! Names and labels of what the controller creates for a Function: Kyma's label keys and
+//! values (so `kubectl -l` selectors from Kyma's docs keep working), deterministic object
+//! names (so a create that races a retry is a harmless 409), and the owner reference that
+//! lets Kubernetes garbage-collect everything with the Function. Pure.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use super::crd::{API_VERSION, Function};
+
+/// `serverless.kyma-project.io/function-name`.
+pub const FUNCTION_NAME: &str = "serverless.kyma-project.io/function-name";
+/// `serverless.kyma-project.io/managed-by`.
+pub const MANAGED_BY: &str = "serverless.kyma-project.io/managed-by";
+/// `serverless.kyma-project.io/uuid`: the Function's UID.
+pub const UUID: &str = "serverless.kyma-project.io/uuid";
+/// `serverless.kyma-project.io/resource`: `deployment` on runtime Pods, `build` on build Jobs.
+pub const RESOURCE: &str = "serverless.kyma-project.io/resource";
+/// The build key (its first 32 hex digits: label values are at most 63 characters).
+pub const BUILD_KEY: &str = "serverless.kyma-project.io/build-key";
+/// Digest of what the controller last applied to an object: equal means nothing to write.
+pub const APPLIED_HASH: &str = "serverless.kyma-project.io/applied-hash";
+/// The value of [`MANAGED_BY`] (Kyma's).
+pub const CONTROLLER: &str = "function-controller";
+/// The field manager of every server-side apply.
+pub const FIELD_MANAGER: &str = "kiln-controller";
+/// `app.kubernetes.io/name`: `kubectl logs -l app.kubernetes.io/name=<function>`.
+pub const APP_NAME: &str = "app.kubernetes.io/name";
+
+/// The labels every child carries: Kyma's internal labels.
+pub fn internal_labels(f: &Function) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (FUNCTION_NAME.to_string(), f.name_or_empty().to_string()),
+        (MANAGED_BY.to_string(), CONTROLLER.to_string()),
+        (UUID.to_string(), f.metadata.uid.clone().unwrap_or_default()),
+    ])
+}
+
+/// The Function's own `metadata.labels` with the internal labels over them (Kyma's merge:
+/// a user cannot take over an internal label).
+pub fn object_labels(f: &Function) -> BTreeMap<String, String> {
+    let mut labels = f.metadata.labels.clone().unwrap_or_default();
+    labels.extend(internal_labels(f));
+    labels
+}
+
+/// The runtime Pods' selector: the internal labels plus `resource=deployment`. Immutable on
+/// a Deployment, published as `status.podSelector`.
+pub fn selector_labels(f: &Function) -> BTreeMap<String, String> {
+    let mut labels = internal_labels(f);
+    labels.insert(RESOURCE.into(), "deployment".into());
+    labels
+}
+
+/// A label selector string (`k=v,k=v`) for labels.
+pub fn selector_string(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The owner reference to the Function, on every child: deleting the Function deletes them.
+pub fn owner_reference(f: &Function) -> OwnerReference {
+    OwnerReference {
+        api_version: API_VERSION.into(),
+        kind: "Function".into(),
+        name: f.name_or_empty().into(),
+        uid: f.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The name of a build's ConfigMap and Job: `<function>-build-<10 hex of the key>`, cut to
+/// fit a label value (the Job's name becomes its Pods' `job-name` label).
+pub fn build_name(f: &Function, key: &str) -> String {
+    const SUFFIX: usize = "-build-".len() + 10;
+    let name = f.name_or_empty();
+    let head = &name[..name.len().min(63 - SUFFIX)];
+    format!(
+        "{}-build-{}",
+        head.trim_end_matches('-'),
+        &key[..key.len().min(10)]
+    )
+}
+
+/// The label value for a build key.
+pub fn key_label(key: &str) -> String {
+    key[..key.len().min(32)].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function(name: &str) -> Function {
+        let mut f = Function::new(name, Default::default());
+        f.metadata.namespace = Some("team".into());
+        f.metadata.uid = Some("u-1".into());
+        f.metadata.labels = Some(BTreeMap::from([
+            ("app".to_string(), "x".to_string()),
+            (MANAGED_BY.to_string(), "someone-else".to_string()),
+        ]));
+        f
+    }
+
+    #[test]
+    fn internal_labels_win_over_the_functions_own() {
+        let labels = object_labels(&function("hello"));
+        assert_eq!(labels[MANAGED_BY], CONTROLLER);
+        assert_eq!(labels["app"], "x");
+        assert_eq!(labels[UUID], "u-1");
+        let selector = selector_string(&selector_labels(&function("hello")));
+        assert_eq!(
+            selector,
+            "serverless.kyma-project.io/function-name=hello,serverless.kyma-project.io/managed-by=function-controller,serverless.kyma-project.io/resource=deployment,serverless.kyma-project.io/uuid=u-1"
+        );
+    }
+
+    #[test]
+    fn build_names_fit_a_label_value_for_the_longest_function_name() {
+        let key = "a".repeat(64);
+        assert_eq!(
+            build_name(&function("hello"), &key),
+            "hello-build-aaaaaaaaaa"
+        );
+        let long = format!("{}-x", "f".repeat(58));
+        let name = build_name(&function(&long), &key);
+        assert!(name.len() <= 63, "{name}");
+        assert!(!name.contains("--"), "{name}");
+        assert_eq!(key_label(&key).len(), 32);
+    }
+}

@@ -1,0 +1,307 @@
+//! The reconcile of one Function, Kyma's state machine with kiln as the builder: validate →
+//! resolve the runtime's images and the source → compute the build key → build (or find the
+//! image) → deploy by digest → write the status once. Each step sets its condition; a step
+//! that must wait ends the pass with a requeue.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::Recorder;
+use tracing::Instrument;
+
+use super::builds::{self, Build};
+use super::conditions::{Kind, State, reason};
+use super::config::Config;
+use super::crd::Function;
+use super::deploy;
+use super::error::{Error, Result};
+use super::lookup::{self, CommitResolver, Images, RegistryConfigs};
+use super::metrics::Metrics;
+use super::plan::{self, Lookups};
+use super::plumbing;
+use super::slots::BuildSlots;
+use super::status::Working;
+use super::stores::Stores;
+use crate::runtime::Catalog;
+
+/// Everything a reconcile uses, shared by all of them.
+pub struct Context {
+    /// The API client.
+    pub client: kube::Client,
+    /// The settings.
+    pub config: Config,
+    /// The runtimes.
+    pub catalog: Catalog,
+    /// Image digests and "is it built?".
+    pub images: Images,
+    /// Package-registry config digests.
+    pub registry_configs: RegistryConfigs,
+    /// Git references to commits.
+    pub git: Arc<dyn CommitResolver>,
+    /// When each Function's git reference was last resolved, to what.
+    pub git_checked: Mutex<HashMap<String, (String, String, Instant)>>,
+    /// The build cap.
+    pub slots: BuildSlots,
+    /// The watch caches of what the controller made.
+    pub stores: Stores,
+    /// Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Namespaces whose registry Secret copy is fresh.
+    pub plumbing: plumbing::Checked,
+}
+
+/// Kyma's annotation: resolve a git source on every pass, not every few minutes.
+pub const CONTINUOUS_GIT_CHECKOUT: &str = "serverless.kyma-project.io/continuousGitCheckout";
+
+/// Reconciles `f`.
+///
+/// # Errors
+/// API, registry or git failures; the error policy retries them with backoff.
+pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
+    let span = tracing::info_span!("reconcile", namespace = %f.namespace_or_default(), name = %f.name_or_empty());
+    async move {
+        ctx.stores.wait_ready().await;
+        let started = Instant::now();
+        let outcome = run(&f, &ctx).await;
+        let result = if outcome.is_ok() { "ok" } else { "error" };
+        ctx.metrics.reconciled(result, started.elapsed());
+        if let Err(e) = &outcome {
+            ctx.metrics.error(e.metric_label());
+        }
+        outcome
+    }
+    .instrument(span)
+    .await
+}
+
+/// The error policy: log, and try again after a while.
+pub fn error_policy(f: Arc<Function>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(namespace = %f.namespace_or_default(), name = %f.name_or_empty(), error = %format!("{error:#}"), "reconcile failed");
+    Action::requeue(Duration::from_secs(15))
+}
+
+async fn run(f: &Function, ctx: &Context) -> Result<Action> {
+    if f.metadata.deletion_timestamp.is_some() {
+        // Owner references garbage-collect every child.
+        return Ok(Action::await_change());
+    }
+    let mut st = Working::new(f);
+    let action = steps(f, ctx, &mut st).await;
+    st.status.observed_generation = f.metadata.generation;
+    st.write(&ctx.client, &ctx.recorder, f).await?;
+    action
+}
+
+async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> {
+    let verdict = super::validate::validate(f, &ctx.catalog);
+    for warning in &verdict.warnings {
+        tracing::warn!("{warning}");
+    }
+    if !verdict.errors.is_empty() {
+        st.set(
+            Kind::ConfigurationReady,
+            State::False,
+            reason::INVALID_FUNCTION_SPEC,
+            verdict.message(),
+        );
+        return Ok(Action::await_change());
+    }
+    let Ok((runtime, _)) = ctx.catalog.resolve(&f.spec.runtime) else {
+        // validate refuses unknown runtimes; this keeps the type system honest.
+        return Ok(Action::await_change());
+    };
+    st.status.runtime = Some(runtime.name.clone());
+    let Some(found) = lookups(f, ctx, st, &runtime.name).await? else {
+        return Ok(Action::requeue(ctx.config.build_retry_base));
+    };
+    let plan = plan::plan(f, runtime, &ctx.config, &found);
+    st.status.function_resource_profile = Some(plan.function_resources.profile.clone());
+    st.status.build_resource_profile = Some(plan.build_resources.profile.clone());
+    st.status.runtime_image = Some(plan.base.clone());
+    st.status.runtime_image_override = f.spec.runtime_image_override.clone();
+    match &plan.source {
+        plan::SourcePlan::Git {
+            commit, base_dir, ..
+        } => {
+            let git = f.spec.source.git_repository.as_ref();
+            if st.status.commit.as_deref() != Some(commit.as_str()) {
+                st.set(
+                    Kind::ConfigurationReady,
+                    State::True,
+                    reason::SOURCE_UPDATED,
+                    format!("commit {commit}"),
+                );
+            }
+            st.status.commit = Some(commit.clone());
+            st.status.base_dir = Some(base_dir.clone());
+            st.status.reference = git.map(|g| g.reference.clone());
+        }
+        plan::SourcePlan::Inline { .. } => {
+            if st
+                .condition(Kind::ConfigurationReady)
+                .is_none_or(|c| c.status != "True")
+            {
+                st.set(
+                    Kind::ConfigurationReady,
+                    State::True,
+                    reason::CONFIGMAP_CREATED,
+                    "source configured",
+                );
+            }
+        }
+    }
+    let build = builds::step(f, &plan, ctx, st).await?;
+    let (digest, waiting) = match build {
+        Build::Built(digest) => {
+            st.status.digest = Some(digest.clone());
+            (Some(digest), None)
+        }
+        // The image built last keeps running while the next one builds.
+        Build::Pending(after) => (st.status.digest.clone(), after),
+    };
+    let Some(digest) = digest else {
+        st.set(
+            Kind::Running,
+            State::Unknown,
+            reason::WAITING_FOR_BUILD,
+            "waiting for the first image",
+        );
+        return Ok(earliest([waiting.or(Some(ctx.config.requeue))]));
+    };
+    let deployed = deploy::step(f, &plan, ctx, st, &digest).await?;
+    let git_poll = f
+        .spec
+        .source
+        .git_repository
+        .is_some()
+        .then_some(ctx.config.git_poll_interval);
+    Ok(earliest([waiting, deployed, git_poll]))
+}
+
+/// The first of several requeue times; waiting for a change only when none is set.
+fn earliest(after: impl IntoIterator<Item = Option<Duration>>) -> Action {
+    after
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or_else(Action::await_change, Action::requeue)
+}
+
+/// The images, the commit and the registry config; `None` (with BuildReady or
+/// ConfigurationReady False) when one cannot be had yet.
+async fn lookups(
+    f: &Function,
+    ctx: &Context,
+    st: &mut Working,
+    runtime: &str,
+) -> Result<Option<Lookups>> {
+    let Some(images) = ctx.config.runtimes.get(runtime) else {
+        st.set(Kind::BuildReady, State::False, reason::IMAGE_UNRESOLVED, format!("the controller has no base and builder images for runtime {runtime}: configure them (--base-image/--builder-image {runtime}=REF)"));
+        return Ok(None);
+    };
+    let base_ref = f
+        .spec
+        .runtime_image_override
+        .clone()
+        .unwrap_or_else(|| images.base.clone());
+    let mut resolved = Vec::new();
+    for (what, reference) in [("base", &base_ref), ("builder", &images.builder)] {
+        match ctx.images.resolve(reference).await {
+            Ok(r) => resolved.push(r),
+            Err(e) => {
+                st.set(
+                    Kind::BuildReady,
+                    State::False,
+                    reason::IMAGE_UNRESOLVED,
+                    format!("resolving the {what} image {reference}: {e:#}"),
+                );
+                return Ok(None);
+            }
+        }
+    }
+    let commit = match &f.spec.source.git_repository {
+        Some(_) => match commit(f, ctx).await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                st.set(
+                    Kind::ConfigurationReady,
+                    State::False,
+                    reason::SOURCE_UPDATE_FAILED,
+                    format!("{e:#}"),
+                );
+                return Ok(None);
+            }
+        },
+        None => None,
+    };
+    let registry_config = ctx
+        .registry_configs
+        .digest(&ctx.client, f.namespace_or_default())
+        .await?;
+    let builder = resolved.pop().expect("two images resolved");
+    let base = resolved.pop().expect("two images resolved");
+    Ok(Some(Lookups {
+        base,
+        builder,
+        commit,
+        registry_config,
+    }))
+}
+
+/// The commit a git source's reference names now: resolved again when the spec changed, the
+/// poll interval passed, or the Function asks for continuous checkout.
+async fn commit(f: &Function, ctx: &Context) -> Result<String> {
+    let git = f
+        .spec
+        .source
+        .git_repository
+        .as_ref()
+        .expect("called for git sources");
+    let id = format!("{}/{}", f.namespace_or_default(), f.name_or_empty());
+    let wanted = format!("{}#{}", git.url, git.reference);
+    let continuous = f
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONTINUOUS_GIT_CHECKOUT))
+        .is_some_and(|v| v == "true");
+    {
+        let checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((source, commit, at)) = checked.get(&id)
+            && *source == wanted
+            && !continuous
+            && at.elapsed() < ctx.config.git_poll_interval
+        {
+            return Ok(commit.clone());
+        }
+    }
+    let credentials = match &git.auth {
+        Some(auth) => Some(
+            lookup::git_credentials(&ctx.client, f.namespace_or_default(), &auth.secret_name)
+                .await?,
+        ),
+        None => None,
+    };
+    let (resolver, url, reference) = (ctx.git.clone(), git.url.clone(), git.reference.clone());
+    let commit = tokio::task::spawn_blocking(move || {
+        resolver.resolve(&url, &reference, credentials.as_ref())
+    })
+    .await
+    .map_err(|e| Error::Missing(format!("git resolver task: {e}")))?
+    .map_err(|message| Error::Git {
+        url: crate::registry::redact_url(
+            &git.url
+                .parse()
+                .unwrap_or_else(|_| "http://invalid".parse().expect("valid URL")),
+        ),
+        reference: git.reference.clone(),
+        message,
+    })?;
+    let mut checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
+    checked.insert(id, (wanted, commit.clone(), Instant::now()));
+    Ok(commit)
+}

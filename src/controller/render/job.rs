@@ -1,0 +1,333 @@
+//! The build Job: `kiln build` in the runtime's builder image, split in two so that install
+//! scripts never see push credentials. The init container `deps` installs the dependencies
+//! (`--stage deps`): third-party code runs there, with no registry credentials, no
+//! service-account token and its own /tmp, and writes only the dependency layer into the
+//! `deps` emptyDir. The container `build` then assembles and pushes (`--stage publish`) with
+//! the credentials mounted, running no third-party code. Both are unprivileged, with a
+//! read-only root filesystem; `backoffLimit: 0` (the controller retries, with backoff).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, KeyToPath, PodSecurityContext, PodSpec,
+    PodTemplateSpec, SecretVolumeSource, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::source::{DEPENDENCIES_KEY, SOURCE_KEY};
+use super::{child_meta, restricted_container, runtime_default_seccomp, stamp};
+use crate::controller::config::Config;
+use crate::controller::crd::Function;
+use crate::controller::names;
+use crate::controller::plan::{Plan, SourcePlan};
+
+/// The user build containers run as (the builder image's files are world-readable).
+pub const BUILD_UID: i64 = 1000;
+/// The init container that installs dependencies.
+pub const DEPS_CONTAINER: &str = "deps";
+/// The container that assembles and pushes the image.
+pub const BUILD_CONTAINER: &str = "build";
+
+const SRC_DIR: &str = "/workspace/src";
+const DEPS_DIR: &str = "/workspace/deps";
+const REGISTRY_DIR: &str = "/kiln/registry";
+const PACKAGE_REGISTRY_DIR: &str = "/kiln/package-registry";
+const CA_DIR: &str = "/kiln/ca";
+const GIT_DIR: &str = "/kiln/git";
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// The build Job of `plan`.
+pub fn job(f: &Function, plan: &Plan, config: &Config) -> Job {
+    let name = names::build_name(f, &plan.key);
+    let mut labels = names::object_labels(f);
+    labels.insert(names::BUILD_KEY.into(), names::key_label(&plan.key));
+    labels.insert(names::RESOURCE.into(), "build".into());
+    let mut pod_labels = labels.clone();
+    pod_labels.insert(names::APP_NAME.into(), f.name_or_empty().into());
+    let mut job = Job {
+        metadata: child_meta(f, &name, labels),
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            parallelism: Some(1),
+            completions: Some(1),
+            active_deadline_seconds: Some(deadline_seconds(config)),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(BTreeMap::from([(
+                        "sidecar.istio.io/inject".to_string(),
+                        "false".to_string(),
+                    )])),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(f, plan, config, &name)),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    stamp(&mut job, |j| &mut j.metadata);
+    job
+}
+
+fn deadline_seconds(config: &Config) -> i64 {
+    i64::try_from(config.build_deadline.as_secs()).unwrap_or(i64::MAX)
+}
+
+fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpec {
+    let deps = container(DEPS_CONTAINER, plan, deps_args(f, plan, config), {
+        let mut mounts = source_mounts(plan);
+        mounts.push(mount("deps", DEPS_DIR, false));
+        mounts.push(mount("tmp-deps", "/tmp", false));
+        mounts.push(mount("package-registry", PACKAGE_REGISTRY_DIR, true));
+        mounts
+    });
+    let build = container(BUILD_CONTAINER, plan, publish_args(f, plan, config), {
+        let mut mounts = source_mounts(plan);
+        mounts.push(mount("deps", DEPS_DIR, true));
+        mounts.push(mount("tmp-build", "/tmp", false));
+        mounts.push(mount("registry-auth", REGISTRY_DIR, true));
+        mounts
+    });
+    let (deps, build) = (
+        with_shared_mounts(deps, plan, config),
+        with_shared_mounts(build, plan, config),
+    );
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        // Neither container talks to the API server; the install must not find a token.
+        automount_service_account_token: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(BUILD_UID),
+            run_as_group: Some(BUILD_UID),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        init_containers: Some(vec![deps]),
+        containers: vec![build],
+        volumes: Some(volumes(plan, config, cm_name)),
+        ..PodSpec::default()
+    }
+}
+
+/// Mounts both containers need: the CA bundle and the git credentials.
+fn with_shared_mounts(mut c: Container, plan: &Plan, config: &Config) -> Container {
+    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+    if config.ca_bundle_configmap.is_some() {
+        mounts.push(mount("ca-bundle", CA_DIR, true));
+    }
+    if matches!(
+        &plan.source,
+        SourcePlan::Git {
+            auth_secret: Some(_),
+            ..
+        }
+    ) {
+        mounts.push(mount("git-auth", GIT_DIR, true));
+    }
+    c
+}
+
+fn container(name: &str, plan: &Plan, args: Vec<String>, mounts: Vec<VolumeMount>) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(plan.builder.clone()),
+        image_pull_policy: Some("IfNotPresent".into()),
+        args: Some(args),
+        resources: Some(plan.build_resources.resources.clone()),
+        security_context: Some(restricted_container()),
+        termination_message_path: Some(TERMINATION_LOG.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    }
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: volume.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    }
+}
+
+/// Inline sources: the handler and the dependency manifest, each a file mounted by subPath
+/// (a ConfigMap mounted as a directory is a tree of `..data` symlinks, not a Function).
+fn source_mounts(plan: &Plan) -> Vec<VolumeMount> {
+    if !matches!(plan.source, SourcePlan::Inline { .. }) {
+        return Vec::new();
+    }
+    let deps = &plan.runtime.dependencies.manifest;
+    [&plan.runtime.source.handler, deps]
+        .into_iter()
+        .map(|file| VolumeMount {
+            name: "source".into(),
+            mount_path: format!("{SRC_DIR}/{file}"),
+            sub_path: Some(file.clone()),
+            read_only: Some(true),
+            ..VolumeMount::default()
+        })
+        .collect()
+}
+
+/// What both stages share: where the code is, the runtime, the names, the base, logs.
+fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
+    let mut args = vec!["build".to_string()];
+    match &plan.source {
+        SourcePlan::Inline { .. } => args.push(SRC_DIR.into()),
+        SourcePlan::Git {
+            url,
+            commit,
+            base_dir,
+            auth_secret,
+        } => {
+            args.extend([
+                "--git".into(),
+                url.clone(),
+                "--git-ref".into(),
+                commit.clone(),
+            ]);
+            args.extend(["--git-base-dir".into(), base_dir.clone()]);
+            if auth_secret.is_some() {
+                args.extend(["--git-auth-dir".into(), GIT_DIR.into()]);
+            }
+        }
+    }
+    args.extend([
+        "--runtime".into(),
+        plan.runtime.name.clone(),
+        "--name".into(),
+        f.name_or_empty().into(),
+        "--namespace".into(),
+        f.namespace_or_default().into(),
+        "--base".into(),
+        plan.base.clone(),
+        "--stage-dir".into(),
+        DEPS_DIR.into(),
+        "--cache-dir".into(),
+        "/tmp/kiln-cache".into(),
+        "--termination-log".into(),
+        TERMINATION_LOG.into(),
+        "--log-format".into(),
+        "json".into(),
+    ]);
+    if config.insecure_registry {
+        args.extend([
+            "--insecure-registry".into(),
+            registry_host(&config.registry),
+        ]);
+    }
+    args
+}
+
+fn deps_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
+    let mut args = common_args(f, plan, config);
+    args.extend(["--stage".into(), "deps".into()]);
+    args.extend([
+        "--package-registry-config".into(),
+        PACKAGE_REGISTRY_DIR.into(),
+    ]);
+    if config.ca_bundle_configmap.is_some() {
+        args.extend(["--ca-bundle".into(), format!("{CA_DIR}/ca.crt")]);
+    }
+    args
+}
+
+fn publish_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
+    let mut args = common_args(f, plan, config);
+    args.extend(["--stage".into(), "publish".into()]);
+    args.extend(["--image".into(), plan.push_image.clone()]);
+    args.extend([
+        "--registry-auth".into(),
+        format!("{REGISTRY_DIR}/config.json"),
+    ]);
+    if config.ca_bundle_configmap.is_some() {
+        args.extend(["--registry-ca".into(), format!("{CA_DIR}/ca.crt")]);
+    }
+    args
+}
+
+/// The host[:port] of a `REGISTRY[/PREFIX]`.
+pub fn registry_host(registry: &str) -> String {
+    registry.split('/').next().unwrap_or_default().to_string()
+}
+
+fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
+    let empty = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    };
+    let mut volumes = vec![empty("deps"), empty("tmp-deps"), empty("tmp-build")];
+    if matches!(plan.source, SourcePlan::Inline { .. }) {
+        let item = |key: &str, path: &str| KeyToPath {
+            key: key.into(),
+            path: path.into(),
+            mode: None,
+        };
+        volumes.push(Volume {
+            name: "source".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cm_name.into(),
+                items: Some(vec![
+                    item(SOURCE_KEY, &plan.runtime.source.handler),
+                    item(DEPENDENCIES_KEY, &plan.runtime.dependencies.manifest),
+                ]),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    volumes.push(secret_volume(
+        "registry-auth",
+        &config.registry_secret,
+        Some((".dockerconfigjson", "config.json")),
+        false,
+    ));
+    volumes.push(secret_volume(
+        "package-registry",
+        &config.package_registry_secret,
+        None,
+        true,
+    ));
+    if let Some(cm) = &config.ca_bundle_configmap {
+        volumes.push(Volume {
+            name: "ca-bundle".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: cm.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    if let SourcePlan::Git {
+        auth_secret: Some(secret),
+        ..
+    } = &plan.source
+    {
+        volumes.push(secret_volume("git-auth", secret, None, false));
+    }
+    volumes
+}
+
+fn secret_volume(name: &str, secret: &str, item: Option<(&str, &str)>, optional: bool) -> Volume {
+    Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items: item.map(|(key, path)| {
+                vec![KeyToPath {
+                    key: key.into(),
+                    path: path.into(),
+                    mode: None,
+                }]
+            }),
+            optional: optional.then_some(true),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}

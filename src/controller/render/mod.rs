@@ -1,0 +1,89 @@
+//! Pure renderers: a Function and its [`Plan`] in, the Kubernetes objects that run it out —
+//! the source ConfigMap, the build Job, and the Deployment, Service and HPA (or a Knative
+//! Service). No I/O: the reconciler applies what these return. Every object carries the
+//! owner reference to its Function and an annotation with the digest of its own content, so
+//! an unchanged object is never written again.
+//!
+//! [`Plan`]: super::plan::Plan
+
+pub mod deployment;
+pub mod hpa;
+pub mod job;
+pub mod knative;
+pub mod service;
+pub mod source;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Capabilities, SeccompProfile, SecurityContext};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Serialize;
+
+use super::crd::Function;
+use super::names;
+use crate::oci::Hasher;
+
+/// Metadata of a child of `f`: its name, the Function's namespace, labels, the owner
+/// reference.
+pub fn child_meta(f: &Function, name: &str, labels: BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(f.namespace_or_default().into()),
+        labels: Some(labels),
+        owner_references: Some(vec![names::owner_reference(f)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Stamps `object` with the digest of its content in [`names::APPLIED_HASH`], computed over
+/// the object as rendered (with no hash annotation yet).
+///
+/// # Panics
+/// Never: the objects are plain data and always serialise.
+pub fn stamp<T: Serialize>(object: &mut T, meta: impl Fn(&mut T) -> &mut ObjectMeta) {
+    let bytes = serde_json::to_vec(&*object).expect("rendered objects serialise");
+    let mut h = Hasher::new();
+    h.update(&bytes);
+    let digest = h.finish().0;
+    meta(object)
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(names::APPLIED_HASH.into(), digest.hex()[..32].to_string());
+}
+
+/// The applied-hash annotation of live metadata, if any.
+pub fn applied_hash(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(names::APPLIED_HASH))
+        .map(String::as_str)
+}
+
+/// The container security context of every container kiln renders: no privilege, no
+/// escalation, no capabilities, a read-only root filesystem, not root, the runtime's default
+/// seccomp profile.
+pub fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        privileged: Some(false),
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
+    }
+}
+
+/// `seccompProfile: {type: RuntimeDefault}`.
+pub fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

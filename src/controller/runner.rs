@@ -1,0 +1,223 @@
+//! `kiln controller`: wires the watches, caches, leader election and endpoints around the
+//! reconcile and runs until SIGTERM (or until leadership is lost, which ends the process so
+//! that Kubernetes restarts it as a candidate).
+
+use std::fmt::Debug;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use kube::Resource;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+
+use super::config::{Config, Serving};
+use super::crd::Function;
+use super::error::{Error, Result};
+use super::leader::Candidate;
+use super::lookup::{CommitResolver, Images, RegistryConfigs};
+use super::metrics::Metrics;
+use super::reconcile::{Context, error_policy, reconcile};
+use super::server::{self, Shared};
+use super::slots::{BuildSlots, is_active};
+use super::stores::{Stores, knative_resource, managed_selector};
+use crate::runtime::Catalog;
+
+/// How the controller process runs.
+pub struct Options {
+    /// The API client.
+    pub client: kube::Client,
+    /// The reconcile settings.
+    pub config: Config,
+    /// The registry client (for "is this image built?" and image digests).
+    pub registry: crate::registry::Client,
+    /// Resolves git references.
+    pub git: Arc<dyn CommitResolver>,
+    /// Where /metrics, /healthz and /readyz are served.
+    pub metrics_address: SocketAddr,
+    /// Leader election: the Lease's name, or `None` to reconcile without one.
+    pub lease: Option<String>,
+    /// This replica's identity (its Pod's name).
+    pub identity: String,
+    /// Reconciles running at once.
+    pub workers: u16,
+    /// Every Function is reconciled again this often.
+    pub resync: Option<Duration>,
+}
+
+/// Runs the controller until a signal ends it.
+///
+/// # Errors
+/// The endpoints cannot be served, or leadership was lost.
+pub async fn run(opts: Options) -> Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let ready = Arc::new(AtomicBool::new(false));
+    let jobs_for_metrics: Arc<Mutex<Option<Store<Job>>>> = Arc::default();
+    let running = {
+        let jobs = jobs_for_metrics.clone();
+        Arc::new(move || {
+            let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
+            jobs.as_ref()
+                .map_or(0, |s| s.state().iter().filter(|j| is_active(j)).count())
+        })
+    };
+    let shared = Shared {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        running,
+    };
+    server::serve(opts.metrics_address, shared)
+        .await
+        .map_err(|e| Error::Missing(format!("serving metrics on {}: {e}", opts.metrics_address)))?;
+    let candidate = opts.lease.as_ref().map(|lease| {
+        Candidate::new(
+            opts.client.clone(),
+            &opts.config.namespace,
+            lease,
+            &opts.identity,
+            Duration::from_secs(15),
+        )
+    });
+    if let Some(c) = &candidate {
+        c.acquire().await?;
+    }
+    ready.store(true, Ordering::Relaxed);
+    let client = opts.client.clone();
+    let (config_maps, cm_stream) = cache::<ConfigMap>(&client);
+    let (jobs, job_stream) = cache::<Job>(&client);
+    let (deployments, deploy_stream) = cache::<Deployment>(&client);
+    let (services, service_stream) = cache::<Service>(&client);
+    let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client);
+    *jobs_for_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs.clone());
+    let knative = (opts.config.serving == Serving::Knative).then(|| knative_cache(&client));
+    let stores = Stores {
+        config_maps,
+        jobs,
+        deployments,
+        services,
+        hpas,
+        knative: knative.as_ref().map(|(s, _)| s.clone()),
+    };
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let reporter = Reporter {
+        controller: "kiln-controller".into(),
+        instance: Some(opts.identity.clone()),
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
+        registry_configs: RegistryConfigs::new(
+            opts.config.package_registry_secret.clone(),
+            opts.config.image_cache_ttl,
+        ),
+        slots: BuildSlots::new(opts.config.max_build_jobs, Some(wake)),
+        git: opts.git.clone(),
+        git_checked: Mutex::default(),
+        catalog: Catalog::embedded(),
+        plumbing: Default::default(),
+        metrics: metrics.clone(),
+        stores,
+        config: opts.config.clone(),
+        client: client.clone(),
+    });
+    let mut controller = Controller::new(
+        Api::<Function>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns_stream(cm_stream)
+    .owns_stream(job_stream)
+    .owns_stream(deploy_stream)
+    .owns_stream(service_stream)
+    .owns_stream(hpa_stream);
+    if let Some((_, stream)) = knative {
+        controller = controller.owns_stream_with(stream, knative_resource());
+    }
+    controller = controller
+        .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        }));
+    if let Some(every) = opts.resync {
+        controller = controller.reconcile_all_on(ticks(every));
+    }
+    let queue = ctx.clone();
+    let controller = controller
+        .with_config(controller::Config::default().concurrency(opts.workers))
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(move |result| {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "reconcile");
+            }
+            queue.metrics.set_queued(queue.slots.waiting());
+            std::future::ready(())
+        });
+    match &candidate {
+        Some(c) => {
+            tokio::select! {
+                () = controller => Ok(()),
+                () = c.keep() => Err(Error::Missing("lost the leader lease; exiting so that another replica takes over".into())),
+            }
+        }
+        None => {
+            controller.await;
+            Ok(())
+        }
+    }
+}
+
+/// A watch cache of `K` objects the controller manages, and the stream that feeds it.
+fn cache<K>(
+    client: &kube::Client,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let config = watcher::Config::default().labels(&managed_selector());
+    let stream = watcher(Api::<K>::all(client.clone()), config)
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    (reader, stream)
+}
+
+type KnativeCache = (
+    Store<DynamicObject>,
+    futures_util::stream::BoxStream<'static, Result<DynamicObject, watcher::Error>>,
+);
+
+fn knative_cache(client: &kube::Client) -> KnativeCache {
+    let resource = knative_resource();
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let config = watcher::Config::default().labels(&managed_selector());
+    let stream = watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &resource),
+        config,
+    )
+    .default_backoff()
+    .reflect(writer)
+    .touched_objects()
+    .boxed();
+    (reader, stream)
+}
+
+fn ticks(every: Duration) -> impl Stream<Item = ()> + Send + 'static {
+    futures_util::stream::unfold((), move |()| async move {
+        tokio::time::sleep(every).await;
+        Some(((), ()))
+    })
+}

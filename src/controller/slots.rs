@@ -1,0 +1,204 @@
+//! The cluster-wide cap on running build Jobs, first come first served. Counting active Jobs
+//! from the watch cache and creating one more must not race between concurrent reconciles
+//! (Kyma forced its controller down to one worker for this, kyma #10037):
+//! [`BuildSlots::try_take`] counts and reserves under one lock, a reservation stands in for a
+//! Job the cache has not seen yet, and a Function that finds no slot waits in a queue ordered
+//! by creation time. When a build ends, [`BuildSlots::wake`] reconciles the oldest waiters at
+//! once instead of leaving them to their next periodic look.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::crd::Function;
+
+/// How long a reservation stands in for a created Job the watch has not delivered yet.
+const RESERVATION: Duration = Duration::from_secs(60);
+
+/// A waiting Function: creation time, namespace, name (ordered oldest first).
+type Waiter = (String, String, String);
+
+/// At most `max` build Jobs at a time.
+pub struct BuildSlots {
+    max: usize,
+    state: Mutex<State>,
+    wake: Option<UnboundedSender<ObjectRef<Function>>>,
+}
+
+#[derive(Default)]
+struct State {
+    reserved: HashMap<String, Instant>,
+    waiting: BTreeSet<Waiter>,
+}
+
+/// Whether a Job still runs (neither Complete nor Failed).
+pub fn is_active(job: &Job) -> bool {
+    let Some(status) = &job.status else {
+        return true;
+    };
+    let done = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True");
+    !done && status.succeeded.unwrap_or(0) == 0 && status.failed.unwrap_or(0) == 0
+}
+
+/// The queue position of a Function.
+pub fn waiter(f: &Function) -> Waiter {
+    (
+        f.metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        f.namespace_or_default().to_string(),
+        f.name_or_empty().to_string(),
+    )
+}
+
+impl BuildSlots {
+    /// A cap of `max` Jobs; `wake` receives the Functions to reconcile when slots free up.
+    pub fn new(max: usize, wake: Option<UnboundedSender<ObjectRef<Function>>>) -> BuildSlots {
+        BuildSlots {
+            max,
+            state: Mutex::default(),
+            wake,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reserves a slot for the Job `key` (`namespace/name`) of `who`, given the active Jobs
+    /// the cache knows (their keys). A Function waits while all slots are taken, or while as
+    /// many older Functions wait as there are free slots.
+    ///
+    /// # Errors
+    /// The number of builds running or reserved, when `who` must wait.
+    pub fn try_take(
+        &self,
+        key: &str,
+        who: &Waiter,
+        active: impl IntoIterator<Item = String>,
+    ) -> Result<(), usize> {
+        let mut state = self.state();
+        let active: HashSet<String> = active.into_iter().collect();
+        // A reservation ends when the cache shows the Job, or after a while (a create that
+        // failed without telling us, a Job deleted before it was seen).
+        state
+            .reserved
+            .retain(|k, at| !active.contains(k) && at.elapsed() < RESERVATION);
+        if active.contains(key) || state.reserved.contains_key(key) {
+            state.waiting.remove(who);
+            return Ok(());
+        }
+        let running = active.len() + state.reserved.len();
+        let free = self.max.saturating_sub(running);
+        let older = state.waiting.range(..who.clone()).count();
+        if free == 0 || older >= free {
+            state.waiting.insert(who.clone());
+            return Err(running);
+        }
+        state.waiting.remove(who);
+        state.reserved.insert(key.to_string(), Instant::now());
+        Ok(())
+    }
+
+    /// Gives a reservation back (the create failed).
+    pub fn release(&self, key: &str) {
+        self.state().reserved.remove(key);
+    }
+
+    /// Forgets `who` (it was built without a Job, or deleted).
+    pub fn forget(&self, who: &Waiter) {
+        self.state().waiting.remove(who);
+    }
+
+    /// A build ended: reconcile the oldest waiters now, as many as slots may be free.
+    pub fn wake(&self, running: usize) {
+        let Some(wake) = &self.wake else {
+            return;
+        };
+        let free = self.max.saturating_sub(running).max(1);
+        let waiters: Vec<Waiter> = self.state().waiting.iter().take(free).cloned().collect();
+        for (_, ns, name) in waiters {
+            let _ = wake.send(ObjectRef::new(&name).within(&ns));
+        }
+    }
+
+    /// How many Functions wait.
+    pub fn waiting(&self) -> usize {
+        self.state().waiting.len()
+    }
+
+    /// The cap.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who(t: &str) -> Waiter {
+        (t.into(), "ns".into(), t.into())
+    }
+
+    #[test]
+    fn reservations_count_until_the_cache_shows_the_job() {
+        let slots = BuildSlots::new(2, None);
+        let none = Vec::<String>::new;
+        assert_eq!(slots.try_take("ns/a", &who("1"), none()), Ok(()));
+        assert_eq!(slots.try_take("ns/b", &who("2"), none()), Ok(()));
+        assert_eq!(slots.try_take("ns/c", &who("3"), none()), Err(2));
+        // The cache now shows a; b is still reserved: still full.
+        assert_eq!(
+            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            Err(2)
+        );
+        slots.release("ns/b");
+        assert_eq!(
+            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            Ok(())
+        );
+        // Taking again for a Job that exists or is reserved is no new slot.
+        assert_eq!(
+            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            Ok(())
+        );
+        assert_eq!(
+            slots.try_take("ns/a", &who("1"), ["ns/a".to_string()]),
+            Ok(())
+        );
+        assert_eq!(slots.waiting(), 0);
+    }
+
+    #[test]
+    fn a_newcomer_does_not_overtake_older_waiters() {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let slots = BuildSlots::new(1, Some(tx));
+        assert_eq!(slots.try_take("ns/a", &who("1"), Vec::new()), Ok(()));
+        assert_eq!(
+            slots.try_take("ns/b", &who("2"), ["ns/a".to_string()]),
+            Err(1)
+        );
+        assert_eq!(
+            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            Err(1)
+        );
+        // a finished: the slot is free, but c is younger than b.
+        assert_eq!(slots.try_take("ns/c", &who("3"), Vec::new()), Err(0));
+        slots.wake(0);
+        assert_eq!(rx.try_recv().unwrap().name, "2");
+        assert!(rx.try_recv().is_err(), "one free slot wakes one waiter");
+        assert_eq!(slots.try_take("ns/b", &who("2"), Vec::new()), Ok(()));
+        assert_eq!(slots.waiting(), 1);
+    }
+}

@@ -1,0 +1,235 @@
+//! The checks on a Function that the CRD's CEL rules cannot express (and, again, the ones they
+//! can, so the controller applies the same rules to objects that never met the API server's
+//! CEL: older CRDs, `kubectl apply --validate=false` with the CRD missing a rule). Used by the
+//! validating webhook (deny with these messages) and by the controller (ConfigurationReady=False,
+//! reason InvalidFunctionSpec, same messages). Pure: no I/O.
+//!
+//! Kyma's rules (legacy controller `validation.go`, v1alpha1 webhook) plus kiln's: the name is a
+//! DNS-1035 label and `<namespace>-<name>` a repository path component; the runtime is one of
+//! the catalog's (or a Kyma name it maps, with a warning); resource minimums, requests ≤
+//! limits; env, secretMount, label and annotation rules; the dependency manifest's syntax;
+//! git sources over HTTP(S) only (kiln's builder image has no `ssh`); a valid
+//! runtimeImageOverride; scaling bounds.
+//!
+//! A finding is data, not a Rust error: validation itself cannot fail, so there is no
+//! `Error` enum here; a [`Verdict`] lists [`Violation`]s (field path + message) and warnings.
+
+mod env;
+mod names;
+mod pod;
+mod resources;
+mod source;
+
+use std::fmt;
+
+use super::crd::Function;
+use crate::registry::Reference;
+use crate::runtime::{Catalog, RuntimeSpec};
+
+pub use names::{
+    config_map_key, dns1035_label, dns1123_label, dns1123_subdomain, env_var_name, label_value,
+    qualified_name,
+};
+pub use pod::MAX_ANNOTATIONS_BYTES;
+
+/// One thing wrong with a Function: where, and what (including what to do about it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The field path, `spec.env[2].name`.
+    pub field: String,
+    /// What is wrong and what to do.
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// The outcome: valid when there are no errors; warnings never block.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// What must change before the Function can be built.
+    pub errors: Vec<Violation>,
+    /// What the user should know (a Kyma runtime name mapped to a kiln runtime, …).
+    pub warnings: Vec<String>,
+}
+
+impl Verdict {
+    /// Whether the Function may be admitted and built.
+    pub fn is_valid(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// Every error, `field: message`, joined with `; ` (the condition and denial message).
+    pub fn message(&self) -> String {
+        self.errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    pub(crate) fn error(&mut self, field: impl Into<String>, message: impl Into<String>) {
+        self.errors.push(Violation {
+            field: field.into(),
+            message: message.into(),
+        });
+    }
+
+    pub(crate) fn warn(&mut self, warning: impl Into<String>) {
+        self.warnings.push(warning.into());
+    }
+}
+
+/// Checks `function` against every rule; `catalog` says which runtimes exist.
+pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
+    let mut verdict = Verdict::default();
+    check_name(function, &mut verdict);
+    let runtime = check_runtime(function, catalog, &mut verdict);
+    let spec = &function.spec;
+    if let Some(image) = &spec.runtime_image_override
+        && let Err(e) = image.parse::<Reference>()
+    {
+        verdict.error(
+            "spec.runtimeImageOverride",
+            format!("{e}; give a base image reference such as registry.example.com/team/base:1"),
+        );
+    }
+    resources::check(spec.resource_configuration.as_ref(), &mut verdict);
+    env::check(&spec.env, &mut verdict);
+    pod::check_secret_mounts(&spec.secret_mounts, runtime, &mut verdict);
+    pod::check_labels(&spec.labels, &mut verdict);
+    pod::check_annotations(&spec.annotations, &mut verdict);
+    source::check(&spec.source, runtime, &mut verdict);
+    check_scaling(function, &mut verdict);
+    verdict
+}
+
+fn check_name(function: &Function, verdict: &mut Verdict) {
+    let meta = &function.metadata;
+    let name = match (meta.name.as_deref(), meta.generate_name.as_deref()) {
+        (Some(name), _) if !name.is_empty() => name,
+        // On CREATE with generateName the mutating webhook sees no name yet: the prefix plus
+        // five random characters must make a DNS-1035 label.
+        (_, Some(prefix)) if !prefix.is_empty() => {
+            let sample = format!("{prefix}abcde");
+            if let Err(e) = dns1035_label(&sample) {
+                verdict.error(
+                    "metadata.generateName",
+                    format!(
+                        "{prefix:?} cannot start a Function name: with 5 generated characters \
+                         it {e}"
+                    ),
+                );
+            }
+            return;
+        }
+        _ => {
+            verdict.error("metadata.name", "a Function needs a name");
+            return;
+        }
+    };
+    if let Err(e) = dns1035_label(name) {
+        verdict.error(
+            "metadata.name",
+            format!(
+                "{name:?} is not a valid Function name: it names the Function's Service, and \
+                 {e}"
+            ),
+        );
+        return;
+    }
+    let namespace = function.namespace_or_default();
+    if let Err(e) = dns1123_label(namespace) {
+        verdict.error(
+            "metadata.namespace",
+            format!("{namespace:?} is not a valid namespace: {e}"),
+        );
+        return;
+    }
+    // The image repository is `<registry>/<namespace>-<name>`.
+    let repository = format!("{namespace}-{name}");
+    if let Err(e) = format!("registry.invalid/{repository}").parse::<Reference>() {
+        verdict.error(
+            "metadata.name",
+            format!("{repository:?} cannot name the Function's image repository: {e}"),
+        );
+    }
+}
+
+fn check_runtime<'c>(
+    function: &Function,
+    catalog: &'c Catalog,
+    verdict: &mut Verdict,
+) -> Option<&'c RuntimeSpec> {
+    match catalog.resolve(&function.spec.runtime) {
+        Ok((runtime, alias)) => {
+            if let Some(alias) = alias {
+                verdict.warn(alias.warning());
+            }
+            Some(runtime)
+        }
+        Err(e) => {
+            verdict.error(
+                "spec.runtime",
+                format!(
+                    "{:?} is not a supported runtime; use one of {}",
+                    e.name,
+                    e.known.join(", ")
+                ),
+            );
+            None
+        }
+    }
+}
+
+fn check_scaling(function: &Function, verdict: &mut Verdict) {
+    let spec = &function.spec;
+    if let Some(replicas) = spec.replicas
+        && replicas < 0
+    {
+        verdict.error(
+            "spec.replicas",
+            format!("{replicas} is negative; use 0 or more"),
+        );
+    }
+    if let Some(scale) = &spec.scale_config {
+        for (field, value) in [
+            ("spec.scaleConfig.minReplicas", scale.min_replicas),
+            ("spec.scaleConfig.maxReplicas", scale.max_replicas),
+        ] {
+            if value < 1 {
+                verdict.error(field, format!("{value} is below 1; use 1 or more"));
+            }
+        }
+        if scale.min_replicas > scale.max_replicas {
+            verdict.error(
+                "spec.scaleConfig",
+                format!(
+                    "minReplicas ({}) exceeds maxReplicas ({}); lower minReplicas or raise \
+                     maxReplicas",
+                    scale.min_replicas, scale.max_replicas
+                ),
+            );
+        }
+    }
+    // Kyma's CEL rule: an empty template is tolerated, labels or annotations in it are not.
+    match &spec.template {
+        Some(t) if t.labels.is_some() || t.annotations.is_some() => verdict.error(
+            "spec.template",
+            "is no longer supported (deprecated in Kyma); move its labels to spec.labels and \
+             its annotations to spec.annotations",
+        ),
+        Some(_) => verdict.warn("spec.template is deprecated and ignored; remove it"),
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod pod_tests;
+#[cfg(test)]
+mod source_tests;
+#[cfg(test)]
+mod tests;

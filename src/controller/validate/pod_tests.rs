@@ -1,0 +1,189 @@
+//! Rules for what goes onto the Pod: env, secretMounts, labels, annotations.
+
+use serde_json::{Value, json};
+
+use super::MAX_ANNOTATIONS_BYTES;
+use super::tests::{only_error, valid, verdict};
+
+fn env(vars: Value) -> impl FnOnce(&mut Value) {
+    move |f| f["spec"]["env"] = vars
+}
+
+#[test]
+fn env_names_must_be_valid_unique_and_not_reserved() {
+    let v = verdict(env(json!([{"name": "A"}, {"name": "B"}, {"name": "1BAD"}])));
+    let msg = only_error(
+        &v,
+        "spec.env[2].name",
+        "not a valid environment variable name",
+    );
+    assert!(
+        msg.starts_with("spec.env[2].name: \"1BAD\" is not"),
+        "{msg}"
+    );
+    let v = verdict(env(json!([{"name": "A"}, {"name": "A", "value": "x"}])));
+    only_error(&v, "spec.env[1].name", "already set by spec.env[0]");
+    let v = verdict(env(json!([{"name": "FUNC_PORT", "value": "1"}])));
+    only_error(&v, "spec.env[0].name", "reserved");
+    valid(&verdict(env(
+        json!([{"name": "my.env-name", "value": "1"}]),
+    )));
+}
+
+#[test]
+fn value_from_needs_exactly_one_complete_source() {
+    let two = json!([{"name": "A", "valueFrom": {
+        "secretKeyRef": {"name": "s", "key": "k"},
+        "configMapKeyRef": {"name": "c", "key": "k"}}}]);
+    only_error(&verdict(env(two)), "spec.env[0].valueFrom", "exactly one");
+    let none = json!([{"name": "A", "valueFrom": {}}]);
+    only_error(&verdict(env(none)), "spec.env[0].valueFrom", "(it has 0)");
+    let both = json!([{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]);
+    only_error(
+        &verdict(env(both)),
+        "spec.env[0].valueFrom",
+        "together with value",
+    );
+    let bad_key =
+        json!([{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "a/b"}}}]);
+    only_error(
+        &verdict(env(bad_key)),
+        "spec.env[0].valueFrom.secretKeyRef.key",
+        "not a valid key",
+    );
+    let no_name =
+        json!([{"name": "A", "valueFrom": {"configMapKeyRef": {"name": "", "key": "k"}}}]);
+    only_error(
+        &verdict(env(no_name)),
+        "spec.env[0].valueFrom.configMapKeyRef.name",
+        "required",
+    );
+    let path = json!([{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.containers"}}}]);
+    only_error(
+        &verdict(env(path)),
+        "spec.env[0].valueFrom.fieldRef.fieldPath",
+        "downward API",
+    );
+    let res = json!([{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]);
+    only_error(
+        &verdict(env(res)),
+        "spec.env[0].valueFrom.resourceFieldRef.resource",
+        "not supported",
+    );
+    valid(&verdict(env(json!([
+        {"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+        {"name": "B", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}},
+        {"name": "C", "valueFrom": {"secretKeyRef": {"name": "s", "key": "token"}}},
+    ]))));
+}
+
+fn mounts(list: Value) -> impl FnOnce(&mut Value) {
+    move |f| f["spec"]["secretMounts"] = list
+}
+
+#[test]
+fn secret_mounts_need_valid_unique_names_and_paths() {
+    let m = |name: &str, path: &str| json!({"secretName": name, "mountPath": path});
+    let v = verdict(mounts(json!([m("Creds", "/creds")])));
+    only_error(
+        &v,
+        "spec.secretMounts[0].secretName",
+        "not a valid Secret name",
+    );
+    let v = verdict(mounts(json!([m("a", "/a"), m("a", "/b")])));
+    only_error(
+        &v,
+        "spec.secretMounts[1].secretName",
+        "already mounted by spec.secretMounts[0]",
+    );
+    let v = verdict(mounts(json!([m("a", "creds")])));
+    only_error(&v, "spec.secretMounts[0].mountPath", "not an absolute path");
+    let v = verdict(mounts(json!([m("a", "/s/x"), m("b", "/s//x/")])));
+    only_error(
+        &v,
+        "spec.secretMounts[1].mountPath",
+        "already used by spec.secretMounts[0]",
+    );
+    let v = verdict(mounts(json!([m("a", "/s/../etc")])));
+    only_error(&v, "spec.secretMounts[0].mountPath", "'..'");
+    valid(&verdict(mounts(json!([
+        m("a", "/secrets/a"),
+        m("b", "/tmp/b")
+    ]))));
+}
+
+#[test]
+fn secret_mounts_must_not_cover_tmp_or_the_code() {
+    let m = |path: &str| json!([{"secretName": "s", "mountPath": path}]);
+    for (path, text) in [
+        ("/tmp", "would hide /tmp"),
+        ("/", "would hide /tmp"),
+        (
+            "/usr/src/app/function/lib",
+            "is inside /usr/src/app/function",
+        ),
+        ("/usr/src", "would hide /usr/src/app/function"),
+    ] {
+        let v = verdict(mounts(m(path)));
+        only_error(&v, "spec.secretMounts[0].mountPath", text);
+    }
+    // Python's code lives elsewhere.
+    let v = verdict(|f| {
+        f["spec"]["runtime"] = json!("python313");
+        f["spec"]["source"]["inline"]["dependencies"] = json!("");
+        f["spec"]["secretMounts"] = m("/kubeless");
+    });
+    only_error(&v, "spec.secretMounts[0].mountPath", "is inside /kubeless");
+}
+
+#[test]
+fn labels_follow_kubernetes_metadata_rules_and_the_reserved_prefix() {
+    let labels = |l: Value| move |f: &mut Value| f["spec"]["labels"] = l;
+    only_error(
+        &verdict(labels(json!({"bad key": "v"}))),
+        "spec.labels[bad key]",
+        "qualified name",
+    );
+    only_error(
+        &verdict(labels(json!({"serverless.kyma-project.io/x": "v"}))),
+        "spec.labels[serverless.kyma-project.io/x]",
+        "reserved",
+    );
+    only_error(
+        &verdict(labels(json!({"app": "-x"}))),
+        "spec.labels[app]",
+        "not a valid label value",
+    );
+    only_error(
+        &verdict(labels(json!({"app": "v".repeat(64)}))),
+        "spec.labels[app]",
+        "63 characters",
+    );
+    valid(&verdict(labels(
+        json!({"app.kubernetes.io/part-of": "shop", "empty": ""}),
+    )));
+}
+
+#[test]
+fn annotations_follow_kubernetes_metadata_rules_and_size_limit() {
+    let ann = |a: Value| move |f: &mut Value| f["spec"]["annotations"] = a;
+    only_error(
+        &verdict(ann(json!({"a/b/c": "v"}))),
+        "spec.annotations[a/b/c]",
+        "qualified name",
+    );
+    only_error(
+        &verdict(ann(json!({"serverless.kyma-project.io/x": "v"}))),
+        "spec.annotations[serverless.kyma-project.io/x]",
+        "reserved",
+    );
+    let big = "x".repeat(MAX_ANNOTATIONS_BYTES);
+    only_error(
+        &verdict(ann(json!({"note": big}))),
+        "spec.annotations",
+        "exceed Kubernetes' limit",
+    );
+    valid(&verdict(ann(
+        json!({"Example.com/Note": "any value at all: ✓"}),
+    )));
+}

@@ -1,0 +1,162 @@
+//! `spec.source`: exactly one kind; inline code present and its dependency manifest
+//! well-formed for the runtime (package.json a JSON object, blank allowed; requirements.txt
+//! parses); a git repository reachable the way kiln clones, over HTTP(S) with Basic
+//! credentials. SSH is refused: it needs the `ssh` program, which kiln's distroless builder
+//! image does not have.
+
+use std::path::{Component, Path};
+
+use super::{Verdict, dns1123_subdomain};
+use crate::controller::crd::{GitRepositorySource, InlineSource, Source};
+use crate::runtime::{Language, RuntimeSpec, validate_manifest};
+
+const SSH_REFUSED: &str = "kiln clones over HTTPS with Basic credentials only (SSH needs the \
+    ssh program, which kiln's builder image does not have)";
+
+pub(super) fn check(source: &Source, runtime: Option<&RuntimeSpec>, verdict: &mut Verdict) {
+    match (&source.inline, &source.git_repository) {
+        (Some(inline), None) => check_inline(inline, runtime, verdict),
+        (None, Some(git)) => check_git(git, verdict),
+        _ => verdict.error(
+            "spec.source",
+            "needs exactly one of inline and gitRepository",
+        ),
+    }
+}
+
+fn check_inline(inline: &InlineSource, runtime: Option<&RuntimeSpec>, verdict: &mut Verdict) {
+    if inline.source.trim().is_empty() {
+        verdict.error(
+            "spec.source.inline.source",
+            "is empty; put the handler's code here",
+        );
+    }
+    let (Some(runtime), Some(deps)) = (runtime, inline.dependencies.as_deref()) else {
+        return;
+    };
+    // Kyma turned an empty Node.js dependency list into `{}`; an empty requirements.txt is
+    // simply empty.
+    if deps.trim().is_empty() {
+        return;
+    }
+    let file = runtime.dependencies.manifest.as_str();
+    if let Err(e) = validate_manifest(runtime.language, file, deps) {
+        let hint = match runtime.language {
+            Language::Nodejs => {
+                "give a package.json object such as {\"dependencies\": {…}}, or leave it empty"
+            }
+            Language::Python => {
+                "give one requirement per line (NAME, NAME==VERSION, …), or leave it empty"
+            }
+        };
+        verdict.error("spec.source.inline.dependencies", format!("{e}; {hint}"));
+    }
+}
+
+fn check_git(git: &GitRepositorySource, verdict: &mut Verdict) {
+    check_url(git, verdict);
+    if let Some(auth) = &git.auth {
+        match auth.type_.as_str() {
+            "basic" => {}
+            "key" => verdict.error(
+                "spec.source.gitRepository.auth.type",
+                format!(
+                    "key (SSH) is not supported: {SSH_REFUSED}; use type: basic with a Secret \
+                     holding username and password (a token)"
+                ),
+            ),
+            other => verdict.error(
+                "spec.source.gitRepository.auth.type",
+                format!("{other:?} is not supported; use basic"),
+            ),
+        }
+        let name = auth.secret_name.trim();
+        if name.is_empty() {
+            verdict.error(
+                "spec.source.gitRepository.auth.secretName",
+                "is blank; name the Secret holding username and password",
+            );
+        } else if let Err(e) = dns1123_subdomain(name) {
+            verdict.error(
+                "spec.source.gitRepository.auth.secretName",
+                format!("{name:?} is not a valid Secret name ({e})"),
+            );
+        }
+    }
+    if git.base_dir.trim().is_empty() {
+        verdict.error(
+            "spec.source.gitRepository.baseDir",
+            "is blank; give the Function's directory in the repository (/ for its root)",
+        );
+    } else if Path::new(&git.base_dir)
+        .components()
+        .any(|c| c == Component::ParentDir)
+    {
+        verdict.error(
+            "spec.source.gitRepository.baseDir",
+            format!(
+                "{:?} must stay inside the repository: remove '..'",
+                git.base_dir
+            ),
+        );
+    }
+    if git.reference.trim().is_empty() {
+        verdict.error(
+            "spec.source.gitRepository.reference",
+            "is blank; give a branch, tag or commit",
+        );
+    }
+}
+
+fn check_url(git: &GitRepositorySource, verdict: &mut Verdict) {
+    const FIELD: &str = "spec.source.gitRepository.url";
+    let raw = git.url.trim();
+    let lower = raw.to_ascii_lowercase();
+    let scp_like = !raw.contains("://") && raw.contains('@') && raw.contains(':');
+    if scp_like || lower.starts_with("ssh://") || lower.starts_with("git+ssh://") {
+        verdict.error(
+            FIELD,
+            format!(
+                "{raw:?} is an SSH URL: {SSH_REFUSED}; use the repository's https:// URL with \
+                 auth.type: basic"
+            ),
+        );
+        return;
+    }
+    let url = match url::Url::parse(raw) {
+        Ok(url) => url,
+        Err(e) => {
+            verdict.error(
+                FIELD,
+                format!("{raw:?} is not a URL ({e}); use https://HOST/PATH"),
+            );
+            return;
+        }
+    };
+    if !matches!(url.scheme(), "https" | "http") {
+        verdict.error(
+            FIELD,
+            format!(
+                "{raw:?}: the {} scheme is not supported; kiln clones over https:// (or http://)",
+                url.scheme()
+            ),
+        );
+        return;
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        verdict.error(FIELD, format!("{raw:?} has no host; use https://HOST/PATH"));
+        return;
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        verdict.warn(format!(
+            "{FIELD} carries credentials that anyone who can read the Function can see; \
+             put them in a Secret named by auth.secretName"
+        ));
+    }
+    if url.scheme() == "http" && git.auth.is_some() {
+        verdict.warn(format!(
+            "{FIELD} is plain http://: the credentials from auth.secretName travel unencrypted; \
+             use https://"
+        ));
+    }
+}

@@ -1,0 +1,124 @@
+//! Rules for the source: the dependency manifest per runtime, inline code, git.
+
+use serde_json::{Value, json};
+
+use super::Verdict;
+use super::tests::{only_error, valid, verdict};
+
+fn deps(runtime: &str, text: &str) -> Verdict {
+    verdict(|f| {
+        f["spec"]["runtime"] = json!(runtime);
+        f["spec"]["source"]["inline"]["dependencies"] = json!(text);
+    })
+}
+
+#[test]
+fn node_dependencies_must_be_a_json_object_or_blank() {
+    let field = "spec.source.inline.dependencies";
+    only_error(
+        &deps("nodejs22", "[]"),
+        field,
+        "package.json line 1: must be a JSON object",
+    );
+    only_error(
+        &deps("nodejs24", "{\n\"a\": ,}"),
+        field,
+        "package.json line 2: invalid JSON",
+    );
+    only_error(
+        &deps("nodejs22", "{\"dependencies\": []}"),
+        field,
+        "dependencies must be an object",
+    );
+    valid(&deps("nodejs22", ""));
+    valid(&deps("nodejs22", "  \n"));
+    valid(&deps("nodejs22", "{}"));
+}
+
+#[test]
+fn python_requirements_must_parse() {
+    let v = deps("python313", "requests==2.32\nthis is not valid\n");
+    only_error(
+        &v,
+        "spec.source.inline.dependencies",
+        "requirements.txt line 2",
+    );
+    valid(&deps("python313", "requests==2.32\n# comment\n"));
+    valid(&deps("python312", ""));
+}
+
+#[test]
+fn inline_source_must_not_be_blank_and_exactly_one_source_kind_is_set() {
+    let v = verdict(|f| f["spec"]["source"]["inline"]["source"] = json!("  "));
+    only_error(&v, "spec.source.inline.source", "is empty");
+    let v = verdict(|f| f["spec"]["source"] = json!({}));
+    only_error(&v, "spec.source", "exactly one of inline and gitRepository");
+}
+
+fn git(edit: impl FnOnce(&mut Value)) -> Verdict {
+    verdict(|f| {
+        let mut g = json!({"url": "https://github.com/kyma-project/examples.git",
+                           "baseDir": "/orders", "reference": "main",
+                           "auth": {"type": "basic", "secretName": "git-creds"}});
+        edit(&mut g);
+        f["spec"]["source"] = json!({"gitRepository": g});
+    })
+}
+
+#[test]
+fn git_sources_must_be_https_with_basic_auth() {
+    valid(&git(|_| {}));
+    let url = "spec.source.gitRepository.url";
+    for ssh in [
+        "git@github.com:org/repo.git",
+        "ssh://git@github.com/org/repo.git",
+    ] {
+        let msg = only_error(&git(|g| g["url"] = json!(ssh)), url, "is an SSH URL");
+        assert!(
+            msg.contains("ssh program") && msg.contains("https://"),
+            "{msg}"
+        );
+    }
+    only_error(
+        &git(|g| g["url"] = json!("git://host/repo")),
+        url,
+        "git scheme is not supported",
+    );
+    only_error(&git(|g| g["url"] = json!("not a url")), url, "is not a URL");
+    let msg = only_error(
+        &git(|g| g["auth"]["type"] = json!("key")),
+        "spec.source.gitRepository.auth.type",
+        "key (SSH) is not supported",
+    );
+    assert!(msg.contains("builder image does not have"), "{msg}");
+    only_error(
+        &git(|g| g["auth"]["secretName"] = json!(" ")),
+        "spec.source.gitRepository.auth.secretName",
+        "blank",
+    );
+    only_error(
+        &git(|g| g["baseDir"] = json!(" ")),
+        "spec.source.gitRepository.baseDir",
+        "blank",
+    );
+    only_error(
+        &git(|g| g["baseDir"] = json!("../x")),
+        "spec.source.gitRepository.baseDir",
+        "'..'",
+    );
+    only_error(
+        &git(|g| g["reference"] = json!("")),
+        "spec.source.gitRepository.reference",
+        "blank",
+    );
+}
+
+#[test]
+fn git_credentials_in_the_url_or_over_http_are_warned_about() {
+    let v = git(|g| g["url"] = json!("https://user:token@host/repo.git"));
+    valid(&v);
+    assert!(v.warnings[0].contains("carries credentials"), "{v:?}");
+    let v = git(|g| g["url"] = json!("http://host/repo.git"));
+    valid(&v);
+    assert!(v.warnings[0].contains("travel unencrypted"), "{v:?}");
+}

@@ -1,0 +1,257 @@
+//! A `kiln controller` process against the in-memory API server and a real registry: what
+//! the controller tests and the reconcile benchmark start from. The controller finds the API
+//! through a kubeconfig, as in a cluster; its stderr goes to a file that failures print.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::images;
+use super::kube_api::KubeApi;
+use super::registry::{Registry, RegistryKind};
+
+/// The controller's namespace in the tests.
+pub const SYSTEM: &str = "kiln-system";
+
+/// A small image in the registry, used as base and builder where nothing really builds.
+#[derive(Clone, Debug)]
+pub struct Tiny {
+    /// Its OCI layout (tag `base`).
+    pub layout: PathBuf,
+    /// Its manifest digest.
+    pub digest: String,
+    /// Its registry reference.
+    pub reference: String,
+}
+
+/// The environment; everything stops when it is dropped.
+pub struct ControllerEnv {
+    /// The API server.
+    pub api: KubeApi,
+    /// The registry build Jobs push to.
+    pub registry: Registry,
+    /// The small image.
+    pub tiny: Tiny,
+    /// Where the controller serves /metrics.
+    pub metrics_port: u16,
+    /// The controller's stderr.
+    pub log: PathBuf,
+    /// The kubeconfig the controller uses.
+    pub kubeconfig: PathBuf,
+    child: Option<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl ControllerEnv {
+    /// Starts the registry, the API server and `kiln controller` with `extra` flags after the
+    /// defaults (every runtime on the small image, push to `<registry>/functions`, no leader
+    /// election, 1 s build retries).
+    pub fn start(extra: &[&str]) -> ControllerEnv {
+        let registry = Registry::start(RegistryKind::Plain);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let layout = images::make_layout(dir.path());
+        let digest = images::tagged_digest(&layout, "base");
+        let reference = registry.reference("kiln/tiny:base");
+        registry.skopeo_copy_from_layout(&layout, "base", &reference, None);
+        let tiny = Tiny { layout, digest, reference };
+        let api = KubeApi::start();
+        Self::seed(&api);
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        let metrics_port = super::free_port();
+        let log = dir.path().join("controller.log");
+        let mut env = ControllerEnv {
+            api,
+            registry,
+            tiny,
+            metrics_port,
+            log,
+            kubeconfig,
+            child: None,
+            _dir: dir,
+        };
+        env.spawn(extra);
+        env
+    }
+
+    fn seed(api: &KubeApi) {
+        let config = super::base64(br#"{"auths":{}}"#);
+        api.insert(json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": "kiln-registry", "namespace": SYSTEM},
+            "data": {".dockerconfigjson": config},
+        }));
+    }
+
+    /// The default flags plus `extra`.
+    pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        let host = self.registry.host();
+        let mut args: Vec<String> = vec![
+            "controller".into(),
+            "--kubeconfig".into(),
+            self.kubeconfig.display().to_string(),
+            "--registry".into(),
+            format!("{host}/functions"),
+            "--insecure-registry".into(),
+            host,
+            "--namespace".into(),
+            SYSTEM.into(),
+            "--no-leader-election".into(),
+            "--metrics-address".into(),
+            format!("127.0.0.1:{}", self.metrics_port),
+            "--build-retry-base".into(),
+            "1".into(),
+            "--build-retry-max".into(),
+            "4".into(),
+            "--log-format".into(),
+            "json".into(),
+        ];
+        for runtime in ["nodejs22", "nodejs24", "python313"] {
+            args.push(format!("--base-image={runtime}={}", self.tiny.reference));
+            args.push(format!("--builder-image={runtime}={}", self.tiny.reference));
+        }
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    }
+
+    /// Starts (or restarts) the controller process.
+    pub fn spawn(&mut self, extra: &[&str]) {
+        self.stop();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("controller log");
+        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(self.args(extra))
+            .env_remove("KUBECONFIG")
+            .env("RUST_LOG", "kiln=debug,info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kiln controller");
+        self.child = Some(child);
+    }
+
+    /// Stops the controller process.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The end of the controller's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// Creates a Function from YAML in `namespace`.
+    pub fn create_function(&self, namespace: &str, yaml: &str) -> Value {
+        let mut f: Value = serde_yaml::from_str(yaml).expect("Function YAML");
+        f["metadata"]["namespace"] = json!(namespace);
+        self.api.insert(f)
+    }
+
+    /// A Function.
+    pub fn function(&self, namespace: &str, name: &str) -> Value {
+        self.api.get("Function", namespace, name).unwrap_or(Value::Null)
+    }
+
+    /// A condition of a Function: (status, reason, message).
+    pub fn condition(&self, namespace: &str, name: &str, kind: &str) -> Option<(String, String, String)> {
+        let f = self.function(namespace, name);
+        let conditions = f["status"]["conditions"].as_array()?.clone();
+        let c = conditions.into_iter().find(|c| c["type"] == kind)?;
+        let s = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+        Some((s("status"), s("reason"), s("message")))
+    }
+
+    /// Polls `check` every 50 ms until it holds; panics after `timeout` with the story.
+    pub fn wait(&self, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if check() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let functions: Vec<Value> = self.api.list("Function").into_iter().take(3).map(|f| json!({"name": f["metadata"]["name"], "status": f["status"]})).collect();
+        panic!(
+            "timed out after {timeout:?} waiting for {what}\nfunctions: {}\ncontroller log:\n{}",
+            serde_json::to_string_pretty(&functions).unwrap_or_default(),
+            self.log_tail()
+        );
+    }
+
+    /// Waits until condition `kind` of the Function has `status` (and `reason`, if given).
+    pub fn wait_condition(&self, namespace: &str, name: &str, kind: &str, status: &str, reason: Option<&str>) {
+        let what = format!("{namespace}/{name} {kind}={status} {reason:?}");
+        self.wait(&what, Duration::from_secs(60), || {
+            self.condition(namespace, name, kind)
+                .is_some_and(|(s, r, _)| s == status && reason.is_none_or(|want| r == want))
+        });
+    }
+
+    /// The objects of `kind` owned by Function `namespace/name`.
+    pub fn owned(&self, kind: &str, namespace: &str, name: &str) -> Vec<Value> {
+        let uid = self.function(namespace, name)["metadata"]["uid"].clone();
+        self.api
+            .list(kind)
+            .into_iter()
+            .filter(|o| o["metadata"]["namespace"] == namespace)
+            .filter(|o| o["metadata"]["ownerReferences"].as_array().is_some_and(|rs| rs.iter().any(|r| r["uid"] == uid)))
+            .collect()
+    }
+
+    /// The controller's /metrics text.
+    pub fn metrics(&self) -> String {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
+            return String::new();
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out
+    }
+
+    /// A counter or gauge from /metrics (the sum of its series).
+    pub fn metric(&self, name: &str) -> f64 {
+        self.metrics()
+            .lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for ControllerEnv {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A Node.js inline Function's manifest.
+pub fn node_function(name: &str, source: &str, dependencies: Option<&str>) -> String {
+    let deps = dependencies.map_or(String::new(), |d| format!("      dependencies: {}\n", serde_json::to_string(d).expect("JSON string")));
+    format!(
+        "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: {}\n{deps}",
+        serde_json::to_string(source).expect("JSON string")
+    )
+}
+
+/// Writes `docs` to a file and returns its path (for validators that read files).
+pub fn write_yaml(dir: &Path, name: &str, docs: &[Value]) -> PathBuf {
+    let path = dir.join(name);
+    let text: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).expect("YAML")).collect();
+    std::fs::write(&path, text.join("---\n")).expect("write YAML");
+    path
+}

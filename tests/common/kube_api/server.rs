@@ -1,0 +1,312 @@
+//! The HTTP face of the fake API server: one axum fallback handler that logs the request,
+//! injects faults, parses the path into a [`Route`] and the query, and dispatches the verb
+//! (get, list, watch, create, replace, delete, deletecollection; PATCH and the `scale`
+//! subresource are in `patching.rs`) to the store under its lock. Answers are JSON objects,
+//! lists and `Status` errors as kube-apiserver sends them.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::error::{Cause, Error, Result};
+use super::gc::DeleteOptions;
+use super::kinds::{Route, parse_route};
+use super::meta;
+use super::observe::{Observer, Request};
+use super::patch;
+use super::patching;
+use super::selector::Selectors;
+use super::store::{Key, Store};
+use super::watch::{self, WatchRequest};
+use super::write::{Target, Write};
+
+/// Everything the handler shares.
+pub struct Shared {
+    /// The objects.
+    pub store: Mutex<Store>,
+    /// Request log and faults.
+    pub observer: Observer,
+    /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+}
+
+impl Shared {
+    /// The store, locked (a panicked holder does not poison it for other tests' requests).
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A request's query parameters, URL-decoded.
+#[derive(Debug, Default)]
+pub(super) struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Self {
+        Self(
+            url::form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub(super) fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), Some("true" | "1"))
+    }
+
+    pub(super) fn selectors(&self) -> Result<Selectors> {
+        Selectors::parse(self.get("labelSelector"), self.get("fieldSelector"))
+    }
+
+    pub(super) fn write(&self, target: Target) -> Write {
+        Write {
+            dry_run: self.get("dryRun") == Some("All"),
+            ..Write::to(target)
+        }
+    }
+}
+
+/// The answer of a verb: status code and JSON body.
+pub(super) type Answer = (StatusCode, Value);
+
+/// The axum handler for every path.
+pub async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let raw_query = uri.query().unwrap_or_default().to_string();
+    let query = Query::parse(&raw_query);
+    let write = matches!(
+        method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    let watch = query.flag("watch");
+    let mut record = Request {
+        method: method.to_string(),
+        path: path.clone(),
+        query: raw_query,
+        status: 0,
+        write,
+        changed: false,
+        watch,
+        injected: false,
+    };
+    let result = match shared.observer.take_fault(method.as_str(), &path) {
+        Some(code) => {
+            record.injected = true;
+            Err(Error::Injected { code })
+        }
+        None if path == "/version" => Ok((json_response((StatusCode::OK, version())), false)),
+        None => dispatch(&shared, &method, &path, &query, &headers, &body),
+    };
+    let (response, changed) = match result {
+        Ok(ok) => ok,
+        Err(e) => (e.into_response(), false),
+    };
+    record.status = response.status().as_u16();
+    record.changed = changed;
+    shared.observer.record(record);
+    response
+}
+
+fn json_response((code, body): Answer) -> Response {
+    (code, axum::Json(body)).into_response()
+}
+
+/// What `kubectl version` and `Client::apiserver_version` read.
+fn version() -> Value {
+    json!({
+        "major": "1", "minor": "33", "gitVersion": "v1.33.0-kiln-fake",
+        "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
+        "buildDate": "2025-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+fn dispatch(
+    shared: &Shared,
+    method: &Method,
+    path: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<(Response, bool)> {
+    let route = parse_route(path)?;
+    let sub = route.subresource.as_deref();
+    let supported = match sub {
+        None => true,
+        Some("status") => route.kind.status,
+        Some("scale") => route.kind.scale,
+        Some(_) => false,
+    };
+    if !supported {
+        return Err(Error::UnknownPath {
+            path: path.to_string(),
+        });
+    }
+    if *method == Method::GET && route.name.is_none() && query.flag("watch") {
+        let req = watch_request(&route, query)?;
+        return Ok((
+            watch::start(&shared.store, req, shared.bookmark_interval)?,
+            false,
+        ));
+    }
+    let mut store = shared.store();
+    // The lock is held throughout, so a moved resourceVersion means this request changed
+    // something (no-op writes, dry runs and failures leave it).
+    let before = store.rv();
+    let answer = match (method.clone(), route.name.is_some()) {
+        (Method::GET, true) => get(&store, &route),
+        (Method::GET, false) => list(&store, &route, query),
+        (Method::POST, false) => create(&mut store, &route, query, body),
+        (Method::PUT, true) => replace(&mut store, &route, query, body),
+        (Method::PATCH, true) => patching::patch(&mut store, &route, query, headers, body),
+        (Method::DELETE, true) => delete(&mut store, &route, body),
+        (Method::DELETE, false) => {
+            let opts = DeleteOptions::parse(body)?;
+            let ns = route.namespace.as_deref();
+            let items = store.delete_collection(route.kind, ns, &query.selectors()?, &opts);
+            Ok((StatusCode::OK, list_body(&route, store.rv(), items)))
+        }
+        _ => Err(Error::MethodNotAllowed {
+            method: method.to_string(),
+        }),
+    }?;
+    Ok((json_response(answer), store.rv() != before))
+}
+
+fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {
+    let timeout = match query.get("timeoutSeconds") {
+        Some(s) => s.parse().map_err(|_| Error::BadRequest {
+            message: format!("invalid timeoutSeconds {s:?}"),
+        })?,
+        None => 1800, // kube-apiserver's default --min-request-timeout range
+    };
+    Ok(WatchRequest {
+        kind: route.kind,
+        namespace: route.namespace.clone(),
+        selectors: query.selectors()?,
+        resource_version: query.get("resourceVersion").map(str::to_string),
+        bookmarks: query.flag("allowWatchBookmarks"),
+        send_initial_events: query.flag("sendInitialEvents"),
+        timeout: Duration::from_secs(timeout),
+    })
+}
+
+pub(super) fn key(route: &Route) -> Key {
+    Key::new(
+        route.kind,
+        route.namespace.as_deref(),
+        route.name.as_deref().unwrap_or_default(),
+    )
+}
+
+pub(super) fn stored(store: &Store, route: &Route) -> Result<Value> {
+    let name = route.name.clone().unwrap_or_default();
+    store
+        .get(route.kind, route.namespace.as_deref(), &name)
+        .cloned()
+        .ok_or(Error::NotFound {
+            kind: route.kind,
+            name,
+        })
+}
+
+fn get(store: &Store, route: &Route) -> Result<Answer> {
+    let obj = stored(store, route)?;
+    let body = if route.subresource.as_deref() == Some("scale") {
+        patching::scale_view(&obj)
+    } else {
+        obj
+    };
+    Ok((StatusCode::OK, body))
+}
+
+fn list_body(route: &Route, rv: u64, items: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": route.kind.api_version(),
+        "kind": route.kind.list_kind(),
+        "metadata": { "resourceVersion": rv.to_string() },
+        "items": items,
+    })
+}
+
+/// LIST: everything in one page (`limit` and `continue` are accepted; no `continue` token is
+/// ever returned), always the latest state whatever `resourceVersion` asks.
+fn list(store: &Store, route: &Route, query: &Query) -> Result<Answer> {
+    let items = store.list(route.kind, route.namespace.as_deref(), &query.selectors()?);
+    Ok((StatusCode::OK, list_body(route, store.rv(), items)))
+}
+
+fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+    if route.subresource.is_some() {
+        return Err(Error::MethodNotAllowed {
+            method: "POST".into(),
+        });
+    }
+    let how = query.write(Target::Main);
+    let obj = store.create(
+        route.kind,
+        route.namespace.as_deref(),
+        patch::parse_json(body)?,
+        how,
+    )?;
+    Ok((StatusCode::CREATED, obj))
+}
+
+fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+    let new = patch::parse_json(body)?;
+    if route.subresource.as_deref() == Some("scale") {
+        return patching::write_scale(store, route, query, new);
+    }
+    let target = if route.subresource.is_some() {
+        Target::Status
+    } else {
+        Target::Main
+    };
+    // Custom resources need optimistic concurrency on PUT; built-in kinds allow an
+    // unconditional update.
+    if route.kind.custom
+        && target == Target::Main
+        && meta::meta_str(&new, "resourceVersion").is_none()
+    {
+        return Err(Error::Invalid {
+            kind: route.kind,
+            name: route.name.clone().unwrap_or_default(),
+            causes: vec![Cause::new(
+                "FieldValueInvalid",
+                "metadata.resourceVersion",
+                "Invalid value: 0x0: must be specified for an update",
+            )],
+        });
+    }
+    let (obj, _) = store.update(route.kind, &key(route), new, query.write(target))?;
+    Ok((StatusCode::OK, obj))
+}
+
+fn delete(store: &mut Store, route: &Route, body: &[u8]) -> Result<Answer> {
+    if route.subresource.is_some() {
+        return Err(Error::MethodNotAllowed {
+            method: "DELETE".into(),
+        });
+    }
+    let opts = DeleteOptions::parse(body)?;
+    let obj = store.delete(route.kind, &key(route), &opts)?;
+    Ok((StatusCode::OK, obj))
+}

@@ -1,0 +1,208 @@
+//! The object store: every object as JSON keyed by kind, namespace and name; one global
+//! resourceVersion counter; the event history watches resume from; and the broadcast that
+//! live watches follow. Creates and updates are in `write.rs`, deletes and garbage
+//! collection in `gc.rs`. Callers hold the lock around read-modify-write.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use super::kinds::Kind;
+use super::meta;
+use super::schema::Crd;
+use super::selector::Selectors;
+
+/// Identity of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Key {
+    group: &'static str,
+    plural: &'static str,
+    /// Empty for cluster-scoped kinds.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl Key {
+    /// The key of `name` of `kind` in `namespace` (ignored for cluster-scoped kinds).
+    pub fn new(kind: &Kind, namespace: Option<&str>, name: &str) -> Self {
+        let namespace = if kind.namespaced {
+            namespace.unwrap_or_default()
+        } else {
+            ""
+        };
+        Self {
+            group: kind.group,
+            plural: kind.plural,
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    fn is_kind(&self, kind: &Kind) -> bool {
+        self.group == kind.group && self.plural == kind.plural
+    }
+}
+
+/// The type of a watch event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// `ADDED`.
+    Added,
+    /// `MODIFIED`.
+    Modified,
+    /// `DELETED`.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// A change, as watches see it.
+#[derive(Debug)]
+pub struct Event {
+    /// The resourceVersion the change made.
+    pub rv: u64,
+    /// The object's kind.
+    pub kind: &'static Kind,
+    /// Its namespace (empty when cluster-scoped).
+    pub namespace: String,
+    /// What happened.
+    pub event_type: EventType,
+    /// The object after the change (before it, for a deletion, with the deletion's rv).
+    pub object: Value,
+    /// For a modification, the object before it (watches with a label selector turn a
+    /// change into or out of the selection into ADDED or DELETED, as kube-apiserver does).
+    pub previous: Option<Value>,
+}
+
+/// What live watches receive.
+#[derive(Debug, Clone)]
+pub enum Signal {
+    /// A change.
+    Event(Arc<Event>),
+    /// End every watch with a 410 Gone error (history was compacted).
+    Expire,
+}
+
+/// Where a CRD that validates a custom kind comes from (a custom kind without one is stored
+/// unvalidated).
+#[derive(Debug, Clone)]
+pub enum CrdSource {
+    /// Run this `kiln` binary's `kiln crd`, on first use.
+    KilnBinary(PathBuf),
+    /// A CRD manifest (YAML), e.g. Knative Serving's for `serving.knative.dev` Services.
+    Yaml(String),
+}
+
+/// The state behind the server.
+pub struct Store {
+    pub(super) objects: BTreeMap<Key, Value>,
+    rv: u64,
+    history: VecDeque<Arc<Event>>,
+    compacted: u64,
+    history_limit: usize,
+    signals: broadcast::Sender<Signal>,
+    pub(super) crd_sources: Vec<CrdSource>,
+    pub(super) crds: Option<Vec<Crd>>,
+}
+
+impl Store {
+    /// An empty store keeping at most `history_limit` events for watches to resume from.
+    pub fn new(crd_sources: Vec<CrdSource>, history_limit: usize) -> Self {
+        Self {
+            objects: BTreeMap::new(),
+            rv: 1,
+            history: VecDeque::new(),
+            compacted: 0,
+            history_limit,
+            signals: broadcast::channel(16 * 1024).0,
+            crd_sources,
+            crds: None,
+        }
+    }
+
+    /// The current (latest) resourceVersion.
+    pub fn rv(&self) -> u64 {
+        self.rv
+    }
+
+    /// A stored object.
+    pub fn get(&self, kind: &Kind, namespace: Option<&str>, name: &str) -> Option<&Value> {
+        self.objects.get(&Key::new(kind, namespace, name))
+    }
+
+    /// Objects of `kind` (in `namespace`, or all) matching `selectors`, in key order.
+    pub fn list(&self, kind: &Kind, namespace: Option<&str>, selectors: &Selectors) -> Vec<Value> {
+        self.objects
+            .iter()
+            .filter(|(k, _)| k.is_kind(kind))
+            .filter(|(k, _)| namespace.is_none_or(|ns| !kind.namespaced || k.namespace == ns))
+            .filter(|(_, v)| selectors.matches(v))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Live watch signals from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Signal> {
+        self.signals.subscribe()
+    }
+
+    /// Events after `rv`, or `None` when history before them was compacted (410 Gone).
+    pub fn events_after(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
+        (rv >= self.compacted).then(|| self.history.iter().filter(|e| e.rv > rv).cloned().collect())
+    }
+
+    /// Drops the whole event history: watches from an older resourceVersion get 410 Gone.
+    pub fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rv;
+    }
+
+    /// Compacts and ends every open watch with a 410 Gone error, so watchers relist.
+    pub fn expire_watches(&mut self) {
+        self.compact();
+        // No receivers is fine: then nobody is watching.
+        let _ = self.signals.send(Signal::Expire);
+    }
+
+    /// Records a change: bumps the resourceVersion, stamps it on `object`, keeps the event.
+    pub(super) fn commit(
+        &mut self,
+        kind: &'static Kind,
+        event_type: EventType,
+        object: &mut Value,
+        previous: Option<&Value>,
+    ) {
+        self.rv += 1;
+        meta::metadata_mut(object).insert("resourceVersion".into(), json!(self.rv.to_string()));
+        let event = Arc::new(Event {
+            rv: self.rv,
+            kind,
+            namespace: meta::meta_str(object, "namespace")
+                .unwrap_or_default()
+                .to_string(),
+            event_type,
+            object: object.clone(),
+            previous: previous.cloned(),
+        });
+        self.history.push_back(Arc::clone(&event));
+        while self.history.len() > self.history_limit {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        let _ = self.signals.send(Signal::Event(event));
+    }
+}

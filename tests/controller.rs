@@ -1,0 +1,446 @@
+//! `kiln controller` against the stateful in-memory API server and a real registry, builds
+//! ended by a stand-in (tests/common/fake_builds.rs) where the scenario is about the
+//! controller's decisions; tests/controller_e2e.rs builds and runs for real.
+
+mod common;
+
+use std::time::Duration;
+
+use common::controller_env::{ControllerEnv, SYSTEM, node_function, write_yaml};
+use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
+use serde_json::{Value, json};
+
+const HELLO: &str = "module.exports = { main: () => 'hello' }";
+
+fn push(env: &ControllerEnv) -> Outcome {
+    Outcome::Push {
+        layout: env.tiny.layout.clone(),
+        tag: "base".into(),
+        digest: env.tiny.digest.clone(),
+    }
+}
+
+fn containers(job: &Value) -> Vec<Value> {
+    let spec = &job["spec"]["template"]["spec"];
+    let mut all = spec["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    all.extend(spec["containers"].as_array().cloned().unwrap_or_default());
+    all
+}
+
+fn mount_paths(c: &Value) -> Vec<String> {
+    c["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| m["mountPath"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() {
+    let env = ControllerEnv::start(&[]);
+    env.create_function("team", &node_function("hello", HELLO, None));
+    env.wait_condition("team", "hello", "BuildReady", "Unknown", Some("JobCreated"));
+    env.wait_condition("team", "hello", "ConfigurationReady", "True", None);
+    let cms = env.owned("ConfigMap", "team", "hello");
+    assert_eq!(cms.len(), 1);
+    assert_eq!(cms[0]["data"]["source"], HELLO);
+    assert_eq!(
+        cms[0]["data"]["dependencies"], "{}",
+        "an empty Node.js dependency list becomes {{}}"
+    );
+    let jobs = env.owned("Job", "team", "hello");
+    assert_eq!(jobs.len(), 1);
+    let job = &jobs[0];
+    assert_eq!(job["spec"]["backoffLimit"], 0);
+    assert!(job["spec"]["activeDeadlineSeconds"].as_i64().is_some());
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let all = containers(job);
+    assert_eq!(all.len(), 2);
+    for c in &all {
+        let s = &c["securityContext"];
+        assert_eq!(
+            (
+                s["readOnlyRootFilesystem"].as_bool(),
+                s["allowPrivilegeEscalation"].as_bool(),
+                s["privileged"].as_bool()
+            ),
+            (Some(true), Some(false), Some(false)),
+            "{c}"
+        );
+        assert_eq!(s["capabilities"]["drop"], json!(["ALL"]));
+        assert!(
+            c["image"].as_str().unwrap().ends_with(&env.tiny.digest),
+            "the builder by digest: {}",
+            c["image"]
+        );
+    }
+    let (deps, build) = (&all[0], &all[1]);
+    let args = |c: &Value| {
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(args(deps).contains("--stage deps") && !args(deps).contains("--registry-auth"));
+    assert!(
+        !mount_paths(deps)
+            .iter()
+            .any(|p| p.starts_with("/kiln/registry")),
+        "the install never sees the push credentials"
+    );
+    assert!(args(build).contains("--stage publish") && args(build).contains("--registry-auth"));
+    let image = job_arg(&serde_json::from_value(job.clone()).unwrap(), "--image").unwrap();
+    assert!(
+        image.starts_with(&format!("{}/functions/team-hello:", env.registry.host())),
+        "{image}"
+    );
+    // The registry Secret was copied into the Function's namespace for the Job to mount.
+    assert!(env.api.get("Secret", "team", "kiln-registry").is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_yaml(dir.path(), "build.yaml", &[job.clone(), cms[0].clone()]);
+    common::k8s_validate::validate_file(&file).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_image_is_not_built_again()
+ {
+    let env = ControllerEnv::start(&[]);
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    let yaml = node_function("hello", HELLO, None)
+        + "  scaleConfig: {minReplicas: 1, maxReplicas: 3}\n  env: [{name: GREETING, value: hi}]\n";
+    env.create_function("team", &yaml);
+    env.wait_condition("team", "hello", "Running", "True", Some("DeploymentReady"));
+    let f = env.function("team", "hello");
+    let status = &f["status"];
+    assert_eq!(status["digest"], env.tiny.digest.as_str());
+    let repo = format!("{}/functions/team-hello", env.registry.host());
+    assert_eq!(status["image"], format!("{repo}@{}", env.tiny.digest));
+    assert_eq!(
+        env.condition("team", "hello", "BuildReady").unwrap().1,
+        "JobFinished"
+    );
+    assert_eq!(status["runtime"], "nodejs22");
+    assert_eq!(status["functionResourceProfile"], "L");
+    assert_eq!(status["buildResourceProfile"], "normal");
+    assert!(
+        status["podSelector"]
+            .as_str()
+            .unwrap()
+            .contains("serverless.kyma-project.io/function-name=hello")
+    );
+    let deployment = env
+        .api
+        .get("Deployment", "team", "hello")
+        .expect("a Deployment");
+    let c = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], format!("{repo}@{}", env.tiny.digest));
+    assert!(
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "GREETING" && e["value"] == "hi")
+    );
+    let service = env.api.get("Service", "team", "hello").expect("a Service");
+    assert_eq!(
+        service["spec"]["ports"][0],
+        json!({"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"})
+    );
+    let hpa = env
+        .api
+        .get("HorizontalPodAutoscaler", "team", "hello")
+        .expect("an HPA");
+    assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "Function");
+    let events: Vec<Value> = env
+        .api
+        .list("Event.events.k8s.io")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "hello")
+        .collect();
+    let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
+    for reason in ["JobCreated", "JobFinished", "DeploymentReady"] {
+        assert!(
+            reasons.contains(&reason),
+            "an Event per condition change; got {reasons:?}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_yaml(dir.path(), "run.yaml", &[deployment, service, hpa]);
+    common::k8s_validate::validate_file(&file).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(builds.stats().ended.len(), 1);
+
+    // The same Function again: its image is in the registry under its build key.
+    env.api.delete("Function", "team", "hello");
+    env.wait(
+        "the children garbage-collected",
+        Duration::from_secs(20),
+        || env.api.get("Deployment", "team", "hello").is_none(),
+    );
+    env.create_function("team", &yaml);
+    env.wait_condition("team", "hello", "BuildReady", "True", Some("ImageFound"));
+    env.wait_condition("team", "hello", "Running", "True", None);
+    assert!(
+        env.owned("Job", "team", "hello").is_empty(),
+        "no Job for an image that exists"
+    );
+    assert_eq!(builds.stats().ended.len(), 1);
+}
+
+#[test]
+fn a_failed_build_reports_why_and_runs_again_after_a_backoff() {
+    let env = ControllerEnv::start(&[]);
+    let failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), {
+        let (outcome, failures) = (push(&env), failures.clone());
+        move |_| {
+            if failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                Outcome::Fail("installing dependencies: `npm install` failed (exit status: 1); last lines of its output:\nnpm error 404 Not Found - GET https://registry.npmjs.org/left-pad-nope".into())
+            } else {
+                outcome.clone()
+            }
+        }
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    env.create_function("team", &node_function("flaky", HELLO, None));
+    env.wait_condition("team", "flaky", "BuildReady", "False", Some("JobFailed"));
+    let (_, _, message) = env.condition("team", "flaky", "BuildReady").unwrap();
+    assert!(
+        message.contains("npm error 404 Not Found") && message.contains("re-run in 1s"),
+        "{message}"
+    );
+    assert_eq!(env.function("team", "flaky")["status"]["failedBuilds"], 1);
+    env.wait_condition("team", "flaky", "Running", "True", None);
+    let ended = builds.stats().ended;
+    assert_eq!(ended.len(), 2, "the failed build ran once more: {ended:?}");
+    assert_eq!(ended[0], ended[1], "the same build key, the same Job name");
+    assert!(
+        env.function("team", "flaky")["status"]
+            .get("failedBuilds")
+            .is_none()
+    );
+}
+
+#[test]
+fn an_env_change_updates_the_deployment_and_a_source_change_builds_again() {
+    let env = ControllerEnv::start(&[]);
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    env.create_function("team", &node_function("hello", HELLO, None));
+    env.wait_condition("team", "hello", "Running", "True", None);
+    let key = env.function("team", "hello")["status"]["buildKey"].clone();
+    let first_job = env.owned("Job", "team", "hello")[0]["metadata"]["name"].clone();
+
+    let mut f = env.function("team", "hello");
+    f["spec"]["env"] = json!([{"name": "MODE", "value": "fast"}]);
+    env.api.insert(f);
+    env.wait(
+        "the Deployment to get the new env",
+        Duration::from_secs(30),
+        || {
+            env.api.get("Deployment", "team", "hello").is_some_and(|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["env"]
+                    .as_array()
+                    .is_some_and(|e| e.iter().any(|v| v["name"] == "MODE"))
+            })
+        },
+    );
+    env.wait_condition("team", "hello", "Running", "True", None);
+    assert_eq!(
+        env.function("team", "hello")["status"]["buildKey"],
+        key,
+        "env is not a build input"
+    );
+    assert_eq!(builds.stats().ended.len(), 1, "no build for an env change");
+
+    let mut f = env.function("team", "hello");
+    f["spec"]["source"]["inline"]["source"] = json!("module.exports = { main: () => 'bye' }");
+    env.api.insert(f);
+    env.wait("a second build", Duration::from_secs(30), || {
+        builds.stats().ended.len() == 2
+    });
+    env.wait_condition("team", "hello", "Running", "True", None);
+    assert_ne!(env.function("team", "hello")["status"]["buildKey"], key);
+    let jobs = env.owned("Job", "team", "hello");
+    assert_eq!(jobs.len(), 1, "the superseded Job is deleted");
+    assert_ne!(jobs[0]["metadata"]["name"], first_job);
+    assert_eq!(
+        env.owned("ConfigMap", "team", "hello").len(),
+        1,
+        "and its ConfigMap"
+    );
+}
+
+#[test]
+fn builds_beyond_the_cap_wait_in_line() {
+    let env = ControllerEnv::start(&["--max-build-jobs", "2"]);
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(1500), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    for name in ["one", "two", "three"] {
+        env.create_function(
+            "team",
+            &node_function(
+                name,
+                &format!("module.exports = {{ main: () => '{name}' }}"),
+                None,
+            ),
+        );
+    }
+    env.wait("one Function queued", Duration::from_secs(30), || {
+        ["one", "two", "three"].iter().any(|n| {
+            env.condition("team", n, "BuildReady")
+                .is_some_and(|(_, r, _)| r == "JobQueued")
+        })
+    });
+    assert_eq!(env.api.list("Job").len(), 2);
+    let queued = ["one", "two", "three"]
+        .into_iter()
+        .find(|n| {
+            env.condition("team", n, "BuildReady")
+                .is_some_and(|(_, r, _)| r == "JobQueued")
+        })
+        .unwrap();
+    let (_, _, message) = env.condition("team", queued, "BuildReady").unwrap();
+    assert!(message.contains("2 of 2"), "{message}");
+    env.wait(
+        "the queue depth in /metrics",
+        Duration::from_secs(10),
+        || env.metric("kiln_build_queue_depth") == 1.0,
+    );
+    for name in ["one", "two", "three"] {
+        env.wait_condition("team", name, "Running", "True", None);
+    }
+    assert_eq!(builds.stats().max_active, 2);
+}
+
+#[test]
+fn an_invalid_function_is_refused_with_the_field_named_and_never_built() {
+    let env = ControllerEnv::start(&[]);
+    let yaml = node_function("bad", HELLO, None).replace("runtime: nodejs22", "runtime: ruby3");
+    env.create_function("team", &yaml);
+    env.wait_condition(
+        "team",
+        "bad",
+        "ConfigurationReady",
+        "False",
+        Some("InvalidFunctionSpec"),
+    );
+    let (_, _, message) = env.condition("team", "bad", "ConfigurationReady").unwrap();
+    assert!(
+        message.contains("spec.runtime") && message.contains("nodejs22"),
+        "{message}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(env.api.list("Job").is_empty());
+}
+
+#[test]
+fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
+    let env = ControllerEnv::start(&["--serving", "knative"]);
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    env.create_function("team", &node_function("kn", HELLO, None));
+    env.wait("a Knative Service", Duration::from_secs(30), || {
+        env.api
+            .get("Service.serving.knative.dev", "team", "kn")
+            .is_some()
+    });
+    let service = env
+        .api
+        .get("Service.serving.knative.dev", "team", "kn")
+        .unwrap();
+    assert_eq!(
+        service["metadata"]["labels"]["networking.knative.dev/visibility"],
+        "cluster-local"
+    );
+    let c = &service["spec"]["template"]["spec"]["containers"][0];
+    assert!(c["image"].as_str().unwrap().ends_with(&env.tiny.digest));
+    assert!(env.api.get("Deployment", "team", "kn").is_none());
+    common::crd_schema::validate(
+        &common::kiln::fixtures().join("knative/service-crd.yaml"),
+        &[service.clone()],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut ready = service;
+    ready["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "url": "http://kn.team.svc.cluster.local"});
+    env.api.insert(ready);
+    env.wait_condition("team", "kn", "Running", "True", Some("ServiceReady"));
+}
+
+#[test]
+fn five_hundred_functions_build_five_at_a_time_and_a_steady_state_resync_writes_nothing() {
+    let env = ControllerEnv::start(&["--resync", "2", "--workers", "16"]);
+    let digest = env.tiny.digest.clone();
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), move |_| {
+        Outcome::Report(digest.clone())
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    for i in 0..500 {
+        env.create_function(
+            "bulk",
+            &node_function(
+                &format!("f{i:03}"),
+                &format!("module.exports = {{ main: () => {i} }}"),
+                None,
+            ),
+        );
+    }
+    env.wait("500 Functions running", Duration::from_secs(300), || {
+        env.api
+            .list("Function")
+            .iter()
+            .filter(|f| {
+                f["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Running" && c["status"] == "True")
+                })
+            })
+            .count()
+            == 500
+    });
+    let stats = builds.stats();
+    assert_eq!(stats.ended.len(), 500);
+    assert_eq!(stats.max_active, 5, "exactly five build Jobs at a time");
+    // Steady state: resyncs reconcile every Function and write nothing.
+    std::thread::sleep(Duration::from_secs(1));
+    let before = env.metric("kiln_reconciles_total");
+    env.api.reset_requests();
+    env.wait("two resyncs", Duration::from_secs(60), || {
+        env.metric("kiln_reconciles_total") >= before + 1000.0
+    });
+    let writes = env.api.writes();
+    assert!(
+        writes.is_empty(),
+        "a steady-state resync wrote: {:?}",
+        writes
+            .iter()
+            .take(5)
+            .map(|w| format!("{} {}", w.method, w.path))
+            .collect::<Vec<_>>()
+    );
+    let _ = SYSTEM;
+}
