@@ -6,13 +6,14 @@
 
 mod common;
 
-use common::k8s_validate::{is_custom_resource, validate_k8s};
+use common::k8s_validate::{is_custom_resource, validate_file, validate_k8s};
 use serde_json::{Value, json};
 
 fn deployment() -> Value {
     json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "hello", "namespace": "fns"},
+        "metadata": {"name": "hello", "namespace": "fns",
+                     "creationTimestamp": "2026-01-02T03:04:05Z"},
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app": "hello"}},
@@ -82,4 +83,26 @@ fn custom_resources_are_skipped_explicitly() {
     let mut d = deployment();
     d["spec"]["replicas"] = json!("one");
     assert!(validate_k8s(&[ksvc, d]).is_err());
+}
+
+#[test]
+fn a_yaml_file_is_validated_document_by_document() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("objects.yaml");
+    let mut bad = deployment();
+    bad["spec"]["template"]["spec"]["containers"][0]["bogus"] = json!(1);
+    let yaml = |docs: &[Value]| {
+        docs.iter()
+            .map(|d| serde_yaml::to_string(d).unwrap())
+            .collect::<Vec<_>>()
+            .join("---\n")
+    };
+    std::fs::write(&file, format!("---\n{}", yaml(&[deployment()]))).unwrap();
+    validate_file(&file).unwrap();
+    std::fs::write(&file, yaml(&[deployment(), bad])).unwrap();
+    assert!(
+        validate_file(&file)
+            .unwrap_err()
+            .contains("'bogus' was unexpected")
+    );
 }

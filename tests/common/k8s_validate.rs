@@ -10,7 +10,10 @@
 //! [`is_custom_resource`]; validate those against their own CRD schema) and treats any warning
 //! about a built-in kind (say, a misspelt `kind: Deploymnt`) as a failure.
 
+use std::path::Path;
 use std::process::Command;
+
+use serde::Deserialize;
 
 use super::{tool_exists, try_run_with_input};
 
@@ -44,10 +47,13 @@ pub fn validate_k8s(docs: &[serde_json::Value]) -> Result<(), String> {
     if built_in.is_empty() {
         return Ok(());
     }
+    // JSON is YAML whose strings are all quoted: an RFC 3339 string such as
+    // `creationTimestamp` stays a string instead of becoming a YAML timestamp.
     let mut yaml = String::new();
     for doc in &built_in {
         yaml.push_str("---\n");
-        yaml.push_str(&serde_yaml::to_string(doc).map_err(|e| e.to_string())?);
+        yaml.push_str(&serde_json::to_string_pretty(doc).map_err(|e| e.to_string())?);
+        yaml.push('\n');
     }
     let mut cmd = Command::new(VALIDATOR);
     cmd.args(["--strict", "-k", KUBERNETES_VERSION, "-"]);
@@ -64,4 +70,19 @@ pub fn validate_k8s(docs: &[serde_json::Value]) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// [`validate_k8s`] for the YAML documents of `file` (empty documents skipped).
+pub fn validate_file(file: &Path) -> Result<(), String> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| format!("reading {}: {e}", file.display()))?;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = serde_json::Value::deserialize(doc)
+            .map_err(|e| format!("parsing {}: {e}", file.display()))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    validate_k8s(&docs)
 }
