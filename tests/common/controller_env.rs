@@ -57,7 +57,11 @@ impl ControllerEnv {
         let digest = images::tagged_digest(&layout, "base");
         let reference = registry.reference("kiln/tiny:base");
         registry.skopeo_copy_from_layout(&layout, "base", &reference, None);
-        let tiny = Tiny { layout, digest, reference };
+        let tiny = Tiny {
+            layout,
+            digest,
+            reference,
+        };
         let api = KubeApi::start();
         Self::seed(&api);
         let kubeconfig = dir.path().join("kubeconfig");
@@ -162,11 +166,18 @@ impl ControllerEnv {
 
     /// A Function.
     pub fn function(&self, namespace: &str, name: &str) -> Value {
-        self.api.get("Function", namespace, name).unwrap_or(Value::Null)
+        self.api
+            .get("Function", namespace, name)
+            .unwrap_or(Value::Null)
     }
 
     /// A condition of a Function: (status, reason, message).
-    pub fn condition(&self, namespace: &str, name: &str, kind: &str) -> Option<(String, String, String)> {
+    pub fn condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+    ) -> Option<(String, String, String)> {
         let f = self.function(namespace, name);
         let conditions = f["status"]["conditions"].as_array()?.clone();
         let c = conditions.into_iter().find(|c| c["type"] == kind)?;
@@ -183,7 +194,13 @@ impl ControllerEnv {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let functions: Vec<Value> = self.api.list("Function").into_iter().take(3).map(|f| json!({"name": f["metadata"]["name"], "status": f["status"]})).collect();
+        let functions: Vec<Value> = self
+            .api
+            .list("Function")
+            .into_iter()
+            .take(3)
+            .map(|f| json!({"name": f["metadata"]["name"], "status": f["status"]}))
+            .collect();
         panic!(
             "timed out after {timeout:?} waiting for {what}\nfunctions: {}\ncontroller log:\n{}",
             serde_json::to_string_pretty(&functions).unwrap_or_default(),
@@ -192,7 +209,14 @@ impl ControllerEnv {
     }
 
     /// Waits until condition `kind` of the Function has `status` (and `reason`, if given).
-    pub fn wait_condition(&self, namespace: &str, name: &str, kind: &str, status: &str, reason: Option<&str>) {
+    pub fn wait_condition(
+        &self,
+        namespace: &str,
+        name: &str,
+        kind: &str,
+        status: &str,
+        reason: Option<&str>,
+    ) {
         let what = format!("{namespace}/{name} {kind}={status} {reason:?}");
         self.wait(&what, Duration::from_secs(60), || {
             self.condition(namespace, name, kind)
@@ -207,7 +231,11 @@ impl ControllerEnv {
             .list(kind)
             .into_iter()
             .filter(|o| o["metadata"]["namespace"] == namespace)
-            .filter(|o| o["metadata"]["ownerReferences"].as_array().is_some_and(|rs| rs.iter().any(|r| r["uid"] == uid)))
+            .filter(|o| {
+                o["metadata"]["ownerReferences"]
+                    .as_array()
+                    .is_some_and(|rs| rs.iter().any(|r| r["uid"] == uid))
+            })
             .collect()
     }
 
@@ -241,7 +269,12 @@ impl Drop for ControllerEnv {
 
 /// A Node.js inline Function's manifest.
 pub fn node_function(name: &str, source: &str, dependencies: Option<&str>) -> String {
-    let deps = dependencies.map_or(String::new(), |d| format!("      dependencies: {}\n", serde_json::to_string(d).expect("JSON string")));
+    let deps = dependencies.map_or(String::new(), |d| {
+        format!(
+            "      dependencies: {}\n",
+            serde_json::to_string(d).expect("JSON string")
+        )
+    });
     format!(
         "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: {}\n{deps}",
         serde_json::to_string(source).expect("JSON string")
@@ -251,7 +284,10 @@ pub fn node_function(name: &str, source: &str, dependencies: Option<&str>) -> St
 /// Writes `docs` to a file and returns its path (for validators that read files).
 pub fn write_yaml(dir: &Path, name: &str, docs: &[Value]) -> PathBuf {
     let path = dir.join(name);
-    let text: Vec<String> = docs.iter().map(|d| serde_yaml::to_string(d).expect("YAML")).collect();
+    let text: Vec<String> = docs
+        .iter()
+        .map(|d| serde_yaml::to_string(d).expect("YAML"))
+        .collect();
     std::fs::write(&path, text.join("---\n")).expect("write YAML");
     path
 }

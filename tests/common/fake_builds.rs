@@ -58,18 +58,29 @@ type Decide = dyn Fn(&Job) -> Outcome + Send + Sync;
 
 impl FakeBuilds {
     /// Starts ending every build Job `hold` after it appears, as `decide` says.
-    pub fn start(client: kube::Client, hold: Duration, decide: impl Fn(&Job) -> Outcome + Send + Sync + 'static) -> FakeBuilds {
+    pub fn start(
+        client: kube::Client,
+        hold: Duration,
+        decide: impl Fn(&Job) -> Outcome + Send + Sync + 'static,
+    ) -> FakeBuilds {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(Stats::default()));
         let decide: Arc<Decide> = Arc::new(decide);
         let thread = {
             let (stop, stats) = (stop.clone(), stats.clone());
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
                 rt.block_on(run(client, hold, decide, stop, stats));
             })
         };
-        FakeBuilds { stop, thread: Some(thread), stats }
+        FakeBuilds {
+            stop,
+            thread: Some(thread),
+            stats,
+        }
     }
 
     /// What it saw so far.
@@ -88,10 +99,18 @@ impl Drop for FakeBuilds {
 }
 
 fn is_active(job: &Job) -> bool {
-    job.status.as_ref().is_none_or(|s| s.succeeded.unwrap_or(0) == 0 && s.failed.unwrap_or(0) == 0)
+    job.status
+        .as_ref()
+        .is_none_or(|s| s.succeeded.unwrap_or(0) == 0 && s.failed.unwrap_or(0) == 0)
 }
 
-async fn run(client: kube::Client, hold: Duration, decide: Arc<Decide>, stop: Arc<AtomicBool>, stats: Arc<Mutex<Stats>>) {
+async fn run(
+    client: kube::Client,
+    hold: Duration,
+    decide: Arc<Decide>,
+    stop: Arc<AtomicBool>,
+    stats: Arc<Mutex<Stats>>,
+) {
     let jobs: Api<Job> = Api::all(client.clone());
     let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
     let mut done: HashSet<String> = HashSet::new();
@@ -106,7 +125,11 @@ async fn run(client: kube::Client, hold: Duration, decide: Arc<Decide>, stop: Ar
             s.max_active = s.max_active.max(active.len());
         }
         for job in active {
-            let key = format!("{}/{}", job.metadata.namespace.as_deref().unwrap_or_default(), job.metadata.name.as_deref().unwrap_or_default());
+            let key = format!(
+                "{}/{}",
+                job.metadata.namespace.as_deref().unwrap_or_default(),
+                job.metadata.name.as_deref().unwrap_or_default()
+            );
             let uid = job.metadata.uid.clone().unwrap_or_default();
             if done.contains(&uid) {
                 continue;
@@ -129,18 +152,33 @@ async fn run(client: kube::Client, hold: Duration, decide: Arc<Decide>, stop: Ar
 pub fn job_arg(job: &Job, flag: &str) -> Option<String> {
     let pod = job.spec.as_ref()?.template.spec.as_ref()?;
     let args = pod.containers.first()?.args.as_ref()?;
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }
 
 async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
     let ns = job.metadata.namespace.clone().unwrap_or_default();
     let name = job.metadata.name.clone().unwrap_or_default();
     let image = job_arg(job, "--image").unwrap_or_default();
-    let repository = image.rsplit_once(':').map_or(image.as_str(), |(r, _)| r).to_string();
+    let repository = image
+        .rsplit_once(':')
+        .map_or(image.as_str(), |(r, _)| r)
+        .to_string();
     let (code, message) = match outcome {
-        Outcome::Push { layout, tag, digest } => {
+        Outcome::Push {
+            layout,
+            tag,
+            digest,
+        } => {
             let status = std::process::Command::new("skopeo")
-                .args(["copy", "--quiet", "--dest-tls-verify=false", "--preserve-digests"])
+                .args([
+                    "copy",
+                    "--quiet",
+                    "--dest-tls-verify=false",
+                    "--preserve-digests",
+                ])
                 .arg(format!("oci:{}:{tag}", layout.display()))
                 .arg(format!("docker://{image}"))
                 .status();
@@ -170,9 +208,19 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
     let terminated = json!({"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"}, "message": message, "startedAt": now, "finishedAt": now});
     let pod_status = json!({"status": {"phase": if code == 0 {"Succeeded"} else {"Failed"},
         "containerStatuses": [{"name": "build", "image": "x", "imageID": "", "ready": false, "restartCount": 0, "state": {"terminated": terminated}}]}});
-    let _ = pods.patch_status(&format!("{name}-pod"), &PatchParams::default(), &Patch::Merge(&pod_status)).await;
+    let _ = pods
+        .patch_status(
+            &format!("{name}-pod"),
+            &PatchParams::default(),
+            &Patch::Merge(&pod_status),
+        )
+        .await;
     let condition = if code == 0 { "Complete" } else { "Failed" };
-    let counts = if code == 0 { json!({"succeeded": 1}) } else { json!({"failed": 1}) };
+    let counts = if code == 0 {
+        json!({"succeeded": 1})
+    } else {
+        json!({"failed": 1})
+    };
     let mut status = json!({"status": {"startTime": now, "conditions": [{"type": condition, "status": "True", "lastTransitionTime": now, "reason": if code == 0 {"Completed"} else {"BackoffLimitExceeded"}}]}});
     for (k, v) in counts.as_object().expect("object") {
         status["status"][k] = v.clone();
@@ -181,7 +229,9 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
         status["status"]["completionTime"] = json!(now);
     }
     let jobs: Api<Job> = Api::namespaced(client.clone(), &ns);
-    jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await.is_ok()
+    jobs.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .is_ok()
 }
 
 /// A stand-in for the Deployment controller: marks every Deployment's current generation
@@ -198,23 +248,35 @@ impl FakeRollouts {
         let thread = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
                 rt.block_on(async move {
                     let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::all(client.clone());
                     while !stop.load(Ordering::Relaxed) {
                         if let Ok(list) = api.list(&ListParams::default()).await {
                             for d in list.items {
                                 let generation = d.metadata.generation.unwrap_or(1);
-                                let observed = d.status.as_ref().and_then(|s| s.observed_generation);
+                                let observed =
+                                    d.status.as_ref().and_then(|s| s.observed_generation);
                                 if observed == Some(generation) {
                                     continue;
                                 }
-                                let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+                                let replicas =
+                                    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
                                 let ns = d.metadata.namespace.clone().unwrap_or_default();
                                 let name = d.metadata.name.clone().unwrap_or_default();
-                                let _ = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), &ns)
-                                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&available(generation, replicas)))
-                                    .await;
+                                let _ = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+                                    client.clone(),
+                                    &ns,
+                                )
+                                .patch_status(
+                                    &name,
+                                    &PatchParams::default(),
+                                    &Patch::Merge(&available(generation, replicas)),
+                                )
+                                .await;
                             }
                         }
                         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -222,7 +284,10 @@ impl FakeRollouts {
                 });
             })
         };
-        FakeRollouts { stop, thread: Some(thread) }
+        FakeRollouts {
+            stop,
+            thread: Some(thread),
+        }
     }
 }
 
@@ -239,10 +304,10 @@ impl Drop for FakeRollouts {
 pub fn available(generation: i64, replicas: i32) -> serde_json::Value {
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     json!({"status": {
-        "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
-        "readyReplicas": replicas, "availableReplicas": replicas,
-        "conditions": [
-            {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "lastUpdateTime": now, "lastTransitionTime": now},
-            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": now, "lastTransitionTime": now}
-        ]}})
+    "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
+    "readyReplicas": replicas, "availableReplicas": replicas,
+    "conditions": [
+        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "lastUpdateTime": now, "lastTransitionTime": now},
+        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": now, "lastTransitionTime": now}
+    ]}})
 }

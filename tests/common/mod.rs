@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+pub mod controller_env;
+pub mod crd_schema;
+pub mod fake_builds;
 pub mod images;
 pub mod k8s_validate;
 pub mod kiln;
