@@ -102,6 +102,17 @@ pub fn status(job: &JobRecord, pod: Option<&PodRecord>) -> JobStatus {
     status
 }
 
+/// Whether the kubelet implements everything `job` asks for, without running it.
+///
+/// # Errors
+/// [`Unsupported`] naming the first field it does not implement.
+pub fn check(job: &Job) -> Result<(), Unsupported> {
+    let spec = job.spec.clone().unwrap_or_default();
+    spec::check_job_spec(&serde_json::to_value(&spec).unwrap_or_default())?;
+    let pod_spec = spec.template.spec.unwrap_or_default();
+    spec::check_pod_spec(&pod_spec, Workload::Job, "spec.template.spec")
+}
+
 impl TestKubelet {
     /// Starts `job`'s pod (once per Job uid; a new uid under the same name replaces the old
     /// Job's pod). The pod waits Pending while the kubelet already runs `max_jobs` Jobs.
@@ -121,11 +132,10 @@ impl TestKubelet {
         {
             return Ok(());
         }
+        check(job)?;
         let spec = job.spec.clone().unwrap_or_default();
-        spec::check_job_spec(&serde_json::to_value(&spec).unwrap_or_default())?;
         let template = spec.template;
         let pod_spec = template.spec.unwrap_or_default();
-        spec::check_pod_spec(&pod_spec, Workload::Job, "spec.template.spec")?;
         self.stop_job(&ns, &name);
         let uid = job
             .metadata

@@ -47,6 +47,35 @@ pub enum Kind {
     Knative,
 }
 
+/// Whether the kubelet implements everything `deployment` asks for, without running it.
+///
+/// # Errors
+/// [`Unsupported`] naming the first field it does not implement.
+pub fn check_deployment(deployment: &Deployment) -> Result<(), Unsupported> {
+    let spec = deployment.spec.clone().unwrap_or_default();
+    spec::check_deployment_spec(&serde_json::to_value(&spec).unwrap_or_default())?;
+    let pod_spec = spec.template.spec.unwrap_or_default();
+    spec::check_pod_spec(&pod_spec, Workload::Replica, "spec.template.spec")
+}
+
+/// Whether the kubelet implements everything a Knative Service (JSON) asks for; its template
+/// with Knative's defaults filled in, and the pod spec.
+///
+/// # Errors
+/// [`Unsupported`] naming the first field it does not implement.
+pub fn check_knative_service(service: &Value) -> Result<(Value, PodSpec), Unsupported> {
+    spec::check_knative_spec(&service["spec"])?;
+    let mut template = service["spec"]["template"].clone();
+    default_knative_containers(&mut template["spec"]);
+    let parsed: PodSpec =
+        serde_json::from_value(template["spec"].clone()).map_err(|e| Unsupported {
+            field: "spec.template.spec".into(),
+            reason: format!("not a pod spec: {e}"),
+        })?;
+    spec::check_pod_spec(&parsed, Workload::Replica, "spec.template.spec")?;
+    Ok((template, parsed))
+}
+
 /// The replica running now.
 #[derive(Debug)]
 pub struct Replica {
@@ -133,10 +162,9 @@ impl TestKubelet {
     /// # Errors
     /// [`Unsupported`] naming the first field the kubelet does not implement.
     pub fn apply_deployment(&self, deployment: &Deployment) -> Result<(), Unsupported> {
+        check_deployment(deployment)?;
         let spec = deployment.spec.clone().unwrap_or_default();
-        spec::check_deployment_spec(&serde_json::to_value(&spec).unwrap_or_default())?;
         let pod_spec = spec.template.spec.clone().unwrap_or_default();
-        spec::check_pod_spec(&pod_spec, Workload::Replica, "spec.template.spec")?;
         let replicas = spec.replicas.unwrap_or(1);
         let meta = &deployment.metadata;
         let target = Target {
@@ -161,15 +189,7 @@ impl TestKubelet {
     /// # Errors
     /// [`Unsupported`] naming the first field the kubelet does not implement.
     pub fn apply_knative_service(&self, service: &Value) -> Result<(), Unsupported> {
-        spec::check_knative_spec(&service["spec"])?;
-        let mut template = service["spec"]["template"].clone();
-        default_knative_containers(&mut template["spec"]);
-        let parsed: PodSpec =
-            serde_json::from_value(template["spec"].clone()).map_err(|e| Unsupported {
-                field: "spec.template.spec".into(),
-                reason: format!("not a pod spec: {e}"),
-            })?;
-        spec::check_pod_spec(&parsed, Workload::Replica, "spec.template.spec")?;
+        let (template, parsed) = check_knative_service(service)?;
         let meta: ObjectMeta =
             serde_json::from_value(service["metadata"].clone()).unwrap_or_default();
         let visibility = meta
