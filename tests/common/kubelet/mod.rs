@@ -9,8 +9,13 @@
 //! `kube::Client`, feeds them to the core and writes Pods and statuses back.
 //!
 //! It implements a subset of the API exactly and FAILS LOUDLY on anything else
-//! ([`spec::Unsupported`] names the field): see `spec.rs` for the allowlist. Deviations it
-//! cannot avoid, all documented where they happen:
+//! ([`spec::Unsupported`] names the field): `allowlist.rs` lists the fields, `spec.rs` the
+//! values it refuses; [`job::check`], [`replica::check_deployment`] and
+//! [`replica::check_knative_service`] check an object without running it. A ConfigMap or
+//! Secret that is missing leaves the containers waiting (CreateContainerConfigError for env,
+//! ContainerCreating with the FailedMount message for volumes), retried until it appears.
+//! `testbed.rs` sets up a registry with a busybox image and a kubelet. Deviations it cannot
+//! avoid, all documented where they happen:
 //! - every pod shares the host network; a replica's port 8080 is mapped to a free host port
 //!   by setting `FUNC_PORT` (and `PORT` for Knative) and rewriting its probes
 //!   ([`TestKubelet::port`]); ONE replica runs whatever `spec.replicas` (≥ 1) says, and the
