@@ -8,6 +8,7 @@ pub mod base;
 pub mod build;
 pub mod cli;
 pub mod controller;
+pub mod git;
 pub mod oci;
 pub mod registry;
 pub mod run;

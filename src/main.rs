@@ -27,8 +27,15 @@ fn main() -> ExitCode {
     if let Some(code) = kiln::sandbox::builtin::dispatch(&args) {
         return code;
     }
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            cli::termination::record_parse_error(&args, &e);
+            e.exit()
+        }
+    };
     match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(run(Cli::parse_from(args))),
+        Ok(runtime) => runtime.block_on(run(cli)),
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
             Exit::Failed.into()

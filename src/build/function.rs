@@ -175,7 +175,7 @@ impl FunctionManifest {
         let inline = match (raw.spec.source.inline, raw.spec.source.git_repository) {
             (Some(inline), None) => inline,
             (None, Some(_)) => {
-                return Err(bad("spec.source.gitRepository is not built by `kiln build --function`; clone the repository and build its directory".into()));
+                return Err(bad("spec.source.gitRepository is not built by `kiln build --function`; build it with --git URL --git-ref REFERENCE --git-base-dir BASEDIR".into()));
             }
             _ => {
                 return Err(bad(

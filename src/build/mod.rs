@@ -1,29 +1,33 @@
 //! Building a Function image: the only module that uses `oci`, `registry` and `runtime`
 //! together. [`run`] checks the Function, resolves the base, installs dependencies (or takes
-//! the layer from the cache), writes the source layer, appends both to the base and publishes.
+//! the layer from the cache, or from a `--stage deps` run), writes the source layer, appends
+//! both to the base and publishes; [`run_deps`] is a split build's first half.
 
+mod assemble;
 pub mod base;
 pub mod cache;
 pub mod deps;
 pub mod function;
+mod install;
+mod load;
 pub mod plan;
 pub mod publish;
 pub mod source;
+pub mod stage;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tracing::Instrument;
 
-use crate::oci::{self, Digest, Image, LayerBlob, NewLayer, Platform, layer::write_layer};
+use crate::oci::{self, Digest, Image, Platform};
 use crate::registry::{Client, Reference};
 use crate::runtime::RuntimeSpec;
-use base::{BaseRef, ResolvedBase};
+use assemble::DepLayer;
+use base::BaseRef;
 use cache::LayerCache;
 use deps::InstallEnv;
 use function::{Function, FunctionManifest};
-use publish::{
-    BlobPlan, LayoutPublisher, PublishInput, Published, Publisher, RegistryPublisher, Role,
-};
+use publish::Published;
 
 /// Where the Function comes from.
 #[derive(Clone, Debug)]
@@ -32,6 +36,24 @@ pub enum FunctionSpec {
     Dir(PathBuf),
     /// A Kyma Function manifest with inline source.
     Manifest(FunctionManifest),
+    /// A directory of a git repository, fetched by kiln.
+    Git {
+        /// The repository, reference and base directory.
+        source: crate::git::Source,
+        /// Credentials, CA and timeout.
+        access: crate::git::Access,
+    },
+}
+
+/// Which part of a build to run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// The whole build.
+    All,
+    /// Only the dependency install, into this stage directory ([`run_deps`]).
+    Deps(PathBuf),
+    /// Everything but the install, with the dependency layer from this stage directory.
+    Publish(PathBuf),
 }
 
 /// Where the image goes.
@@ -77,6 +99,11 @@ pub struct Options {
     pub jobs: usize,
     /// The install's environment.
     pub install: InstallEnv,
+    /// The part of the build to run.
+    pub stage: Stage,
+    /// A directory with package-registry config files (`.npmrc`, `pip.conf`) that replace
+    /// the Function's own for the install.
+    pub package_registry_config: Option<PathBuf>,
 }
 
 /// A finished build.
@@ -88,6 +115,17 @@ pub struct Output {
     pub build_key: Digest,
     /// The image documents.
     pub image: Image,
+    /// The commit built, for a git source.
+    pub commit: Option<String>,
+}
+
+/// A finished `--stage deps`.
+#[derive(Debug)]
+pub struct DepsOutput {
+    /// What was written to the stage directory.
+    pub record: stage::Record,
+    /// The commit built, for a git source.
+    pub commit: Option<String>,
 }
 
 /// Why a build failed.
@@ -96,6 +134,34 @@ pub enum Error {
     /// The Function itself is wrong: fix the input.
     #[error(transparent)]
     Function(#[from] function::Error),
+    /// The Function fetched from git is wrong.
+    #[error("the Function at {base_dir} of commit {commit} of {url}")]
+    GitFunction {
+        /// The repository.
+        url: String,
+        /// The commit.
+        commit: String,
+        /// The base directory.
+        base_dir: String,
+        /// What is wrong.
+        #[source]
+        source: Box<function::Error>,
+    },
+    /// Fetching the git source.
+    #[error(transparent)]
+    Git(#[from] crate::git::Error),
+    /// The package-registry config directory.
+    #[error("reading the package-registry config {path}")]
+    RegistryConfig {
+        /// The directory or file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The stage directory of a split build.
+    #[error(transparent)]
+    Stage(#[from] stage::Error),
     /// The base image.
     #[error(transparent)]
     Base(#[from] base::Error),
@@ -149,11 +215,20 @@ pub enum Error {
 impl Error {
     /// Whether the user's input is at fault (exit code 2) rather than the build (exit 1).
     pub fn is_input_error(&self) -> bool {
-        matches!(self, Error::Function(_) | Error::NoBuilder { .. })
+        match self {
+            Error::Git(e) => e.is_input_error(),
+            Error::Stage(e) => e.is_input_error(),
+            Error::Function(_)
+            | Error::GitFunction { .. }
+            | Error::RegistryConfig { .. }
+            | Error::NoBuilder { .. } => true,
+            _ => false,
+        }
     }
 }
 
-/// Builds and publishes the image described by `opts`.
+/// Builds and publishes the image described by `opts` (`--stage all`, or `--stage publish`
+/// with the dependency layer from a stage directory).
 ///
 /// # Errors
 /// See [`Error`]; nothing is published unless every step before succeeded, and the manifest
@@ -161,256 +236,134 @@ impl Error {
 pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
     let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name);
     async move {
-        let cache = LayerCache::open(&opts.cache_dir).map_err(|source| Error::Cache { path: opts.cache_dir.clone(), source })?;
-        let function = load_function(opts).await?;
+        let cache = open_cache(opts)?;
+        let loaded = load::load(opts, &cache.tmp_dir()).await?;
+        let function = &loaded.function;
         tracing::info!(files = function.tree.file_count(), "collected source");
-        if function.deps.is_some() {
-            // Before anything is fetched: a usage error should not wait for the network.
-            require_builder(opts)?;
-        }
+        let deps = match &opts.stage {
+            // Before anything is fetched: a bad stage directory should not wait for the network.
+            Stage::Publish(dir) => staged_layer(opts, &cache, function, dir).await?,
+            Stage::All | Stage::Deps(_) => {
+                if function.deps.is_some() {
+                    // Before anything is fetched: a usage error should not wait for the network.
+                    install::require_builder(opts)?;
+                }
+                None
+            }
+        };
         let base = base::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
-        let family = base.base.family();
-        let mut layers = Vec::new();
-        let mut plans = Vec::new();
-        let deps = match &function.deps {
-            Some(inputs) => Some(dependency_layer(client, opts, &cache, inputs).await?),
-            None => None,
+        let deps = match (deps, &function.deps, &opts.stage) {
+            (Some(staged), _, _) => Some(staged),
+            (None, Some(inputs), Stage::All | Stage::Deps(_)) => {
+                let (key, cached) = install::dependency_layer(client, opts, &cache, inputs).await?;
+                let local = cache.blob_path(&cached.digest);
+                let created_by = stage::created_by(&install_command(opts, function), &key);
+                Some(DepLayer { key, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, local, _copy: None })
+            }
+            (None, _, _) => None,
         };
-        if let Some((key, cached)) = &deps {
-            let descriptor = oci::Descriptor::new(family.layer_gzip(), cached.digest.clone(), cached.size);
-            plans.push(BlobPlan { descriptor: descriptor.clone(), role: Role::Dependencies, local: Some(cache.blob_path(&cached.digest)) });
-            let created_by = format!("kiln: dependencies ({}, key {})", opts.runtime.install_command(inputs_locked(&function)).join(" "), key);
-            layers.push(NewLayer { descriptor, diff_id: cached.diff_id.clone(), created_by });
-        }
-        let source = source_layer(opts, &cache, &function, family.layer_gzip()).await?;
-        plans.push(BlobPlan { descriptor: source.descriptor.clone(), role: Role::Source, local: Some(source.file.to_path_buf()) });
-        layers.push(NewLayer {
-            descriptor: source.descriptor.clone(),
-            diff_id: source.diff_id.clone(),
-            created_by: format!("kiln: source ({} files to {})", function.tree.file_count(), opts.runtime.source.dir),
-        });
-        let build_key = plan::build_key(&opts.runtime.name, &base.base.manifest.digest, deps.as_ref().map(|(k, _)| k), &source.diff_id);
-        let edit = plan::config_edit(&plan::PlanInput {
-            runtime: &opts.runtime,
-            function_name: &function.name,
-            namespace: &function.namespace,
-            epoch: opts.epoch,
-            base_name: match &opts.base {
-                BaseRef::Registry(_) => Some(&opts.base_name),
-                BaseRef::Layout { .. } => None,
-            },
-            base_digest: &base.base.manifest.digest,
-            build_key: &build_key,
-        });
-        let image = oci::image::append(&base.base, &layers, &edit)?;
-        let published = publish(client, opts, &cache, &image, &base, plans).await?;
+        let assembled = assemble::assemble(opts, &cache, function, &base, deps.as_ref()).await?;
+        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans).await?;
         tracing::info!(reference = %published.reference, "built");
-        Ok(Output { published, build_key, image })
+        Ok(Output { published, build_key: assembled.build_key, image: assembled.image, commit: loaded.commit })
     }
     .instrument(span)
     .await
 }
 
-fn inputs_locked(function: &Function) -> bool {
-    function.deps.as_ref().is_some_and(|d| d.lock.is_some())
-}
-
-async fn load_function(opts: &Options) -> Result<Function, Error> {
-    let opts = opts.clone();
-    let f = tokio::task::spawn_blocking(move || match &opts.function {
-        FunctionSpec::Dir(dir) => function::from_dir(
-            dir,
-            &opts.runtime,
-            opts.name.clone(),
-            opts.namespace.clone(),
-        ),
-        FunctionSpec::Manifest(m) => {
-            function::from_manifest(m, &opts.runtime, opts.namespace.clone())
-        }
-    })
-    .await??;
-    Ok(f)
-}
-
-/// Refuses a sandboxed install without a builder image: the user must name one (or ask for
-/// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
-fn require_builder(opts: &Options) -> Result<(), Error> {
-    match &opts.install.isolation {
-        deps::Isolation::MissingBuilder { sandbox } => Err(Error::NoBuilder {
-            sandbox,
-            base: opts.base_name.clone(),
+/// `--stage deps`: loads the Function, installs its dependencies exactly as a whole build
+/// would (same key, same layer, same cache) and writes the layer and its record into `dir`.
+/// Needs no base image and no registry but a builder image's, and publishes nothing.
+///
+/// # Errors
+/// See [`Error`].
+pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<DepsOutput, Error> {
+    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "deps");
+    async move {
+        let cache = open_cache(opts)?;
+        let loaded = load::load(opts, &cache.tmp_dir()).await?;
+        let function = &loaded.function;
+        let mut record = stage::Record {
+            format: stage::FORMAT.into(),
             runtime: opts.runtime.name.clone(),
-        }),
-        _ => Ok(()),
+            epoch: opts.epoch,
+            manifest_digest: function.deps.as_ref().map(stage::manifest_digest),
+            dependencies: None,
+        };
+        let mut blob = None;
+        if let Some(inputs) = &function.deps {
+            install::require_builder(opts)?;
+            let (key, cached) = install::dependency_layer(client, opts, &cache, inputs).await?;
+            blob = Some(cache.blob_path(&cached.digest));
+            record.dependencies = Some(stage::StagedLayer {
+                created_by: stage::created_by(&install_command(opts, function), &key),
+                key,
+                media_type: oci::MediaType::OciLayerGzip,
+                digest: cached.digest,
+                diff_id: cached.diff_id,
+                size: cached.size,
+            });
+        }
+        let (dir, written) = (dir.to_path_buf(), record.clone());
+        tokio::task::spawn_blocking(move || stage::write(&dir, &written, blob.as_deref())).await??;
+        tracing::info!(layer = ?record.dependencies.as_ref().map(|l| &l.digest), "staged the dependencies");
+        Ok(DepsOutput { record, commit: loaded.commit })
     }
+    .instrument(span)
+    .await
 }
 
-/// Unpacks a pending builder image (once, verified, cached by digest) into the root
-/// filesystem the install runs in.
-async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, Error> {
-    let deps::Isolation::Pending(image) = &opts.install.isolation else {
-        return Ok(opts.install.clone());
-    };
-    let run_opts = crate::run::Options {
-        image: image.clone(),
-        platform: opts.platform.clone(),
-        cache_dir: opts.cache_dir.clone(),
-        env: vec![],
-        args: None,
-        entrypoint: None,
-        user: None,
-        jobs: opts.jobs,
-    };
-    let entry = crate::run::prepare(client, &run_opts)
-        .await
-        .map_err(Box::new)?;
-    let env = entry
-        .config
-        .config
-        .as_ref()
-        .map(|c| c.env_pairs())
-        .unwrap_or_default();
-    tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
-    let isolation = deps::Isolation::Builder {
-        rootfs: entry.rootfs,
-        digest: entry.digest,
-        env,
-    };
-    Ok(InstallEnv {
-        isolation,
-        ..opts.install.clone()
+fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
+    LayerCache::open(&opts.cache_dir).map_err(|source| Error::Cache {
+        path: opts.cache_dir.clone(),
+        source,
     })
 }
 
-async fn dependency_layer(
-    client: &Client,
-    opts: &Options,
-    cache: &LayerCache,
-    inputs: &function::DepInputs,
-) -> Result<(Digest, cache::CachedLayer), Error> {
-    let scratch = tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
-        path: cache.tmp_dir(),
-        source,
-    })?;
-    // A pending builder is only unpacked for an install: its digest alone names the toolchain,
-    // so a cache hit needs neither the sandbox nor the builder's layers.
-    let (toolchain, mut install) = match &opts.install.isolation {
-        deps::Isolation::Pending(image) => {
-            let resolved = crate::run::image::resolve(client, image, &opts.platform)
-                .await
-                .map_err(Box::new)?;
-            (deps::builder_toolchain_id(&resolved.digest), None)
-        }
-        _ => {
-            let install = opts.install.clone();
-            let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
-            (id, Some(install))
-        }
-    };
-    let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
-    if opts.use_cache
-        && let Some(hit) = cache.get(&key)
-    {
-        tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
-        return Ok((key, hit));
-    }
-    let install = match install.take() {
-        Some(install) => install,
-        None => resolve_builder(client, opts).await?,
-    };
-    let output = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
-    let (dest, tmp, epoch) = (
-        opts.runtime.dependencies.dir.clone(),
-        cache.tmp_dir(),
-        opts.epoch,
-    );
-    let blob = tokio::task::spawn_blocking(move || -> Result<LayerBlob, Error> {
-        let tree =
-            source::walk(&output, &source::WalkRules::default()).map_err(function::Error::from)?;
-        write_layer(
-            tree.to_layer_entries(&dest),
-            epoch,
-            oci::MediaType::OciLayerGzip,
-            &tmp,
-        )
-        .map_err(|source| Error::Layer {
-            what: "dependency",
-            source,
-        })
-    });
-    let blob = blob.await??;
-    tracing::info!(%key, digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote dependency layer");
-    let cached = cache.put(&key, blob).map_err(|source| Error::Cache {
-        path: cache.tmp_dir(),
-        source,
-    })?;
-    Ok((key, cached))
+/// The install command line, as the history text names it.
+fn install_command(opts: &Options, function: &Function) -> String {
+    let locked = function.deps.as_ref().is_some_and(|d| d.lock.is_some());
+    opts.runtime.install_command(locked).join(" ")
 }
 
-async fn source_layer(
+/// The dependency layer from `--stage-dir`, checked against this build's Function. Runs no
+/// program.
+async fn staged_layer(
     opts: &Options,
     cache: &LayerCache,
     function: &Function,
-    media_type: oci::MediaType,
-) -> Result<LayerBlob, Error> {
-    let entries = function.tree.to_layer_entries(&opts.runtime.source.dir);
-    let (epoch, tmp) = (opts.epoch, cache.tmp_dir());
-    let blob = tokio::task::spawn_blocking(move || write_layer(entries, epoch, media_type, &tmp))
-        .await?
-        .map_err(|source| Error::Layer {
-            what: "source",
-            source,
-        })?;
-    tracing::info!(digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote source layer");
-    Ok(blob)
-}
-
-async fn publish(
-    client: &Client,
-    opts: &Options,
-    cache: &LayerCache,
-    image: &Image,
-    base: &ResolvedBase,
-    new: Vec<BlobPlan>,
-) -> Result<Published, Error> {
-    let base_layers = image.layers.len() - new.len();
-    let mut layers: Vec<BlobPlan> = image.layers[..base_layers]
-        .iter()
-        .map(|d| BlobPlan {
-            descriptor: d.clone(),
-            role: Role::Base,
-            local: None,
-        })
-        .collect();
-    layers.extend(new);
-    let scratch = cache.tmp_dir();
-    let input = PublishInput {
-        image,
-        layers: &layers,
-        base: Some(base),
-        scratch: &scratch,
+    dir: &Path,
+) -> Result<Option<DepLayer>, Error> {
+    let (dir, scratch, runtime, epoch) = (
+        dir.to_path_buf(),
+        cache.tmp_dir(),
+        opts.runtime.name.clone(),
+        opts.epoch,
+    );
+    let inputs = function.deps.clone();
+    let install_command = install_command(opts, function);
+    let verified = tokio::task::spawn_blocking(move || {
+        let expected = stage::Expected {
+            runtime: &runtime,
+            epoch,
+            inputs: inputs.as_ref(),
+            install_command,
+        };
+        stage::read(&dir, &expected, &scratch)
+    })
+    .await??;
+    let (Some(layer), Some(copy)) = (verified.record.dependencies, verified.blob) else {
+        return Ok(None);
     };
-    let published = match &opts.target {
-        Target::Registry(target) => {
-            RegistryPublisher {
-                client: client.clone(),
-                target: target.clone(),
-                jobs: opts.jobs,
-            }
-            .publish(input)
-            .await?
-        }
-        Target::Layout { dir, name } => {
-            LayoutPublisher {
-                client: client.clone(),
-                dir: dir.clone(),
-                name: name.clone(),
-                jobs: opts.jobs,
-            }
-            .publish(input)
-            .await?
-        }
-    };
-    Ok(published)
+    tracing::info!(key = %layer.key, digest = %layer.digest, "dependency layer from the stage directory");
+    Ok(Some(DepLayer {
+        key: layer.key,
+        digest: layer.digest,
+        diff_id: layer.diff_id,
+        size: layer.size,
+        created_by: layer.created_by,
+        local: copy.to_path_buf(),
+        _copy: Some(copy),
+    }))
 }

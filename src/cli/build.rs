@@ -7,9 +7,12 @@ use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::Failure;
+use super::git::GitArgs;
+use super::install::{DepsSandbox, ensure_store, isolation, needs_store};
 use super::registry::RegistryArgs;
+use super::report::{Extra, write_deps_report, write_outputs};
 use crate::build::{
-    self, FunctionSpec, Options, Target,
+    self, FunctionSpec, Options, Stage, Target,
     base::BaseRef,
     deps::{InstallEnv, Isolation},
     function::FunctionManifest,
@@ -21,7 +24,7 @@ use crate::runtime::{Catalog, RuntimeSpec};
 /// Flags of `kiln build`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  kiln build ./hello --runtime nodejs22 --image registry.example.com/team/hello:1.0\n  kiln build ./hello --runtime python313 --output oci:./out/hello\n  kiln build --function hello.yaml --image registry.example.com/team/hello"
+    after_help = "Examples:\n  kiln build ./hello --runtime nodejs22 --image registry.example.com/team/hello:1.0\n  kiln build ./hello --runtime python313 --output oci:./out/hello\n  kiln build --function hello.yaml --image registry.example.com/team/hello\n  kiln build --git https://github.com/org/fns.git --git-ref main --git-base-dir /hello --runtime nodejs22 --output oci:./out\n\nA split build (install scripts never see push credentials):\n  kiln build ./hello --runtime nodejs22 --stage deps --stage-dir /workspace/deps\n  kiln build ./hello --runtime nodejs22 --stage publish --stage-dir /workspace/deps --image REF"
 )]
 pub struct BuildArgs {
     /// The Function directory: handler.js + package.json (Node.js) or handler.py +
@@ -31,6 +34,9 @@ pub struct BuildArgs {
     /// Build a Kyma Function manifest (serverless.kyma-project.io/v1alpha2) with inline source.
     #[arg(long, value_name = "FILE")]
     pub function: Option<PathBuf>,
+    /// Git source.
+    #[command(flatten)]
+    pub git: GitArgs,
     /// The runtime (nodejs22, nodejs24, python313). Taken from the manifest with --function.
     #[arg(long, env = "KILN_RUNTIME")]
     pub runtime: Option<String>,
@@ -98,17 +104,37 @@ pub struct BuildArgs {
     /// and the Function has dependencies (unless --deps-sandbox none).
     #[arg(long, value_name = "REF", env = "KILN_BUILDER_IMAGE")]
     pub builder_image: Option<String>,
+    /// A directory with the runtime's package-registry config (.npmrc for Node.js, pip.conf
+    /// for Python; a mounted Secret), given to the install in place of the Function's own
+    /// files of the same name. Part of the dependency cache key; never layered.
+    #[arg(long, value_name = "DIR")]
+    pub package_registry_config: Option<PathBuf>,
+    /// Which part of the build to run. `deps` only installs the dependencies (running the
+    /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
+    /// no base image, no registry, no --image or --output needed, and it prints the layer's
+    /// digest (or `none`). `publish` does the rest with the layer from --stage-dir and runs
+    /// no program at all: give push credentials to this stage only.
+    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"))]
+    pub stage: StageArg,
+    /// The directory `--stage deps` writes and `--stage publish` reads.
+    #[arg(long, value_name = "DIR")]
+    pub stage_dir: Option<PathBuf>,
+    /// Also write the outcome to this file (a Kubernetes termination message, e.g.
+    /// /dev/termination-log): on success the line printed on stdout, on failure the error
+    /// as printed, with the install's last output lines; at most 4096 bytes.
+    #[arg(long, value_name = "PATH")]
+    pub termination_log: Option<PathBuf>,
 }
 
-/// Where the dependency install runs.
+/// The part of a build to run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DepsSandbox {
-    /// bwrap, or the toolchain on PATH inside the runtime's builder image.
-    Auto,
-    /// Inside the builder image, in a rootless sandbox (bubblewrap or kiln's built-in one).
-    Bwrap,
-    /// The toolchain on PATH.
-    None,
+pub enum StageArg {
+    /// The whole build.
+    All,
+    /// Only the dependency install, into --stage-dir.
+    Deps,
+    /// Everything but the install, with the dependency layer from --stage-dir.
+    Publish,
 }
 
 /// The values `kiln build` takes from the environment, read once here.
@@ -148,14 +174,35 @@ impl Env {
 }
 
 pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
+    let termination_log = args.termination_log.clone();
+    let outcome = build(args).await;
+    match termination_log {
+        Some(path) => super::termination::write(&path, outcome),
+        None => outcome,
+    }
+}
+
+async fn build(args: BuildArgs) -> Result<String, Failure> {
     let env = Env::read();
     let (mut opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
+    let publish = matches!(opts.stage, Stage::Publish(_));
     let mut builder = args.builder_image.clone();
     if let Some(store) = &extra.store {
-        ensure_store(&opts, store).await.map_err(Failure::Build)?;
+        if publish {
+            // Assembling the runtime's images runs npm: publish runs no program.
+            if !crate::base::store::has_images(store, &opts.runtime.name) {
+                return Err(Failure::Usage(anyhow!(
+                    "--stage publish runs no program, so it cannot assemble the {runtime} runtime's base image into {}: pass --base REF, or run `kiln base build {runtime}` (or a whole build) first",
+                    store.display(),
+                    runtime = opts.runtime.name
+                )));
+            }
+        } else if needs_store(args.deps_sandbox, env.in_builder.as_deref(), &opts) {
+            ensure_store(&opts, store).await.map_err(Failure::Build)?;
+        }
         // The runtime's own base: install in its own builder unless told otherwise.
         builder = builder.or_else(|| {
             Some(format!(
@@ -165,114 +212,46 @@ pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
             ))
         });
     }
-    opts.install.isolation = isolation(
-        args.deps_sandbox,
-        builder.as_deref(),
-        env.in_builder.as_deref(),
-        &opts.runtime.name,
-    )
-    .map_err(Failure::Usage)?;
-    let output = build::run(&client, &opts).await.map_err(|e| {
-        let input = e.is_input_error();
-        let e = anyhow::Error::new(e);
-        if input {
-            Failure::Usage(e)
-        } else {
-            Failure::Build(e)
-        }
-    })?;
+    opts.install.isolation = if publish {
+        // Never used: publish installs nothing.
+        Isolation::Host
+    } else {
+        isolation(
+            args.deps_sandbox,
+            builder.as_deref(),
+            env.in_builder.as_deref(),
+            &opts.runtime.name,
+        )
+        .map_err(Failure::Usage)?
+    };
+    if let Stage::Deps(dir) = &opts.stage {
+        let output = build::run_deps(&client, &opts, dir)
+            .await
+            .map_err(build_failure)?;
+        write_deps_report(&extra, &output).map_err(Failure::Build)?;
+        return Ok(output
+            .record
+            .dependencies
+            .map_or_else(|| "none".to_string(), |l| l.digest.to_string()));
+    }
+    let output = build::run(&client, &opts).await.map_err(build_failure)?;
     if extra.verify {
         crate::oci::validate::check_image(&output.image.manifest, &output.image.config)
             .context("verifying the built image")
             .map_err(Failure::Build)?;
     }
-    write_outputs(&extra, &output).map_err(Failure::Build)?;
+    write_outputs(&extra, &opts.stage, &output).map_err(Failure::Build)?;
     Ok(output.published.reference)
 }
 
-/// Resolves `--deps-sandbox` into where the install runs; `in_builder` is `KILN_BUILDER`.
-fn isolation(
-    mode: DepsSandbox,
-    builder: Option<&str>,
-    in_builder: Option<&str>,
-    runtime: &str,
-) -> anyhow::Result<Isolation> {
-    let sandbox = match mode {
-        DepsSandbox::None => return Ok(Isolation::Host),
-        // Inside the runtime's builder image (a build Job) the toolchain on PATH is its own.
-        DepsSandbox::Auto if in_builder == Some(runtime) => return Ok(Isolation::Host),
-        DepsSandbox::Auto => "auto",
-        DepsSandbox::Bwrap => "bwrap",
-    };
-    let Some(image) = builder else {
-        // A base override without a builder: the build refuses it only if the Function has
-        // dependencies to install, never by falling back to the toolchain on PATH.
-        return Ok(Isolation::MissingBuilder { sandbox });
-    };
-    let image = image
-        .parse::<crate::run::ImageRef>()
-        .with_context(|| format!("invalid --builder-image {image:?}"))?;
-    // Unpacked by the build only if the Function has dependencies to install.
-    Ok(Isolation::Pending(image))
-}
-
-/// Makes sure the local store has the runtime's base and builder images.
-async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result<()> {
-    // The fast path: finding the package sources runs npm, which costs more than the build.
-    if crate::base::store::has_images(store, &opts.runtime.name) {
-        return Ok(());
+fn build_failure(e: build::Error) -> Failure {
+    let input = e.is_input_error();
+    let e = anyhow::Error::new(e);
+    if input {
+        Failure::Usage(e)
+    } else {
+        Failure::Build(e)
     }
-    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let source_args = super::base::SourceArgs {
-        debian_mirror: var("KILN_DEBIAN_MIRROR")
-            .map(|u| u.parse())
-            .transpose()
-            .context("KILN_DEBIAN_MIRROR")?,
-        keyring: crate::base::debian::DEBIAN_ARCHIVE_KEYRING.into(),
-        npm_registry: var("KILN_NPM_REGISTRY")
-            .map(|u| u.parse())
-            .transpose()
-            .context("KILN_NPM_REGISTRY")?,
-        cache_dir: Some(opts.cache_dir.clone()),
-    };
-    let sources = super::base::sources(&source_args)?;
-    let kiln = std::env::current_exe().context("finding the kiln binary")?;
-    crate::base::store::ensure(&sources, &opts.runtime.name, store, &kiln)
-        .await
-        .with_context(|| {
-            format!(
-                "preparing the {} runtime images in {}",
-                opts.runtime.name,
-                store.display()
-            )
-        })
-}
-
-struct Extra {
-    digest_file: Option<PathBuf>,
-    report: Option<PathBuf>,
-    verify: bool,
-    /// The local store, when the base comes from it.
-    store: Option<PathBuf>,
-}
-
-fn write_outputs(extra: &Extra, output: &build::Output) -> anyhow::Result<()> {
-    if let Some(path) = &extra.digest_file {
-        std::fs::write(path, format!("{}\n", output.published.digest))
-            .with_context(|| format!("writing the digest to {}", path.display()))?;
-    }
-    if let Some(path) = &extra.report {
-        let report = serde_json::json!({
-            "reference": output.published.reference,
-            "digest": output.published.digest,
-            "buildKey": output.build_key,
-            "blobs": output.published.blobs,
-        });
-        let bytes = serde_json::to_vec_pretty(&report).context("serialising the report")?;
-        std::fs::write(path, bytes)
-            .with_context(|| format!("writing the report to {}", path.display()))?;
-    }
-    Ok(())
 }
 
 fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfig, Extra)> {
@@ -283,13 +262,18 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         .map(FunctionManifest::read)
         .transpose()?;
     let runtime = pick_runtime(&catalog, args.runtime.as_deref(), manifest.as_ref())?;
-    let (function, default_name, default_ns) = match &manifest {
-        Some(m) => (
+    let git = args.git.source()?;
+    let (function, default_name, default_ns) = match (&manifest, git) {
+        (Some(m), _) => (
             FunctionSpec::Manifest(m.clone()),
             m.name.clone(),
             m.namespace.clone(),
         ),
-        None => {
+        (None, Some((source, access))) => {
+            let name = GitArgs::default_name(&source);
+            (FunctionSpec::Git { source, access }, name, None)
+        }
+        (None, None) => {
             let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
             if !dir.is_dir() {
                 return Err(anyhow!(
@@ -345,6 +329,19 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         return Err(anyhow!("CA bundle {} does not exist", ca.display()));
     }
     let config = args.registry.client_config()?;
+    let stage = match (args.stage, &args.stage_dir) {
+        (StageArg::All, None) => Stage::All,
+        (StageArg::All, Some(_)) => {
+            return Err(anyhow!("--stage-dir needs --stage deps or --stage publish"));
+        }
+        (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
+        (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
+        (_, None) => {
+            return Err(anyhow!(
+                "--stage deps and --stage publish need --stage-dir DIR"
+            ));
+        }
+    };
     let opts = Options {
         function,
         runtime: runtime.clone(),
@@ -363,6 +360,8 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         use_cache: !args.no_cache,
         jobs: usize::from(args.jobs),
         install,
+        stage,
+        package_registry_config: args.package_registry_config.clone(),
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),
@@ -441,43 +440,5 @@ fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> 
             name: format!("functions/{name}"),
         }),
         _ => Err(anyhow!("--image and --output are exclusive")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_sandbox_without_a_builder_image_is_left_for_the_build_to_refuse() {
-        let resolve = |mode, builder, in_builder| {
-            isolation(mode, builder, in_builder, "nodejs22").expect("valid flags")
-        };
-        let builder = Some("oci:/tmp/bases:nodejs22-builder");
-        assert!(matches!(
-            resolve(DepsSandbox::Auto, None, None),
-            Isolation::MissingBuilder { sandbox: "auto" }
-        ));
-        assert!(matches!(
-            resolve(DepsSandbox::Bwrap, None, Some("nodejs22")),
-            Isolation::MissingBuilder { sandbox: "bwrap" }
-        ));
-        assert!(matches!(
-            resolve(DepsSandbox::Auto, builder, None),
-            Isolation::Pending(_)
-        ));
-        // Another runtime's builder image does not have this runtime's toolchain.
-        assert!(matches!(
-            resolve(DepsSandbox::Auto, builder, Some("python313")),
-            Isolation::Pending(_)
-        ));
-        assert!(matches!(
-            resolve(DepsSandbox::Auto, None, Some("nodejs22")),
-            Isolation::Host
-        ));
-        assert!(matches!(
-            resolve(DepsSandbox::None, builder, None),
-            Isolation::Host
-        ));
     }
 }

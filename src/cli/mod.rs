@@ -4,8 +4,12 @@
 pub mod base;
 mod build;
 mod controller;
+mod git;
+mod install;
 mod registry;
+mod report;
 mod run;
+pub mod termination;
 mod webhook;
 
 use clap::{Parser, Subcommand, ValueEnum};

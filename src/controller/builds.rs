@@ -200,16 +200,19 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
             )
         });
     if let Err(running) = ctx.slots.try_take(&key, &waiter(f), active) {
+        // A fixed message: a count in it would rewrite every waiting Function's status
+        // whenever a build starts or ends.
+        tracing::debug!(running, "waiting for a build slot");
+        let max = ctx.slots.max();
+        let message = format!("waiting for a build slot: at most {max} builds run at once");
         st.set(
             Kind::BuildReady,
             State::Unknown,
             reason::JOB_QUEUED,
-            format!(
-                "waiting for a build slot: {running} of {} builds are running",
-                ctx.slots.max()
-            ),
+            message,
         );
-        return Ok(Build::Pending(Some(ctx.config.requeue)));
+        // A finished build wakes the oldest waiters at once; this is the fallback.
+        return Ok(Build::Pending(Some(ctx.config.requeue * 6)));
     }
     let created = async {
         super::plumbing::ensure(ctx, ns).await?;

@@ -62,7 +62,7 @@ pub const CONTINUOUS_GIT_CHECKOUT: &str = "serverless.kyma-project.io/continuous
 /// # Errors
 /// API, registry or git failures; the error policy retries them with backoff.
 pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
-    let span = tracing::info_span!("reconcile", namespace = %f.namespace_or_default(), name = %f.name_or_empty());
+    let span = tracing::info_span!("reconcile", namespace = %f.namespace_or_default(), function = %f.name_or_empty());
     async move {
         ctx.stores.wait_ready().await;
         let started = Instant::now();

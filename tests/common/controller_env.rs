@@ -281,12 +281,13 @@ pub fn node_function(name: &str, source: &str, dependencies: Option<&str>) -> St
     )
 }
 
-/// Writes `docs` to a file and returns its path (for validators that read files).
+/// Writes `docs` to a file and returns its path (for validators that read files). Each
+/// document is written as JSON (which is YAML), so timestamps stay strings.
 pub fn write_yaml(dir: &Path, name: &str, docs: &[Value]) -> PathBuf {
     let path = dir.join(name);
     let text: Vec<String> = docs
         .iter()
-        .map(|d| serde_yaml::to_string(d).expect("YAML"))
+        .map(|d| serde_json::to_string_pretty(d).expect("JSON") + "\n")
         .collect();
     std::fs::write(&path, text.join("---\n")).expect("write YAML");
     path

@@ -9,6 +9,7 @@
 pub mod controller_env;
 pub mod crd_schema;
 pub mod fake_builds;
+pub mod git;
 pub mod images;
 pub mod k8s_validate;
 pub mod kiln;

@@ -44,6 +44,34 @@ pub struct Registry {
     data: PathBuf,
 }
 
+/// Makes a test CA and a server certificate for 127.0.0.1 and localhost signed by it, with
+/// openssl (TEST-ENV.md §1): `dir/ca.pem`, `dir/cert.pem`, `dir/key.pem`. Returns the CA.
+pub fn make_test_tls(dir: &Path) -> PathBuf {
+    require_tool("openssl", "openssl");
+    fs::create_dir_all(dir).expect("mkdir tls");
+    let openssl = |args: &str| {
+        run(Command::new("openssl")
+            .args(args.split(' '))
+            .current_dir(dir));
+    };
+    openssl(concat!(
+        "req -x509 -newkey rsa:2048 -nodes -days 30 -keyout ca.key -out ca.pem",
+        " -subj /CN=kiln-test-ca"
+    ));
+    openssl("req -newkey rsa:2048 -nodes -keyout key.pem -out srv.csr -subj /CN=127.0.0.1");
+    fs::write(
+        dir.join("srv.ext"),
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write srv.ext");
+    openssl(concat!(
+        "x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30",
+        " -extfile srv.ext -out cert.pem"
+    ));
+    dir.join("ca.pem")
+}
+
 impl Registry {
     /// Starts a registry of the given kind and waits until `GET /v2/` answers (200 or 401).
     pub fn start(kind: RegistryKind) -> Registry {
@@ -134,30 +162,8 @@ impl Registry {
     }
 
     fn make_tls(&mut self) -> PathBuf {
-        require_tool("openssl", "openssl");
         let tls = self.dir.path().join("tls");
-        fs::create_dir_all(&tls).expect("mkdir tls");
-        let openssl = |args: &str| {
-            run(Command::new("openssl")
-                .args(args.split(' '))
-                .current_dir(&tls));
-        };
-        openssl(concat!(
-            "req -x509 -newkey rsa:2048 -nodes -days 30 -keyout ca.key -out ca.pem",
-            " -subj /CN=kiln-test-ca"
-        ));
-        openssl("req -newkey rsa:2048 -nodes -keyout key.pem -out srv.csr -subj /CN=127.0.0.1");
-        fs::write(
-            tls.join("srv.ext"),
-            "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
-        )
-        .expect("write srv.ext");
-        openssl(concat!(
-            "x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30",
-            " -extfile srv.ext -out cert.pem"
-        ));
-        let ca = tls.join("ca.pem");
+        let ca = make_test_tls(&tls);
         fs::copy(&ca, self.cert_dir().join("ca.crt")).expect("copy ca.crt");
         self.ca_pem = Some(ca);
         tls

@@ -1,0 +1,170 @@
+//! Assembling and publishing a build's image: the dependency layer (however it was made),
+//! the source layer written here, both appended to the base with the runtime's config, then
+//! every blob to the registry or OCI layout, the manifest last.
+
+use std::path::PathBuf;
+
+use super::base::{BaseRef, ResolvedBase};
+use super::cache::LayerCache;
+use super::function::Function;
+use super::publish::{
+    BlobPlan, LayoutPublisher, PublishInput, Published, Publisher, RegistryPublisher, Role,
+};
+use super::{Error, Options, Target, plan};
+use crate::oci::{self, Digest, Image, LayerBlob, NewLayer, layer::write_layer};
+use crate::registry::Client;
+
+/// The dependency layer of a build, wherever it came from.
+pub(super) struct DepLayer {
+    pub key: Digest,
+    pub digest: Digest,
+    pub diff_id: Digest,
+    pub size: u64,
+    pub created_by: String,
+    /// The blob's bytes.
+    pub local: PathBuf,
+    /// Keeps a verified copy of a staged blob alive until it is published.
+    pub _copy: Option<tempfile::TempPath>,
+}
+
+/// Writes the source layer and appends it (after the dependency layer) to the base.
+pub(super) async fn assemble(
+    opts: &Options,
+    cache: &LayerCache,
+    function: &Function,
+    base: &ResolvedBase,
+    deps: Option<&DepLayer>,
+) -> Result<Assembled, Error> {
+    let family = base.base.family();
+    let mut layers = Vec::new();
+    let mut plans = Vec::new();
+    if let Some(dep) = deps {
+        let descriptor = oci::Descriptor::new(family.layer_gzip(), dep.digest.clone(), dep.size);
+        plans.push(BlobPlan {
+            descriptor: descriptor.clone(),
+            role: Role::Dependencies,
+            local: Some(dep.local.clone()),
+        });
+        layers.push(NewLayer {
+            descriptor,
+            diff_id: dep.diff_id.clone(),
+            created_by: dep.created_by.clone(),
+        });
+    }
+    let source = source_layer(opts, cache, function, family.layer_gzip()).await?;
+    plans.push(BlobPlan {
+        descriptor: source.descriptor.clone(),
+        role: Role::Source,
+        local: Some(source.file.to_path_buf()),
+    });
+    layers.push(NewLayer {
+        descriptor: source.descriptor.clone(),
+        diff_id: source.diff_id.clone(),
+        created_by: format!(
+            "kiln: source ({} files to {})",
+            function.tree.file_count(),
+            opts.runtime.source.dir
+        ),
+    });
+    let build_key = plan::build_key(
+        &opts.runtime.name,
+        &base.base.manifest.digest,
+        deps.map(|d| &d.key),
+        &source.diff_id,
+    );
+    let edit = plan::config_edit(&plan::PlanInput {
+        runtime: &opts.runtime,
+        function_name: &function.name,
+        namespace: &function.namespace,
+        epoch: opts.epoch,
+        base_name: match &opts.base {
+            BaseRef::Registry(_) => Some(&opts.base_name),
+            BaseRef::Layout { .. } => None,
+        },
+        base_digest: &base.base.manifest.digest,
+        build_key: &build_key,
+    });
+    let image = oci::image::append(&base.base, &layers, &edit)?;
+    Ok(Assembled {
+        image,
+        build_key,
+        plans,
+        _source: source,
+    })
+}
+
+/// An image ready to publish.
+pub(super) struct Assembled {
+    pub image: Image,
+    pub build_key: Digest,
+    pub plans: Vec<BlobPlan>,
+    /// The source layer's temp file, which must outlive the publish.
+    _source: LayerBlob,
+}
+
+async fn source_layer(
+    opts: &Options,
+    cache: &LayerCache,
+    function: &Function,
+    media_type: oci::MediaType,
+) -> Result<LayerBlob, Error> {
+    let entries = function.tree.to_layer_entries(&opts.runtime.source.dir);
+    let (epoch, tmp) = (opts.epoch, cache.tmp_dir());
+    let blob = tokio::task::spawn_blocking(move || write_layer(entries, epoch, media_type, &tmp))
+        .await?
+        .map_err(|source| Error::Layer {
+            what: "source",
+            source,
+        })?;
+    tracing::info!(digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote source layer");
+    Ok(blob)
+}
+
+pub(super) async fn publish(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    image: &Image,
+    base: &ResolvedBase,
+    new: Vec<BlobPlan>,
+) -> Result<Published, Error> {
+    let base_layers = image.layers.len() - new.len();
+    let mut layers: Vec<BlobPlan> = image.layers[..base_layers]
+        .iter()
+        .map(|d| BlobPlan {
+            descriptor: d.clone(),
+            role: Role::Base,
+            local: None,
+        })
+        .collect();
+    layers.extend(new);
+    let scratch = cache.tmp_dir();
+    let input = PublishInput {
+        image,
+        layers: &layers,
+        base: Some(base),
+        scratch: &scratch,
+    };
+    let published = match &opts.target {
+        Target::Registry(target) => {
+            RegistryPublisher {
+                client: client.clone(),
+                target: target.clone(),
+                jobs: opts.jobs,
+            }
+            .publish(input)
+            .await?
+        }
+        Target::Layout { dir, name } => {
+            LayoutPublisher {
+                client: client.clone(),
+                dir: dir.clone(),
+                name: name.clone(),
+                jobs: opts.jobs,
+            }
+            .publish(input)
+            .await?
+        }
+    };
+    Ok(published)
+}

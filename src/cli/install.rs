@@ -1,0 +1,124 @@
+//! Where `kiln build` installs dependencies (`--deps-sandbox`, the builder image, `KILN_BUILDER`)
+//! and making sure the local store holds the runtime's images when they are needed.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::build::{Options, Stage, deps::Isolation};
+
+/// Where the dependency install runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DepsSandbox {
+    /// bwrap, or the toolchain on PATH inside the runtime's builder image.
+    Auto,
+    /// Inside the builder image, in a rootless sandbox (bubblewrap or kiln's built-in one).
+    Bwrap,
+    /// The toolchain on PATH.
+    None,
+}
+
+/// Whether this build needs the runtime's images in the local store: a whole build for its
+/// base; `--stage deps` only for the builder, and not when it installs with the toolchain on
+/// PATH (`--deps-sandbox none`, or natively inside the builder image).
+pub(super) fn needs_store(mode: DepsSandbox, in_builder: Option<&str>, opts: &Options) -> bool {
+    let native = mode == DepsSandbox::None
+        || (mode == DepsSandbox::Auto && in_builder == Some(opts.runtime.name.as_str()));
+    !(native && matches!(opts.stage, Stage::Deps(_)))
+}
+
+/// Resolves `--deps-sandbox` into where the install runs; `in_builder` is `KILN_BUILDER`.
+pub(super) fn isolation(
+    mode: DepsSandbox,
+    builder: Option<&str>,
+    in_builder: Option<&str>,
+    runtime: &str,
+) -> anyhow::Result<Isolation> {
+    let sandbox = match mode {
+        DepsSandbox::None => return Ok(Isolation::Host),
+        // Inside the runtime's builder image (a build Job) the toolchain on PATH is its own.
+        DepsSandbox::Auto if in_builder == Some(runtime) => return Ok(Isolation::Host),
+        DepsSandbox::Auto => "auto",
+        DepsSandbox::Bwrap => "bwrap",
+    };
+    let Some(image) = builder else {
+        // A base override without a builder: the build refuses it only if the Function has
+        // dependencies to install, never by falling back to the toolchain on PATH.
+        return Ok(Isolation::MissingBuilder { sandbox });
+    };
+    let image = image
+        .parse::<crate::run::ImageRef>()
+        .with_context(|| format!("invalid --builder-image {image:?}"))?;
+    // Unpacked by the build only if the Function has dependencies to install.
+    Ok(Isolation::Pending(image))
+}
+
+/// Makes sure the local store has the runtime's base and builder images.
+pub(super) async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result<()> {
+    // The fast path: finding the package sources runs npm, which costs more than the build.
+    if crate::base::store::has_images(store, &opts.runtime.name) {
+        return Ok(());
+    }
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let source_args = super::base::SourceArgs {
+        debian_mirror: var("KILN_DEBIAN_MIRROR")
+            .map(|u| u.parse())
+            .transpose()
+            .context("KILN_DEBIAN_MIRROR")?,
+        keyring: crate::base::debian::DEBIAN_ARCHIVE_KEYRING.into(),
+        npm_registry: var("KILN_NPM_REGISTRY")
+            .map(|u| u.parse())
+            .transpose()
+            .context("KILN_NPM_REGISTRY")?,
+        cache_dir: Some(opts.cache_dir.clone()),
+    };
+    let sources = super::base::sources(&source_args)?;
+    let kiln = std::env::current_exe().context("finding the kiln binary")?;
+    crate::base::store::ensure(&sources, &opts.runtime.name, store, &kiln)
+        .await
+        .with_context(|| {
+            format!(
+                "preparing the {} runtime images in {}",
+                opts.runtime.name,
+                store.display()
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sandbox_without_a_builder_image_is_left_for_the_build_to_refuse() {
+        let resolve = |mode, builder, in_builder| {
+            isolation(mode, builder, in_builder, "nodejs22").expect("valid flags")
+        };
+        let builder = Some("oci:/tmp/bases:nodejs22-builder");
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, None, None),
+            Isolation::MissingBuilder { sandbox: "auto" }
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Bwrap, None, Some("nodejs22")),
+            Isolation::MissingBuilder { sandbox: "bwrap" }
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, builder, None),
+            Isolation::Pending(_)
+        ));
+        // Another runtime's builder image does not have this runtime's toolchain.
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, builder, Some("python313")),
+            Isolation::Pending(_)
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::Auto, None, Some("nodejs22")),
+            Isolation::Host
+        ));
+        assert!(matches!(
+            resolve(DepsSandbox::None, builder, None),
+            Isolation::Host
+        ));
+    }
+}

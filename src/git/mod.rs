@@ -1,0 +1,371 @@
+//! Git sources, fetched by kiln itself (gix, pure Rust, over HTTP(S) only): resolving a
+//! reference to a commit without cloning (an ls-remote, for the controller), and fetching one
+//! commit shallowly (depth 1) to write the tree at a base directory into a fresh directory,
+//! entry by entry, never through a symlink. Credentials come only from [`Credentials`] and
+//! never appear in errors or logs; no program (ssh, credential helper, askpass) is ever run.
+//!
+//! ```no_run
+//! # fn demo() -> Result<(), kiln::git::Error> {
+//! use kiln::git::{self, Access};
+//! let commit = git::resolve_reference("https://github.com/org/fns.git", "main", &Access::default())?;
+//! # let _ = commit; Ok(()) }
+//! ```
+
+mod remote;
+mod tree;
+mod url;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use url::{BaseDir, Reference, RemoteUrl};
+
+/// How long one network operation (connect, or a pause in a transfer) may take by default.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// HTTP Basic credentials: the keys `username` and `password` of a Kyma git auth Secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    /// The user name.
+    pub username: String,
+    /// The password or token.
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"***")
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// Reads the files `username` and `password` from `dir` (a mounted Secret: they may be
+    /// symlinks into its `..data` directory). One trailing newline is dropped from each.
+    ///
+    /// # Errors
+    /// [`Error::Credentials`] naming the file that is missing or unreadable.
+    pub fn read_dir(dir: &Path) -> Result<Credentials, Error> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => {
+                    let text = text.strip_suffix('\n').unwrap_or(&text);
+                    Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
+                }
+                Err(source) => Err(Error::Credentials { path, source }),
+            }
+        };
+        Ok(Credentials {
+            username: read("username")?,
+            password: read("password")?,
+        })
+    }
+}
+
+/// How to reach a git server.
+#[derive(Clone, Debug)]
+pub struct Access {
+    /// Basic credentials, sent when the server asks for them (HTTP 401).
+    pub credentials: Option<Credentials>,
+    /// Extra CA certificates (PEM) trusted besides the system roots.
+    pub extra_ca_pem: Option<Vec<u8>>,
+    /// Time allowed to connect, and for any pause while waiting for or reading a response.
+    pub timeout: Duration,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Access {
+            credentials: None,
+            extra_ca_pem: None,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A Function in a git repository: Kyma's `gitRepository{url, reference, baseDir}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Source {
+    /// The repository.
+    pub url: RemoteUrl,
+    /// What to build.
+    pub reference: Reference,
+    /// The Function's directory inside the repository.
+    pub base_dir: BaseDir,
+}
+
+impl Source {
+    /// Parses the three parts; nothing is fetched.
+    ///
+    /// # Errors
+    /// [`Error::is_input_error`] errors: SSH or otherwise unsupported URLs, bad references,
+    /// base directories that climb out of the repository.
+    pub fn parse(
+        url: &str,
+        reference: Option<&str>,
+        base_dir: Option<&str>,
+    ) -> Result<Source, Error> {
+        Ok(Source {
+            url: RemoteUrl::parse(url)?,
+            reference: Reference::parse(reference.unwrap_or(""))?,
+            base_dir: BaseDir::parse(base_dir.unwrap_or(""))?,
+        })
+    }
+}
+
+/// A fetched source tree.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fetched {
+    /// The commit built: 40 hex digits.
+    pub commit: String,
+    /// Regular files written.
+    pub files: usize,
+    /// Submodules skipped (kiln does not fetch them), by path.
+    pub skipped_submodules: Vec<String>,
+}
+
+/// Resolves `reference` (a branch, a tag, `HEAD` or empty for the remote's HEAD, or a full
+/// commit SHA) to the commit it names, with one handshake and ref listing: no objects are
+/// fetched. Blocking: call it from a blocking thread.
+///
+/// A full 40-hex SHA is returned as is once the server answered (reachable, credentials
+/// accepted): checking that the server has the commit would need a fetch; a clone of a commit
+/// the server lacks fails with [`Error::UnknownCommit`].
+///
+/// # Errors
+/// Invalid input, unreachable server, rejected credentials, unknown reference.
+pub fn resolve_reference(url: &str, reference: &str, access: &Access) -> Result<String, Error> {
+    let url = RemoteUrl::parse(url)?;
+    let reference = Reference::parse(reference)?;
+    let scratch = tempfile::tempdir().map_err(|source| Error::Io {
+        action: "creating a scratch directory in",
+        path: std::env::temp_dir(),
+        source,
+    })?;
+    let repo = remote::init_repo(scratch.path())?;
+    let resolved = remote::resolve(&repo, &url, &reference, access)?;
+    Ok(resolved.to_string())
+}
+
+/// Fetches the commit `source` names (depth 1) into a scratch repository under `scratch`, and
+/// writes the tree at its base directory into `dest`, which must not exist yet: regular files
+/// with their executable bit, symlinks as symlinks (whether they stay inside the Function is
+/// for the caller's source walk to check), submodules skipped. Blocking.
+///
+/// # Errors
+/// See [`Error`]; `dest` may be left half-written.
+pub fn fetch_tree(
+    source: &Source,
+    access: &Access,
+    scratch: &Path,
+    dest: &Path,
+) -> Result<Fetched, Error> {
+    let repo_dir = tempfile::tempdir_in(scratch).map_err(|source| Error::Io {
+        action: "creating a scratch directory in",
+        path: scratch.to_path_buf(),
+        source,
+    })?;
+    let repo = remote::init_repo(repo_dir.path())?;
+    let commit = remote::resolve(&repo, &source.url, &source.reference, access)?;
+    remote::fetch_commit(&repo, &source.url, commit, access, &source.reference)?;
+    tree::write_base_dir(&repo, &source.url, commit, &source.base_dir, dest)
+}
+
+/// Why a git source could not be resolved or fetched. URLs in messages carry no credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An SSH URL.
+    #[error(
+        "kiln clones over HTTPS only, and {url} is an SSH URL: SSH would need the `ssh` program, which the builder image does not have; use the repository's https:// URL (with --git-auth-dir for credentials)"
+    )]
+    Ssh {
+        /// The URL as given, password masked.
+        url: String,
+    },
+    /// A URL kiln does not clone from.
+    #[error("unsupported git URL {url}: {problem}")]
+    UnsupportedUrl {
+        /// The URL as given, password masked.
+        url: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A reference git would not accept.
+    #[error("invalid git reference {reference:?}: {problem}")]
+    InvalidReference {
+        /// As given.
+        reference: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A base directory outside the repository.
+    #[error("invalid git base directory {base_dir:?}: {problem}")]
+    InvalidBaseDir {
+        /// As given.
+        base_dir: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A credentials file is missing or unreadable.
+    #[error("reading {path}: the git auth directory must hold the files `username` and `password`")]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The extra CA bundle holds no usable certificate.
+    #[error("the git CA bundle holds no valid PEM certificate")]
+    InvalidCa {
+        /// The cause, when the PEM did not parse.
+        #[source]
+        source: Option<reqwest::Error>,
+    },
+    /// Connecting failed (DNS, refused, TLS, timeout).
+    #[error("cannot reach the git server of {url}")]
+    Unreachable {
+        /// The repository.
+        url: String,
+        /// The cause.
+        #[source]
+        source: Box<gix::Error>,
+    },
+    /// The server asked for credentials and none were given.
+    #[error(
+        "{url} needs credentials (HTTP 401): pass --git-auth-dir DIR holding the files username and password"
+    )]
+    CredentialsRequired {
+        /// The repository.
+        url: String,
+    },
+    /// The credentials were rejected (HTTP 401).
+    #[error(
+        "{url} rejected the credentials (HTTP 401): check the username and password files in --git-auth-dir"
+    )]
+    Unauthorized {
+        /// The repository.
+        url: String,
+    },
+    /// Access was denied (HTTP 403).
+    #[error(
+        "{url} denied access (HTTP 403): check the username and password files in --git-auth-dir, and that the user may read the repository"
+    )]
+    Forbidden {
+        /// The repository.
+        url: String,
+    },
+    /// No branch or tag of that name.
+    #[error("{url} has no branch or tag named {reference:?}")]
+    UnknownReference {
+        /// The repository.
+        url: String,
+        /// The name asked for.
+        reference: String,
+    },
+    /// The remote HEAD is unborn (an empty repository).
+    #[error("{url} has no HEAD commit (an empty repository?): pass --git-ref")]
+    NoHead {
+        /// The repository.
+        url: String,
+    },
+    /// The server did not send the commit asked for by SHA.
+    #[error("{url} did not serve commit {commit}: is it in the repository?")]
+    UnknownCommit {
+        /// The repository.
+        url: String,
+        /// The SHA.
+        commit: String,
+        /// The cause.
+        #[source]
+        source: Box<gix::Error>,
+    },
+    /// The reference names something other than a commit.
+    #[error("{reference} of {url} is not a commit but {kind}")]
+    NotACommit {
+        /// The repository.
+        url: String,
+        /// The reference.
+        reference: String,
+        /// What it is.
+        kind: String,
+    },
+    /// The base directory does not exist at the commit.
+    #[error("commit {commit} of {url} has no directory {base_dir}")]
+    MissingBaseDir {
+        /// The repository.
+        url: String,
+        /// The commit.
+        commit: String,
+        /// The directory.
+        base_dir: String,
+    },
+    /// A tree entry kiln will not write.
+    #[error("refusing {path} in commit {commit} of {url}: {problem}")]
+    UnsafeEntry {
+        /// The repository.
+        url: String,
+        /// The commit.
+        commit: String,
+        /// The entry's path inside the repository.
+        path: String,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// Any other failure talking to the server.
+    #[error("{action} {url}")]
+    Remote {
+        /// What was being done.
+        action: &'static str,
+        /// The repository.
+        url: String,
+        /// The cause.
+        #[source]
+        source: Box<gix::Error>,
+    },
+    /// The scratch repository or its objects.
+    #[error("{action}")]
+    Repository {
+        /// What was being done.
+        action: &'static str,
+        /// The cause.
+        #[source]
+        source: Box<gix::Error>,
+    },
+    /// Writing the tree or scratch space.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether the input is at fault (exit code 2): the URL, reference or base directory
+    /// given, or the Function's tree at that commit, rather than the server or the network.
+    pub fn is_input_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Ssh { .. }
+                | Error::UnsupportedUrl { .. }
+                | Error::InvalidReference { .. }
+                | Error::InvalidBaseDir { .. }
+                | Error::Credentials { .. }
+                | Error::InvalidCa { .. }
+                | Error::UnknownReference { .. }
+                | Error::NoHead { .. }
+                | Error::UnknownCommit { .. }
+                | Error::NotACommit { .. }
+                | Error::MissingBaseDir { .. }
+                | Error::UnsafeEntry { .. }
+        )
+    }
+}

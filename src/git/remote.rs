@@ -1,0 +1,261 @@
+//! Talking to the git server with gix: a scratch bare repository with isolated configuration
+//! (no system or user git config, no credential helpers, no prompts), one connection to list
+//! references, one to fetch a single commit at depth 1. HTTP goes through gix's reqwest
+//! backend, configured here with the system roots plus any extra CA and kiln's timeouts.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use gix::ObjectId;
+use gix::credentials::{helper::Action, protocol::Outcome};
+use gix::protocol::handshake::Ref;
+use gix::protocol::transport::client::blocking_io::{Transport, http};
+use gix::remote::{Direction, fetch::Shallow, fetch::Tags, ref_map};
+
+use super::{Access, Error, Reference, RemoteUrl};
+
+type Connection<'a, 'repo> = gix::remote::Connection<'a, 'static, 'repo, Box<dyn Transport + Send>>;
+
+/// Creates an empty bare repository in `dir` that reads no configuration but its own.
+pub(super) fn init_repo(dir: &Path) -> Result<gix::Repository, Error> {
+    let agent = format!("gitoxide.userAgent=kiln/{}", env!("CARGO_PKG_VERSION"));
+    let open = gix::open::Options::isolated().config_overrides([agent]);
+    let repo = gix::ThreadSafeRepository::init_opts(
+        dir,
+        gix::create::Kind::Bare,
+        gix::create::Options::default(),
+        open,
+    )
+    .map_err(|source| Error::Repository {
+        action: "creating a scratch git repository",
+        source: Box::new(source),
+    })?;
+    Ok(repo.to_thread_local())
+}
+
+/// The commit `reference` names on the remote (one handshake and ref listing).
+pub(super) fn resolve(
+    repo: &gix::Repository,
+    url: &RemoteUrl,
+    reference: &Reference,
+    access: &Access,
+) -> Result<ObjectId, Error> {
+    let candidates: Vec<String> = match reference {
+        Reference::Commit(sha) => {
+            // Only the handshake: it proves the server answers and accepts the credentials.
+            list_refs(repo, url, &["HEAD".into()], access)?;
+            return ObjectId::from_hex(sha.as_bytes()).map_err(|_| Error::InvalidReference {
+                reference: sha.clone(),
+                problem: "not a SHA-1 object id",
+            });
+        }
+        Reference::Head => vec!["HEAD".into()],
+        Reference::Name(name) if name.starts_with("refs/") => vec![name.clone()],
+        // A branch first, then a tag, as `git clone --branch` looks them up.
+        Reference::Name(name) => vec![format!("refs/heads/{name}"), format!("refs/tags/{name}")],
+    };
+    let refs = list_refs(repo, url, &candidates, access)?;
+    for wanted in &candidates {
+        let Some(found) = refs.iter().find(|r| r.unpack().0 == wanted.as_bytes()) else {
+            continue;
+        };
+        let (_, target, peeled) = found.unpack();
+        // An annotated tag is peeled to the object it points to.
+        return match peeled.or(target) {
+            Some(id) => Ok(id.to_owned()),
+            None => Err(Error::NoHead {
+                url: url.to_string(),
+            }),
+        };
+    }
+    Err(match reference {
+        Reference::Head => Error::NoHead {
+            url: url.to_string(),
+        },
+        _ => Error::UnknownReference {
+            url: url.to_string(),
+            reference: reference.to_string(),
+        },
+    })
+}
+
+/// The remote's references matching `specs` (ls-refs, filtered by their prefixes).
+fn list_refs(
+    repo: &gix::Repository,
+    url: &RemoteUrl,
+    specs: &[String],
+    access: &Access,
+) -> Result<Vec<Ref>, Error> {
+    let remote = repo
+        .remote_at(url.as_str())
+        .map_err(|e| remote_error(url, "configuring the remote", e))?
+        .with_fetch_tags(Tags::None);
+    let mut connection = remote
+        .connect(Direction::Fetch)
+        .map_err(|e| classify(url, access, "connecting to", e))?;
+    configure(&mut connection, access)?;
+    let extra_refspecs = specs
+        .iter()
+        .map(|spec| {
+            gix::refspec::parse(spec.as_str().into(), gix::refspec::parse::Operation::Fetch)
+                .map(|s| s.to_owned())
+                .map_err(|_| Error::InvalidReference {
+                    reference: spec.clone(),
+                    problem: "not a valid reference name",
+                })
+        })
+        .collect::<Result<_, _>>()?;
+    let options = ref_map::Options {
+        extra_refspecs,
+        ..ref_map::Options::default()
+    };
+    let (map, _handshake) = connection
+        .ref_map(gix::progress::Discard, options)
+        .map_err(|e| classify(url, access, "listing the references of", e))?;
+    Ok(map.remote_refs)
+}
+
+/// Fetches `commit` and nothing of its history (depth 1) into `repo`, and checks that it is
+/// a commit.
+pub(super) fn fetch_commit(
+    repo: &gix::Repository,
+    url: &RemoteUrl,
+    commit: ObjectId,
+    access: &Access,
+    reference: &Reference,
+) -> Result<(), Error> {
+    let hex = commit.to_hex().to_string();
+    let remote = repo
+        .remote_at(url.as_str())
+        .map_err(|e| remote_error(url, "configuring the remote", e))?
+        .with_fetch_tags(Tags::None)
+        .with_refspecs([hex.as_str()], Direction::Fetch)
+        .map_err(|e| remote_error(url, "configuring the remote", e))?;
+    let mut connection = remote
+        .connect(Direction::Fetch)
+        .map_err(|e| classify(url, access, "connecting to", e))?;
+    configure(&mut connection, access)?;
+    let interrupt = AtomicBool::new(false);
+    let fetched = connection
+        .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
+        .and_then(|prepare| {
+            prepare
+                .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
+                .receive(gix::progress::Discard, &interrupt)
+        });
+    if let Err(e) = fetched {
+        return Err(match classify(url, access, "fetching from", e) {
+            Error::Remote { source, .. } if matches!(reference, Reference::Commit(_)) => {
+                Error::UnknownCommit {
+                    url: url.to_string(),
+                    commit: hex,
+                    source,
+                }
+            }
+            other => other,
+        });
+    }
+    let object = repo.find_object(commit).map_err(|_| Error::UnknownCommit {
+        url: url.to_string(),
+        commit: hex.clone(),
+        source: Box::new(gix::error::message("the server sent no such object").into()),
+    })?;
+    if object.kind != gix::object::Kind::Commit {
+        return Err(Error::NotACommit {
+            url: url.to_string(),
+            reference: reference.to_string(),
+            kind: format!("a {}", object.kind),
+        });
+    }
+    Ok(())
+}
+
+/// Sends only our credentials (never a helper's, never a prompt) and sets up TLS and
+/// timeouts on the HTTP client.
+fn configure(connection: &mut Connection<'_, '_>, access: &Access) -> Result<(), Error> {
+    let credentials = access.credentials.clone();
+    connection.set_credentials(move |action| match action {
+        Action::Get(context) => Ok(credentials.as_ref().map(|c| Outcome {
+            identity: gix::sec::identity::Account {
+                username: c.username.clone(),
+                password: c.password.clone(),
+                oauth_refresh_token: None,
+            },
+            next: context.into(),
+        })),
+        Action::Store(_) | Action::Erase(_) => Ok(None),
+    });
+    let certs = match &access.extra_ca_pem {
+        None => Vec::new(),
+        Some(pem) => {
+            let certs =
+                reqwest::Certificate::from_pem_bundle(pem).map_err(|source| Error::InvalidCa {
+                    source: Some(source),
+                })?;
+            if certs.is_empty() {
+                return Err(Error::InvalidCa { source: None });
+            }
+            certs
+        }
+    };
+    let timeout = access.timeout;
+    let configure_client = move |builder: reqwest::blocking::ClientBuilder| {
+        Ok(builder
+            .tls_certs_merge(certs.clone())
+            .connect_timeout(timeout)
+            .timeout(timeout))
+    };
+    let backend = http::reqwest::Options {
+        configure_client: Some(Box::new(configure_client)),
+        configure_request: None,
+    };
+    let options = http::Options {
+        connect_timeout: Some(timeout),
+        user_agent: Some(format!("kiln/{}", env!("CARGO_PKG_VERSION"))),
+        backend: Some(Arc::new(Mutex::new(backend))),
+        ..http::Options::default()
+    };
+    connection.set_transport_options(Box::new(options));
+    Ok(())
+}
+
+/// Maps gix's classified errors onto ours: credentials, permissions, reachability.
+fn classify(url: &RemoteUrl, access: &Access, action: &'static str, e: gix::Error) -> Error {
+    if e.is_unauthenticated() {
+        return match access.credentials {
+            Some(_) => Error::Unauthorized {
+                url: url.to_string(),
+            },
+            None => Error::CredentialsRequired {
+                url: url.to_string(),
+            },
+        };
+    }
+    if e.is_permission_denied() {
+        return Error::Forbidden {
+            url: url.to_string(),
+        };
+    }
+    let unreachable = e.iter_errors().any(|cause| {
+        cause
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(|r| r.is_connect() || r.is_timeout())
+    });
+    if unreachable {
+        return Error::Unreachable {
+            url: url.to_string(),
+            source: Box::new(e),
+        };
+    }
+    remote_error(url, action, e)
+}
+
+fn remote_error(url: &RemoteUrl, action: &'static str, e: gix::Error) -> Error {
+    Error::Remote {
+        action,
+        url: url.to_string(),
+        source: Box::new(e),
+    }
+}

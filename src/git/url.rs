@@ -1,0 +1,278 @@
+//! What kiln accepts as a git source: an `https://` (or, for local servers, `http://`) URL
+//! without credentials in it, a reference (branch, tag, full commit SHA or the remote's HEAD)
+//! and a directory inside the repository. Everything is parsed here, before any network
+//! access, so bad input is a usage error that names the flag.
+
+use super::Error;
+
+/// A repository URL kiln can clone: `http` or `https`, no userinfo, no query or fragment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RemoteUrl {
+    url: url::Url,
+}
+
+impl RemoteUrl {
+    /// Parses and checks `text`.
+    ///
+    /// # Errors
+    /// [`Error::Ssh`] for `git@host:repo`, `ssh://` and friends; [`Error::UnsupportedUrl`] for
+    /// anything else that is not a plain `http(s)://host/path` URL.
+    pub fn parse(text: &str) -> Result<RemoteUrl, Error> {
+        let shown = || shown_url(text);
+        if is_ssh(text) {
+            return Err(Error::Ssh { url: shown() });
+        }
+        let unsupported = |problem: &'static str| Error::UnsupportedUrl {
+            url: shown(),
+            problem,
+        };
+        let url = url::Url::parse(text).map_err(|_| unsupported("it is not a URL"))?;
+        match url.scheme() {
+            "https" | "http" => {}
+            _ => return Err(unsupported("kiln clones over http(s):// only")),
+        }
+        if url.host_str().is_none_or(str::is_empty) {
+            return Err(unsupported("it names no host"));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(unsupported(
+                "it carries credentials, which would show in the Job's arguments; put them in the username and password files of --git-auth-dir",
+            ));
+        }
+        if url.query().is_some() || url.fragment().is_some() {
+            return Err(unsupported("a query or fragment is not allowed"));
+        }
+        if url.path().trim_matches('/').is_empty() {
+            return Err(unsupported("it names no repository path"));
+        }
+        Ok(RemoteUrl { url })
+    }
+
+    /// Whether the connection is encrypted (credentials are only ever sent over HTTPS).
+    pub fn is_https(&self) -> bool {
+        self.url.scheme() == "https"
+    }
+
+    /// The URL to connect to.
+    pub fn as_str(&self) -> &str {
+        self.url.as_str()
+    }
+
+    /// The repository's name: the last path segment without `.git`.
+    pub fn repository_name(&self) -> String {
+        let path = self.url.path().trim_end_matches('/');
+        let last = path.rsplit('/').next().unwrap_or(path);
+        last.strip_suffix(".git").unwrap_or(last).to_string()
+    }
+}
+
+impl std::fmt::Display for RemoteUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Parsing refused userinfo and queries, so the URL holds nothing secret.
+        f.write_str(self.url.as_str())
+    }
+}
+
+/// Whether `text` is an SSH remote: `ssh://`, `git+ssh://`, `ssh+git://`, or the scp-like
+/// `[user@]host:path` form git accepts.
+fn is_ssh(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    if ["ssh://", "git+ssh://", "ssh+git://"]
+        .iter()
+        .any(|p| lower.starts_with(p))
+    {
+        return true;
+    }
+    // scp-like syntax: a colon before any slash, and no "://".
+    match (text.find(':'), text.find('/')) {
+        _ if text.contains("://") => false,
+        // `transport::address` is git's remote-helper syntax, not SSH.
+        (Some(colon), _) if text[colon + 1..].starts_with(':') => false,
+        (Some(colon), slash) => colon > 0 && slash.is_none_or(|s| colon < s),
+        (None, _) => false,
+    }
+}
+
+/// `text` for an error message, without a password should it hold one.
+fn shown_url(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(url) => crate::registry::redact_url(&url),
+        // scp-like `user@host:path` holds no password; anything else unparsable is shown
+        // only up to an `@`, which could follow one.
+        Err(_) => match text.rfind('@') {
+            Some(at) if text[..at].contains(':') => format!("***{}", &text[at..]),
+            _ => text.to_string(),
+        },
+    }
+}
+
+/// What to fetch: the remote's HEAD, a branch or tag name, or a full commit SHA.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reference {
+    /// The remote's default branch.
+    Head,
+    /// A branch or tag (`main`, `v1.2.0`), or a full ref name (`refs/heads/main`).
+    Name(String),
+    /// A full 40-hex commit SHA, lower case.
+    Commit(String),
+}
+
+impl Reference {
+    /// Parses `--git-ref`: empty or `HEAD` is the remote's HEAD, 40 hex digits a commit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidReference`] for a name git would not accept.
+    pub fn parse(text: &str) -> Result<Reference, Error> {
+        let text = text.trim();
+        if text.is_empty() || text == "HEAD" {
+            return Ok(Reference::Head);
+        }
+        if text.len() == 40 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(Reference::Commit(text.to_ascii_lowercase()));
+        }
+        let bad = |problem: &'static str| Error::InvalidReference {
+            reference: text.to_string(),
+            problem,
+        };
+        if text.starts_with('-') || text.starts_with('/') || text.ends_with('/') {
+            return Err(bad("it must not start with - or / or end with /"));
+        }
+        if text.contains("..") || text.contains("//") || text.contains("@{") {
+            return Err(bad("it must not contain .., // or @{"));
+        }
+        if text
+            .chars()
+            .any(|c| c.is_control() || " ~^:?*[\\".contains(c))
+        {
+            return Err(bad(
+                "it must not contain spaces, control characters or ~^:?*[\\",
+            ));
+        }
+        if text.ends_with(".lock") || text.ends_with('.') {
+            return Err(bad("it must not end with .lock or ."));
+        }
+        Ok(Reference::Name(text.to_string()))
+    }
+}
+
+impl std::fmt::Display for Reference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reference::Head => f.write_str("HEAD"),
+            Reference::Name(name) | Reference::Commit(name) => f.write_str(name),
+        }
+    }
+}
+
+/// The Function's directory inside the repository (Kyma's `baseDir`): `/`-separated
+/// components, none of them `..`; leading and trailing `/` are allowed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BaseDir {
+    components: Vec<String>,
+}
+
+impl BaseDir {
+    /// Parses `--git-base-dir`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBaseDir`] for a `..` component or a control character.
+    pub fn parse(text: &str) -> Result<BaseDir, Error> {
+        let bad = |problem: &'static str| Error::InvalidBaseDir {
+            base_dir: text.to_string(),
+            problem,
+        };
+        if text.chars().any(char::is_control) {
+            return Err(bad("it contains a control character"));
+        }
+        let mut components = Vec::new();
+        for part in text.split('/') {
+            match part {
+                "" | "." => {}
+                ".." => return Err(bad("it must stay inside the repository (no ..)")),
+                name => components.push(name.to_string()),
+            }
+        }
+        Ok(BaseDir { components })
+    }
+
+    /// The components, root first.
+    pub fn components(&self) -> &[String] {
+        &self.components
+    }
+}
+
+impl std::fmt::Display for BaseDir {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "/{}", self.components.join("/"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ssh_urls_in_every_spelling_are_refused_as_ssh() {
+        for url in [
+            "git@github.com:kyma-project/serverless.git",
+            "github.com:org/repo",
+            "ssh://git@github.com/org/repo.git",
+            "SSH://host/repo",
+            "git+ssh://host/repo",
+        ] {
+            assert!(
+                matches!(RemoteUrl::parse(url), Err(Error::Ssh { .. })),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_plain_http_urls_without_credentials_are_accepted() {
+        let url = RemoteUrl::parse("https://github.com/org/functions.git").unwrap();
+        assert_eq!(url.repository_name(), "functions");
+        RemoteUrl::parse("http://127.0.0.1:8080/repo").unwrap();
+        for bad in [
+            "file:///srv/repo.git",
+            "git://host/repo",
+            "ext::sh -c touch% /tmp/pwned",
+            "https://host",
+            "https://host/repo?token=abc",
+            "/srv/repo",
+        ] {
+            assert!(
+                matches!(RemoteUrl::parse(bad), Err(Error::UnsupportedUrl { .. })),
+                "{bad}"
+            );
+        }
+        let err = RemoteUrl::parse("https://user:hunter2@host/repo").unwrap_err();
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+        assert!(err.to_string().contains("--git-auth-dir"), "{err}");
+    }
+
+    #[test]
+    fn references_are_head_names_or_commits() {
+        assert_eq!(Reference::parse("").unwrap(), Reference::Head);
+        assert_eq!(
+            Reference::parse("release/1.x").unwrap(),
+            Reference::Name("release/1.x".into())
+        );
+        let sha = "0CCC1416170EB61E75D23223298DF03A67A9BCE8";
+        assert_eq!(
+            Reference::parse(sha).unwrap(),
+            Reference::Commit(sha.to_ascii_lowercase())
+        );
+        for bad in ["-x", "a..b", "a b", "x.lock", "a:b"] {
+            assert!(Reference::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn base_dirs_may_start_with_a_slash_but_never_climb_out() {
+        let dir = BaseDir::parse("/orders-service/function/").unwrap();
+        assert_eq!(dir.components(), ["orders-service", "function"]);
+        assert_eq!(dir.to_string(), "/orders-service/function");
+        assert!(BaseDir::parse("").unwrap().components().is_empty());
+        assert!(BaseDir::parse("a/../../etc").is_err());
+    }
+}

@@ -1,0 +1,413 @@
+//! Git sources against a real git server (`git http-backend` behind `gitsrv.py`, plain HTTP
+//! and HTTPS with a test CA and Basic auth): a Function builds from a branch, a tag and a
+//! commit SHA at a base directory, the fetch is shallow, bad credentials, unknown references
+//! and SSH URLs fail clearly, and a tree that escapes its base directory is refused.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::path::Path;
+
+use common::git::{GIT_FORBIDDEN_PASSWORD, GIT_PASSWORD, GitServer, GitServerKind, Repo};
+use common::kiln::{Kiln, Run, read_report, tiny_base};
+use common::schema::validate_layout;
+
+/// A repository `fns` with two commits: `fn/` holds a Node.js Function (v1, then v2), the
+/// root a README outside it. Tag `v1` (lightweight) and `release` (annotated) are on the
+/// first commit. Returns (first, second) commit SHAs.
+fn two_commit_repo(work: &Path, server: &GitServer) -> (String, String) {
+    let repo = Repo::init(&work.join("src"));
+    repo.write("README.md", b"not part of the Function\n");
+    repo.write("fn/handler.js", b"module.exports = { main: () => 'v1' };\n");
+    repo.write("fn/package.json", b"{}\n");
+    repo.write_executable("fn/bin/run.sh", b"#!/bin/sh\necho run\n");
+    repo.symlink("bin/run.sh", "fn/run");
+    let first = repo.commit("v1");
+    repo.git(&["tag", "v1"]);
+    repo.git(&["tag", "-a", "release", "-m", "annotated"]);
+    repo.write("fn/handler.js", b"module.exports = { main: () => 'v2' };\n");
+    let second = repo.commit("v2");
+    repo.publish(&server.root(), "fns");
+    (first, second)
+}
+
+/// Builds `--git URL` with `extra` flags into a fresh layout under `work`.
+fn build_git(kiln: &Kiln, work: &Path, url: &str, extra: &[&str]) -> (Run, std::path::PathBuf) {
+    let out = tempfile::tempdir_in(work).unwrap().keep();
+    let report = out.join("report.json");
+    let base = tiny_base();
+    let output = format!("oci:{}", out.join("layout").display());
+    let mut args = vec![
+        "build",
+        "--git",
+        url,
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &base,
+        "--output",
+        &output,
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    (kiln.run(&args), out)
+}
+
+/// The source layer (the image's last) as path → (mode, symlink target or content).
+fn source_layer(layout: &Path) -> BTreeMap<String, (u32, String)> {
+    let read = |d: &str| {
+        fs::read(
+            layout
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
+        )
+        .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&read(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+    let blob = read(layers.last().unwrap()["digest"].as_str().unwrap());
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(&blob[..]));
+    let mut out = BTreeMap::new();
+    for entry in tar.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().display().to_string();
+        let mode = entry.header().mode().unwrap();
+        let value = match entry.link_name().unwrap() {
+            Some(target) => format!("-> {}", target.display()),
+            None => {
+                let mut s = String::new();
+                entry.read_to_string(&mut s).unwrap();
+                s
+            }
+        };
+        out.insert(path, (mode, value));
+    }
+    out
+}
+
+#[test]
+fn a_function_builds_from_a_branch_a_tag_and_a_commit_at_its_base_directory() {
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let (first, second) = two_commit_repo(work.path(), &server);
+    let kiln = Kiln::new();
+    let url = server.url("fns");
+    let mut digests = BTreeMap::new();
+    for (reference, commit) in [
+        ("", &second),
+        ("main", &second),
+        ("v1", &first),
+        ("release", &first),
+        (first.as_str(), &first),
+    ] {
+        let mut flags = vec!["--git-base-dir", "/fn/"];
+        if !reference.is_empty() {
+            flags.extend(["--git-ref", reference]);
+        }
+        let (run, out) = build_git(&kiln, work.path(), &url, &flags);
+        let printed = run.reference();
+        assert!(
+            run.stderr.contains(&format!("commit={commit}")),
+            "the resolved commit is logged: {}",
+            run.stderr
+        );
+        let report = read_report(&out.join("report.json"));
+        assert_eq!(report["commit"], commit.as_str(), "{reference}");
+        let layout = out.join("layout");
+        validate_layout(&layout);
+        let files = source_layer(&layout);
+        let want = if commit == &first { "'v1'" } else { "'v2'" };
+        assert!(
+            files["usr/src/app/function/handler.js"].1.contains(want),
+            "{reference}: {files:?}"
+        );
+        assert_eq!(
+            files["usr/src/app/function/bin/run.sh"].0, 0o755,
+            "the executable bit is kept"
+        );
+        assert_eq!(files["usr/src/app/function/handler.js"].0, 0o644);
+        assert_eq!(
+            files["usr/src/app/function/run"].1, "-> bin/run.sh",
+            "symlinks stay symlinks"
+        );
+        assert!(
+            !files.keys().any(|p| p.contains("README")),
+            "only the base directory is built: {files:?}"
+        );
+        digests.insert(
+            reference.to_string(),
+            printed.rsplit('@').next().unwrap().to_string(),
+        );
+    }
+    assert_eq!(digests[""], digests["main"]);
+    assert_eq!(digests["v1"], digests[first.as_str()]);
+    assert_eq!(digests["v1"], digests["release"]);
+    assert_ne!(digests["v1"], digests["main"]);
+}
+
+#[test]
+fn the_fetch_is_shallow_one_commit_without_its_history() {
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    // History that a full clone would have to download: 2 MB that nothing random compresses.
+    let mut noise = vec![0u8; 2 << 20];
+    fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut noise)
+        .unwrap();
+    repo.write("history.bin", &noise);
+    repo.write("handler.js", b"module.exports = { main: () => 'old' };\n");
+    repo.commit("old");
+    repo.git(&["rm", "-q", "history.bin"]);
+    repo.write("handler.js", b"module.exports = { main: () => 'new' };\n");
+    let head = repo.commit("new");
+    repo.publish(&server.root(), "fns");
+    let (run, out) = build_git(&Kiln::new(), work.path(), &server.url("fns"), &[]);
+    run.reference();
+    assert_eq!(
+        read_report(&out.join("report.json"))["commit"],
+        head.as_str()
+    );
+    let asked = server.upload_pack_log();
+    assert!(
+        asked.contains("deepen 1") && asked.contains(&format!("want {head}")),
+        "{asked}"
+    );
+    let sent = server.bytes_sent();
+    assert!(
+        sent < 200 * 1024,
+        "the server sent {sent} bytes: history was fetched"
+    );
+}
+
+#[test]
+fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
+    let server = GitServer::start(GitServerKind::BasicTls);
+    let work = tempfile::tempdir().unwrap();
+    let (_, head) = two_commit_repo(work.path(), &server);
+    let kiln = Kiln::new();
+    let url = server.url("fns");
+    let ca = server.ca_pem();
+    let ca = ca.to_str().unwrap();
+    let (good, bad) = (
+        server.auth_dir(GIT_PASSWORD),
+        server.auth_dir("wrong-Pa55word-xyz"),
+    );
+    let (good, bad) = (good.to_str().unwrap(), bad.to_str().unwrap());
+    let flags = |auth| {
+        [
+            "--git-base-dir",
+            "fn",
+            "--git-ca",
+            ca,
+            "--git-auth-dir",
+            auth,
+        ]
+    };
+    let (run, out) = build_git(&kiln, work.path(), &url, &flags(good));
+    run.reference();
+    assert_eq!(
+        read_report(&out.join("report.json"))["commit"],
+        head.as_str()
+    );
+    assert!(
+        server.access_log().iter().any(|l| l.ends_with("\tok")),
+        "credentials were sent"
+    );
+
+    let (run, _) = build_git(&kiln, work.path(), &url, &flags(bad));
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("{url} rejected the credentials (HTTP 401): check the username and password files in --git-auth-dir")),
+        "{err}"
+    );
+    assert!(
+        !err.contains("wrong-Pa55word-xyz"),
+        "no password in errors: {err}"
+    );
+
+    let forbidden = server.auth_dir(GIT_FORBIDDEN_PASSWORD);
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &flags(forbidden.to_str().unwrap()),
+    );
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("{url} denied access (HTTP 403)")),
+        "{err}"
+    );
+    assert!(!err.contains(GIT_FORBIDDEN_PASSWORD), "{err}");
+
+    let (run, _) = build_git(&kiln, work.path(), &url, &["--git-ca", ca]);
+    let err = run.failure(1);
+    assert!(
+        err.contains("needs credentials (HTTP 401)") && err.contains("--git-auth-dir"),
+        "{err}"
+    );
+
+    // Without the test CA the server's certificate is not trusted.
+    let (run, _) = build_git(&kiln, work.path(), &url, &["--git-auth-dir", good]);
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("cannot reach the git server of {url}")),
+        "{err}"
+    );
+}
+
+#[test]
+fn unknown_references_missing_base_directories_and_unreachable_servers_are_named() {
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let (_, head) = two_commit_repo(work.path(), &server);
+    let kiln = Kiln::new();
+    let url = server.url("fns");
+    let (run, _) = build_git(&kiln, work.path(), &url, &["--git-ref", "no-such-branch"]);
+    let err = run.failure(2);
+    assert!(
+        err.contains(&format!(
+            "{url} has no branch or tag named \"no-such-branch\""
+        )),
+        "{err}"
+    );
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &["--git-base-dir", "/orders/function"],
+    );
+    let err = run.failure(2);
+    assert!(
+        err.contains(&format!(
+            "commit {head} of {url} has no directory /orders/function"
+        )),
+        "{err}"
+    );
+    let closed = format!("http://127.0.0.1:{}/fns.git", common::free_port());
+    let (run, _) = build_git(&kiln, work.path(), &closed, &[]);
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!("cannot reach the git server of {closed}")),
+        "{err}"
+    );
+    let (run, _) = build_git(&kiln, work.path(), &server.url("missing"), &[]);
+    let err = run.failure(1);
+    assert!(
+        err.contains(&server.url("missing")) && err.contains("404"),
+        "{err}"
+    );
+}
+
+#[test]
+fn ssh_urls_and_credentials_over_plain_http_are_refused_before_any_network() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    for url in [
+        "git@github.com:kyma-project/serverless.git",
+        "ssh://git@example.com/org/fns.git",
+    ] {
+        let (run, _) = build_git(&kiln, work.path(), url, &[]);
+        let err = run.failure(2);
+        assert!(err.contains("kiln clones over HTTPS only"), "{err}");
+        assert!(err.contains("the builder image does not have"), "{err}");
+    }
+    // Nor are credentials ever sent over plain HTTP.
+    let auth = work.path().join("auth");
+    fs::create_dir_all(&auth).unwrap();
+    fs::write(auth.join("username"), "u").unwrap();
+    fs::write(auth.join("password"), "KILN-PLAIN-SECRET").unwrap();
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        "http://127.0.0.1:9/fns.git",
+        &["--git-auth-dir", auth.to_str().unwrap()],
+    );
+    let err = run.failure(2);
+    assert!(
+        err.contains("--git-auth-dir needs an https:// URL"),
+        "{err}"
+    );
+    assert!(!err.contains("KILN-PLAIN-SECRET"), "{err}");
+    let help = kiln.run(&["build", "--help"]);
+    let help = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        help.contains("kiln clones over HTTPS only: SSH URLs"),
+        "{help}"
+    );
+}
+
+#[test]
+fn a_symlink_leaving_the_base_directory_is_refused() {
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write("secret.txt", b"outside the Function\n");
+    repo.write("fn/handler.js", b"module.exports = { main: () => 'x' };\n");
+    repo.symlink("../secret.txt", "fn/data.txt");
+    let head = repo.commit("escape");
+    repo.publish(&server.root(), "fns");
+    let (run, out) = build_git(
+        &Kiln::new(),
+        work.path(),
+        &server.url("fns"),
+        &["--git-base-dir", "fn"],
+    );
+    let err = run.failure(2);
+    assert!(
+        err.contains(&format!("the Function at /fn of commit {head}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("data.txt points to \"../secret.txt\", outside"),
+        "{err}"
+    );
+    assert!(
+        !out.join("layout/index.json").exists(),
+        "nothing is written"
+    );
+}
+
+#[test]
+fn the_library_resolves_references_without_fetching_objects() {
+    let server = GitServer::start(GitServerKind::BasicTls);
+    let work = tempfile::tempdir().unwrap();
+    let (first, second) = two_commit_repo(work.path(), &server);
+    let access = kiln::git::Access {
+        credentials: Some(kiln::git::Credentials {
+            username: common::git::GIT_USER.into(),
+            password: GIT_PASSWORD.into(),
+        }),
+        extra_ca_pem: Some(fs::read(server.ca_pem()).unwrap()),
+        ..kiln::git::Access::default()
+    };
+    let url = server.url("fns");
+    let resolve = |r: &str| kiln::git::resolve_reference(&url, r, &access);
+    assert_eq!(resolve("").unwrap(), second);
+    assert_eq!(resolve("main").unwrap(), second);
+    assert_eq!(resolve("v1").unwrap(), first);
+    assert_eq!(
+        resolve("release").unwrap(),
+        first,
+        "an annotated tag is peeled"
+    );
+    assert_eq!(resolve(&first.to_uppercase()).unwrap(), first);
+    assert!(matches!(
+        resolve("nope"),
+        Err(kiln::git::Error::UnknownReference { .. })
+    ));
+    assert!(
+        !server.upload_pack_log().contains("command=fetch"),
+        "no objects were fetched: {}",
+        server.upload_pack_log()
+    );
+}
