@@ -2,6 +2,8 @@
 //! ended by a stand-in (tests/common/fake_builds.rs) where the scenario is about the
 //! controller's decisions; tests/controller_e2e.rs builds and runs for real.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::Duration;
@@ -382,7 +384,7 @@ fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
     assert!(env.api.get("Deployment", "team", "kn").is_none());
     common::crd_schema::validate(
         &common::kiln::fixtures().join("knative/service-crd.yaml"),
-        &[service.clone()],
+        std::slice::from_ref(&service),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let mut ready = service;

@@ -1,8 +1,9 @@
 //! `kiln run` end to end, black-box on the binary: images made with umoci from Debian's static
 //! busybox (plus hand-made layers with OCI whiteouts), run from OCI layouts and from a real
 //! registry, each in both sandboxes (bubblewrap and kiln's built-in one on util-linux
-//! `unshare`); HTTP on the host network, the image's user, a read-only root, whiteouts, exit
-//! codes, signal forwarding and the rootfs cache.
+//! `unshare`); HTTP on the host network, the image's user or `--user` ids, `--entrypoint`, a
+//! read-only root, a bound termination-log file, whiteouts, exit codes, signal forwarding and
+//! the rootfs cache.
 
 #![allow(clippy::unwrap_used)]
 
@@ -370,6 +371,75 @@ fn without_bubblewrap_on_path_kiln_picks_its_built_in_sandbox() {
     assert!(out.stderr.contains("built-in sandbox"), "{}", out.stderr);
 }
 
+fn user_ids_replace_the_images_user_and_the_group_defaults_to_the_user_id(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let image = oci(&layout, "user");
+    let out = run_in(&kiln, sandbox, &["run", &image, "--user", "10001:10002"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // No passwd entry for 10001: HOME is /.
+    assert!(
+        out.stdout.starts_with("10001\n10002\nHOME=/\npid=2\n"),
+        "{}\n{}",
+        out.stdout,
+        out.stderr
+    );
+    assert!(out.stdout.ends_with("root-read-only\ntmp-writable\n"));
+    let out = run_in(&kiln, sandbox, &["run", &image, "--user", "4242"]);
+    assert!(out.stdout.starts_with("4242\n4242\n"), "{}", out.stderr);
+    let out = run_in(&kiln, sandbox, &["run", &image, "--user", "nobody"]);
+    assert_eq!(out.code, 2, "{}", out.stderr);
+    assert!(out.stderr.contains("UID or UID:GID"), "{}", out.stderr);
+}
+
+fn an_entrypoint_replaces_the_images_and_drops_its_cmd(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let image = oci(&layout, "exit");
+    let json = r#"["/bin/sh","-c","echo custom; exit 7"]"#;
+    let out = run_in(&kiln, sandbox, &["run", &image, "--entrypoint", json]);
+    assert_eq!(
+        (out.code, out.stdout.as_str()),
+        (7, "custom\n"),
+        "{}",
+        out.stderr
+    );
+    let args = [
+        "run",
+        &image,
+        "--entrypoint",
+        "/bin/sh",
+        "--",
+        "-c",
+        "exit 4",
+    ];
+    let out = run_in(&kiln, sandbox, &args);
+    assert_eq!(out.code, 4, "{}", out.stderr);
+}
+
+fn a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let log = kiln.home.path().join("termination-log");
+    fs::write(&log, "").unwrap();
+    let volume = format!("{}:/dev/termination-log", log.display());
+    let script = r#"["/bin/sh","-c","echo -n image@sha256:abc > /dev/termination-log"]"#;
+    let out = run_in(
+        &kiln,
+        sandbox,
+        &[
+            "run",
+            &oci(&layout, "exit"),
+            "--volume",
+            &volume,
+            "--entrypoint",
+            script,
+        ],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(fs::read_to_string(&log).unwrap(), "image@sha256:abc");
+}
+
 /// kiln with the sandbox `sandbox` chosen.
 fn command(kiln: &Kiln, sandbox: &str) -> Command {
     let mut cmd = kiln.command();
@@ -399,5 +469,8 @@ in_each_sandbox!(
     whiteouts_and_opaque_directories_of_later_layers_hide_lower_files,
     the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints,
     a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs,
-    sigint_reaches_the_function_which_exits_gracefully_with_its_own_code
+    sigint_reaches_the_function_which_exits_gracefully_with_its_own_code,
+    user_ids_replace_the_images_user_and_the_group_defaults_to_the_user_id,
+    an_entrypoint_replaces_the_images_and_drops_its_cmd,
+    a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes,
 );

@@ -33,6 +33,8 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         cache_dir: opts.cache_dir.clone(),
         env: vec![],
         args: None,
+        entrypoint: None,
+        user: None,
         jobs: opts.jobs,
     };
     let entry = crate::run::prepare(client, &run_opts)

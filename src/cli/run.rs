@@ -10,6 +10,7 @@ use super::Failure;
 use super::registry::RegistryArgs;
 use crate::oci::Platform;
 use crate::registry::{Client, ClientConfig};
+use crate::run::user::Ids;
 use crate::run::{self, ImageRef, Options};
 use crate::sandbox::Bind;
 
@@ -21,9 +22,9 @@ util-linux `unshare` (KILN_SANDBOX=bwrap|builtin|auto chooses). Either gives the
 filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, the host's \
 /etc/resolv.conf, the --volume binds, all capabilities dropped, and its own user, PID, IPC and \
 UTS namespaces. It SHARES THE HOST NETWORK, so the function's port is reachable on the host \
-(and the function can reach everything the host can). It runs as the image's User (default \
-root inside the sandbox, which is your own user, without capabilities, outside) with only the \
-image's Env, the --env values and HOME. Layers are unpacked once per image into the cache \
+(and the function can reach everything the host can). It runs as the image's User, or the \
+--user ids (default root inside the sandbox, which is your own user, without capabilities, \
+outside), with only the image's Env, the --env values and HOME. Layers are unpacked once per image into the cache \
 directory.
 
 SIGINT and SIGTERM are forwarded to the function (a second one kills it). Exit code: the \
@@ -32,7 +33,8 @@ function's own, 128+N when signal N ended it, 1 when kiln failed, 2 for bad usag
 Examples:
   kiln run \"$(kiln build ./hello --runtime nodejs22 --output oci:./out)\" --port 8080
   kiln run registry.example.com/team/hello:1.0 --port 8080 --env LOG_LEVEL=debug
-  kiln run oci:./out:latest -p 8080 -e NODE_ENV=development
+  kiln run oci:./out:latest -p 8080 -e NODE_ENV=development --user 10001
+  kiln run oci:./out:latest --entrypoint '[\"/bin/sh\",\"-c\"]' -- 'echo hi'
   kiln run oci:./bases:python313-builder --volume ./bases:/workspace/bases:ro \\
     --volume ./fn:/workspace/src:ro --volume ./out:/workspace/out -- build /workspace/src \\
     --runtime python313 --base oci:/workspace/bases:python313 --output oci:/workspace/out")]
@@ -54,6 +56,15 @@ pub struct RunArgs {
     // No `-v`: that is the global --verbose.
     #[arg(long = "volume", value_name = "HOST:DEST[:ro]")]
     pub volumes: Vec<String>,
+    /// Run as these numeric ids instead of the image's User (a Pod's runAsUser/runAsGroup);
+    /// GID defaults to UID.
+    #[arg(long, value_name = "UID[:GID]")]
+    pub user: Option<String>,
+    /// Run this instead of the image's Entrypoint, without its Cmd (a Kubernetes container's
+    /// `command`): a program, or a JSON array of strings such as '["/bin/sh","-c"]'; `''`
+    /// leaves only the ARGS. The ARGS after `--` follow it.
+    #[arg(long, value_name = "PROGRAM|JSON")]
+    pub entrypoint: Option<String>,
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
@@ -129,15 +140,43 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
         }
     };
     let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
+    let user = match &args.user {
+        Some(spec) => Some(
+            spec.parse::<Ids>()
+                .with_context(|| format!("invalid --user {spec:?}"))?,
+        ),
+        None => None,
+    };
     let opts = Options {
         image,
         platform,
         cache_dir,
         env: vars,
         args: (!args.args.is_empty()).then(|| args.args.clone()),
+        entrypoint: args
+            .entrypoint
+            .as_deref()
+            .map(parse_entrypoint)
+            .transpose()?,
+        user,
         jobs: usize::from(args.jobs),
     };
     Ok((opts, volumes, args.registry.client_config()?))
+}
+
+/// Parses `--entrypoint`: a JSON array of strings when it starts with `[`, nothing when
+/// empty, else one program (podman's rules).
+fn parse_entrypoint(spec: &str) -> anyhow::Result<Vec<String>> {
+    if spec.trim_start().starts_with('[') {
+        return serde_json::from_str(spec).with_context(|| {
+            format!("invalid --entrypoint {spec:?}: expected a JSON array of strings")
+        });
+    }
+    Ok(if spec.is_empty() {
+        Vec::new()
+    } else {
+        vec![spec.to_string()]
+    })
 }
 
 /// Parses `--volume HOST:DEST[:ro|:rw]` (as `docker run -v`). HOST may contain `:`; DEST
@@ -231,6 +270,18 @@ mod tests {
             parse_volume(&spec, cwd).unwrap(),
             Bind::writable(&src, "/w")
         );
+    }
+
+    #[test]
+    fn an_entrypoint_is_a_program_or_a_json_array() {
+        assert_eq!(parse_entrypoint("/bin/sh").unwrap(), ["/bin/sh"]);
+        assert_eq!(
+            parse_entrypoint(r#"["/bin/sh", "-c"]"#).unwrap(),
+            ["/bin/sh", "-c"]
+        );
+        assert!(parse_entrypoint("").unwrap().is_empty());
+        let e = format!("{:#}", parse_entrypoint(r#"["/bin/sh", 1]"#).unwrap_err());
+        assert!(e.contains("JSON array of strings"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //!     cache_dir: "/tmp/kiln-cache".into(),
 //!     env: vec![("FUNC_PORT".into(), "8080".into())],
 //!     args: None,
+//!     entrypoint: None,
+//!     user: None,
 //!     jobs: 4,
 //! };
 //! let code: u8 = kiln::run::run(&client, &opts, &[]).await?;
@@ -59,6 +61,12 @@ pub struct Options {
     pub env: Vec<(String, String)>,
     /// Arguments replacing the image's `Cmd` (its `Entrypoint` is kept).
     pub args: Option<Vec<String>>,
+    /// A command replacing the image's `Entrypoint`; the image's `Cmd` is then dropped too
+    /// (as `docker run --entrypoint` and a Kubernetes container's `command` do), so only
+    /// [`Options::args`] follow it.
+    pub entrypoint: Option<Vec<String>>,
+    /// Numeric ids replacing the image's `User`.
+    pub user: Option<user::Ids>,
     /// Parallel layer downloads.
     pub jobs: usize,
 }

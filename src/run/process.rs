@@ -38,14 +38,18 @@ pub fn plan(
     volumes: &[Bind],
 ) -> Result<Launch, Error> {
     let run = config.config.clone().unwrap_or_default();
-    let mut argv = run.entrypoint.clone().unwrap_or_default();
-    argv.extend(opts.args.clone().or(run.cmd.clone()).unwrap_or_default());
+    let argv = command_line(&run, opts);
     if argv.is_empty() {
         return Err(Error::NoCommand);
     }
     let passwd = user::read_image_file(rootfs, "/etc/passwd");
-    let group = user::read_image_file(rootfs, "/etc/group");
-    let user = user::resolve(run.user.as_deref(), &passwd, &group)?;
+    let user = match opts.user {
+        Some(ids) => user::with_ids(ids, &passwd),
+        None => {
+            let group = user::read_image_file(rootfs, "/etc/group");
+            user::resolve(run.user.as_deref(), &passwd, &group)?
+        }
+    };
     let cwd = match run.working_dir.as_deref().filter(|d| !d.is_empty()) {
         Some(dir) => Path::new("/").join(dir).to_string_lossy().into_owned(),
         None => "/".to_string(),
@@ -68,6 +72,23 @@ pub fn plan(
         ..Sandbox::new(rootfs)
     };
     Ok(Launch { sandbox, argv })
+}
+
+/// Entrypoint (the caller's, or the image's) followed by the caller's arguments, or the
+/// image's Cmd when the caller replaced neither.
+fn command_line(run: &crate::oci::RunConfig, opts: &Options) -> Vec<String> {
+    let mut argv = match &opts.entrypoint {
+        Some(entrypoint) => entrypoint.clone(),
+        None => run.entrypoint.clone().unwrap_or_default(),
+    };
+    let cmd = match (&opts.args, &opts.entrypoint) {
+        (Some(args), _) => args.clone(),
+        // A new entrypoint does not inherit the old one's default arguments.
+        (None, Some(_)) => Vec::new(),
+        (None, None) => run.cmd.clone().unwrap_or_default(),
+    };
+    argv.extend(cmd);
+    argv
 }
 
 /// The image's entries, then `overrides` (replacing in place), then `HOME` when neither sets
@@ -177,6 +198,8 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             args: args.map(|a| a.iter().map(|s| s.to_string()).collect()),
+            entrypoint: None,
+            user: None,
             jobs: 1,
         }
     }
@@ -229,6 +252,38 @@ mod tests {
         assert_eq!(launch.argv, ["/bin/echo", "hi"]);
         assert_eq!(launch.sandbox.env, [("HOME".to_string(), "/x".to_string())]);
         assert_eq!((launch.sandbox.uid, launch.sandbox.cwd.as_str()), (0, "/"));
+    }
+
+    #[test]
+    fn an_entrypoint_drops_the_images_cmd_and_ids_replace_its_user() {
+        let dir = rootfs();
+        let cfg = config(r#"{"Entrypoint":["/bin/echo"],"Cmd":["default"],"User":"app"}"#);
+        let mut o = opts(&[], None);
+        o.entrypoint = Some(vec!["/bin/sh".into(), "-c".into()]);
+        o.user = Some(user::Ids {
+            uid: 10001,
+            gid: 10002,
+        });
+        let launch = plan(dir.path(), &cfg, &o, &[]).unwrap();
+        assert_eq!(launch.argv, ["/bin/sh", "-c"]);
+        assert_eq!((launch.sandbox.uid, launch.sandbox.gid), (10001, 10002));
+        assert!(launch.sandbox.env.contains(&("HOME".into(), "/".into())));
+        o.args = Some(vec!["exit 3".into()]);
+        o.user = Some(user::Ids { uid: 1000, gid: 7 });
+        let launch = plan(dir.path(), &cfg, &o, &[]).unwrap();
+        assert_eq!(launch.argv, ["/bin/sh", "-c", "exit 3"]);
+        assert!(
+            launch
+                .sandbox
+                .env
+                .contains(&("HOME".into(), "/home/app".into()))
+        );
+        o.entrypoint = Some(vec![]);
+        o.args = None;
+        assert!(matches!(
+            plan(dir.path(), &cfg, &o, &[]),
+            Err(Error::NoCommand)
+        ));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The image config's `User` (`user`, `uid`, `user:group`, `uid:gid`, …) turned into numeric
 //! ids, looking names up in the image's own `/etc/passwd` and `/etc/group` (never the
-//! host's), the way runc does.
+//! host's), the way runc does; and the numeric `UID[:GID]` that `kiln run --user` puts in its
+//! place.
 
 use std::path::Path;
 
@@ -17,6 +18,36 @@ pub struct User {
     pub home: Option<String>,
 }
 
+/// Numeric ids that replace the image's `User` (`kiln run --user UID[:GID]`, a Pod's
+/// `runAsUser`/`runAsGroup`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ids {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+impl std::str::FromStr for Ids {
+    type Err = Error;
+
+    /// Parses `UID` or `UID:GID`, both numeric; the group defaults to the user id.
+    fn from_str(spec: &str) -> Result<Ids, Error> {
+        let invalid = || Error::InvalidIds(spec.to_string());
+        let number = |s: &str| s.parse::<u32>().map_err(|_| invalid());
+        match spec.split_once(':') {
+            Some((uid, gid)) => Ok(Ids {
+                uid: number(uid)?,
+                gid: number(gid)?,
+            }),
+            None => {
+                let uid = number(spec)?;
+                Ok(Ids { uid, gid: uid })
+            }
+        }
+    }
+}
+
 /// Why the image's user cannot be resolved.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -26,6 +57,9 @@ pub enum Error {
     /// A group name that is not in the image's `/etc/group`.
     #[error("group {0:?} is not in the image's /etc/group")]
     UnknownGroup(String),
+    /// A `--user` value that is not `UID[:GID]` in numbers.
+    #[error("user {0:?} is not UID or UID:GID (numbers, e.g. 10001 or 10001:10001)")]
+    InvalidIds(String),
 }
 
 /// One `/etc/passwd` line.
@@ -94,6 +128,19 @@ pub fn resolve(spec: Option<&str>, passwd: &str, group: &str) -> Result<User, Er
     })
 }
 
+/// Ids given in place of the image's `User`, with the home directory the image's
+/// `/etc/passwd` lists for that uid.
+pub fn with_ids(ids: Ids, passwd: &str) -> User {
+    User {
+        uid: ids.uid,
+        gid: ids.gid,
+        home: passwd_entries(passwd)
+            .find(|p| p.uid == ids.uid)
+            .map(|p| p.home.to_string())
+            .filter(|h| !h.is_empty()),
+    }
+}
+
 /// Reads a text file of the image (`etc/passwd`), resolving symlinks inside `rootfs`; a
 /// missing or unreadable file reads as empty, like an image without one.
 pub fn read_image_file(rootfs: &Path, path: &str) -> String {
@@ -151,6 +198,30 @@ mod tests {
     fn unknown_names_are_errors() {
         assert!(matches!(user("nobody"), Err(Error::UnknownUser(n)) if n == "nobody"));
         assert!(matches!(user("node:wheel"), Err(Error::UnknownGroup(g)) if g == "wheel"));
+    }
+
+    #[test]
+    fn numeric_ids_replace_the_image_user_and_the_group_defaults_to_the_user() {
+        let ids: Ids = "10001".parse().unwrap();
+        assert_eq!(
+            ids,
+            Ids {
+                uid: 10001,
+                gid: 10001
+            }
+        );
+        let ids: Ids = "1000:50".parse().unwrap();
+        let user = with_ids(ids, PASSWD);
+        assert_eq!((user.uid, user.gid), (1000, 50));
+        assert_eq!(user.home.as_deref(), Some("/home/node"));
+        assert_eq!(with_ids("4242".parse().unwrap(), PASSWD).home, None);
+        for bad in ["", "node", "1000:", ":5", "1:2:3", "-1"] {
+            let err = bad.parse::<Ids>().unwrap_err();
+            assert!(
+                matches!(&err, Error::InvalidIds(s) if s == bad),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]
