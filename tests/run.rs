@@ -317,6 +317,64 @@ fn a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs(san
     assert_eq!(blob_gets(), fetched, "{:?}", reg.access_log());
 }
 
+/// Tags a copy of image `tag` whose manifest lists its last layer a second time (an image may
+/// repeat a blob: identical layers of two build steps), as `new_tag`.
+fn with_repeated_last_layer(layout: &Path, tag: &str, new_tag: &str) {
+    use common::images::{read_blob, write_blob};
+    let manifest_digest = tagged_digest(layout, tag);
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&read_blob(layout, &manifest_digest)).unwrap();
+    let last = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    manifest["layers"].as_array_mut().unwrap().push(last);
+    let config_digest = manifest["config"]["digest"].as_str().unwrap().to_string();
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&read_blob(layout, &config_digest)).unwrap();
+    let diff_id = config["rootfs"]["diff_ids"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    config["rootfs"]["diff_ids"]
+        .as_array_mut()
+        .unwrap()
+        .push(diff_id);
+    config.as_object_mut().unwrap().remove("history");
+    let (config_digest, config_size) = write_blob(layout, &serde_json::to_vec(&config).unwrap());
+    manifest["config"]["digest"] = config_digest.into();
+    manifest["config"]["size"] = config_size.into();
+    let (digest, size) = write_blob(layout, &serde_json::to_vec(&manifest).unwrap());
+    let index_path = layout.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&fs::read(&index_path).unwrap()).unwrap();
+    index["manifests"].as_array_mut().unwrap().push(serde_json::json!({
+        "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest, "size": size,
+        "annotations": {"org.opencontainers.image.ref.name": new_tag},
+    }));
+    fs::write(&index_path, serde_json::to_vec(&index).unwrap()).unwrap();
+}
+
+fn an_image_that_lists_the_same_layer_twice_runs(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    with_repeated_last_layer(&layout, "user", "twice");
+    let reg = Registry::start(RegistryKind::Plain);
+    let tagged = reg.reference("fn/twice:v1");
+    reg.skopeo_copy_from_layout(&layout, "twice", &tagged, None);
+    let out = run_in(
+        &kiln,
+        sandbox,
+        &["run", &tagged, "--insecure-registry", &reg.host()],
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stdout.starts_with("1000\n1000\n"), "{}", out.stdout);
+}
+
 fn sigint_reaches_the_function_which_exits_gracefully_with_its_own_code(sandbox: &str) {
     let kiln = Kiln::new();
     let layout = function_layout(kiln.home.path());
@@ -469,6 +527,7 @@ in_each_sandbox!(
     whiteouts_and_opaque_directories_of_later_layers_hide_lower_files,
     the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints,
     a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs,
+    an_image_that_lists_the_same_layer_twice_runs,
     sigint_reaches_the_function_which_exits_gracefully_with_its_own_code,
     user_ids_replace_the_images_user_and_the_group_defaults_to_the_user_id,
     an_entrypoint_replaces_the_images_and_drops_its_cmd,

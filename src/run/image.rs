@@ -217,29 +217,49 @@ pub async fn fetch_layer(
 /// that applying layer N overlaps with fetching the next ones. Dropping it aborts them.
 #[derive(Debug)]
 pub struct Fetches {
-    tasks: JoinSet<(usize, Result<LayerFile, Error>)>,
-    done: HashMap<usize, Result<LayerFile, Error>>,
+    tasks: JoinSet<(Digest, Result<LayerFile, Error>)>,
+    done: HashMap<Digest, Result<LayerFile, Error>>,
+    /// The digest of each layer, in manifest order. An image may list the same blob twice
+    /// (two identical layers): it is fetched once, into one file, and applied twice.
+    order: Vec<Digest>,
 }
 
 impl Fetches {
-    /// Starts fetching every layer of `resolved` into `scratch`.
+    /// Starts fetching every distinct layer of `resolved` into `scratch`.
     pub fn start(client: &Client, resolved: &Resolved, scratch: &Path, jobs: usize) -> Fetches {
         let permits = Arc::new(Semaphore::new(jobs.max(1)));
         let mut tasks = JoinSet::new();
-        for (index, descriptor) in resolved.manifest.layers.iter().enumerate() {
+        let order: Vec<Digest> = resolved
+            .manifest
+            .layers
+            .iter()
+            .map(|l| l.digest.clone())
+            .collect();
+        let mut started = std::collections::HashSet::new();
+        for descriptor in &resolved.manifest.layers {
+            if !started.insert(descriptor.digest.clone()) {
+                continue;
+            }
             let (client, source) = (client.clone(), resolved.source.clone());
             let (descriptor, scratch) = (descriptor.clone(), scratch.to_path_buf());
             let permits = permits.clone();
             tasks.spawn(async move {
                 let _permit = permits.acquire_owned().await;
                 let file = fetch_layer(&client, &source, &descriptor, &scratch).await;
-                (index, file)
+                (descriptor.digest, file)
             });
         }
         Fetches {
             tasks,
             done: HashMap::new(),
+            order,
         }
+    }
+
+    /// Whether layer `index` is the last one to use its blob (the file may then go).
+    pub fn last_use(&self, index: usize) -> bool {
+        let digest = &self.order[index];
+        !self.order[index + 1..].contains(digest)
     }
 
     /// Waits for layer `index`.
@@ -247,13 +267,25 @@ impl Fetches {
     /// # Errors
     /// Its download failed, or its task died.
     pub async fn get(&mut self, index: usize) -> Result<LayerFile, Error> {
+        let digest = self
+            .order
+            .get(index)
+            .cloned()
+            .ok_or(Error::MissingLayer(index))?;
         loop {
-            if let Some(file) = self.done.remove(&index) {
-                return file;
+            match self.done.get(&digest) {
+                Some(Ok(file)) => return Ok(file.clone()),
+                Some(Err(_)) => {
+                    return self
+                        .done
+                        .remove(&digest)
+                        .unwrap_or(Err(Error::MissingLayer(index)));
+                }
+                None => {}
             }
             match self.tasks.join_next().await {
-                Some(Ok((i, file))) => {
-                    self.done.insert(i, file);
+                Some(Ok((d, file))) => {
+                    self.done.insert(d, file);
                 }
                 Some(Err(e)) => return Err(Error::Task(e)),
                 None => return Err(Error::MissingLayer(index)),

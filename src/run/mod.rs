@@ -183,8 +183,9 @@ async fn unpack_image(
     let mut unpacker = Unpacker::new(&staging.rootfs());
     for (index, (descriptor, diff_id)) in layers.into_iter().zip(diff_ids).enumerate() {
         let file = fetches.get(index).await?;
+        let last_use = fetches.last_use(index);
         unpacker = tokio::task::spawn_blocking(move || {
-            apply_layer(unpacker, &file, &descriptor, &diff_id)
+            apply_layer(unpacker, &file, &descriptor, &diff_id, last_use)
         })
         .await
         .map_err(Error::Task)??;
@@ -192,12 +193,14 @@ async fn unpack_image(
     commit(cache, staging, unpacker, &resolved.digest, config_bytes).await
 }
 
-/// Applies one layer file and checks both of its digests.
+/// Applies one layer file and checks both of its digests; a downloaded file goes once no
+/// later layer uses the same blob.
 fn apply_layer(
     mut unpacker: Unpacker,
     file: &LayerFile,
     descriptor: &Descriptor,
     diff_id: &Digest,
+    last_use: bool,
 ) -> Result<Unpacker> {
     let path = file.path();
     let blob = std::fs::File::open(path).map_err(|source| Error::Io {
@@ -222,7 +225,9 @@ fn apply_layer(
             actual: applied.diff_id,
         });
     }
-    if let LayerFile::Downloaded(path) = file {
+    if let LayerFile::Downloaded(path) = file
+        && last_use
+    {
         let _ = std::fs::remove_file(path);
     }
     tracing::debug!(digest = %descriptor.digest, "applied layer");
