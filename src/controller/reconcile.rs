@@ -99,7 +99,7 @@ async fn run(f: &Function, ctx: &Context) -> Result<Action> {
 async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> {
     let verdict = super::validate::validate(f, &ctx.catalog);
     for warning in &verdict.warnings {
-        tracing::warn!("{warning}");
+        tracing::debug!("{warning}");
     }
     if !verdict.errors.is_empty() {
         st.set(

@@ -194,16 +194,39 @@ impl ControllerEnv {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let functions: Vec<Value> = self
+        let summary: Vec<String> = self
             .api
             .list("Function")
-            .into_iter()
-            .take(3)
-            .map(|f| json!({"name": f["metadata"]["name"], "status": f["status"]}))
+            .iter()
+            .take(20)
+            .map(|f| {
+                let conditions: Vec<String> = f["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                        let message: String = text("message").chars().take(600).collect();
+                        format!(
+                            "  {}={} {}: {message}",
+                            text("type"),
+                            text("status"),
+                            text("reason")
+                        )
+                    })
+                    .collect();
+                let id = |k: &str| f["metadata"][k].as_str().unwrap_or_default().to_string();
+                format!(
+                    "{}/{}\n{}",
+                    id("namespace"),
+                    id("name"),
+                    conditions.join("\n")
+                )
+            })
             .collect();
         panic!(
-            "timed out after {timeout:?} waiting for {what}\nfunctions: {}\ncontroller log:\n{}",
-            serde_json::to_string_pretty(&functions).unwrap_or_default(),
+            "timed out after {timeout:?} waiting for {what}\nfunctions:\n{}\ncontroller log:\n{}",
+            summary.join("\n"),
             self.log_tail()
         );
     }
