@@ -449,3 +449,66 @@ fn five_hundred_functions_build_five_at_a_time_and_a_steady_state_resync_writes_
     );
     assert_eq!(running(&env), 500);
 }
+
+#[test]
+fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
+    use common::git::{GitServer, GitServerKind, Repo};
+    let env = ControllerEnv::start(&[]);
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write("fn/handler.js", b"module.exports = { main: () => 'v1' };\n");
+    repo.write("fn/package.json", b"{}\n");
+    let first = repo.commit("v1");
+    let branch = repo
+        .git(&["rev-parse", "--abbrev-ref", "HEAD"])
+        .trim()
+        .to_string();
+    repo.publish(&server.root(), "fns");
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    let manifest = json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+        "metadata": {"name": "from-git", "annotations": {"serverless.kyma-project.io/continuousGitCheckout": "true"}},
+        "spec": {"runtime": "nodejs22", "source": {"gitRepository": {"url": server.url("fns"), "baseDir": "/fn", "reference": branch}}},
+    });
+    env.create_function("team", &serde_yaml::to_string(&manifest).unwrap());
+    env.wait_condition("team", "from-git", "Running", "True", None);
+    let status = env.function("team", "from-git")["status"].clone();
+    assert_eq!(status["commit"], first.as_str());
+    assert_eq!(
+        (status["baseDir"].as_str(), status["reference"].as_str()),
+        (Some("/fn"), Some(branch.as_str()))
+    );
+    let job: k8s_openapi::api::batch::v1::Job =
+        serde_json::from_value(env.owned("Job", "team", "from-git")[0].clone()).unwrap();
+    assert_eq!(
+        job_arg(&job, "--git").as_deref(),
+        Some(server.url("fns").as_str())
+    );
+    assert_eq!(
+        job_arg(&job, "--git-ref").as_deref(),
+        Some(first.as_str()),
+        "the Job builds the commit, not the branch"
+    );
+    assert_eq!(job_arg(&job, "--git-base-dir").as_deref(), Some("/fn"));
+
+    repo.write("fn/handler.js", b"module.exports = { main: () => 'v2' };\n");
+    let second = repo.commit("v2");
+    repo.git(&[
+        "push",
+        "-q",
+        "--mirror",
+        server.root().join("fns.git").to_str().unwrap(),
+    ]);
+    env.wait("the new commit", Duration::from_secs(30), || {
+        env.function("team", "from-git")["status"]["commit"] == second.as_str()
+    });
+    env.wait_condition("team", "from-git", "Running", "True", None);
+    let jobs = env.owned("Job", "team", "from-git");
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(jobs[0].clone()).unwrap();
+    assert_eq!(job_arg(&job, "--git-ref").as_deref(), Some(second.as_str()));
+}

@@ -173,12 +173,15 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
         return Ok(earliest([waiting.or(Some(ctx.config.requeue))]));
     };
     let deployed = deploy::step(f, &plan, ctx, st, &digest).await?;
-    let git_poll = f
-        .spec
-        .source
-        .git_repository
-        .is_some()
-        .then_some(ctx.config.git_poll_interval);
+    // A git source is looked at again after the poll interval, or at once with Kyma's
+    // continuousGitCheckout annotation (then every few seconds).
+    let git_poll = f.spec.source.git_repository.as_ref().map(|_| {
+        if continuous_checkout(f) {
+            ctx.config.requeue
+        } else {
+            ctx.config.git_poll_interval
+        }
+    });
     Ok(earliest([waiting, deployed, git_poll]))
 }
 
@@ -252,6 +255,14 @@ async fn lookups(
     }))
 }
 
+fn continuous_checkout(f: &Function) -> bool {
+    f.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONTINUOUS_GIT_CHECKOUT))
+        .is_some_and(|v| v == "true")
+}
+
 /// The commit a git source's reference names now: resolved again when the spec changed, the
 /// poll interval passed, or the Function asks for continuous checkout.
 async fn commit(f: &Function, ctx: &Context) -> Result<String> {
@@ -263,12 +274,7 @@ async fn commit(f: &Function, ctx: &Context) -> Result<String> {
         .expect("called for git sources");
     let id = format!("{}/{}", f.namespace_or_default(), f.name_or_empty());
     let wanted = format!("{}#{}", git.url, git.reference);
-    let continuous = f
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CONTINUOUS_GIT_CHECKOUT))
-        .is_some_and(|v| v == "true");
+    let continuous = continuous_checkout(f);
     {
         let checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((source, commit, at)) = checked.get(&id)
