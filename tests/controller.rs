@@ -45,7 +45,11 @@ fn mount_paths(c: &Value) -> Vec<String> {
 fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() {
     let env = ControllerEnv::start(&[]);
     env.create_function("team", &node_function("hello", HELLO, None));
-    env.wait_condition("team", "hello", "BuildReady", "Unknown", Some("JobCreated"));
+    // JobCreated, then JobRunning once the Job is seen: either says the build is on.
+    env.wait("the build Job", Duration::from_secs(60), || {
+        env.condition("team", "hello", "BuildReady")
+            .is_some_and(|(s, r, _)| s == "Unknown" && (r == "JobCreated" || r == "JobRunning"))
+    });
     env.wait_condition("team", "hello", "ConfigurationReady", "True", None);
     let cms = env.owned("ConfigMap", "team", "hello");
     assert_eq!(cms.len(), 1);
