@@ -65,10 +65,13 @@ def main():
         if g != group or obj.get("kind") != kind or v not in versions:
             errors.append(f"{kind} {name}: apiVersion {api_version!r}, kind {obj.get('kind')!r} is not in this CRD")
             continue
-        # ObjectMeta is validated by the API server itself, not by the CRD schema.
+        # apiVersion, kind and metadata are implicit in every CRD: the API server checks them
+        # itself, whether the schema declares them or not.
         schema = dict(versions[v])
         schema["properties"] = dict(schema.get("properties", {}))
         schema["properties"]["metadata"] = {"type": "object"}
+        schema["properties"]["apiVersion"] = {"type": "string"}
+        schema["properties"]["kind"] = {"type": "string"}
         validator = jsonschema.Draft7Validator(schema)
         for e in validator.iter_errors(obj):
             path = ".".join(str(p) for p in e.absolute_path)
