@@ -117,7 +117,7 @@ pub struct ControllerArgs {
     /// Reconciles running at once.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: u16,
-    /// Reconcile every Function again this often (0: only on changes).
+    /// Reconcile every Function again this often (0: only on changes); SIGHUP does it at once.
     #[arg(long, default_value_t = 600, value_name = "SECONDS")]
     pub resync: u64,
     /// A kubeconfig file [default: $KUBECONFIG, ~/.kube/config, or the Pod's service account].

@@ -146,9 +146,14 @@ pub async fn run(opts: Options) -> Result<()> {
         .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
         }));
-    if let Some(every) = opts.resync {
-        controller = controller.reconcile_all_on(ticks(every));
-    }
+    // Every Function again: every `--resync` interval, and whenever SIGHUP arrives.
+    let hangups = hangups().map_err(|e| Error::Missing(format!("listening for SIGHUP: {e}")))?;
+    controller = match opts.resync {
+        Some(every) => {
+            controller.reconcile_all_on(futures_util::stream::select(ticks(every), hangups))
+        }
+        None => controller.reconcile_all_on(hangups),
+    };
     let queue = ctx.clone();
     let controller = controller
         .with_config(controller::Config::default().concurrency(opts.workers))
@@ -213,6 +218,16 @@ fn knative_cache(client: &kube::Client) -> KnativeCache {
     .touched_objects()
     .boxed();
     (reader, stream)
+}
+
+fn hangups() -> std::io::Result<impl Stream<Item = ()> + Send + 'static> {
+    let signal = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    Ok(futures_util::stream::unfold(signal, |mut s| async move {
+        s.recv().await.map(|()| {
+            tracing::info!("SIGHUP: reconciling every Function");
+            ((), s)
+        })
+    }))
 }
 
 fn ticks(every: Duration) -> impl Stream<Item = ()> + Send + 'static {

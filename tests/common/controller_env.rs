@@ -142,6 +142,12 @@ impl ControllerEnv {
         self.child = Some(child);
     }
 
+    /// Sends the controller SIGHUP: it reconciles every Function once.
+    pub fn hangup(&self) {
+        let pid = self.child.as_ref().expect("a running controller").id();
+        super::run(Command::new("kill").args(["-HUP", &pid.to_string()]));
+    }
+
     /// Stops the controller process.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
