@@ -299,10 +299,12 @@ fn an_env_change_updates_the_deployment_and_a_source_change_builds_again() {
 #[test]
 fn builds_beyond_the_cap_wait_in_line() {
     let env = ControllerEnv::start(&["--max-build-jobs", "2"]);
-    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(1500), {
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
         let outcome = push(&env);
         move |_| outcome.clone()
     });
+    // No build ends until the queue has been looked at, however slow the machine.
+    builds.hold();
     let _rollouts = FakeRollouts::start(env.api.client());
     for name in ["one", "two", "three"] {
         env.create_function(
@@ -335,6 +337,7 @@ fn builds_beyond_the_cap_wait_in_line() {
         Duration::from_secs(10),
         || env.metric("kiln_build_queue_depth") == 1.0,
     );
+    builds.release();
     for name in ["one", "two", "three"] {
         env.wait_condition("team", name, "Running", "True", None);
     }
@@ -427,8 +430,9 @@ fn five_hundred_functions_build_five_at_a_time_and_a_steady_state_resync_writes_
             })
             .count()
     };
+    // Counting the builds first keeps the poll cheap until they are all done.
     env.wait("500 Functions running", Duration::from_secs(240), || {
-        running(&env) == 500
+        builds.stats().ended.len() == 500 && running(&env) == 500
     });
     let stats = builds.stats();
     assert_eq!(stats.ended.len(), 500);

@@ -14,9 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
 use serde_json::json;
 
 /// How a build ends.
@@ -50,6 +53,7 @@ pub struct Stats {
 /// The runner; it stops when dropped.
 pub struct FakeBuilds {
     stop: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     stats: Arc<Mutex<Stats>>,
 }
@@ -64,23 +68,36 @@ impl FakeBuilds {
         decide: impl Fn(&Job) -> Outcome + Send + Sync + 'static,
     ) -> FakeBuilds {
         let stop = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(Mutex::new(Stats::default()));
         let decide: Arc<Decide> = Arc::new(decide);
         let thread = {
-            let (stop, stats) = (stop.clone(), stats.clone());
+            let (stop, held, stats) = (stop.clone(), held.clone(), stats.clone());
             std::thread::spawn(move || {
                 let rt = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                     .expect("runtime");
-                rt.block_on(run(client, hold, decide, stop, stats));
+                rt.block_on(run(client, hold, decide, stop, held, stats));
             })
         };
         FakeBuilds {
             stop,
+            held,
             thread: Some(thread),
             stats,
         }
+    }
+
+    /// Ends no build until [`FakeBuilds::release`]: for tests that look at builds while they
+    /// run, whatever the machine's speed.
+    pub fn hold(&self) {
+        self.held.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends builds again (each once its `hold` has passed).
+    pub fn release(&self) {
+        self.held.store(false, Ordering::SeqCst);
     }
 
     /// What it saw so far.
@@ -109,42 +126,59 @@ async fn run(
     hold: Duration,
     decide: Arc<Decide>,
     stop: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
     stats: Arc<Mutex<Stats>>,
 ) {
-    let jobs: Api<Job> = Api::all(client.clone());
-    let mut seen: BTreeMap<String, Instant> = BTreeMap::new();
+    // Driven by a watch, not by listing every Job again and again: hundreds of Jobs stay
+    // cheap, so tests with many Functions measure the controller and not this stand-in.
+    let mut events = watcher(Api::<Job>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    // Active Jobs by uid: when first seen, the latest version, and `namespace/name`.
+    let mut active: BTreeMap<String, (Instant, Job, String)> = BTreeMap::new();
     let mut done: HashSet<String> = HashSet::new();
     while !stop.load(Ordering::Relaxed) {
-        let Ok(list) = jobs.list(&ListParams::default()).await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let active: Vec<&Job> = list.items.iter().filter(|j| is_active(j)).collect();
-        {
-            let mut s = stats.lock().unwrap();
-            s.max_active = s.max_active.max(active.len());
+        let next = tokio::time::timeout(Duration::from_millis(20), events.next()).await;
+        match next {
+            Ok(Some(Ok(Event::Apply(job) | Event::InitApply(job)))) => {
+                let uid = job.metadata.uid.clone().unwrap_or_default();
+                if is_active(&job) && !done.contains(&uid) {
+                    let key = format!(
+                        "{}/{}",
+                        job.metadata.namespace.as_deref().unwrap_or_default(),
+                        job.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    let since = active.get(&uid).map_or_else(Instant::now, |a| a.0);
+                    active.insert(uid, (since, job, key));
+                } else {
+                    active.remove(&uid);
+                }
+                let mut s = stats.lock().unwrap();
+                s.max_active = s.max_active.max(active.len());
+            }
+            Ok(Some(Ok(Event::Delete(job)))) => {
+                active.remove(job.metadata.uid.as_deref().unwrap_or_default());
+            }
+            Ok(Some(Ok(Event::Init | Event::InitDone) | Err(_))) | Err(_) => {}
+            Ok(None) => break,
         }
-        for job in active {
-            let key = format!(
-                "{}/{}",
-                job.metadata.namespace.as_deref().unwrap_or_default(),
-                job.metadata.name.as_deref().unwrap_or_default()
-            );
-            let uid = job.metadata.uid.clone().unwrap_or_default();
-            if done.contains(&uid) {
-                continue;
-            }
-            let since = *seen.entry(uid.clone()).or_insert_with(Instant::now);
-            if since.elapsed() < hold {
-                continue;
-            }
+        if held.load(Ordering::SeqCst) {
+            continue;
+        }
+        let due: Vec<String> = active
+            .iter()
+            .filter(|(_, (since, _, _))| since.elapsed() >= hold)
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in due {
+            let (_, job, key) = &active[&uid];
             let outcome = decide(job);
             if end(&client, job, &outcome).await {
+                stats.lock().unwrap().ended.push(key.clone());
+                active.remove(&uid);
                 done.insert(uid);
-                stats.lock().unwrap().ended.push(key);
             }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -252,36 +286,7 @@ impl FakeRollouts {
                     .enable_all()
                     .build()
                     .expect("runtime");
-                rt.block_on(async move {
-                    let api: Api<k8s_openapi::api::apps::v1::Deployment> = Api::all(client.clone());
-                    while !stop.load(Ordering::Relaxed) {
-                        if let Ok(list) = api.list(&ListParams::default()).await {
-                            for d in list.items {
-                                let generation = d.metadata.generation.unwrap_or(1);
-                                let observed =
-                                    d.status.as_ref().and_then(|s| s.observed_generation);
-                                if observed == Some(generation) {
-                                    continue;
-                                }
-                                let replicas =
-                                    d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-                                let ns = d.metadata.namespace.clone().unwrap_or_default();
-                                let name = d.metadata.name.clone().unwrap_or_default();
-                                let _ = Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
-                                    client.clone(),
-                                    &ns,
-                                )
-                                .patch_status(
-                                    &name,
-                                    &PatchParams::default(),
-                                    &Patch::Merge(&available(generation, replicas)),
-                                )
-                                .await;
-                            }
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                });
+                rt.block_on(roll_out(client, stop));
             })
         };
         FakeRollouts {
@@ -297,6 +302,38 @@ impl Drop for FakeRollouts {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+async fn roll_out(client: kube::Client, stop: Arc<AtomicBool>) {
+    use k8s_openapi::api::apps::v1::Deployment;
+    let mut events = watcher(
+        Api::<Deployment>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .applied_objects()
+    .boxed();
+    while !stop.load(Ordering::Relaxed) {
+        let d = match tokio::time::timeout(Duration::from_millis(50), events.next()).await {
+            Ok(Some(Ok(d))) => d,
+            Ok(None) => break,
+            Ok(Some(Err(_))) | Err(_) => continue,
+        };
+        let generation = d.metadata.generation.unwrap_or(1);
+        if d.status.as_ref().and_then(|s| s.observed_generation) == Some(generation) {
+            continue;
+        }
+        let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let ns = d.metadata.namespace.clone().unwrap_or_default();
+        let name = d.metadata.name.clone().unwrap_or_default();
+        let _ = Api::<Deployment>::namespaced(client.clone(), &ns)
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&available(generation, replicas)),
+            )
+            .await;
     }
 }
 
