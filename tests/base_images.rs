@@ -371,7 +371,9 @@ fn build_in_builder_and_call(
     let out = work.path().join("out");
     let base = format!("oci:{}:{runtime}", bases.display());
     let builder = format!("oci:{}:{runtime}-builder", bases.display());
-    let built = k.run_cmd(kiln(&k).env("KILN_SANDBOX", sandbox).args([
+    // The build's own cache (not the shared download cache): the install must really run
+    // here, whatever other tests or earlier runs left behind.
+    let built = k.run_cmd(k.command().env("KILN_SANDBOX", sandbox).args([
         "build",
         dir.to_str().unwrap(),
         "--runtime",
