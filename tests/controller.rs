@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::controller_env::{ControllerEnv, node_function, write_yaml};
+use common::controller_env::{ControllerEnv, SYSTEM, node_function, write_yaml};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 use serde_json::{Value, json};
 
@@ -401,7 +401,7 @@ fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
 }
 
 #[test]
-fn five_hundred_functions_build_five_at_a_time_and_a_steady_state_resync_writes_nothing() {
+fn five_hundred_functions_build_five_at_a_time_and_a_restart_and_a_resync_write_nothing() {
     let mut env = ControllerEnv::start(&["--resync", "0", "--workers", "16"]);
     let digest = env.tiny.digest.clone();
     let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), move |_| {
@@ -437,14 +437,22 @@ fn five_hundred_functions_build_five_at_a_time_and_a_steady_state_resync_writes_
     let stats = builds.stats();
     assert_eq!(stats.ended.len(), 500);
     assert_eq!(stats.max_active, 5, "exactly five build Jobs at a time");
-    // Steady state: a restarted controller reconciles every Function, then resyncs every
-    // second, and writes nothing.
+    // Steady state: a restarted controller reconciles every Function once (each of its 16
+    // workers waiting for the caches to fill), again on SIGHUP, and writes nothing.
     std::thread::sleep(Duration::from_millis(500));
-    env.spawn(&["--resync", "1", "--workers", "16"]);
+    env.spawn(&["--resync", "0", "--workers", "16"]);
     env.api.reset_requests();
-    env.wait("a restart and a resync", Duration::from_secs(120), || {
-        env.metric("kiln_reconciles_total") >= 1000.0
-    });
+    env.wait(
+        "every Function reconciled after a restart",
+        Duration::from_secs(120),
+        || env.metric("kiln_reconciles_total") >= 500.0,
+    );
+    env.hangup();
+    env.wait(
+        "every Function reconciled again on SIGHUP",
+        Duration::from_secs(120),
+        || env.metric("kiln_reconciles_total") >= 1000.0,
+    );
     let writes = env.api.writes();
     assert!(
         writes.is_empty(),
@@ -519,4 +527,60 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
     let jobs = env.owned("Job", "team", "from-git");
     let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(jobs[0].clone()).unwrap();
     assert_eq!(job_arg(&job, "--git-ref").as_deref(), Some(second.as_str()));
+}
+
+#[test]
+fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
+    let lease = [
+        "--leader-lease",
+        "kiln-controller",
+        "--leader-lease-duration",
+        "2",
+    ];
+    let mut env = ControllerEnv::start(&lease);
+    let holder = |env: &ControllerEnv| {
+        let lease = env.api.get("Lease", SYSTEM, "kiln-controller")?;
+        Some((
+            lease["spec"]["holderIdentity"].as_str()?.to_string(),
+            lease["spec"]["leaseTransitions"].as_i64()?,
+        ))
+    };
+    env.wait("controller-a to lead", Duration::from_secs(30), || {
+        holder(&env).is_some_and(|(who, _)| who == "controller-a")
+    });
+    let second = env.spawn_second(&lease);
+    env.wait(
+        "the second replica to serve",
+        Duration::from_secs(30),
+        || second.readyz() != 0,
+    );
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    env.create_function("team", &node_function("one", HELLO, None));
+    env.wait_condition("team", "one", "Running", "True", None);
+    // The standby waits for the Lease: not ready, and it has reconciled nothing.
+    assert_eq!(second.readyz(), 503, "{}", second.log());
+    assert_eq!(second.metric("kiln_reconciles_total"), 0.0);
+    assert_eq!(holder(&env), Some(("controller-a".into(), 0)));
+
+    // The leader dies without giving the Lease back; once it expires the standby leads.
+    env.stop();
+    env.wait("controller-b to take over", Duration::from_secs(30), || {
+        holder(&env).is_some_and(|(who, _)| who == "controller-b")
+    });
+    assert_eq!(holder(&env), Some(("controller-b".into(), 1)));
+    env.wait(
+        "the new leader to be ready",
+        Duration::from_secs(30),
+        || second.readyz() == 200,
+    );
+    env.create_function(
+        "team",
+        &node_function("two", "module.exports = { main: () => 2 }", None),
+    );
+    env.wait_condition("team", "two", "Running", "True", None);
+    assert!(second.metric("kiln_reconciles_total") > 0.0);
 }

@@ -47,6 +47,8 @@ pub struct Options {
     pub metrics_address: SocketAddr,
     /// Leader election: the Lease's name, or `None` to reconcile without one.
     pub lease: Option<String>,
+    /// How long the Lease lasts unrenewed.
+    pub lease_duration: Duration,
     /// This replica's identity (its Pod's name).
     pub identity: String,
     /// Reconciles running at once.
@@ -85,7 +87,7 @@ pub async fn run(opts: Options) -> Result<()> {
             &opts.config.namespace,
             lease,
             &opts.identity,
-            Duration::from_secs(15),
+            opts.lease_duration,
         )
     });
     if let Some(c) = &candidate {
@@ -100,14 +102,14 @@ pub async fn run(opts: Options) -> Result<()> {
     let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client);
     *jobs_for_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs.clone());
     let knative = (opts.config.serving == Serving::Knative).then(|| knative_cache(&client));
-    let stores = Stores {
+    let stores = Stores::new(
         config_maps,
         jobs,
         deployments,
         services,
         hpas,
-        knative: knative.as_ref().map(|(s, _)| s.clone()),
-    };
+        knative.as_ref().map(|(s, _)| s.clone()),
+    );
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let reporter = Reporter {
         controller: "kiln-controller".into(),

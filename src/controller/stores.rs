@@ -9,6 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::watch;
 
 use super::crd::Function;
 use super::names;
@@ -41,20 +42,55 @@ pub struct Stores {
     pub hpas: Store<HorizontalPodAutoscaler>,
     /// Knative Services (only with `--serving knative`).
     pub knative: Option<Store<DynamicObject>>,
+    ready: watch::Receiver<bool>,
 }
 
 impl Stores {
+    /// The caches, and a task (on the current Tokio runtime) that tells when all of them
+    /// have listed once.
+    pub fn new(
+        config_maps: Store<ConfigMap>,
+        jobs: Store<Job>,
+        deployments: Store<Deployment>,
+        services: Store<Service>,
+        hpas: Store<HorizontalPodAutoscaler>,
+        knative: Option<Store<DynamicObject>>,
+    ) -> Stores {
+        let (tell, ready) = watch::channel(false);
+        let stores = Stores {
+            config_maps,
+            jobs,
+            deployments,
+            services,
+            hpas,
+            knative,
+            ready,
+        };
+        let caches = stores.clone();
+        // kube's `Store::wait_until_ready` wakes only the last task that polled it (one
+        // oneshot receiver behind a mutex): reconciles waiting on it side by side would stay
+        // asleep for good, and kube never reconciles an object again while its reconcile
+        // hangs. So this one task waits on every cache and tells every reconcile at once.
+        tokio::spawn(async move {
+            // An error means the writer was dropped: the controller is shutting down.
+            let _ = caches.config_maps.wait_until_ready().await;
+            let _ = caches.jobs.wait_until_ready().await;
+            let _ = caches.deployments.wait_until_ready().await;
+            let _ = caches.services.wait_until_ready().await;
+            let _ = caches.hpas.wait_until_ready().await;
+            if let Some(k) = &caches.knative {
+                let _ = k.wait_until_ready().await;
+            }
+            let _ = tell.send(true);
+        });
+        stores
+    }
+
     /// Waits until every cache has listed once.
     pub async fn wait_ready(&self) {
-        // An error means the writer was dropped: the controller is shutting down.
-        let _ = self.config_maps.wait_until_ready().await;
-        let _ = self.jobs.wait_until_ready().await;
-        let _ = self.deployments.wait_until_ready().await;
-        let _ = self.services.wait_until_ready().await;
-        let _ = self.hpas.wait_until_ready().await;
-        if let Some(k) = &self.knative {
-            let _ = k.wait_until_ready().await;
-        }
+        let mut ready = self.ready.clone();
+        // An error means the task ended without telling: the runtime is shutting down.
+        let _ = ready.wait_for(|r| *r).await;
     }
 
     /// The Jobs of Function `f` (any build key).
