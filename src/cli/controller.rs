@@ -111,6 +111,11 @@ pub struct ControllerArgs {
         conflicts_with = "no_leader_election"
     )]
     pub leader_lease: String,
+    /// How long the leader's Lease lasts unrenewed: a standby replica takes over this long
+    /// after the leader stops renewing it (the leader renews every third of it).
+    #[arg(long, default_value_t = 15, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub leader_lease_duration: u64,
     /// Reconcile without leader election (a single replica).
     #[arg(long)]
     pub no_leader_election: bool,
@@ -163,6 +168,7 @@ pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
         git: Arc::new(GitLsRemote),
         metrics_address: args.metrics_address,
         lease: (!args.no_leader_election).then(|| args.leader_lease.clone()),
+        lease_duration: Duration::from_secs(args.leader_lease_duration),
         identity,
         workers: args.workers,
         resync: (args.resync > 0).then(|| Duration::from_secs(args.resync)),

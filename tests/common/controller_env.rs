@@ -91,8 +91,12 @@ impl ControllerEnv {
         }));
     }
 
-    /// The default flags plus `extra`.
+    /// The controller's arguments: the defaults, then `extra`.
     pub fn args(&self, extra: &[&str]) -> Vec<String> {
+        self.args_serving(self.metrics_port, extra)
+    }
+
+    fn args_serving(&self, metrics_port: u16, extra: &[&str]) -> Vec<String> {
         let host = self.registry.host();
         let mut args: Vec<String> = vec![
             "controller".into(),
@@ -104,9 +108,8 @@ impl ControllerEnv {
             host,
             "--namespace".into(),
             SYSTEM.into(),
-            "--no-leader-election".into(),
             "--metrics-address".into(),
-            format!("127.0.0.1:{}", self.metrics_port),
+            format!("127.0.0.1:{metrics_port}"),
             "--build-retry-base".into(),
             "1".into(),
             "--build-retry-max".into(),
@@ -114,6 +117,9 @@ impl ControllerEnv {
             "--log-format".into(),
             "json".into(),
         ];
+        if !extra.contains(&"--leader-lease") {
+            args.push("--no-leader-election".into());
+        }
         for runtime in ["nodejs22", "nodejs24", "python313"] {
             args.push(format!("--base-image={runtime}={}", self.tiny.reference));
             args.push(format!("--builder-image={runtime}={}", self.tiny.reference));
@@ -122,24 +128,48 @@ impl ControllerEnv {
         args
     }
 
-    /// Starts (or restarts) the controller process.
-    pub fn spawn(&mut self, extra: &[&str]) {
-        self.stop();
+    fn command(&self, metrics_port: u16, extra: &[&str], pod: &str, log: &Path) -> Command {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&self.log)
+            .open(log)
             .expect("controller log");
-        let child = Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(self.args(extra))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+        command
+            .args(self.args_serving(metrics_port, extra))
             .env_remove("KUBECONFIG")
+            .env("POD_NAME", pod)
             .env("RUST_LOG", "kiln=debug,info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(log);
+        command
+    }
+
+    /// Starts (or restarts) the controller process (Pod name `controller-a`).
+    pub fn spawn(&mut self, extra: &[&str]) {
+        self.stop();
+        let child = self
+            .command(self.metrics_port, extra, "controller-a", &self.log)
             .spawn()
             .expect("start kiln controller");
         self.child = Some(child);
+    }
+
+    /// Starts a second controller process (Pod name `controller-b`, its own metrics port and
+    /// log), e.g. a standby replica competing for the leader Lease.
+    pub fn spawn_second(&self, extra: &[&str]) -> SecondController {
+        let metrics_port = super::free_port();
+        let log = self._dir.path().join("controller-b.log");
+        let child = self
+            .command(metrics_port, extra, "controller-b", &log)
+            .spawn()
+            .expect("start a second kiln controller");
+        SecondController {
+            child,
+            metrics_port,
+            log,
+        }
     }
 
     /// Sends the controller SIGHUP: it reconciles every Function once.
@@ -270,24 +300,74 @@ impl ControllerEnv {
 
     /// The controller's /metrics text.
     pub fn metrics(&self) -> String {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.metrics_port)) else {
-            return String::new();
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out
+        scrape(self.metrics_port)
     }
 
     /// A counter or gauge from /metrics (the sum of its series).
     pub fn metric(&self, name: &str) -> f64 {
-        self.metrics()
-            .lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_in(&self.metrics(), name)
     }
+}
+
+/// A second controller process; killed on drop.
+pub struct SecondController {
+    child: Child,
+    /// Where it serves /metrics.
+    pub metrics_port: u16,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+impl SecondController {
+    /// A counter or gauge from its /metrics.
+    pub fn metric(&self, name: &str) -> f64 {
+        metric_in(&scrape(self.metrics_port), name)
+    }
+
+    /// The HTTP status of its `GET /readyz` (0 when it does not answer).
+    pub fn readyz(&self) -> u16 {
+        let response = http_get(self.metrics_port, "/readyz");
+        response
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Its log.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for SecondController {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn scrape(port: u16) -> String {
+    http_get(port, "/metrics")
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let _ = s.write_all(request.as_bytes());
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
+
+fn metric_in(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 impl Drop for ControllerEnv {
