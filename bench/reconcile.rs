@@ -66,17 +66,7 @@ fn reconcile_throughput_at_steady_state() {
         }
         let started = Instant::now();
         env.wait("every Function running", Duration::from_secs(1200), || {
-            env.api
-                .list("Function")
-                .iter()
-                .filter(|f| {
-                    f["status"]["conditions"].as_array().is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Running" && c["status"] == "True")
-                    })
-                })
-                .count()
-                == functions
+            env.running() == functions
         });
         println!(
             "setup: {functions} Functions built (stand-in builds, 50 at a time) and running in {:.1} s",

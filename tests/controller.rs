@@ -418,21 +418,9 @@ fn five_hundred_functions_build_five_at_a_time_and_a_restart_and_a_resync_write_
             ),
         );
     }
-    let running = |env: &ControllerEnv| {
-        env.api
-            .list("Function")
-            .iter()
-            .filter(|f| {
-                f["status"]["conditions"].as_array().is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Running" && c["status"] == "True")
-                })
-            })
-            .count()
-    };
     // Counting the builds first keeps the poll cheap until they are all done.
     env.wait("500 Functions running", Duration::from_secs(240), || {
-        builds.stats().ended.len() == 500 && running(&env) == 500
+        builds.stats().ended.len() == 500 && env.running() == 500
     });
     let stats = builds.stats();
     assert_eq!(stats.ended.len(), 500);
@@ -463,7 +451,7 @@ fn five_hundred_functions_build_five_at_a_time_and_a_restart_and_a_resync_write_
             .map(|w| format!("{} {}", w.method, w.path))
             .collect::<Vec<_>>()
     );
-    assert_eq!(running(&env), 500);
+    assert_eq!(env.running(), 500);
 }
 
 #[test]

@@ -207,6 +207,20 @@ impl ControllerEnv {
             .unwrap_or(Value::Null)
     }
 
+    /// How many Functions are Running=True.
+    pub fn running(&self) -> usize {
+        self.api
+            .list("Function")
+            .iter()
+            .filter(|f| {
+                f["status"]["conditions"].as_array().is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Running" && c["status"] == "True")
+                })
+            })
+            .count()
+    }
+
     /// A condition of a Function: (status, reason, message).
     pub fn condition(
         &self,
