@@ -207,6 +207,30 @@ fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_imag
         "no Job for an image that exists"
     );
     assert_eq!(builds.stats().ended.len(), 1);
+    // JSON logs: every line parses, each condition change is logged, and every line of
+    // kiln's own that is not about the process itself names the Function.
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    let lines: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let changes: Vec<&str> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "condition changed")
+        .filter_map(|l| l["fields"]["reason"].as_str())
+        .collect();
+    assert!(changes.contains(&"JobCreated") && changes.contains(&"DeploymentReady"));
+    let process = ["kiln::controller::server", "kiln::controller::leader"];
+    for line in lines.iter().filter(|l| {
+        l["target"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("kiln::"))
+            && !process.contains(&l["target"].as_str().unwrap())
+            && l["fields"]["message"] != "SIGHUP: reconciling every Function"
+    }) {
+        let names = |o: &Value| o["namespace"] == "team" && o["function"] == "hello";
+        assert!(names(&line["span"]) || names(&line["fields"]), "{line}");
+    }
 }
 
 #[test]

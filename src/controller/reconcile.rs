@@ -80,7 +80,7 @@ pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
 
 /// The error policy: log, and try again after a while.
 pub fn error_policy(f: Arc<Function>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(namespace = %f.namespace_or_default(), name = %f.name_or_empty(), error = %format!("{error:#}"), "reconcile failed");
+    tracing::warn!(namespace = %f.namespace_or_default(), function = %f.name_or_empty(), error = %format!("{error:#}"), "reconcile failed");
     Action::requeue(Duration::from_secs(15))
 }
 

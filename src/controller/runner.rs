@@ -162,8 +162,16 @@ pub async fn run(opts: Options) -> Result<()> {
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "reconcile");
+            match result {
+                // Already logged with the Function by `error_policy`.
+                Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+                // A change for a Function deleted meanwhile: nothing to do.
+                Err(controller::Error::ObjectNotFound(o)) => tracing::debug!(
+                    namespace = o.namespace.as_deref().unwrap_or_default(),
+                    function = %o.name,
+                    "the Function is gone"
+                ),
+                Err(e) => tracing::warn!(error = %e, "the controller's queue"),
             }
             queue.metrics.set_queued(queue.slots.waiting());
             std::future::ready(())

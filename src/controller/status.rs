@@ -89,6 +89,14 @@ impl Working {
             )))?;
         let reference: ObjectReference = f.object_ref(&());
         for change in &self.changes {
+            // Inside the reconcile span: the line carries the Function's namespace and name.
+            tracing::info!(
+                condition = %change.kind.as_str(),
+                status = ?change.state,
+                reason = %change.reason,
+                detail = %truncate(&change.message, 1024),
+                "condition changed"
+            );
             let event = Event {
                 type_: if change.state == State::False {
                     EventType::Warning
