@@ -305,7 +305,12 @@ async fn binary_cloud_event_fills_ce_fields(rt: Runtime) {
     assert_eq!(ce["source"], "/shop");
     assert_eq!(ce["id"], "A-123");
     assert_eq!(ce["specversion"], "1.0");
-    assert_eq!(ce["time"], "2024-05-01T12:00:00Z");
+    // Node normalises time as the CloudEvents SDK does.
+    let time = match rt {
+        Runtime::Node => "2024-05-01T12:00:00.000Z",
+        Runtime::Python => "2024-05-01T12:00:00Z",
+    };
+    assert_eq!(ce["time"], time);
     assert_eq!(ce["eventtypeversion"], "v1");
     assert_eq!(ce["datacontenttype"], "application/json");
 }
@@ -339,7 +344,11 @@ async fn structured_cloud_event_fills_ce_fields(rt: Runtime) {
     assert_eq!(ce["source"], "/warehouse");
     assert_eq!(ce["id"], "B-7");
     assert_eq!(ce["specversion"], "1.0");
-    assert_eq!(ce["time"], "2024-05-02T08:30:00Z");
+    let time = match rt {
+        Runtime::Node => "2024-05-02T08:30:00.000Z",
+        Runtime::Python => "2024-05-02T08:30:00Z",
+    };
+    assert_eq!(ce["time"], time);
     assert_eq!(ce["datacontenttype"], "application/json");
 
     // data_base64 (binary data in a JSON envelope) becomes raw bytes.
@@ -658,4 +667,135 @@ async fn node_functions_can_answer_through_the_send_response_argument() {
     assert_eq!(resp.status(), StatusCode::ACCEPTED);
     assert_eq!(header(&resp, "x-sent"), "1");
     assert_eq!(resp.text().await.unwrap(), "sent");
+}
+
+/// A stand-in for Kyma's eventing publisher proxy: answers every POST with `{"accepted":N}`
+/// and records each request's Content-Type and JSON body.
+struct Publisher {
+    url: String,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+}
+
+impl Publisher {
+    fn start() -> Publisher {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/publish", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let (mut length, mut content_type) = (0, String::new());
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    if lower.starts_with("content-type:") {
+                        content_type = line["content-type:".len()..].trim().to_string();
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let mut seen = record.lock().unwrap();
+                seen.push((content_type, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+                let answer = format!("{{\"accepted\":{}}}", seen.len());
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+            }
+        });
+        Publisher { url, seen }
+    }
+
+    fn seen(&self) -> Vec<(String, Value)> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+#[tokio::test]
+async fn node_emits_valid_cloud_events_with_a_time_and_resolves_to_the_publishers_answer() {
+    let publisher = Publisher::start();
+    let server = Server::start(Runtime::Node, &[("PUBLISHER_PROXY_ADDRESS", &publisher.url)]);
+    let answer = call_json(&server, Method::POST, "/emit", None).await;
+    assert_eq!(answer, json!({"status": 200, "data": {"accepted": 1}}));
+    let (content_type, event) = publisher.seen().remove(0);
+    assert!(content_type.starts_with("application/cloudevents+json"), "{content_type}");
+    assert_eq!(event["specversion"], "1.0");
+    assert_eq!(event["type"], "order.created");
+    assert_eq!(event["source"], "/shop");
+    assert_eq!(event["eventtypeversion"], "v1");
+    assert_eq!(event["datacontenttype"], "application/json");
+    assert_eq!(event["data"], json!({"n": 1}));
+    assert_eq!(event["id"].as_str().unwrap().len(), 36, "{event}");
+    let time = event["time"].as_str().unwrap();
+    assert!(
+        time.len() == 24 && time.ends_with('Z') && time.as_bytes()[10] == b'T',
+        "RFC 3339 time: {time}"
+    );
+
+    // An invalid event is refused before anything is sent, with the attribute named.
+    let answer = call_json(&server, Method::POST, "/emit-invalid", None).await;
+    let error = answer["error"].as_str().unwrap();
+    assert!(error.contains("\"type\""), "{error}");
+    assert_eq!(publisher.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn node_builds_and_publishes_a_reply_event_the_deprecated_way() {
+    let publisher = Publisher::start();
+    let server = Server::start(Runtime::Node, &[("PUBLISHER_PROXY_ADDRESS", &publisher.url)]);
+    let resp = client()
+        .post(server.url("/reply"))
+        .header("ce-type", "order.created")
+        .header("ce-source", "/shop")
+        .header("ce-specversion", "1.0")
+        .header("ce-eventtypeversion", "v1")
+        .json(&json!({"order": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let answer: Value = resp.json().await.unwrap();
+    let reply = json!({"type": "order.confirmed", "source": "/shop", "eventtypeversion": "v1",
+        "specversion": "1.0", "id": "reply-1", "data": {"ok": true}, "datacontenttype": "application/json"});
+    assert_eq!(answer, json!({"reply": reply, "data": {"accepted": 1}}));
+    assert_eq!(publisher.seen()[0].1, reply);
+}
+
+#[tokio::test]
+async fn node_treats_a_request_as_a_cloud_event_only_when_it_is_one_and_fills_id_and_time() {
+    let server = Server::start(Runtime::Node, &[]);
+    // A plain request, and one with a lone ce-type header: no CloudEvent fields at all.
+    let plain = call_json(&server, Method::POST, "/ce-keys", Some(json!({"a": 1}))).await;
+    assert_eq!(plain, json!([]));
+    let resp = client()
+        .post(server.url("/ce-keys"))
+        .header("ce-type", "only.a.type")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.json::<Value>().await.unwrap(), json!([]));
+    // ce-type and ce-source: an event; id and time filled in.
+    let resp = client()
+        .post(server.url("/echo"))
+        .header("ce-type", "t")
+        .header("ce-source", "s")
+        .header("ce-specversion", "1.0")
+        .json(&json!({"a": 1}))
+        .send()
+        .await
+        .unwrap();
+    let echo: Value = resp.json().await.unwrap();
+    assert_eq!(echo["ce"]["id"].as_str().map(str::len), Some(36), "{echo}");
+    assert!(echo["ce"]["time"].as_str().is_some_and(|t| t.ends_with('Z')), "{echo}");
+    assert_eq!(echo["data"], json!({"a": 1}));
 }

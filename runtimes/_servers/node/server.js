@@ -168,20 +168,61 @@ function parseBody(mime, charset, raw) {
   return raw;
 }
 
-// CloudEvent attributes → event['ce-…']. Binary mode: every `ce-*` header (Node lower-cases
-// header names) and Content-Type as datacontenttype. Structured mode: the JSON envelope.
-function cloudEvent(req, mime, data) {
-  const ce = {};
-  for (const [k, v] of Object.entries(req.headers)) if (k.startsWith('ce-')) ce[k] = v;
-  if (ce['ce-specversion'] && !ce['ce-datacontenttype'] && req.headers['content-type']) {
-    ce['ce-datacontenttype'] = req.headers['content-type'];
+// CloudEvents as the CloudEvents SDK reads and writes them (Kyma's server used it): a request
+// is an event only with the CloudEvents content type or both `ce-type` and `ce-source`; `id`
+// and `time` are filled in when missing and `time` is normalised to RFC 3339 in UTC.
+const CE_NAME = /^[a-z0-9]{1,20}$/;
+
+function rfc3339(value) {
+  const t = new Date(value);
+  if (value === undefined || value === null || value === '' || Number.isNaN(t.getTime())) {
+    throw new TypeError(`invalid CloudEvent attribute "time": ${JSON.stringify(value)} is not a RFC 3339 timestamp`);
   }
-  const envelope = mime === 'application/cloudevents+json' && data && typeof data === 'object' &&
-    !Array.isArray(data);
-  if (envelope) {
-    for (const [k, v] of Object.entries(data)) {
-      if (k !== 'data' && k !== 'data_base64') ce[`ce-${k}`] = v;
+  return t.toISOString();
+}
+
+// Checks and completes a CloudEvent's attributes; throws a TypeError naming the first problem.
+function validCloudEvent(attrs) {
+  const ce = { specversion: '1.0', id: crypto.randomUUID(), time: new Date().toISOString(), ...attrs };
+  for (const name of ['id', 'type', 'source', 'specversion']) {
+    if (typeof ce[name] !== 'string' || ce[name] === '') {
+      throw new TypeError(`invalid CloudEvent: attribute "${name}" must be a non-empty string`);
     }
+  }
+  if (ce.specversion !== '1.0') {
+    throw new TypeError(`invalid CloudEvent: specversion ${JSON.stringify(ce.specversion)} is not 1.0`);
+  }
+  ce.time = rfc3339(ce.time);
+  for (const name of Object.keys(ce)) {
+    if (name !== 'data' && name !== 'data_base64' && !CE_NAME.test(name)) {
+      throw new TypeError(`invalid CloudEvent attribute name "${name}": use 1-20 lower-case letters or digits`);
+    }
+  }
+  return ce;
+}
+
+function cloudEvent(req, mime, data) {
+  const h = req.headers; // Node lower-cases header names
+  const structured = mime === 'application/cloudevents+json';
+  if (!structured && !(h['ce-type'] && h['ce-source'])) return {};
+  const attrs = {};
+  if (structured && data && typeof data === 'object' && !Array.isArray(data)) {
+    for (const [k, v] of Object.entries(data)) if (k !== 'data' && k !== 'data_base64') attrs[k] = v;
+  } else {
+    for (const [k, v] of Object.entries(h)) if (k.startsWith('ce-')) attrs[k.slice(3)] = v;
+    if (!attrs.datacontenttype && h['content-type']) attrs.datacontenttype = h['content-type'];
+  }
+  if (!attrs.id) attrs.id = crypto.randomUUID();
+  let time;
+  try {
+    time = attrs.time ? rfc3339(attrs.time) : new Date().toISOString();
+  } catch {
+    time = attrs.time; // kept as sent rather than failing the call
+  }
+  attrs.time = time;
+  const ce = {};
+  for (const [k, v] of Object.entries(attrs)) ce[`ce-${k}`] = v;
+  if (structured && data && typeof data === 'object' && !Array.isArray(data)) {
     if ('data' in data) ce.data = data.data;
     else if ('data_base64' in data) ce.data = Buffer.from(String(data.data_base64), 'base64');
     else ce.data = undefined;
@@ -189,18 +230,48 @@ function cloudEvent(req, mime, data) {
   return ce;
 }
 
-function emitCloudEvent(type, source, data, attrs = {}) {
-  const datacontenttype = typeof data === 'string' ? 'text/plain' : 'application/json';
-  const id = crypto.randomUUID();
-  const body = { specversion: '1.0', id, type, source, datacontenttype, ...attrs, data };
-  return fetch(PUBLISHER, {
-    method: 'POST',
-    headers: { 'Content-Type': 'application/cloudevents+json' },
-    body: JSON.stringify(body),
-  }).then((r) => {
-    if (!r.ok) throw new Error(`publishing the CloudEvent failed: HTTP ${r.status}`);
-    return r;
-  });
+// POSTs to the publisher proxy; resolves like axios did for Kyma: { data, status, headers }.
+async function post(body, headers) {
+  const r = await fetch(PUBLISHER, { method: 'POST', headers, body });
+  const text = await r.text();
+  let data = text;
+  try { data = text ? JSON.parse(text) : ''; } catch { /* not JSON: the text */ }
+  const result = { data, status: r.status, statusText: r.statusText, headers: Object.fromEntries(r.headers) };
+  if (!r.ok) {
+    const err = new Error(`publishing the CloudEvent to ${PUBLISHER} failed: HTTP ${r.status} ${text.slice(0, 200)}`);
+    err.response = result;
+    throw err;
+  }
+  return result;
+}
+
+async function emitCloudEvent(type, source, data, attrs = {}) {
+  const datacontenttype = typeof data === 'object' && data !== null ? 'application/json' : 'text/plain';
+  const ce = validCloudEvent({ datacontenttype, ...(attrs || {}), type, source, data });
+  return post(JSON.stringify(ce), { 'Content-Type': 'application/cloudevents+json; charset=utf-8' });
+}
+
+// Deprecated in Kyma, still used: publish an event object as it is.
+async function publishCloudEvent(ce) {
+  console.warn('publishCloudEvent is deprecated: use emitCloudEvent');
+  return post(JSON.stringify(ce), { 'Content-Type': 'application/cloudevents+json' });
+}
+
+// Deprecated in Kyma, still used: a reply event built from the request's CloudEvent headers.
+function buildResponseCloudEvent(req, id, type, data) {
+  console.warn('buildResponseCloudEvent is deprecated: use emitCloudEvent');
+  let datacontenttype;
+  if (typeof data === 'object') datacontenttype = 'application/json';
+  else if (typeof data === 'string') datacontenttype = 'text/plain';
+  return {
+    type,
+    source: req.headers['ce-source'],
+    eventtypeversion: req.headers['ce-eventtypeversion'],
+    specversion: req.headers['ce-specversion'],
+    id,
+    data,
+    datacontenttype,
+  };
 }
 
 // Kyma passed an OpenTelemetry tracer; without OTel a no-op keeps `event.tracer` calls working.
@@ -238,6 +309,8 @@ function invoke(req, res, reqPath, query, raw) {
     setResponseContentType: (t) => { if (!res.headersSent) res.setHeader('Content-Type', t); },
     setResponseStatus: (code) => { if (!res.headersSent) res.statusCode = code; },
     emitCloudEvent,
+    publishCloudEvent,
+    buildResponseCloudEvent: (id, type, data) => buildResponseCloudEvent(req, id, type, data),
   };
   const context = {
     'function-name': env.FUNC_NAME,
