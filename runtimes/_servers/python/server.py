@@ -5,13 +5,16 @@ file. Runs as user 1000 on a read-only root filesystem and writes nothing. The c
 the decisions behind it are in runtimes/_servers/README.md.
 """
 
+import datetime
 import importlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl
 
@@ -40,7 +43,6 @@ GRACE = min(TIMEOUT + 1, 25)
 
 JSON_TYPE = 'application/json'
 TEXT_TYPE = 'text/plain; charset=utf-8'
-CE_ATTRS = ('type', 'source', 'id', 'specversion', 'time', 'eventtypeversion', 'datacontenttype')
 
 # ---- metrics (Prometheus text format 0.0.4) ----
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -142,7 +144,7 @@ class Event(dict):
     tracer = _NoopTracer()
 
     def __init__(self, data, request, response):
-        super().__init__({f'ce-{a}': None for a in CE_ATTRS})
+        super().__init__()
         self['data'] = data
         self['extensions'] = {'request': request, 'response': response}
         self._response = response
@@ -161,16 +163,83 @@ class Event(dict):
         self._response.status = int(status)
 
     def emitCloudEvent(self, type, source, data, optionalCloudEventAttributes=None):  # noqa: N802
-        import urllib.request
-        import uuid
-        ce = {'specversion': '1.0', 'id': str(uuid.uuid4()), 'type': type, 'source': source,
+        """A structured CloudEvent to the publisher proxy, completed and checked as the
+        CloudEvents SDK does (ValueError naming the attribute; nothing sent)."""
+        ce = {'specversion': '1.0', 'id': str(uuid.uuid4()), 'time': _now(),
               'datacontenttype': 'text/plain' if isinstance(data, str) else JSON_TYPE}
         ce.update(optionalCloudEventAttributes or {})
+        ce.update({'type': type, 'source': source})
+        _check_cloud_event(ce)
         ce['data'] = data
-        req = urllib.request.Request(PUBLISHER, data=json.dumps(ce).encode(), method='POST',
-                                     headers={'Content-Type': 'application/cloudevents+json'})
+        return _publish(ce, 'application/cloudevents+json; charset=utf-8')
+
+    def publishCloudEvent(self, data):  # noqa: N802 (deprecated in Kyma, still used)
+        print('publishCloudEvent is deprecated: use emitCloudEvent', file=sys.stderr, flush=True)
+        return _publish(data, 'application/cloudevents+json')
+
+    def buildResponseCloudEvent(self, event_id, event_type, event_data):  # noqa: N802
+        print('buildResponseCloudEvent is deprecated: use emitCloudEvent', file=sys.stderr,
+              flush=True)
+        content_type = None
+        if isinstance(event_data, dict):
+            content_type = JSON_TYPE
+        elif isinstance(event_data, str):
+            content_type = 'text/plain'
+        return {'type': event_type, 'source': self.get('ce-source'),
+                'eventtypeversion': self.get('ce-eventtypeversion'),
+                'specversion': self.get('ce-specversion'), 'id': event_id, 'data': event_data,
+                'datacontenttype': content_type}
+
+
+CE_NAME = re.compile(r'[a-z0-9]{1,20}')
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _check_cloud_event(ce):
+    for name in ('id', 'type', 'source', 'specversion'):
+        if not isinstance(ce.get(name), str) or not ce[name]:
+            raise ValueError(f'invalid CloudEvent: attribute "{name}" must be a non-empty string')
+    if ce['specversion'] != '1.0':
+        raise ValueError(f'invalid CloudEvent: specversion {ce["specversion"]!r} is not 1.0')
+    try:
+        datetime.datetime.fromisoformat(str(ce.get('time')).replace('Z', '+00:00'))
+    except ValueError:
+        raise ValueError(f'invalid CloudEvent attribute "time": {ce.get("time")!r} is not a '
+                         'RFC 3339 timestamp') from None
+    for name in ce:
+        if name not in ('data', 'data_base64') and not CE_NAME.fullmatch(name):
+            raise ValueError(f'invalid CloudEvent attribute name "{name}": use 1-20 lower-case '
+                             'letters or digits')
+
+
+class PublishResponse:
+    """The publisher proxy's answer, shaped like the `requests.Response` Kyma returned."""
+
+    def __init__(self, status, headers, body):
+        self.status_code = status
+        self.ok = status < 400
+        self.headers = headers
+        self.content = body
+        self.text = body.decode('utf-8', 'replace')
+
+    def json(self):
+        return json.loads(self.text)
+
+
+def _publish(event, content_type):
+    import urllib.error
+    import urllib.request
+    body = json.dumps(event, default=str).encode()
+    req = urllib.request.Request(PUBLISHER, data=body, method='POST',
+                                 headers={'Content-Type': content_type})
+    try:
         with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status
+            return PublishResponse(resp.status, dict(resp.headers), resp.read())
+    except urllib.error.HTTPError as err:
+        return PublishResponse(err.code, dict(err.headers), err.read())
 
 
 def parse_body(mime, charset, raw):
@@ -191,15 +260,16 @@ def parse_body(mime, charset, raw):
 
 
 def fill_cloud_event(event, headers, mime):
-    """Binary mode: every `ce-*` header (case-insensitive) and Content-Type as datacontenttype.
-    Structured mode: the JSON envelope's attributes; its `data`/`data_base64` becomes data."""
-    for name, value in headers.items():
-        if name.lower().startswith('ce-'):
-            event[name.lower()] = value
-    if event['ce-specversion'] and not event['ce-datacontenttype']:
-        event['ce-datacontenttype'] = headers.get('Content-Type')
+    """A request is a CloudEvent only with the CloudEvents content type or both `ce-type` and
+    `ce-source` (as Kyma's server decided); only then are `ce-*` keys set. Binary mode: every
+    `ce-*` header (case-insensitive) and Content-Type as datacontenttype. Structured mode: the
+    JSON envelope's attributes; its `data`/`data_base64` becomes data. A missing id is a new
+    UUID and a missing time now, as the CloudEvents SDK does."""
+    structured = mime == 'application/cloudevents+json'
+    if not structured and not (headers.get('ce-type') and headers.get('ce-source')):
+        return
     envelope = event['data']
-    if mime == 'application/cloudevents+json' and isinstance(envelope, dict):
+    if structured and isinstance(envelope, dict):
         for name, value in envelope.items():
             if name not in ('data', 'data_base64'):
                 event[f'ce-{name}'] = value
@@ -208,6 +278,16 @@ def fill_cloud_event(event, headers, mime):
             event['data'] = base64.b64decode(envelope['data_base64'])
         else:
             event['data'] = envelope.get('data')
+    else:
+        for name, value in headers.items():
+            if name.lower().startswith('ce-'):
+                event[name.lower()] = value
+        if not event.get('ce-datacontenttype') and headers.get('Content-Type'):
+            event['ce-datacontenttype'] = headers.get('Content-Type')
+    if not event.get('ce-id'):
+        event['ce-id'] = str(uuid.uuid4())
+    if not event.get('ce-time'):
+        event['ce-time'] = _now()
 
 
 def to_body(result, response):
