@@ -813,3 +813,71 @@ async fn a_request_is_a_cloud_event_only_when_it_is_one_and_gets_an_id_and_a_tim
     assert!(time.ends_with('Z') || time.ends_with("+00:00"), "{echo}");
     assert_eq!(echo["data"], json!({"a": 1}));
 }
+
+#[tokio::test]
+async fn node_functions_get_expresss_request_and_response_helpers() {
+    let server = Server::start(Runtime::Node, &[]);
+    let client = Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = client
+        .post(server.url("/express"))
+        .header("accept", "text/html;q=0.5, application/json")
+        .json(&json!({"a": 1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let cookies: Vec<&str> = resp
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(cookies.len(), 2, "{cookies:?}");
+    assert!(
+        cookies[0].starts_with("session=a%20b; Max-Age=60; Path=/; Expires=")
+            && cookies[0].ends_with(" GMT; HttpOnly; SameSite=Lax"),
+        "{}",
+        cookies[0]
+    );
+    assert_eq!(cookies[1], "prefs=j%3A%7B%22dark%22%3Atrue%7D; Path=/");
+    let multi: Vec<&str> = resp
+        .headers()
+        .get_all("x-multi")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert_eq!(multi, ["1", "2"]);
+    assert_eq!(header(&resp, "location"), "/there");
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(
+        answer,
+        json!({"is": "json", "isWild": "application/json", "isHtml": false, "accepts": "json",
+            "acceptsHtml": "html", "acceptsPng": false, "protocol": "http"})
+    );
+
+    let resp = client.get(server.url("/redirect")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(header(&resp, "location"), "/elsewhere");
+
+    let resp = client.get(server.url("/attachment")).send().await.unwrap();
+    assert_eq!(
+        header(&resp, "content-disposition"),
+        r#"attachment; filename="q1.csv""#
+    );
+    assert_eq!(header(&resp, "content-type"), "text/csv");
+    assert_eq!(resp.text().await.unwrap(), "a,b\n");
+
+    // sendFile streams the file even though the Function returns at once.
+    let resp = client.get(server.url("/file")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "content-type"), "text/javascript");
+    let handler =
+        fs::read_to_string(repo().join("tests/fixtures/servers/node/handler.js")).unwrap();
+    assert_eq!(resp.text().await.unwrap(), handler);
+    let resp = client.get(server.url("/no-file")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}

@@ -49,10 +49,75 @@ function renderMetrics() {
   return out.join('\n') + '\n';
 }
 
-// ---- request/response with a few Express conveniences Kyma Functions commonly use ----
+// ---- request/response with the Express helpers Kyma Functions use (Kyma served with express) ----
+const fs = require('fs');
+
+// Extension → media type, for attachment(), sendFile() and is()/accepts() shorthands.
+const MIME = {
+  json: 'application/json', html: 'text/html', htm: 'text/html', txt: 'text/plain',
+  text: 'text/plain', css: 'text/css', js: 'text/javascript', mjs: 'text/javascript',
+  csv: 'text/csv', xml: 'application/xml', pdf: 'application/pdf', zip: 'application/zip',
+  png: 'image/png', jpg: 'image/jpeg', jpeg: 'image/jpeg', gif: 'image/gif', svg: 'image/svg+xml',
+  ico: 'image/x-icon', webp: 'image/webp', wasm: 'application/wasm', bin: 'application/octet-stream',
+  urlencoded: 'application/x-www-form-urlencoded', multipart: 'multipart/*', form: 'multipart/form-data',
+};
+const mimeOf = (t) => (String(t).includes('/') ? String(t).toLowerCase() : MIME[String(t).replace(/^\./, '').toLowerCase()]);
+const byExtension = (file) => MIME[path.extname(String(file)).slice(1).toLowerCase()] || 'application/octet-stream';
+
+// Does media type `actual` match `wanted` ('json', 'text/*', '*/json', '+json', 'application/json')?
+function typeMatches(actual, wanted) {
+  if (wanted.startsWith('+')) return actual.endsWith(wanted);
+  const want = mimeOf(wanted);
+  if (!want) return false;
+  const [wt, ws] = want.split('/');
+  const [at, as] = actual.split('/');
+  return (wt === '*' || wt === at) && (ws === '*' || ws === as ||
+    (ws.startsWith('*+') && as.endsWith(ws.slice(1))));
+}
+
 class Request extends http.IncomingMessage {
-  get(name) { return this.headers[String(name).toLowerCase()]; }
+  get(name) {
+    const n = String(name).toLowerCase();
+    if (n === 'referer' || n === 'referrer') return this.headers.referer || this.headers.referrer;
+    return this.headers[n];
+  }
   header(name) { return this.get(name); }
+  // Express without 'trust proxy': https only on a TLS socket.
+  get protocol() { return this.socket && this.socket.encrypted ? 'https' : 'http'; }
+  get secure() { return this.protocol === 'https'; }
+  // req.is(...types): the matching type (as given, or the actual one for wildcards), false, or
+  // null when the request has no body, as express (type-is) answers.
+  is(...types) {
+    const list = types.flat();
+    if (this.headers['content-length'] === undefined && this.headers['transfer-encoding'] === undefined) return null;
+    const actual = String(this.headers['content-type'] || '').split(';')[0].trim().toLowerCase();
+    if (!actual) return false;
+    if (list.length === 0) return actual;
+    for (const t of list) {
+      if (typeMatches(actual, String(t))) return String(t).startsWith('+') || String(t).includes('*') ? actual : t;
+    }
+    return false;
+  }
+  // req.accepts(...types): the best of `types` for the Accept header (q-values, wildcards),
+  // false when none is acceptable; without types, the accepted types by preference.
+  accepts(...types) {
+    const list = types.flat();
+    const accepted = String(this.headers.accept || '*/*').split(',').map((part, i) => {
+      const [type, ...params] = part.trim().split(';');
+      const q = params.map((p) => p.trim().split('=')).find(([k]) => k === 'q');
+      return { type: type.trim().toLowerCase(), q: q ? Number(q[1]) : 1, i };
+    }).filter((a) => a.type && a.q > 0).sort((a, b) => b.q - a.q || a.i - b.i);
+    if (list.length === 0) return accepted.map((a) => a.type);
+    let best = false;
+    let bestQ = 0;
+    for (const t of list) {
+      const want = mimeOf(t);
+      if (!want) continue;
+      const hit = accepted.find((a) => typeMatches(want, a.type));
+      if (hit && hit.q > bestQ) { best = t; bestQ = hit.q; }
+    }
+    return best;
+  }
 }
 class Response extends http.ServerResponse {
   status(code) { this.statusCode = code; return this; }
@@ -63,10 +128,81 @@ class Response extends http.ServerResponse {
   }
   header(field, value) { return this.set(field, value); }
   get(field) { return this.getHeader(field); }
-  type(t) { return this.set('Content-Type', t); }
+  type(t) { return this.set('Content-Type', mimeOf(t) || t); }
   json(body) { if (!this.hasHeader('Content-Type')) this.type(JSON_TYPE); return this.send(body); }
   send(body) { respond(this, body); return this; }
   sendStatus(code) { respond(this, http.STATUS_CODES[code] || String(code), code); return this; }
+  append(field, value) {
+    const prev = this.getHeader(field);
+    const add = Array.isArray(value) ? value.map(String) : [String(value)];
+    if (prev === undefined) return this.set(field, add.length === 1 ? add[0] : add);
+    return this.set(field, [].concat(prev, add));
+  }
+  location(url) {
+    const to = url === 'back' ? (this.req.headers.referer || this.req.headers.referrer || '/') : url;
+    return this.set('Location', encodeURI(to));
+  }
+  redirect(a, b) {
+    const [status, url] = b === undefined ? [302, a] : [a, b];
+    this.location(url);
+    respond(this, `${http.STATUS_CODES[status] || 'Redirecting'}. Redirecting to ${this.getHeader('Location')}`, status);
+  }
+  cookie(name, value, options = {}) {
+    const opts = { path: '/', ...options };
+    let v = typeof value === 'object' ? `j:${JSON.stringify(value)}` : String(value);
+    v = (opts.encode || encodeURIComponent)(v);
+    const parts = [`${name}=${v}`];
+    if (opts.maxAge !== undefined) {
+      const ms = Number(opts.maxAge);
+      opts.expires = new Date(Date.now() + ms);
+      parts.push(`Max-Age=${Math.floor(ms / 1000)}`);
+    }
+    if (opts.domain) parts.push(`Domain=${opts.domain}`);
+    if (opts.path) parts.push(`Path=${opts.path}`);
+    if (opts.expires) parts.push(`Expires=${new Date(opts.expires).toUTCString()}`);
+    if (opts.httpOnly) parts.push('HttpOnly');
+    if (opts.secure) parts.push('Secure');
+    if (opts.partitioned) parts.push('Partitioned');
+    if (opts.sameSite) {
+      const same = opts.sameSite === true ? 'Strict' : String(opts.sameSite);
+      parts.push(`SameSite=${same[0].toUpperCase()}${same.slice(1).toLowerCase()}`);
+    }
+    return this.append('Set-Cookie', parts.join('; '));
+  }
+  clearCookie(name, options = {}) {
+    const { maxAge, ...rest } = options;
+    return this.cookie(name, '', { expires: new Date(1), ...rest });
+  }
+  attachment(filename) {
+    if (filename === undefined) return this.set('Content-Disposition', 'attachment');
+    this.type(byExtension(filename));
+    const base = path.basename(String(filename)).replace(/["\\]/g, '\\$&');
+    return this.set('Content-Disposition', `attachment; filename="${base}"`);
+  }
+  // sendFile(path[, options][, callback]): streams a file (absolute, or relative to options.root)
+  // with a type from its extension; 404 when it does not exist, as express did.
+  sendFile(file, options, callback) {
+    const [opts, done] = typeof options === 'function' ? [{}, options] : [options || {}, callback];
+    const full = opts.root ? path.join(opts.root, String(file)) : String(file);
+    this.pending = true; // the Function's return value must not end the response first
+    const fail = (status, err) => {
+      this.pending = false;
+      if (done) return done(err);
+      sendText(this, status, `${http.STATUS_CODES[status]}\n`);
+    };
+    if (!path.isAbsolute(full)) return fail(500, new TypeError('path must be absolute or specify root to res.sendFile'));
+    fs.stat(full, (err, st) => {
+      if (err || !st.isFile()) return fail(404, err || new Error(`${full} is not a file`));
+      if (opts.headers) this.set(opts.headers);
+      if (!this.hasHeader('Content-Type')) this.type(byExtension(full));
+      this.setHeader('Content-Length', st.size);
+      const stream = fs.createReadStream(full);
+      stream.on('error', (e) => { this.pending = false; this.destroy(e); });
+      stream.on('end', () => { this.pending = false; if (done) done(); });
+      stream.pipe(this);
+    });
+    return this;
+  }
 }
 
 const JSON_TYPE = 'application/json; charset=utf-8';
@@ -84,6 +220,7 @@ function sendText(res, status, text, type = TEXT_TYPE) {
 // object → JSON, string → text, Buffer → raw, undefined/null → empty 200 (or status text).
 function respond(res, body, status, headers) {
   if (res.writableEnded) return; // the handler already answered (sendResponse or res.end)
+  if (res.pending) return; // res.sendFile is streaming the answer
   if (res.headersSent) { res.end(); return; } // it wrote a partial response itself: finish it
   if (headers) for (const k of Object.keys(headers)) res.setHeader(k, headers[k]);
   if (status) res.statusCode = status;
