@@ -144,6 +144,60 @@ fn a_function_manifest_builds_the_same_image_as_its_directory() {
 }
 
 #[test]
+fn kymas_runtime_names_build_as_the_nearest_kiln_runtime_with_a_warning() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "nodejs20",
+            "nodejs22",
+            "module.exports = { main: () => 'hi' };",
+        ),
+        (
+            "python312",
+            "python313",
+            "def main(event, context):\n          return 'hi'",
+        ),
+    ];
+    for (kyma, ours, source) in cases {
+        let build = |runtime: &str| {
+            let manifest = work.path().join(format!("{runtime}.yaml"));
+            fs::write(
+                &manifest,
+                format!(
+                    "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: hello\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      source: |\n        {source}\n"
+                ),
+            )
+            .unwrap();
+            let out = format!("oci:{}:fn", work.path().join(runtime).display());
+            kiln.run(&[
+                "build",
+                "--function",
+                manifest.to_str().unwrap(),
+                "--base",
+                &tiny_base(),
+                "--output",
+                &out,
+            ])
+        };
+        let aliased = build(kyma);
+        assert_eq!(aliased.code, 0, "{}", aliased.stderr);
+        assert!(
+            aliased
+                .stderr
+                .contains(&format!("runtime {kyma} is built as {ours}")),
+            "{}",
+            aliased.stderr
+        );
+        let direct = build(ours);
+        assert_eq!(
+            aliased.reference().rsplit('@').next(),
+            direct.reference().rsplit('@').next()
+        );
+    }
+}
+
+#[test]
 fn digest_file_and_report_are_written() {
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
