@@ -14,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl
 
@@ -165,7 +164,7 @@ class Event(dict):
     def emitCloudEvent(self, type, source, data, optionalCloudEventAttributes=None):  # noqa: N802
         """A structured CloudEvent to the publisher proxy, completed and checked as the
         CloudEvents SDK does (ValueError naming the attribute; nothing sent)."""
-        ce = {'specversion': '1.0', 'id': str(uuid.uuid4()), 'time': _now(),
+        ce = {'specversion': '1.0', 'id': _new_id(), 'time': _now(),
               'datacontenttype': 'text/plain' if isinstance(data, str) else JSON_TYPE}
         ce.update(optionalCloudEventAttributes or {})
         ce.update({'type': type, 'source': source})
@@ -196,6 +195,11 @@ CE_NAME = re.compile(r'[a-z0-9]{1,20}')
 
 def _now():
     return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def _new_id():
+    import uuid  # on first use: it costs milliseconds at start-up
+    return str(uuid.uuid4())
 
 
 def _check_cloud_event(ce):
@@ -285,7 +289,7 @@ def fill_cloud_event(event, headers, mime):
         if not event.get('ce-datacontenttype') and headers.get('Content-Type'):
             event['ce-datacontenttype'] = headers.get('Content-Type')
     if not event.get('ce-id'):
-        event['ce-id'] = str(uuid.uuid4())
+        event['ce-id'] = _new_id()
     if not event.get('ce-time'):
         event['ce-time'] = _now()
 
