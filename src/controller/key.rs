@@ -10,31 +10,11 @@
 //! the base directory — and the digest of the package-registry config (`.npmrc`/`pip.conf`:
 //! hashed, never in clear), or `none`.
 
+use super::plan::SourcePlan;
 use crate::oci::{Digest, Hasher};
 
 /// Bump when the image kiln builds from the same inputs changes shape.
 const FORMAT: &str = "kiln-function-key-v1";
-
-/// Where the code comes from, as far as the image is concerned.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SourceInput {
-    /// The manifest's own code.
-    Inline {
-        /// The handler source.
-        source: String,
-        /// The dependency manifest as built (an empty Node.js one is `{}`).
-        dependencies: String,
-    },
-    /// A commit of a repository.
-    Git {
-        /// The repository URL.
-        url: String,
-        /// The resolved commit (40 hex).
-        commit: String,
-        /// The Function's directory in it.
-        base_dir: String,
-    },
-}
 
 /// Every input of the build key.
 #[derive(Clone, Debug)]
@@ -49,8 +29,9 @@ pub struct KeyInputs<'a> {
     pub namespace: &'a str,
     /// The Function's name.
     pub name: &'a str,
-    /// The code.
-    pub source: &'a SourceInput,
+    /// The code. Which Secret holds git credentials is not part of it: it does not change
+    /// the image.
+    pub source: &'a SourcePlan,
     /// Digest of the package-registry config, if the namespace has one.
     pub registry_config: Option<&'a Digest>,
 }
@@ -71,7 +52,7 @@ pub fn build_key(inputs: &KeyInputs<'_>) -> String {
     line(inputs.namespace);
     line(inputs.name);
     match inputs.source {
-        SourceInput::Inline {
+        SourcePlan::Inline {
             source,
             dependencies,
         } => {
@@ -79,10 +60,11 @@ pub fn build_key(inputs: &KeyInputs<'_>) -> String {
             line(source);
             line(dependencies);
         }
-        SourceInput::Git {
+        SourcePlan::Git {
             url,
             commit,
             base_dir,
+            auth_secret: _,
         } => {
             line("git");
             line(url);
@@ -116,7 +98,7 @@ mod tests {
     #[test]
     fn every_input_changes_the_key_and_equal_inputs_give_equal_keys() {
         let (a, b) = (digest('a'), digest('b'));
-        let inline = SourceInput::Inline {
+        let inline = SourcePlan::Inline {
             source: "s".into(),
             dependencies: "{}".into(),
         };
@@ -132,14 +114,15 @@ mod tests {
         let key = build_key(&base);
         assert_eq!(key.len(), 64);
         assert_eq!(key, build_key(&base.clone()));
-        let other_source = SourceInput::Inline {
+        let other_source = SourcePlan::Inline {
             source: "s2".into(),
             dependencies: "{}".into(),
         };
-        let git = SourceInput::Git {
+        let git = SourcePlan::Git {
             url: "https://x/r.git".into(),
             commit: "c".into(),
             base_dir: "/".into(),
+            auth_secret: None,
         };
         let variants = [
             KeyInputs {

@@ -6,7 +6,7 @@ use crate::runtime::{Language, RuntimeSpec};
 
 use super::config::Config;
 use super::crd::Function;
-use super::key::{self, KeyInputs, SourceInput};
+use super::key::{self, KeyInputs};
 use super::presets::{self, Resolved};
 use crate::oci::Digest;
 
@@ -97,25 +97,6 @@ pub fn plan(f: &Function, runtime: &RuntimeSpec, config: &Config, found: &Lookup
             dependencies: String::new(),
         },
     };
-    let key_source = match &source {
-        SourcePlan::Inline {
-            source,
-            dependencies,
-        } => SourceInput::Inline {
-            source: source.clone(),
-            dependencies: dependencies.clone(),
-        },
-        SourcePlan::Git {
-            url,
-            commit,
-            base_dir,
-            ..
-        } => SourceInput::Git {
-            url: url.clone(),
-            commit: commit.clone(),
-            base_dir: base_dir.clone(),
-        },
-    };
     let (namespace, name) = (f.namespace_or_default(), f.name_or_empty());
     let key = key::build_key(&KeyInputs {
         runtime: &runtime.name,
@@ -123,7 +104,7 @@ pub fn plan(f: &Function, runtime: &RuntimeSpec, config: &Config, found: &Lookup
         builder: &found.builder.1,
         namespace,
         name,
-        source: &key_source,
+        source: &source,
         registry_config: found.registry_config.as_ref(),
     });
     let resources = f.spec.resource_configuration.as_ref();
