@@ -75,9 +75,9 @@ impl BuildSlots {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves a slot for the Job `key` (`namespace/name`) of `who`, given the active Jobs
-    /// the cache knows (their keys). A Function waits while all slots are taken, or while as
-    /// many older Functions wait as there are free slots.
+    /// Reserves a slot for the Job `key` (`namespace/name`) of `who`, given every build Job
+    /// the cache knows (its key, and whether it is still active). A Function waits while all
+    /// slots are taken, or while as many older Functions wait as there are free slots.
     ///
     /// # Errors
     /// The number of builds running or reserved, when `who` must wait.
@@ -85,15 +85,23 @@ impl BuildSlots {
         &self,
         key: &str,
         who: &Waiter,
-        active: impl IntoIterator<Item = String>,
+        jobs: impl IntoIterator<Item = (String, bool)>,
     ) -> Result<(), usize> {
         let mut state = self.state();
-        let active: HashSet<String> = active.into_iter().collect();
-        // A reservation ends when the cache shows the Job, or after a while (a create that
-        // failed without telling us, a Job deleted before it was seen).
+        let mut known = HashSet::new();
+        let mut active = HashSet::new();
+        for (job, running) in jobs {
+            if running {
+                active.insert(job.clone());
+            }
+            known.insert(job);
+        }
+        // A reservation ends once the cache shows the Job, running or already finished (a
+        // quick build can end before any reconcile saw it run), or after a while (a create
+        // that failed without telling us, a Job deleted before it was seen).
         state
             .reserved
-            .retain(|k, at| !active.contains(k) && at.elapsed() < RESERVATION);
+            .retain(|k, at| !known.contains(k) && at.elapsed() < RESERVATION);
         if active.contains(key) || state.reserved.contains_key(key) {
             state.waiting.remove(who);
             return Ok(());
@@ -154,30 +162,42 @@ mod tests {
     #[test]
     fn reservations_count_until_the_cache_shows_the_job() {
         let slots = BuildSlots::new(2, None);
-        let none = Vec::<String>::new;
+        let none = Vec::<(String, bool)>::new;
         assert_eq!(slots.try_take("ns/a", &who("1"), none()), Ok(()));
         assert_eq!(slots.try_take("ns/b", &who("2"), none()), Ok(()));
         assert_eq!(slots.try_take("ns/c", &who("3"), none()), Err(2));
         // The cache now shows a; b is still reserved: still full.
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
             Err(2)
         );
         slots.release("ns/b");
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
             Ok(())
         );
         // Taking again for a Job that exists or is reserved is no new slot.
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
             Ok(())
         );
         assert_eq!(
-            slots.try_take("ns/a", &who("1"), ["ns/a".to_string()]),
+            slots.try_take("ns/a", &who("1"), [("ns/a".to_string(), true)]),
             Ok(())
         );
         assert_eq!(slots.waiting(), 0);
+    }
+
+    #[test]
+    fn a_reserved_job_the_cache_first_shows_finished_frees_its_slot() {
+        let slots = BuildSlots::new(1, None);
+        assert_eq!(slots.try_take("ns/a", &who("1"), Vec::new()), Ok(()));
+        assert_eq!(slots.try_take("ns/b", &who("2"), Vec::new()), Err(1));
+        // a ran and ended between two looks at the cache: its slot is free at once.
+        assert_eq!(
+            slots.try_take("ns/b", &who("2"), [("ns/a".to_string(), false)]),
+            Ok(())
+        );
     }
 
     #[test]
@@ -186,11 +206,11 @@ mod tests {
         let slots = BuildSlots::new(1, Some(tx));
         assert_eq!(slots.try_take("ns/a", &who("1"), Vec::new()), Ok(()));
         assert_eq!(
-            slots.try_take("ns/b", &who("2"), ["ns/a".to_string()]),
+            slots.try_take("ns/b", &who("2"), [("ns/a".to_string(), true)]),
             Err(1)
         );
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), ["ns/a".to_string()]),
+            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
             Err(1)
         );
         // a finished: the slot is free, but c is younger than b.
