@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kiln::{Kiln, copy_tree, fixtures};
+use common::kiln::{Kiln, copy_tree, fixtures, host_ca_bundle};
 use common::registry::{Registry, RegistryKind};
 use common::schema::validate_layout;
 
@@ -558,17 +558,6 @@ fn with_no_base_or_destination_the_runtime_images_are_built_into_the_local_store
         "{}",
         built.stderr
     );
-}
-
-/// The host's CA bundle: this machine may reach package registries through a TLS-intercepting
-/// proxy whose CA only the host trusts.
-fn host_ca_bundle() -> PathBuf {
-    std::env::var_os("SSL_CERT_FILE")
-        .filter(|v| !v.is_empty())
-        .map_or_else(
-            || "/etc/ssl/certs/ca-certificates.crt".into(),
-            PathBuf::from,
-        )
 }
 
 /// `--env K=V` for every proxy variable set here, for the package downloads in the sandbox.

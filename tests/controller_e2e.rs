@@ -11,11 +11,12 @@ mod kubelet;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::controller_env::{ControllerEnv, SYSTEM};
+use common::kiln::host_ca_bundle;
 use kubelet::{Config, TestKubelet};
 use serde_json::json;
 
@@ -23,15 +24,6 @@ use serde_json::json;
 const PUSH_TOKEN: &str = "kiln-e2e-push-token-5b1f0c9e";
 /// A string only the Function's own source holds: the scan's positive control.
 const CANARY: &str = "kiln-scan-canary-7f3a90d1";
-
-fn host_ca_bundle() -> PathBuf {
-    std::env::var_os("SSL_CERT_FILE")
-        .filter(|v| !v.is_empty())
-        .map_or_else(
-            || "/etc/ssl/certs/ca-certificates.crt".into(),
-            PathBuf::from,
-        )
-}
 
 /// Builds `runtime`'s base and builder images into the env's registry with a stripped copy of
 /// this kiln inside the builder; returns (base, builder) references.

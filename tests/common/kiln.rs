@@ -187,3 +187,14 @@ pub fn kiln_built_builder(kiln: &Kiln, runtime: &str, dir: &Path) -> String {
     );
     format!("oci:{}:{runtime}-builder", dir.display())
 }
+
+/// The host's CA bundle: this machine may reach package registries through a TLS-intercepting
+/// proxy whose CA only the host trusts.
+pub fn host_ca_bundle() -> PathBuf {
+    std::env::var_os("SSL_CERT_FILE")
+        .filter(|v| !v.is_empty())
+        .map_or_else(
+            || "/etc/ssl/certs/ca-certificates.crt".into(),
+            PathBuf::from,
+        )
+}
