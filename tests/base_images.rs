@@ -671,3 +671,134 @@ fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
         "PyYAML's C extension, built in the builder, loads in the base: {answer}"
     );
 }
+
+/// Builds the Function in `dir` on the base (and, when it declares dependencies, installs them
+/// in the builder image) and returns the JSON of `GET /`.
+fn build_on_bases_and_get(
+    k: &Kiln,
+    bases: &Path,
+    runtime: &str,
+    dir: &Path,
+    with_builder: bool,
+) -> serde_json::Value {
+    let out = dir.with_extension("out");
+    let mut cmd = kiln(k);
+    cmd.args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--base",
+        &format!("oci:{}:{runtime}", bases.display()),
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]);
+    if with_builder {
+        cmd.args([
+            "--builder-image",
+            &format!("oci:{}:{runtime}-builder", bases.display()),
+            "--deps-sandbox",
+            "bwrap",
+        ]);
+    }
+    let reference = k.run_cmd(&mut cmd).reference();
+    let (port, _running) = serve(k, &reference, &[]);
+    let (status, body) = http(port, "GET", "/", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The SBOM file of the base image in `bases`.
+fn base_sbom(bases: &Path) -> String {
+    common::run(Command::new("sh").arg("-c").arg(format!(
+        "for l in {}/blobs/sha256/*; do tar xzOf $l usr/share/kiln/sbom.json 2>/dev/null || true; done",
+        bases.display()
+    )))
+}
+
+/// Kyma's runtime images carry packages a Function may use without declaring them; kiln's
+/// bases carry them too — pinned by the lock, in a layer of their own, in the SBOM — and a
+/// Function's own copy of one of them wins over the base's.
+fn kyma_packages_are_there_and_the_functions_own_win(
+    runtime: &str,
+    fixture: &str,
+    package: &str,
+    own: (&str, &str),
+    own_version: &str,
+) {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, runtime, &bases);
+    let (_, lock) = kiln::base::recipe::embedded(runtime).unwrap();
+    let pinned = lock
+        .npm_tree
+        .iter()
+        .find(|p| p.path == package)
+        .map(|p| p.tarball.version.clone())
+        .or_else(|| {
+            lock.wheel
+                .iter()
+                .find(|w| w.name == package)
+                .map(|w| w.version.clone())
+        })
+        .unwrap_or_else(|| panic!("{package} is pinned in the {runtime} lock"));
+    assert_ne!(pinned, own_version);
+
+    let dir = work.path().join("fn");
+    copy_tree(&functions(fixture), &dir);
+    let answer = build_on_bases_and_get(&k, &bases, runtime, &dir, false);
+    assert_eq!(answer[package], pinned.as_str(), "{answer}");
+    assert!(
+        !answer["from"].as_str().unwrap().contains("function"),
+        "from the base's directory: {answer}"
+    );
+
+    let sbom = base_sbom(&bases);
+    assert!(
+        sbom.contains(&format!(r#""name":"{package}""#)) && sbom.contains(&pinned),
+        "the SBOM lists {package} {pinned}: {sbom}"
+    );
+    let config = common::run(Command::new("sh").arg("-c").arg(format!(
+        "grep -l created_by {}/blobs/sha256/* | xargs cat",
+        bases.display()
+    )));
+    assert!(
+        config.contains("Kyma's runtime packages"),
+        "a layer of their own: {config}"
+    );
+
+    let own_dir = work.path().join("own");
+    copy_tree(&functions(fixture), &own_dir);
+    std::fs::write(own_dir.join(own.0), own.1).unwrap();
+    let answer = build_on_bases_and_get(&k, &bases, runtime, &own_dir, true);
+    assert_eq!(
+        answer[package], own_version,
+        "the Function's own wins: {answer}"
+    );
+}
+
+#[test]
+fn nodejs22_functions_require_kymas_packages_undeclared_and_their_own_win() {
+    kyma_packages_are_there_and_the_functions_own_win(
+        "nodejs22",
+        "node-kyma-packages",
+        "axios",
+        (
+            "package.json",
+            r#"{"name":"f","version":"1.0.0","dependencies":{"axios":"1.6.0"}}"#,
+        ),
+        "1.6.0",
+    );
+}
+
+#[test]
+fn python313_functions_import_kymas_packages_undeclared_and_their_own_win() {
+    kyma_packages_are_there_and_the_functions_own_win(
+        "python313",
+        "python-kyma-packages",
+        "requests",
+        ("requirements.txt", "requests==2.31.0\n"),
+        "2.31.0",
+    );
+}

@@ -10,6 +10,7 @@ use tempfile::TempDir;
 
 use super::debian::{self, Keyring, LockedPackage, Mirror};
 use super::npm::{self, NpmTarball};
+use super::packages;
 use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
 use super::rootfs;
 use crate::build::publish::{BlobPlan, Role};
@@ -46,6 +47,9 @@ pub enum Error {
     /// npm side.
     #[error(transparent)]
     Npm(#[from] npm::Error),
+    /// Kyma's runtime packages.
+    #[error(transparent)]
+    Packages(#[from] packages::Error),
     /// Synthesised files.
     #[error(transparent)]
     Rootfs(#[from] rootfs::Error),
@@ -71,6 +75,14 @@ pub enum Error {
         wanted: String,
         /// In the lock.
         found: String,
+    },
+    /// The recipe names runtime packages the lock does not pin.
+    #[error(
+        "the lock file pins none of the [packages] of the {runtime} recipe: run `kiln base lock {runtime}`"
+    )]
+    UnlockedPackages {
+        /// The runtime.
+        runtime: String,
     },
     /// Scratch space.
     #[error("using {path}")]
@@ -132,11 +144,37 @@ pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock> {
             tarball,
         });
     }
+    let (mut npm_tree, mut wheel) = (Vec::new(), Vec::new());
+    if let Some(p) = recipe.packages.clone() {
+        let registry = src.npm_registry.clone();
+        (npm_tree, wheel) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let tree = if p.npm.is_empty() {
+                Vec::new()
+            } else {
+                packages::lock_npm(&p.npm, &registry)?
+            };
+            let wheels = match (&p.pip[..], &p.python) {
+                ([], _) => Vec::new(),
+                (reqs, Some(python)) => packages::lock_pip(reqs, python)?,
+                (_, None) => {
+                    return Err(packages::Error::Output {
+                        what: "recipe",
+                        detail: "[packages] pip needs python (the image's Python version)".into(),
+                    }
+                    .into());
+                }
+            };
+            Ok((tree, wheels))
+        })
+        .await??;
+    }
     Ok(Lock {
         runtime: recipe.runtime.clone(),
         suite: recipe.debian.suite.clone(),
         debian: debs,
         npm: pinned,
+        npm_tree,
+        wheel,
     })
 }
 
@@ -199,9 +237,12 @@ pub async fn assemble(
     let runtime = stage
         .npm_layer("runtime", lock, recipe, Target::Base)
         .await?;
-    let server = stage.server_layer(recipe)?;
-    let sbom = stage.sbom_layer(&recipe.runtime)?;
-    let base_layers = vec![debian_base, runtime, server, sbom];
+    let mut base_layers = vec![debian_base, runtime];
+    if let Some(layer) = stage.packages_layer(lock, recipe).await? {
+        base_layers.push(layer);
+    }
+    base_layers.push(stage.server_layer(recipe)?);
+    base_layers.push(stage.sbom_layer(&recipe.runtime)?);
     // The base's config describes the base's packages only.
     let base_edit = config_edit(recipe, epoch, &stage.sbom_label());
     let builder_debs: Vec<LockedPackage> = lock.debs(Target::Builder).cloned().collect();
@@ -349,6 +390,65 @@ impl Stage<'_> {
         }
         self.tree_layer(name, &root, format!("kiln base: {name}"))
             .await
+    }
+
+    /// Kyma's runtime packages, in a layer of their own (absent without any).
+    async fn packages_layer(&mut self, lock: &Lock, recipe: &Recipe) -> Result<Option<NewLayer>> {
+        let Some(wanted) = &recipe.packages else {
+            return Ok(None);
+        };
+        if (!wanted.npm.is_empty() && lock.npm_tree.is_empty())
+            || (!wanted.pip.is_empty() && lock.wheel.is_empty())
+        {
+            return Err(Error::UnlockedPackages {
+                runtime: recipe.runtime.clone(),
+            });
+        }
+        if lock.npm_tree.is_empty() && lock.wheel.is_empty() {
+            return Ok(None);
+        }
+        let root = self.scratch("packages")?;
+        let dest = root.join(wanted.dest.trim_start_matches('/'));
+        packages::install_npm(
+            &self.src.http,
+            &self.src.npm_registry,
+            &self.src.cache_dir,
+            &lock.npm_tree,
+            &dest,
+        )
+        .await?;
+        packages::install_wheels(&self.src.http, &self.src.cache_dir, &lock.wheel, &dest).await?;
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &lock.npm_tree {
+            if seen.insert((&p.tarball.package, &p.tarball.version)) {
+                self.sbom.push(SbomEntry {
+                    name: p.tarball.package.clone(),
+                    version: p.tarball.version.clone(),
+                    origin: "npm",
+                    licenses: vec![],
+                });
+            }
+        }
+        for w in &lock.wheel {
+            self.sbom.push(SbomEntry {
+                name: w.name.clone(),
+                version: w.version.clone(),
+                origin: "pypi",
+                licenses: vec![],
+            });
+        }
+        let count = lock.npm_tree.len() + lock.wheel.len();
+        let layer = self
+            .tree_layer(
+                "packages",
+                &root,
+                format!(
+                    "kiln base: Kyma's runtime packages ({count}) in {}",
+                    wanted.dest
+                ),
+            )
+            .await?;
+        Ok(Some(layer))
     }
 
     fn server_layer(&mut self, recipe: &Recipe) -> Result<NewLayer> {

@@ -5,6 +5,7 @@
 pub mod assemble;
 pub mod debian;
 pub mod npm;
+pub mod packages;
 pub mod recipe;
 pub mod rootfs;
 pub mod servers;

@@ -292,6 +292,71 @@ pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Unpacks a whole npm package tarball into `dest`, as npm does: the first component of
+/// every member (`package/` by convention, though some tarballs use another name) is
+/// dropped. Only regular files and directories are written — a symlink or hard link member
+/// fails the unpack, so no later member can be written through a link — files get 0644, or
+/// 0755 where any execute bit is set, and every name must be a plain relative path.
+///
+/// # Errors
+/// A corrupt tarball, a link or escaping member, I/O.
+pub fn unpack_package(tgz: &Path, dest: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let refuse = |what: String| Error::Io {
+        action: "refusing a member of",
+        path: tgz.to_path_buf(),
+        source: std::io::Error::other(what),
+    };
+    let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    std::fs::create_dir_all(dest).map_err(io("creating", dest))?;
+    for entry in archive.entries().map_err(io("reading", tgz))? {
+        let mut entry = entry.map_err(io("reading", tgz))?;
+        let path = entry.path().map_err(io("reading", tgz))?.into_owned();
+        let rel: PathBuf = path.components().skip(1).collect();
+        if rel.as_os_str().is_empty() {
+            continue;
+        }
+        if !rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(refuse(format!("{} leaves the package", path.display())));
+        }
+        let target = dest.join(&rel);
+        let kind = entry.header().entry_type();
+        if kind.is_dir() {
+            std::fs::create_dir_all(&target).map_err(io("creating", &target))?;
+            continue;
+        }
+        if !(kind.is_file() || kind == tar::EntryType::Continuous) {
+            return Err(refuse(format!(
+                "{} is a {kind:?}, not a file or directory",
+                path.display()
+            )));
+        }
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        }
+        let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
+        // A repeated member replaces the earlier one, as with tar.
+        let mut out = std::fs::File::create(&target).map_err(io("writing", &target))?;
+        std::io::copy(&mut entry, &mut out).map_err(io("writing", &target))?;
+        let mode = if executable { 0o755 } else { 0o644 };
+        std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
+            .map_err(io("setting the mode of", &target))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,5 +390,62 @@ mod tests {
         assert!(matches!(t.expected_hash(), Err(Error::BadIntegrity(_))));
         t.integrity = sri(&[7u8; 64]);
         assert_eq!(t.expected_hash().unwrap(), vec![7u8; 64]);
+    }
+
+    fn tgz(members: &[(&str, tar::EntryType, &[u8], &str)]) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let gz = flate2::write::GzEncoder::new(file.reopen().unwrap(), flate2::Compression::fast());
+        let mut tar = tar::Builder::new(gz);
+        for (name, kind, data, link) in members {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(*kind);
+            h.set_size(data.len() as u64);
+            h.set_mode(0o755);
+            if !link.is_empty() {
+                h.set_link_name(link).unwrap();
+            }
+            h.set_path(name).unwrap();
+            h.set_cksum();
+            tar.append(&h, *data).unwrap();
+        }
+        tar.into_inner().unwrap().finish().unwrap();
+        file
+    }
+
+    #[test]
+    fn a_package_unpacks_without_its_top_directory_whatever_its_name() {
+        use tar::EntryType::Regular;
+        let t = tgz(&[
+            ("pkg/index.js", Regular, b"x", ""),
+            ("pkg/bin/cli", Regular, b"y", ""),
+        ]);
+        let dest = tempfile::tempdir().unwrap();
+        unpack_package(t.path(), dest.path()).unwrap();
+        assert_eq!(std::fs::read(dest.path().join("index.js")).unwrap(), b"x");
+        assert!(dest.path().join("bin/cli").is_file());
+    }
+
+    #[test]
+    fn links_in_a_package_are_refused_so_nothing_is_written_through_them() {
+        use tar::EntryType::{Link, Regular, Symlink};
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().to_str().unwrap().to_string();
+        for members in [
+            vec![
+                ("package/evil", Symlink, &b""[..], target.as_str()),
+                ("package/evil/planted", Regular, &b"x"[..], ""),
+            ],
+            vec![("package/passwd", Link, &b""[..], "/etc/passwd")],
+        ] {
+            let t = tgz(&members);
+            let dest = tempfile::tempdir().unwrap();
+            let e = unpack_package(t.path(), dest.path()).unwrap_err();
+            assert!(
+                format!("{e:?}").contains("not a file or directory"),
+                "{e:?}"
+            );
+            assert!(!outside.path().join("planted").exists());
+            assert!(!dest.path().join("passwd").exists());
+        }
     }
 }

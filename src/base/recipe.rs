@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::debian::LockedPackage;
 use super::npm::NpmTarball;
+use super::packages::{LockedNpmPath, LockedWheel, PackagesRecipe};
 
 /// Which of the two images an input belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +29,9 @@ pub struct Recipe {
     /// npm packages (Node.js itself, npm).
     #[serde(default)]
     pub npm: Vec<NpmRecipe>,
+    /// Kyma's runtime packages, resolvable by every Function (see [`super::packages`]).
+    #[serde(default)]
+    pub packages: Option<PackagesRecipe>,
     /// The base image's config.
     pub image: ImageRecipe,
 }
@@ -95,6 +99,12 @@ pub struct Lock {
     pub debian: Vec<LockedDeb>,
     /// Every npm tarball.
     pub npm: Vec<LockedNpm>,
+    /// The `node_modules` tree of the runtime packages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub npm_tree: Vec<LockedNpmPath>,
+    /// The wheels of the runtime packages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wheel: Vec<LockedWheel>,
 }
 
 /// A pinned Debian package.
