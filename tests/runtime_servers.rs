@@ -81,6 +81,7 @@ impl Server {
         match runtime {
             Runtime::Node => cmd.env("HANDLER_PATH", fixtures.join("node/handler.js")),
             Runtime::Python => cmd
+                .env("PYTHONPATH", python_packages())
                 .env("FUNCTION_PATH", fixtures.join("python"))
                 .env("PYTHONUNBUFFERED", "TRUE")
                 .env("PYTHONDONTWRITEBYTECODE", "1"),
@@ -175,6 +176,43 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The python313 base image's Kyma runtime packages (bottle and cheroot serve the Python
+/// server), installed from the same pinned wheels into a directory shared by every test, for
+/// `PYTHONPATH`, as they sit in the image's dist-packages.
+fn python_packages() -> PathBuf {
+    let (_, lock) = kiln::base::recipe::embedded("python313").unwrap();
+    let key: String = lock.wheel.iter().map(|w| &w.sha256[..8]).collect();
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = tmp.join(format!(
+        "python-packages-{}",
+        &kiln::oci::Digest::of(key.as_bytes()).hex()[..16]
+    ));
+    if dir.is_dir() {
+        return dir;
+    }
+    let cache = tmp.join("kiln-test-cache");
+    let staging = tempfile::tempdir_in(tmp).unwrap();
+    let into = staging.path().to_path_buf();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(kiln::base::packages::install_wheels(
+            &reqwest::Client::new(),
+            &cache,
+            &lock.wheel,
+            &into,
+        ))
+        .unwrap();
+    })
+    .join()
+    .unwrap();
+    // Another test process may have won the race: its copy is as good.
+    let kept = staging.keep();
+    if fs::rename(&kept, &dir).is_err() {
+        let _ = fs::remove_dir_all(&kept);
+    }
+    dir
 }
 
 fn interpreter(var: &str, default: &str) -> PathBuf {
@@ -667,6 +705,81 @@ for_both_runtimes! {
     a_request_is_a_cloud_event_only_when_it_is_one_and_gets_an_id_and_a_time:
         node_sets_ce_fields_only_for_cloud_events_and_fills_id_and_time,
         python_sets_ce_keys_only_for_cloud_events_and_fills_id_and_time;
+}
+
+#[tokio::test]
+async fn python_functions_get_bottles_request_and_answer_through_bottles_response() {
+    let server = Server::start(Runtime::Python, &[]);
+    let resp = client()
+        .post(server.url("/bottle?n=5&q=1"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", "c=chocolate")
+        .header("x-custom", "custom")
+        .body("f=form-value")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(&resp, "x-bottle"), "yes");
+    assert!(header(&resp, "set-cookie").starts_with("seen=1"));
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert_json(&resp);
+    let got: Value = resp.json().await.unwrap();
+    assert_eq!(
+        got,
+        json!({
+            "type": "LocalRequest",
+            "params": {"n": "5", "q": "1", "f": "form-value"},
+            "forms": "form-value",
+            "n": 5,
+            "missing": 7,
+            "body": "f=form-value",
+            "content_type": "application/x-www-form-urlencoded",
+            "method": "POST",
+            "cookie": "chocolate",
+            "cookies": {"c": "chocolate"},
+            "header": "custom",
+        })
+    );
+
+    let resp = client()
+        .post(server.url("/json"))
+        .json(&json!({"a": [1, 2]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.json::<Value>().await.unwrap(), json!({"json": {"a": [1, 2]}}));
+
+    // A raised bottle.HTTPError is an answer, not a failure.
+    let resp = client().get(server.url("/http-error")).send().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 418);
+    assert_eq!(resp.text().await.unwrap(), "a teapot");
+    assert_eq!(sample(&metrics(&server).await, "function_failures_total"), 0.0);
+}
+
+/// The highest number of `/peak` calls that ran at once, of `n` sent together.
+async fn peak_of(server: &Server, n: usize) -> u64 {
+    let calls: Vec<_> = (0..n)
+        .map(|_| tokio::spawn(client().get(server.url("/peak")).send()))
+        .collect();
+    let mut peak = 0;
+    for call in calls {
+        let got: Value = call.await.unwrap().unwrap().json().await.unwrap();
+        peak = peak.max(got["max"].as_u64().unwrap());
+    }
+    peak
+}
+
+#[tokio::test]
+async fn python_serves_as_many_requests_at_once_as_cherrypy_numthreads_allows() {
+    let one = Server::start(Runtime::Python, &[("CHERRYPY_NUMTHREADS", "1")]);
+    assert!(one.stdout().contains("1 threads"), "{}", one.stdout());
+    assert_eq!(peak_of(&one, 3).await, 1, "one thread serves one call at a time");
+    let four = Server::start(Runtime::Python, &[("CHERRYPY_NUMTHREADS", "4")]);
+    assert!(
+        peak_of(&four, 3).await >= 2,
+        "four threads serve calls side by side"
+    );
 }
 
 #[tokio::test]

@@ -1,8 +1,11 @@
-"""kiln's Python function server: Kyma's runtime contract on the standard library only.
+"""kiln's Python function server: Kyma's runtime contract, served as Kyma's was — bottle on
+cheroot's threaded WSGI server — so a Function's `event['extensions']['request']` and
+`bottle.response` are bottle's own.
 
-No bottle, cheroot or prometheus_client: the image needs nothing but CPython (3.11+) and this
-file. Runs as user 1000 on a read-only root filesystem and writes nothing. The contract and
-the decisions behind it are in runtimes/_servers/README.md.
+Needs CPython (3.11+), this file, and bottle and cheroot, which the base image's Kyma runtime
+packages provide (/usr/local/lib/python3.X/dist-packages). Nothing else is imported at start.
+Runs as user 1000 on a read-only root filesystem and writes nothing. The contract and the
+decisions behind it are in runtimes/_servers/README.md.
 """
 
 import datetime
@@ -14,8 +17,9 @@ import signal
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qsl
+
+import bottle  # with cheroot, from the image's Kyma runtime packages
 
 
 def _num(name, default):
@@ -79,8 +83,8 @@ def render_metrics():
 
 # ---- what the Function sees ----
 class MultiDict(dict):
-    """Query or form parameters: `d[k]`/`d.get(k)` give the last value (as bottle's FormsDict),
-    `d.getall(k)` every value; JSON-serialisable as a plain dict."""
+    """Form parameters in `event['data']`: `d[k]`/`d.get(k)` give the last value (as bottle's
+    FormsDict), `d.getall(k)` every value; JSON-serialisable as a plain dict."""
 
     def __init__(self, pairs=()):
         super().__init__()
@@ -91,36 +95,6 @@ class MultiDict(dict):
 
     def getall(self, key):
         return list(self._all.get(key, []))
-
-
-class Request:
-    """`event['extensions']['request']`: the parts of the HTTP request, already read."""
-
-    def __init__(self, method, path, query_string, headers, body, remote_addr):
-        self.method, self.path, self.query_string = method, path, query_string
-        self.url = path + ('?' + query_string if query_string else '')
-        self.query = MultiDict(parse_qsl(query_string, keep_blank_values=True))
-        self.headers = headers  # http.client.HTTPMessage: case-insensitive get()/[]/in
-        self.body = body  # bytes
-        self.remote_addr = remote_addr
-
-    def get_header(self, name, default=None):
-        return self.headers.get(name, default)
-
-    @property
-    def json(self):
-        return json.loads(self.body) if self.body else None
-
-
-class Response:
-    """`event['extensions']['response']`: status and headers the server will send."""
-
-    def __init__(self):
-        self.status, self.headers = None, {}
-
-    def set_header(self, name, value):
-        self.headers = {k: v for k, v in self.headers.items() if k.lower() != name.lower()}
-        self.headers[name] = str(value)
 
 
 class _NoopTracer:
@@ -294,20 +268,27 @@ def fill_cloud_event(event, headers, mime):
         event['ce-time'] = _now()
 
 
-def to_body(result, response):
-    """A handler's return value → (content type or None, body bytes); may set the status."""
-    if hasattr(result, 'status_code') and hasattr(result, 'body'):  # bottle.HTTPResponse-like
-        for name, value in dict(getattr(result, 'headers', None) or {}).items():
-            response.set_header(name, value)
-        response.status = response.status or int(result.status_code)
+def _json_default(value):
+    if isinstance(value, bottle.MultiDict):  # request.query, .forms, .params
+        return dict(value.items())
+    return str(value)
+
+
+def to_body(result):
+    """A handler's return value → (status or None, headers, content type or None, body bytes).
+    A returned (or raised) `bottle.HTTPResponse` gives its status, headers and body."""
+    status, headers = None, []
+    if isinstance(result, bottle.HTTPResponse):
+        status = result.status_code
+        headers = [(k, v) for k, v in result.headerlist if k.lower() != 'content-length']
         result = result.body
-    if result is None:
-        return None, b''
+    if result is None or result == '':
+        return status, headers, None, b''
     if isinstance(result, (bytes, bytearray, memoryview)):
-        return 'application/octet-stream', bytes(result)
+        return status, headers, 'application/octet-stream', bytes(result)
     if isinstance(result, str):
-        return TEXT_TYPE, result.encode()
-    return JSON_TYPE, json.dumps(result, default=str).encode()
+        return status, headers, TEXT_TYPE, result.encode()
+    return status, headers, JSON_TYPE, json.dumps(result, default=_json_default).encode()
 
 
 # ---- the user's Function ----
@@ -315,177 +296,204 @@ sys.path.append(FUNCTION_PATH)
 _function = None  # set in main()
 
 
-def call_function(event, context):
-    """Runs the Function in a worker thread; ('ok', result), ('error', exc) or ('timeout', None).
-    A timed-out worker cannot be killed: it keeps running, its result is dropped."""
+def call_function(event, context, environ):
+    """Runs the Function in a worker thread with bottle's `request` and `response` bound to this
+    request there, as Kyma's server did; ('ok', result, response), ('error', exc, response) or
+    ('timeout', None, None). `response` is a copy of what the Function set on
+    `bottle.response`. A timed-out worker cannot be killed: it keeps running (daemon), its
+    result is dropped."""
     box, done = [], threading.Event()
 
     def run():
+        bottle.request.bind(environ)
+        bottle.response.bind()
         try:
-            box.append(('ok', _function(event, context)))
+            result = _function(event, context)
+            box.append(('ok', result, bottle.response.copy()))
+        except bottle.HTTPResponse as res:  # `raise bottle.HTTPError(400, ...)` is an answer
+            box.append(('ok', res, bottle.response.copy()))
         except BaseException as exc:  # noqa: BLE001 - report every failure as a 500
             import traceback
             traceback.print_exc()
-            box.append(('error', exc))
+            box.append(('error', exc, None))
         finally:
             done.set()
 
     threading.Thread(target=run, name='function', daemon=True).start()
-    return box[0] if done.wait(TIMEOUT) else ('timeout', None)
+    return box[0] if done.wait(TIMEOUT) else ('timeout', None, None)
 
 
-# ---- server ----
+# ---- server: bottle on cheroot's threaded WSGI server, as Kyma's ----
 _state = {'inflight': 0, 'stopping': False}
 _idle = threading.Condition()
+app = bottle.Bottle()
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = 'HTTP/1.1'  # keep-alive; every response carries Content-Length
-    timeout = 60  # seconds a socket may sit idle (between or inside requests)
+def _plain(status, text, headers=None):
+    return bottle.HTTPResponse(text, status=status, headers=dict(
+        {'Content-Type': TEXT_TYPE, 'Access-Control-Allow-Origin': '*'}, **(headers or {})))
 
-    def version_string(self):
-        return 'kiln-python'
 
-    def log_message(self, fmt, *args):
-        if ACCESS_LOG:
-            sys.stdout.write('%s - %s\n' % (self.address_string(), fmt % args))
+# bottle's own errors (a malformed request, an over-long chunked body) as plain text.
+app.default_error_handler = lambda res: (
+    bottle.response.set_header('Content-Type', TEXT_TYPE) or f'{res.status_line}\n')
 
-    def send(self, status, body=b'', content_type=None, headers=None):
-        self.send_response(status)
-        self.send_header('Access-Control-Allow-Origin', '*')
-        headers = dict(headers or {})
-        if content_type and not any(k.lower() == 'content-type' for k in headers):
-            self.send_header('Content-Type', content_type)
-        for name, value in headers.items():
-            self.send_header(name, value)
-        if status not in (204, 304):
-            self.send_header('Content-Length', str(len(body)))
-        if _state['stopping'] or self.close_connection:
-            self.send_header('Connection', 'close')  # also sets self.close_connection
-        self.end_headers()
-        if self.command != 'HEAD' and body:
-            self.wfile.write(body)
 
-    def too_large(self):
-        self.close_connection = True
-        msg = f'Request body larger than the limit ({BODY_LIMIT} bytes, REQ_MB_LIMIT)\n'
-        self.send(413, msg.encode(), TEXT_TYPE)
-        # Discard (never buffer) what the client still sends for a moment, so it reads the 413
-        # rather than a connection reset; then the connection closes.
-        try:
-            self.wfile.flush()
-            self.connection.settimeout(1)
-            deadline = time.monotonic() + 2
-            while time.monotonic() < deadline and self.connection.recv(65536):
-                pass
-        except OSError:
-            pass
-
-    def handle_expect_100(self):  # `Expect: 100-continue`: refuse big bodies before they are sent
-        if int(self.headers.get('Content-Length') or 0) > BODY_LIMIT:
-            self.too_large()
-            return False
-        return super().handle_expect_100()
-
-    def read_body(self):
-        """The request body, or None after answering 413. Chunked uploads are decoded here."""
-        if 'chunked' in (self.headers.get('Transfer-Encoding') or '').lower():
-            chunks, size = [], 0
-            while True:
-                n = int(self.rfile.readline(1024).split(b';')[0].strip() or b'0', 16)
-                if n == 0:
-                    while self.rfile.readline(8192).strip():  # trailers
-                        pass
-                    return b''.join(chunks)
-                size += n
-                if size > BODY_LIMIT:
-                    self.too_large()
-                    return None
-                chunks.append(self.rfile.read(n))
-                self.rfile.readline(8)
-        length = int(self.headers.get('Content-Length') or 0)
-        if length > BODY_LIMIT:
-            self.too_large()
-            return None
-        return self.rfile.read(length) if length > 0 else b''
-
-    def dispatch(self):
+@app.route('/<:re:.*>', method='ANY')
+def handle():
+    with _idle:
+        _state['inflight'] += 1
+    try:
+        return route(bottle.request, bottle.response)
+    finally:
         with _idle:
-            _state['inflight'] += 1
+            _state['inflight'] -= 1
+            _idle.notify_all()
+
+
+def route(req, resp):
+    method, path = req.method, req.path
+    resp.set_header('Access-Control-Allow-Origin', '*')
+    if method in ('GET', 'HEAD'):
+        if path == '/healthz':
+            resp.content_type = TEXT_TYPE
+            return b'OK'
+        if path == '/metrics':
+            resp.content_type = 'text/plain; version=0.0.4; charset=utf-8'
+            return render_metrics()
+        if path == '/favicon.ico':
+            return _plain(204, '')
+    if method == 'OPTIONS':  # CORS preflight: allow whatever is asked for
+        return _plain(204, '', {
+            'Access-Control-Allow-Methods': req.get_header('Access-Control-Request-Method')
+            or 'GET, POST, PUT, PATCH, DELETE, OPTIONS',
+            'Access-Control-Allow-Headers': req.get_header('Access-Control-Request-Headers')
+            or '*',
+            'Access-Control-Max-Age': '86400'})
+    if req.content_length > BODY_LIMIT:
+        return too_large(req)
+    raw = req.body.read()
+    ctype = req.get_header('Content-Type') or ''
+    mime = ctype.split(';')[0].strip().lower()
+    charset = 'utf-8'
+    for param in ctype.split(';')[1:]:
+        name, _, value = param.partition('=')
+        if name.strip().lower() == 'charset' and value.strip():
+            charset = value.strip().strip('"')
+    try:
+        data = parse_body(mime, charset, raw)
+    except ValueError as exc:
+        return _plain(400, f'Bad Request: cannot parse the {mime} body: {exc}\n')
+    event = Event(data, bottle.request, bottle.response)
+    fill_cloud_event(event, req.headers, mime)
+    context = {
+        'function-name': os.environ.get('FUNC_NAME'),
+        'namespace': os.environ.get('SERVICE_NAMESPACE'),
+        'runtime': os.environ.get('FUNC_RUNTIME'),
+        'timeout': TIMEOUT,
+        'memory-limit': os.environ.get('FUNC_MEMORY_LIMIT'),
+        'body-size-limit': BODY_LIMIT,
+    }
+    with _lock:
+        _m['calls'] += 1
+    started = time.monotonic()
+    outcome, value, set_by_function = call_function(event, context, req.environ)
+    if outcome == 'ok':
         try:
-            self.route()
-        finally:
-            with _idle:
-                _state['inflight'] -= 1
-                _idle.notify_all()
-
-    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = dispatch
-
-    def route(self):
-        path, _, query = self.path.partition('?')
-        if self.command in ('GET', 'HEAD'):
-            if path == '/healthz':
-                return self.send(200, b'OK', TEXT_TYPE)
-            if path == '/metrics':
-                return self.send(200, render_metrics(), 'text/plain; version=0.0.4; charset=utf-8')
-            if path == '/favicon.ico':
-                return self.send(204)
-        if self.command == 'OPTIONS':  # CORS preflight: allow whatever is asked for
-            return self.send(204, headers={
-                'Access-Control-Allow-Methods': self.headers.get('Access-Control-Request-Method')
-                or 'GET, POST, PUT, PATCH, DELETE, OPTIONS',
-                'Access-Control-Allow-Headers': self.headers.get('Access-Control-Request-Headers')
-                or '*',
-                'Access-Control-Max-Age': '86400'})
-        try:
-            raw = self.read_body()
-        except ValueError:  # a malformed chunk size
-            self.close_connection = True
-            return self.send(400, b'Bad Request: malformed chunked body\n', TEXT_TYPE)
-        if raw is None:
-            return None
-        ctype = self.headers.get('Content-Type') or ''
-        mime = ctype.split(';')[0].strip().lower()
-        charset = self.headers.get_content_charset() or 'utf-8'
-        try:
-            data = parse_body(mime, charset, raw)
-        except ValueError as exc:
-            return self.send(400, f'Bad Request: cannot parse the {mime} body: {exc}\n'.encode(),
-                             TEXT_TYPE)
-        response = Response()
-        request = Request(self.command, path, query, self.headers, raw, self.client_address[0])
-        event = Event(data, request, response)
-        fill_cloud_event(event, self.headers, mime)
-        context = {
-            'function-name': os.environ.get('FUNC_NAME'),
-            'namespace': os.environ.get('SERVICE_NAMESPACE'),
-            'runtime': os.environ.get('FUNC_RUNTIME'),
-            'timeout': TIMEOUT,
-            'memory-limit': os.environ.get('FUNC_MEMORY_LIMIT'),
-            'body-size-limit': BODY_LIMIT,
-        }
-        with _lock:
-            _m['calls'] += 1
-        started = time.monotonic()
-        outcome, value = call_function(event, context)
-        if outcome == 'ok':
-            try:
-                content_type, body = to_body(value, response)
-            except (TypeError, ValueError) as exc:
-                sys.stderr.write(f'Cannot serialise the function result: {exc!r}\n')
-                outcome = 'error'
-        _observe(time.monotonic() - started, outcome != 'ok')
-        if outcome == 'timeout':
-            sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {self.command} {self.path}\n')
-            return self.send(408, b'Timeout while processing the function\n', TEXT_TYPE)
-        if outcome == 'error':
-            return self.send(500, b'Internal server error', TEXT_TYPE)
-        return self.send(response.status or 200, body, content_type, response.headers)
+            status, headers, content_type, body = to_body(value)
+        except (TypeError, ValueError) as exc:
+            sys.stderr.write(f'Cannot serialise the function result: {exc!r}\n')
+            outcome = 'error'
+    _observe(time.monotonic() - started, outcome != 'ok')
+    if outcome == 'timeout':
+        sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {method} {req.fullpath}\n')
+        return _plain(408, 'Timeout while processing the function\n')
+    if outcome == 'error':
+        return _plain(500, 'Internal server error')
+    out = set_by_function
+    if status and out.status_code == 200:
+        out.status = status
+    for name, value in headers:
+        out.add_header(name, value)
+    if content_type and 'Content-Type' not in out:
+        out.content_type = content_type
+    out.set_header('Access-Control-Allow-Origin', '*')
+    if out.status_code in (204, 304):
+        body = b''
+    answer = out.copy(cls=bottle.HTTPResponse)
+    answer.body = body
+    if 'Content-Type' not in out:  # nothing to describe: no body, no type set
+        answer.default_content_type = None
+    return answer
 
 
-class Server(ThreadingHTTPServer):
-    daemon_threads = True  # idle keep-alive connections must not block exit
-    request_queue_size = 128
+def too_large(req):
+    """413 before reading the body; the connection closes after it, and the client's upload is
+    discarded for at most 2 s so it reads the 413 rather than a reset."""
+    stream = req.environ.get('wsgi.input')
+    deadline = time.monotonic() + 2
+    try:
+        left = req.content_length
+        while left > 0 and time.monotonic() < deadline:
+            chunk = stream.read(min(65536, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+    except OSError:
+        pass
+    return _plain(413, f'Request body larger than the limit ({BODY_LIMIT} bytes, REQ_MB_LIMIT)\n',
+                  {'Connection': 'close'})
+
+
+class Dechunk:
+    """WSGI middleware. cheroot decodes a chunked upload itself but passes the
+    Transfer-Encoding header on, which makes bottle decode it a second time: read the decoded
+    body here (up to the limit: 413 beyond it) and hand bottle a plain, sized body."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        if 'chunked' in environ.get('HTTP_TRANSFER_ENCODING', '').lower():
+            import io
+            stream, chunks, size = environ['wsgi.input'], [], 0
+            while True:
+                try:
+                    chunk = stream.read(65536)
+                except ValueError:  # a malformed chunk size
+                    start_response('400 Bad Request', [('Content-Type', TEXT_TYPE),
+                                                       ('Connection', 'close')])
+                    return [b'Bad Request: malformed chunked body\n']
+                if not chunk:
+                    break
+                size += len(chunk)
+                if size > BODY_LIMIT:
+                    msg = f'Request body larger than the limit ({BODY_LIMIT} bytes, REQ_MB_LIMIT)\n'
+                    start_response('413 Payload Too Large', [
+                        ('Content-Type', TEXT_TYPE), ('Access-Control-Allow-Origin', '*'),
+                        ('Content-Length', str(len(msg))), ('Connection', 'close')])
+                    return [msg.encode()]
+                chunks.append(chunk)
+            body = b''.join(chunks)
+            del environ['HTTP_TRANSFER_ENCODING']
+            environ['CONTENT_LENGTH'] = str(len(body))
+            environ['wsgi.input'] = io.BytesIO(body)
+        return self.app(environ, start_response)
+
+
+class AccessLog:
+    """WSGI middleware: one line per request on stdout (KYMA_INTERNAL_LOGGER_ENABLED)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def __call__(self, environ, start_response):
+        def logged(status, headers, exc_info=None):
+            sys.stdout.write('%s - "%s %s %s" %s\n' % (
+                environ.get('REMOTE_ADDR', '-'), environ.get('REQUEST_METHOD'),
+                environ.get('PATH_INFO'), environ.get('SERVER_PROTOCOL'), status.split()[0]))
+            return start_response(status, headers, exc_info)
+        return self.app(environ, logged)
 
 
 def main():
@@ -499,7 +507,16 @@ def main():
         sys.stderr.write(f'Cannot load {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH}\n')
         sys.exit(1)
 
-    server = Server(('0.0.0.0', PORT), Handler)
+    from cheroot import wsgi
+    wsgi_app = Dechunk(app)
+    if ACCESS_LOG:
+        wsgi_app = AccessLog(wsgi_app)
+    # Kyma's CHERRYPY_NUMTHREADS: requests served in parallel (default 50, as Kyma's).
+    threads = max(1, int(_num('CHERRYPY_NUMTHREADS', 50)))
+    server = wsgi.Server(('0.0.0.0', PORT), wsgi_app, numthreads=threads,
+                         server_name='kiln-python', request_queue_size=128, timeout=60)
+    server.shutdown_timeout = GRACE
+    server.prepare()
     stop = threading.Event()
     signals = []
 
@@ -509,11 +526,11 @@ def main():
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=server.serve_forever, kwargs={'poll_interval': 0.1},
-                     daemon=True).start()
-    print(f'kiln python function server listening on 0.0.0.0:{server.server_address[1]}, '
+    threading.Thread(target=server.serve, daemon=True).start()
+    print(f'kiln python function server listening on 0.0.0.0:{server.bind_addr[1]}, '
           f'function {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH} '
-          f'(timeout {TIMEOUT:g}s, body limit {BODY_LIMIT} bytes)', flush=True)
+          f'(timeout {TIMEOUT:g}s, body limit {BODY_LIMIT} bytes, {threads} threads)',
+          flush=True)
     # Poll, don't block: a signal the kernel delivers to another thread only sets a flag, and
     # Python runs the handler when the main thread next executes bytecode.
     while not stop.wait(0.2):
@@ -522,9 +539,8 @@ def main():
     _state['stopping'] = True
     print(f"{signals[0]} received: no new connections, draining {_state['inflight']} "
           'request(s)', flush=True)
-    server.shutdown()  # stop the accept loop
-    server.server_close()  # close the listening socket
     deadline = time.monotonic() + GRACE
+    server.stop()  # closes the listener and idle connections, waits for in-flight requests
     with _idle:
         while _state['inflight'] and time.monotonic() < deadline:
             _idle.wait(deadline - time.monotonic())
@@ -533,7 +549,7 @@ def main():
                          'request(s) in flight\n')
     print('Server stopped', flush=True)
     sys.stderr.flush()
-    sys.exit(0)
+    os._exit(0)  # daemon function threads may still run: do not wait for them
 
 
 if __name__ == '__main__':
