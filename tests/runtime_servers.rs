@@ -79,7 +79,9 @@ impl Server {
             .env("FUNC_HANDLER", "main")
             .env("MOD_NAME", "handler");
         match runtime {
-            Runtime::Node => cmd.env("HANDLER_PATH", fixtures.join("node/handler.js")),
+            Runtime::Node => cmd
+                .env("NODE_PATH", node_packages())
+                .env("HANDLER_PATH", fixtures.join("node/handler.js")),
             Runtime::Python => cmd
                 .env("PYTHONPATH", python_packages())
                 .env("FUNCTION_PATH", fixtures.join("python"))
@@ -178,15 +180,48 @@ impl Drop for Server {
     }
 }
 
-/// The python313 base image's Kyma runtime packages (bottle and cheroot serve the Python
-/// server), installed from the same pinned wheels into a directory shared by every test, for
-/// `PYTHONPATH`, as they sit in the image's dist-packages.
-fn python_packages() -> PathBuf {
-    let (_, lock) = kiln::base::recipe::embedded("python313").unwrap();
-    let key: String = lock.wheel.iter().map(|w| &w.sha256[..8]).collect();
+/// The nodejs22 base image's Kyma runtime packages (the OpenTelemetry SDK for tracing),
+/// installed from the same pinned tarballs into a `node_modules` shared by every test, for
+/// `NODE_PATH`, as they sit in the image's /usr/src/app/node_modules.
+fn node_packages() -> PathBuf {
+    let (_, lock) = kiln::base::recipe::embedded("nodejs22").unwrap();
+    let key: String = lock
+        .npm_tree
+        .iter()
+        .map(|p| p.tarball.integrity.clone())
+        .collect();
+    shared_install("node-packages", &key, move |http, cache, into| {
+        let registry: url::Url = "https://registry.npmjs.org/".parse().unwrap();
+        Box::pin(async move {
+            kiln::base::packages::install_npm(&http, &registry, &cache, &lock.npm_tree, &into)
+                .await
+                .unwrap();
+        })
+    })
+}
+
+type Install = Box<
+    dyn FnOnce(reqwest::Client, PathBuf, PathBuf) -> std::pin::Pin<Box<dyn Future<Output = ()>>>
+        + Send,
+>;
+
+/// Installs once into a directory named by `prefix` and a hash of `key`, shared by every
+/// test process (the first to finish renames its copy into place).
+fn shared_install(
+    prefix: &str,
+    key: &str,
+    install: impl FnOnce(
+        reqwest::Client,
+        PathBuf,
+        PathBuf,
+    ) -> std::pin::Pin<Box<dyn Future<Output = ()>>>
+    + Send
+    + 'static,
+) -> PathBuf {
+    let install: Install = Box::new(install);
     let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
     let dir = tmp.join(format!(
-        "python-packages-{}",
+        "{prefix}-{}",
         &kiln::oci::Digest::of(key.as_bytes()).hex()[..16]
     ));
     if dir.is_dir() {
@@ -197,22 +232,30 @@ fn python_packages() -> PathBuf {
     let into = staging.path().to_path_buf();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        rt.block_on(kiln::base::packages::install_wheels(
-            &reqwest::Client::new(),
-            &cache,
-            &lock.wheel,
-            &into,
-        ))
-        .unwrap();
+        rt.block_on(install(reqwest::Client::new(), cache, into));
     })
     .join()
     .unwrap();
-    // Another test process may have won the race: its copy is as good.
     let kept = staging.keep();
     if fs::rename(&kept, &dir).is_err() {
         let _ = fs::remove_dir_all(&kept);
     }
     dir
+}
+
+/// The python313 base image's Kyma runtime packages (bottle and cheroot serve the Python
+/// server), installed from the same pinned wheels into a directory shared by every test, for
+/// `PYTHONPATH`, as they sit in the image's dist-packages.
+fn python_packages() -> PathBuf {
+    let (_, lock) = kiln::base::recipe::embedded("python313").unwrap();
+    let key: String = lock.wheel.iter().map(|w| w.sha256.clone()).collect();
+    shared_install("python-packages", &key, move |http, cache, into| {
+        Box::pin(async move {
+            kiln::base::packages::install_wheels(&http, &cache, &lock.wheel, &into)
+                .await
+                .unwrap();
+        })
+    })
 }
 
 fn interpreter(var: &str, default: &str) -> PathBuf {
@@ -705,6 +748,15 @@ for_both_runtimes! {
     a_request_is_a_cloud_event_only_when_it_is_one_and_gets_an_id_and_a_time:
         node_sets_ce_fields_only_for_cloud_events_and_fills_id_and_time,
         python_sets_ce_keys_only_for_cloud_events_and_fills_id_and_time;
+    incoming_traces_continue_into_outgoing_calls_and_the_functions_spans:
+        node_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans,
+        python_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans;
+    without_trace_headers_or_a_collector_nothing_is_traced:
+        node_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector,
+        python_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector;
+    spans_are_exported_to_the_trace_collector_over_otlp_http:
+        node_exports_spans_to_the_trace_collector_over_otlp_http,
+        python_exports_spans_to_the_trace_collector_over_otlp_http;
 }
 
 #[tokio::test]
@@ -748,13 +800,23 @@ async fn python_functions_get_bottles_request_and_answer_through_bottles_respons
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.json::<Value>().await.unwrap(), json!({"json": {"a": [1, 2]}}));
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"json": {"a": [1, 2]}})
+    );
 
     // A raised bottle.HTTPError is an answer, not a failure.
-    let resp = client().get(server.url("/http-error")).send().await.unwrap();
+    let resp = client()
+        .get(server.url("/http-error"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 418);
     assert_eq!(resp.text().await.unwrap(), "a teapot");
-    assert_eq!(sample(&metrics(&server).await, "function_failures_total"), 0.0);
+    assert_eq!(
+        sample(&metrics(&server).await, "function_failures_total"),
+        0.0
+    );
 }
 
 /// The highest number of `/peak` calls that ran at once, of `n` sent together.
@@ -774,7 +836,11 @@ async fn peak_of(server: &Server, n: usize) -> u64 {
 async fn python_serves_as_many_requests_at_once_as_cherrypy_numthreads_allows() {
     let one = Server::start(Runtime::Python, &[("CHERRYPY_NUMTHREADS", "1")]);
     assert!(one.stdout().contains("1 threads"), "{}", one.stdout());
-    assert_eq!(peak_of(&one, 3).await, 1, "one thread serves one call at a time");
+    assert_eq!(
+        peak_of(&one, 3).await,
+        1,
+        "one thread serves one call at a time"
+    );
     let four = Server::start(Runtime::Python, &[("CHERRYPY_NUMTHREADS", "4")]);
     assert!(
         peak_of(&four, 3).await >= 2,
@@ -796,6 +862,15 @@ async fn node_functions_can_answer_through_the_send_response_argument() {
 struct Publisher {
     url: String,
     seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+}
+
+/// A request a [`Publisher`] received: path, headers (lower-case names) and body.
+#[derive(Clone, Debug)]
+struct Seen {
+    path: String,
+    headers: std::collections::BTreeMap<String, String>,
+    body: Vec<u8>,
 }
 
 impl Publisher {
@@ -804,16 +879,24 @@ impl Publisher {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/publish", listener.local_addr().unwrap());
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = seen.clone();
+        let record_all = requests.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { return };
                 let mut reader = BufReader::new(stream.try_clone().unwrap());
                 let (mut length, mut content_type) = (0, String::new());
+                let mut request_line = String::new();
+                let _ = reader.read_line(&mut request_line);
+                let mut headers = std::collections::BTreeMap::new();
                 loop {
                     let mut line = String::new();
                     if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
                         break;
+                    }
+                    if let Some((name, value)) = line.split_once(':') {
+                        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
                     }
                     let lower = line.to_ascii_lowercase();
                     if let Some(v) = lower.strip_prefix("content-length:") {
@@ -825,6 +908,31 @@ impl Publisher {
                 }
                 let mut body = vec![0; length];
                 reader.read_exact(&mut body).unwrap();
+                if headers
+                    .get("transfer-encoding")
+                    .is_some_and(|t| t.contains("chunked"))
+                {
+                    loop {
+                        let mut size = String::new();
+                        reader.read_line(&mut size).unwrap();
+                        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                        let mut chunk = vec![0; n + 2];
+                        reader.read_exact(&mut chunk).unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        body.extend_from_slice(&chunk[..n]);
+                    }
+                }
+                record_all.lock().unwrap().push(Seen {
+                    path: request_line
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or("")
+                        .to_string(),
+                    headers,
+                    body: body.clone(),
+                });
                 let mut seen = record.lock().unwrap();
                 seen.push((
                     content_type,
@@ -838,12 +946,186 @@ impl Publisher {
                 );
             }
         });
-        Publisher { url, seen }
+        Publisher {
+            url,
+            seen,
+            requests,
+        }
     }
 
     fn seen(&self) -> Vec<(String, Value)> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// Where it listens, without a path.
+    fn base(&self) -> &str {
+        self.url.trim_end_matches("/publish")
+    }
+
+    fn requests(&self) -> Vec<Seen> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    /// The request it received on `path`.
+    fn request(&self, path: &str) -> Seen {
+        self.requests()
+            .into_iter()
+            .find(|r| r.path == path)
+            .unwrap_or_else(|| panic!("no request for {path}: {:?}", self.requests()))
+    }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// The outgoing calls the tracing fixture makes, by runtime (its two HTTP clients).
+fn outgoing_paths(rt: Runtime) -> [&'static str; 2] {
+    match rt {
+        Runtime::Node => ["/http", "/fetch"],
+        Runtime::Python => ["/urllib", "/requests"],
+    }
+}
+
+async fn incoming_traces_continue_into_outgoing_calls_and_the_functions_spans(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let styles: [&[(&str, String)]; 3] = [
+        &[("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))],
+        &[("b3", format!("{TRACE_ID}-{CALLER_SPAN}-1"))],
+        &[
+            ("X-B3-TraceId", TRACE_ID.to_string()),
+            ("X-B3-SpanId", CALLER_SPAN.to_string()),
+            ("X-B3-Sampled", "1".to_string()),
+        ],
+    ];
+    for headers in styles {
+        let echo = Publisher::start();
+        let mut call = client().get(server.url(&format!("/trace-out?url={}&spans=1", echo.base())));
+        for (name, value) in headers {
+            call = call.header(*name, value);
+        }
+        let resp = call.send().await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::OK,
+            "{headers:?}\n{}",
+            server.logs()
+        );
+        let answer: Value = resp.json().await.unwrap();
+        let mut own_span = None;
+        for path in outgoing_paths(rt) {
+            let h = echo.request(path).headers;
+            let traceparent = &h["traceparent"];
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(
+                parts[1], TRACE_ID,
+                "{path} continues the trace ({headers:?}): {h:?}"
+            );
+            assert_ne!(
+                parts[2], CALLER_SPAN,
+                "the request has a span of its own: {h:?}"
+            );
+            assert_eq!(parts[3], "01");
+            assert_eq!(h["x-b3-traceid"], TRACE_ID, "{h:?}");
+            assert_eq!(h["x-b3-spanid"], parts[2], "{h:?}");
+            assert_eq!(h["x-b3-parentspanid"], CALLER_SPAN, "{h:?}");
+            assert_eq!(h["x-b3-sampled"], "1", "{h:?}");
+            assert_eq!(*own_span.get_or_insert(parts[2].to_string()), parts[2]);
+        }
+        let own_span = own_span.unwrap();
+        assert_eq!(answer["child"]["traceId"], TRACE_ID, "{answer}");
+        assert_eq!(
+            answer["parent"],
+            own_span.as_str(),
+            "event.tracer's span is the request's child"
+        );
+        let inner = echo.request("/inner").headers;
+        assert_eq!(
+            inner["traceparent"],
+            format!("00-{TRACE_ID}-{}-01", answer["inner"].as_str().unwrap()),
+            "a call inside an active span carries that span"
+        );
+    }
+}
+
+async fn without_trace_headers_or_a_collector_nothing_is_traced(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let echo = Publisher::start();
+    let resp = client()
+        .get(server.url(&format!("/trace-out?url={}", echo.base())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    for path in outgoing_paths(rt) {
+        let h = echo.request(path).headers;
+        assert!(
+            !h.keys()
+                .any(|k| k == "traceparent" || k.starts_with("x-b3-")),
+            "{path}: {h:?}"
+        );
+    }
+    let loaded = call_json(&server, Method::GET, "/otel-loaded", None).await;
+    assert_eq!(loaded, json!(false), "the OpenTelemetry SDK stays unloaded");
+}
+
+async fn spans_are_exported_to_the_trace_collector_over_otlp_http(rt: Runtime) {
+    let collector = Publisher::start();
+    let server = Server::start(rt, &[("TRACE_COLLECTOR_ENDPOINT", &collector.url)]);
+    let echo = Publisher::start();
+    let resp = client()
+        .get(server.url(&format!("/trace-out?url={}&spans=1", echo.base())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    // A trace of its own: no caller's.
+    let traceparent = echo.request(outgoing_paths(rt)[0]).headers["traceparent"].clone();
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let (trace_id, server_span) = (parts[1], parts[2]);
+    // Node exports OTLP/JSON (hex ids), Python OTLP/protobuf (raw id bytes).
+    let hex = |s: &str| {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect::<Vec<u8>>()
+    };
+    let has = |body: &[u8], id: &str| {
+        let raw = hex(id);
+        body.windows(id.len())
+            .any(|w| w.eq_ignore_ascii_case(id.as_bytes()))
+            || body.windows(raw.len()).any(|w| w == raw)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exported: Vec<u8> = collector
+            .requests()
+            .into_iter()
+            .flat_map(|r| r.body)
+            .collect();
+        if has(&exported, trace_id) && has(&exported, server_span) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector got no span of trace {trace_id} with span {server_span}: {:?}\n{}",
+            collector.requests(),
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for export in collector.requests() {
+        assert!(
+            !export.headers.contains_key("traceparent"),
+            "the SDK's own exports are not traced: {:?}",
+            export.headers
+        );
+    }
+    let content_type = &collector.requests()[0].headers["content-type"];
+    assert!(
+        content_type.starts_with("application/json")
+            || content_type.starts_with("application/x-protobuf"),
+        "{content_type}"
+    );
 }
 
 async fn emitted_cloud_events_are_valid_with_a_time_and_return_the_publishers_answer(rt: Runtime) {

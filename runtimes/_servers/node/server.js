@@ -1,6 +1,6 @@
 'use strict';
-// kiln's Node.js function server: Kyma's runtime contract on Node's standard library only
-// (no express, no npm packages), so the image needs nothing but `node` and this file.
+// kiln's Node.js function server: Kyma's runtime contract on Node's standard library; the
+// OpenTelemetry packages of the image's Kyma runtime packages load only when tracing is used.
 // Runs on Node 20, 22 and 24 as user 1000 on a read-only root filesystem; it writes nothing.
 // Contract and decisions: runtimes/_servers/README.md.
 
@@ -411,17 +411,187 @@ function buildResponseCloudEvent(req, id, type, data) {
   };
 }
 
-// Kyma passed an OpenTelemetry tracer; without OTel a no-op keeps `event.tracer` calls working.
-const noopSpan = {
-  setAttribute() { return this; }, setAttributes() { return this; }, addEvent() { return this; },
-  setStatus() { return this; }, updateName() { return this; }, recordException() {}, end() {},
-  isRecording: () => false,
-  spanContext: () => ({ traceId: '0'.repeat(32), spanId: '0'.repeat(16), traceFlags: 0 }),
+// ---- tracing: W3C Trace Context and B3 in, both out; OpenTelemetry loaded only when used ----
+// A request that carries `traceparent`, `b3` or `X-B3-TraceId`/`X-B3-SpanId` continues that trace:
+// it gets a span id of its own (a child of the caller's), and every outgoing request the Function
+// makes while handling it (http/https — so axios — and fetch) carries `traceparent` and the B3
+// headers. `event.tracer` loads the OpenTelemetry SDK from the image's packages on first use; its
+// spans are children of the request's. With TRACE_COLLECTOR_ENDPOINT the SDK loads at start and
+// every traced request becomes a SERVER span exported over OTLP/HTTP. Without trace headers and a
+// collector nothing here runs but two header lookups.
+const { AsyncLocalStorage } = require('async_hooks');
+const crypto = require('crypto');
+
+const COLLECTOR = env.TRACE_COLLECTOR_ENDPOINT || '';
+const traceStore = new AsyncLocalStorage();
+const ZERO = /^0+$/;
+let otel = null; // { api, tracer } once loaded
+
+function idPair(traceId, spanId) {
+  const t = String(traceId || '').trim().toLowerCase();
+  const s = String(spanId || '').trim().toLowerCase();
+  if (!/^([0-9a-f]{16}|[0-9a-f]{32})$/.test(t) || !/^[0-9a-f]{16}$/.test(s)) return null;
+  if (ZERO.test(t) || ZERO.test(s)) return null;
+  return { traceId: t.padStart(32, '0'), parentId: s };
+}
+
+// The caller's trace, from W3C Trace Context, B3 single or B3 multi headers; null without one.
+function incomingTrace(h) {
+  const tp = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})/.exec(String(h.traceparent || '').trim());
+  if (tp && tp[1] !== 'ff') {
+    const ids = idPair(tp[2], tp[3]);
+    if (ids) return { ...ids, sampled: (parseInt(tp[4], 16) & 1) === 1 };
+  }
+  if (h.b3) { // traceid-spanid[-sampling[-parentspanid]]
+    const [t, s, sampling] = String(h.b3).split('-');
+    const ids = idPair(t, s);
+    if (ids) return { ...ids, sampled: sampling !== '0' };
+  }
+  const ids = idPair(h['x-b3-traceid'], h['x-b3-spanid']);
+  if (ids) return { ...ids, sampled: h['x-b3-sampled'] !== '0' && h['x-b3-flags'] !== '0' };
+  return null;
+}
+
+function loadOtel() {
+  if (otel) return otel;
+  const api = require('@opentelemetry/api');
+  const { BasicTracerProvider, SimpleSpanProcessor } = require('@opentelemetry/sdk-trace-base');
+  const { AsyncLocalStorageContextManager } = require('@opentelemetry/context-async-hooks');
+  api.context.setGlobalContextManager(new AsyncLocalStorageContextManager().enable());
+  const config = { spanProcessors: [] };
+  if (COLLECTOR) {
+    const { OTLPTraceExporter } = require('@opentelemetry/exporter-trace-otlp-http');
+    config.spanProcessors.push(new SimpleSpanProcessor(new OTLPTraceExporter({ url: COLLECTOR })));
+  }
+  try {
+    const { resourceFromAttributes } = require('@opentelemetry/resources');
+    config.resource = resourceFromAttributes({ 'service.name': env.FUNC_NAME || 'function' });
+  } catch { /* the SDK's default resource */ }
+  const provider = new BasicTracerProvider(config);
+  api.trace.setGlobalTracerProvider(provider);
+  otel = {
+    api,
+    provider,
+    tracer: provider.getTracer('io.kyma-project.serverless'),
+    suppressed: api.createContextKey('OpenTelemetry SDK Context Key SUPPRESS_TRACING'),
+  };
+  return otel;
+}
+
+// This request's trace (null when there is nothing to continue and nothing to export).
+function startTrace(req, reqPath) {
+  const incoming = incomingTrace(req.headers);
+  if (!incoming && !COLLECTOR) return null;
+  const t = incoming
+    ? { traceId: incoming.traceId, parentId: incoming.parentId, sampled: incoming.sampled }
+    : { traceId: crypto.randomBytes(16).toString('hex'), parentId: null, sampled: true };
+  t.spanId = crypto.randomBytes(8).toString('hex');
+  if (COLLECTOR) {
+    const { api, tracer } = loadOtel();
+    let parent = api.ROOT_CONTEXT;
+    if (incoming) {
+      parent = api.trace.setSpanContext(parent, {
+        traceId: incoming.traceId, spanId: incoming.parentId, isRemote: true,
+        traceFlags: incoming.sampled ? api.TraceFlags.SAMPLED : api.TraceFlags.NONE,
+      });
+    }
+    const span = tracer.startSpan(`${req.method} ${reqPath}`, {
+      kind: api.SpanKind.SERVER,
+      attributes: { 'http.request.method': req.method, 'url.path': reqPath },
+    }, parent);
+    const sc = span.spanContext();
+    Object.assign(t, { traceId: sc.traceId, spanId: sc.spanId, span, context: api.trace.setSpan(parent, span) });
+  }
+  return t;
+}
+
+function endTrace(t, status) {
+  if (!t || !t.span) return;
+  t.span.setAttribute('http.response.status_code', status);
+  if (status >= 500) t.span.setStatus({ code: otel.api.SpanStatusCode.ERROR });
+  t.span.end();
+}
+
+// The OpenTelemetry context a Function's span starts in: the active one if the Function made a
+// span active, else the request's span.
+function parentContext() {
+  const { api } = loadOtel();
+  const active = api.context.active();
+  const t = traceStore.getStore();
+  if (api.trace.getSpan(active) || !t) return active;
+  if (t.context) return t.context;
+  return api.trace.setSpanContext(active, {
+    traceId: t.traceId, spanId: t.spanId, isRemote: true,
+    traceFlags: t.sampled ? api.TraceFlags.SAMPLED : api.TraceFlags.NONE,
+  });
+}
+
+// `event.tracer`: an OpenTelemetry tracer whose spans are children of the request's.
+const userTracer = {
+  startSpan(name, options, ctx) {
+    return loadOtel().tracer.startSpan(name, options, ctx || parentContext());
+  },
+  startActiveSpan(name, ...rest) { // (name, fn) | (name, options, fn) | (name, options, ctx, fn)
+    const fn = rest.pop();
+    return loadOtel().tracer.startActiveSpan(name, rest[0] || {}, rest[1] || parentContext(), fn);
+  },
 };
-const noopTracer = {
-  startSpan: () => noopSpan,
-  startActiveSpan: (...args) => args[args.length - 1](noopSpan),
-};
+
+// The headers an outgoing request carries, from the innermost active span of this request.
+function outgoingTraceHeaders() {
+  const t = traceStore.getStore();
+  if (!t) return null;
+  let spanId = t.spanId;
+  let sampled = t.sampled;
+  if (otel) {
+    // The SDK's own exports (to the collector) run with tracing suppressed: never trace them.
+    if (otel.api.context.active().getValue(otel.suppressed) === true) return null;
+    const span = otel.api.trace.getSpan(otel.api.context.active());
+    const sc = span && span.spanContext();
+    if (sc && sc.traceId === t.traceId) {
+      spanId = sc.spanId;
+      sampled = (sc.traceFlags & 1) === 1;
+    }
+  }
+  const h = {
+    traceparent: `00-${t.traceId}-${spanId}-${sampled ? '01' : '00'}`,
+    'x-b3-traceid': t.traceId,
+    'x-b3-spanid': spanId,
+    'x-b3-sampled': sampled ? '1' : '0',
+  };
+  if (spanId === t.spanId && t.parentId) h['x-b3-parentspanid'] = t.parentId;
+  return h;
+}
+
+// Outgoing requests made while a traced request is handled carry its trace.
+for (const mod of [http, require('https')]) {
+  const request = mod.request;
+  mod.request = function tracedRequest(...args) {
+    const req = request.apply(this, args);
+    const headers = outgoingTraceHeaders();
+    if (headers) {
+      for (const [k, v] of Object.entries(headers)) {
+        try { if (!req.hasHeader(k)) req.setHeader(k, v); } catch { /* headers already sent */ }
+      }
+    }
+    return req;
+  };
+  mod.get = function tracedGet(...args) {
+    const req = mod.request(...args);
+    req.end();
+    return req;
+  };
+}
+if (typeof globalThis.fetch === 'function') {
+  const fetchImpl = globalThis.fetch;
+  globalThis.fetch = function tracedFetch(input, init) {
+    const extra = outgoingTraceHeaders();
+    if (!extra) return fetchImpl(input, init);
+    const headers = new Headers((init && init.headers) || (input instanceof Request ? input.headers : undefined));
+    for (const [k, v] of Object.entries(extra)) if (!headers.has(k)) headers.set(k, v);
+    return fetchImpl(input, { ...init, headers });
+  };
+}
 
 // ---- the user's Function ----
 let userFunction;
@@ -441,7 +611,7 @@ function invoke(req, res, reqPath, query, raw) {
     data,
     ...cloudEvent(req, mime, data),
     extensions: { request: req, response: res },
-    tracer: noopTracer,
+    get tracer() { return userTracer; },
     setResponseHeader: (k, v) => { if (!res.headersSent) res.setHeader(k, v); },
     setResponseContentType: (t) => { if (!res.headersSent) res.setHeader('Content-Type', t); },
     setResponseStatus: (code) => { if (!res.headersSent) res.statusCode = code; },
@@ -483,13 +653,20 @@ function invoke(req, res, reqPath, query, raw) {
     respond(res, typeof err === 'string' ? err : 'Internal server error', 500);
   };
   const sendResponse = (body, status, headers) => respond(res, body, status, headers);
-  try {
-    const out = userFunction(event, context, sendResponse);
-    if (out && typeof out.then === 'function') out.then(ok, fail);
-    else ok(out);
-  } catch (err) {
-    fail(err);
-  }
+  const trace = startTrace(req, reqPath);
+  if (trace) res.on('finish', () => endTrace(trace, res.statusCode));
+  const call = () => {
+    try {
+      const out = userFunction(event, context, sendResponse);
+      if (out && typeof out.then === 'function') out.then(ok, fail);
+      else ok(out);
+    } catch (err) {
+      fail(err);
+    }
+  };
+  if (!trace) return call();
+  if (trace.context) return otel.api.context.with(trace.context, () => traceStore.run(trace, call));
+  return traceStore.run(trace, call);
 }
 
 // ---- server ----

@@ -97,24 +97,207 @@ class MultiDict(dict):
         return list(self._all.get(key, []))
 
 
-class _NoopTracer:
-    """Kyma passed an OpenTelemetry tracer; without OTel this keeps `event.tracer` calls working:
-    every method returns the tracer itself, which also serves as span and context manager."""
+# ---- tracing: W3C Trace Context and B3 in, both out; OpenTelemetry loaded only when used ----
+# A request that carries `traceparent`, `b3` or `X-B3-TraceId`/`X-B3-SpanId` continues that trace:
+# it gets a span id of its own (a child of the caller's), and every outgoing HTTP request the
+# Function makes while handling it (requests, urllib: anything on http.client) carries
+# `traceparent` and the B3 headers. `event.tracer` loads the OpenTelemetry SDK from the image's
+# packages on first use; its spans are children of the request's. With TRACE_COLLECTOR_ENDPOINT
+# the SDK loads at start and every traced request becomes a SERVER span exported over
+# OTLP/HTTP. Without trace headers and a collector nothing here runs but a few header lookups.
+import contextvars
+import http.client
 
-    def __getattr__(self, _name):
-        return lambda *args, **kwargs: self
+COLLECTOR = os.environ.get('TRACE_COLLECTOR_ENDPOINT') or ''
+_current_trace = contextvars.ContextVar('kiln_trace', default=None)
+_otel = {}
+_otel_lock = threading.Lock()
+_HEX16 = re.compile(r'[0-9a-f]{16}')
+_TRACE_ID = re.compile(r'[0-9a-f]{16}|[0-9a-f]{32}')
+_TRACEPARENT = re.compile(r'([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})')
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        return False
+class Trace:
+    """One request's place in a trace: ids as lower-case hex."""
+
+    def __init__(self, trace_id, parent_id, sampled):
+        self.trace_id, self.parent_id, self.sampled = trace_id, parent_id, sampled
+        self.span_id = os.urandom(8).hex()
+        self.span = self.context = None
+
+
+def _ids(trace_id, span_id):
+    t, s = (trace_id or '').strip().lower(), (span_id or '').strip().lower()
+    if not _TRACE_ID.fullmatch(t) or not _HEX16.fullmatch(s) or not int(t, 16) or not int(s, 16):
+        return None
+    return t.rjust(32, '0'), s
+
+
+def incoming_trace(headers):
+    """The caller's trace from W3C Trace Context, B3 single or B3 multi headers, or None."""
+    tp = _TRACEPARENT.match((headers.get('traceparent') or '').strip())
+    if tp and tp.group(1) != 'ff':
+        ids = _ids(tp.group(2), tp.group(3))
+        if ids:
+            return Trace(*ids, int(tp.group(4), 16) & 1 == 1)
+    b3 = headers.get('b3')
+    if b3:  # traceid-spanid[-sampling[-parentspanid]]
+        parts = b3.split('-')
+        ids = _ids(parts[0], parts[1] if len(parts) > 1 else '')
+        if ids:
+            return Trace(*ids, len(parts) < 3 or parts[2] != '0')
+    ids = _ids(headers.get('x-b3-traceid'), headers.get('x-b3-spanid'))
+    if ids:
+        return Trace(*ids, headers.get('x-b3-sampled') != '0' and headers.get('x-b3-flags') != '0')
+    return None
+
+
+def _load_otel():
+    with _otel_lock:
+        if _otel:
+            return _otel
+        from opentelemetry import context, trace
+        from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        provider = TracerProvider(resource=Resource.create(
+            {'service.name': os.environ.get('FUNC_NAME') or 'function'}))
+        if COLLECTOR:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+            provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=COLLECTOR)))
+        trace.set_tracer_provider(provider)
+        _otel.update(trace=trace, context=context, suppressed=_SUPPRESS_INSTRUMENTATION_KEY,
+                     tracer=provider.get_tracer('io.kyma-project.serverless'))
+        return _otel
+
+
+def _span_context(trace_id, span_id, sampled):
+    o = _otel
+    return o['trace'].NonRecordingSpan(o['trace'].SpanContext(
+        int(trace_id, 16), int(span_id, 16), is_remote=True,
+        trace_flags=o['trace'].TraceFlags(1 if sampled else 0)))
+
+
+def start_trace(req):
+    """This request's trace; None when there is nothing to continue and nothing to export."""
+    t = incoming_trace(req.headers)
+    if t is None and not COLLECTOR:
+        return None
+    if t is None:
+        t = Trace(os.urandom(16).hex(), None, True)
+    if COLLECTOR:
+        o = _load_otel()
+        parent = None
+        if t.parent_id:
+            parent = o['trace'].set_span_in_context(
+                _span_context(t.trace_id, t.parent_id, t.sampled))
+        t.span = o['tracer'].start_span(
+            f'{req.method} {req.path}', context=parent, kind=o['trace'].SpanKind.SERVER,
+            attributes={'http.request.method': req.method, 'url.path': req.path})
+        sc = t.span.get_span_context()
+        t.trace_id, t.span_id = f'{sc.trace_id:032x}', f'{sc.span_id:016x}'
+        t.context = o['trace'].set_span_in_context(t.span, parent)
+    return t
+
+
+def end_trace(t, status):
+    if t is not None and t.span is not None:
+        t.span.set_attribute('http.response.status_code', status)
+        t.span.end()
+
+
+def _parent_context():
+    """Where a Function's span starts: the active span if it made one active, else the
+    request's span."""
+    o = _load_otel()
+    current = o['context'].get_current()
+    t = _current_trace.get()
+    if o['trace'].get_current_span(current).get_span_context().is_valid or t is None:
+        return current
+    if t.context is not None:
+        return t.context
+    return o['trace'].set_span_in_context(_span_context(t.trace_id, t.span_id, t.sampled))
+
+
+class _Tracer:
+    """`event.tracer`: an OpenTelemetry tracer whose spans are children of the request's."""
+
+    def start_span(self, name, context=None, *args, **kwargs):
+        return _load_otel()['tracer'].start_span(name, context or _parent_context(), *args,
+                                                 **kwargs)
+
+    def start_as_current_span(self, name, context=None, *args, **kwargs):
+        return _load_otel()['tracer'].start_as_current_span(
+            name, context or _parent_context(), *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(_load_otel()['tracer'], name)
+
+
+_TRACER = _Tracer()
+
+
+def outgoing_trace_headers():
+    t = _current_trace.get()
+    if t is None:
+        return None
+    span_id, sampled = t.span_id, t.sampled
+    if _otel:
+        # The SDK's own exports (to the collector) run with instrumentation suppressed.
+        if _otel['context'].get_value(_otel['suppressed']):
+            return None
+        sc = _otel['trace'].get_current_span().get_span_context()
+        if sc.is_valid and f'{sc.trace_id:032x}' == t.trace_id:
+            span_id, sampled = f'{sc.span_id:016x}', sc.trace_flags.sampled
+    headers = {'traceparent': f"00-{t.trace_id}-{span_id}-{'01' if sampled else '00'}",
+               'x-b3-traceid': t.trace_id, 'x-b3-spanid': span_id,
+               'x-b3-sampled': '1' if sampled else '0'}
+    if span_id == t.span_id and t.parent_id:
+        headers['x-b3-parentspanid'] = t.parent_id
+    return headers
+
+
+# Outgoing requests made while a traced request is handled carry its trace: requests (urllib3)
+# and urllib both send through http.client's putrequest/putheader/endheaders.
+_putrequest = http.client.HTTPConnection.putrequest
+_putheader = http.client.HTTPConnection.putheader
+_endheaders = http.client.HTTPConnection.endheaders
+
+
+def _traced_putrequest(self, *args, **kwargs):
+    self._kiln_sent = set()
+    return _putrequest(self, *args, **kwargs)
+
+
+def _traced_putheader(self, header, *values):
+    sent = getattr(self, '_kiln_sent', None)
+    if sent is not None:
+        sent.add((header.decode('latin-1') if isinstance(header, bytes) else str(header)).lower())
+    return _putheader(self, header, *values)
+
+
+def _traced_endheaders(self, *args, **kwargs):
+    extra = outgoing_trace_headers()
+    if extra:
+        sent = getattr(self, '_kiln_sent', set())
+        for name, value in extra.items():
+            if name not in sent:
+                _putheader(self, name, value)
+    return _endheaders(self, *args, **kwargs)
+
+
+http.client.HTTPConnection.putrequest = _traced_putrequest
+http.client.HTTPConnection.putheader = _traced_putheader
+http.client.HTTPConnection.endheaders = _traced_endheaders
 
 
 class Event(dict):
     """Kyma's event: a dict (`event['data']`, `event.get('ce-type')`) with response helpers."""
 
-    tracer = _NoopTracer()
+    @property
+    def tracer(self):
+        return _TRACER
 
     def __init__(self, data, request, response):
         super().__init__()
@@ -296,7 +479,7 @@ sys.path.append(FUNCTION_PATH)
 _function = None  # set in main()
 
 
-def call_function(event, context, environ):
+def call_function(event, context, environ, trace=None):
     """Runs the Function in a worker thread with bottle's `request` and `response` bound to this
     request there, as Kyma's server did; ('ok', result, response), ('error', exc, response) or
     ('timeout', None, None). `response` is a copy of what the Function set on
@@ -307,6 +490,10 @@ def call_function(event, context, environ):
     def run():
         bottle.request.bind(environ)
         bottle.response.bind()
+        if trace is not None:
+            _current_trace.set(trace)
+            if trace.context is not None:
+                _otel['context'].attach(trace.context)  # the worker thread ends with the call
         try:
             result = _function(event, context)
             box.append(('ok', result, bottle.response.copy()))
@@ -396,8 +583,16 @@ def route(req, resp):
     }
     with _lock:
         _m['calls'] += 1
+    trace = start_trace(req)
+    answer = _call(event, context, req, trace)  # always an HTTPResponse
+    end_trace(trace, answer.status_code)
+    return answer
+
+
+def _call(event, context, req, trace):
+    method = req.method
     started = time.monotonic()
-    outcome, value, set_by_function = call_function(event, context, req.environ)
+    outcome, value, set_by_function = call_function(event, context, req.environ, trace)
     if outcome == 'ok':
         try:
             status, headers, content_type, body = to_body(value)
