@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::echo::{Publisher, exported_spans};
 use common::kiln::{Kiln, copy_tree, fixtures, host_ca_bundle};
 use common::registry::{Registry, RegistryKind};
 use common::schema::validate_layout;
@@ -148,10 +149,23 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
         &format!("oci:{}", out.display()),
     ]));
     let reference = built.reference();
+    // Loopback stand-ins for what a Function talks to: an echo service that is also the
+    // eventing publisher proxy, and an OTLP/HTTP trace receiver.
+    let echo = Publisher::start();
+    let collector = Publisher::start();
     let (port, mut running) = serve(
         &k,
         &reference,
-        &["--env", "FUNC_TIMEOUT=1", "--env", "REQ_MB_LIMIT=0.01"],
+        &[
+            "--env",
+            "FUNC_TIMEOUT=1",
+            "--env",
+            "REQ_MB_LIMIT=0.01",
+            "--env",
+            &format!("TRACE_COLLECTOR_ENDPOINT={}", collector.url),
+            "--env",
+            &format!("PUBLISHER_PROXY_ADDRESS={}", echo.url),
+        ],
     );
 
     let (status, body) = http(
@@ -219,6 +233,86 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
         !metrics.contains("function_calls_total 0\n"),
         "calls counted: {metrics}"
     );
+
+    // The event API: a valid CloudEvent reaches the publisher.
+    let (status, body) = http(port, "POST", "/emit", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let (content_type, event) = echo.seen().remove(0);
+    assert!(content_type.starts_with("application/cloudevents+json"));
+    assert_eq!(event["type"], "order.created", "{event}");
+    assert!(
+        event["time"].as_str().is_some_and(|t| t.contains('T')),
+        "{event}"
+    );
+
+    // Tracing: the caller's trace goes on into the Function's outgoing calls (the runtime's
+    // HTTP clients in the image), and the request's span and the Function's own reach the
+    // receiver as its children.
+    let (trace_id, caller) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let (status, body) = http(
+        port,
+        "GET",
+        &format!("/trace-out?url={}&spans=1", echo.base()),
+        &[("traceparent", &format!("00-{trace_id}-{caller}-01"))],
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let clients = if server_fixture == "node" {
+        ["/http", "/fetch"]
+    } else {
+        ["/urllib", "/requests"]
+    };
+    let mut own = String::new();
+    for path in clients {
+        let h = echo.request(path).headers;
+        let parts: Vec<&str> = h["traceparent"].split('-').collect();
+        assert_eq!(
+            (parts[1], h["x-b3-traceid"].as_str()),
+            (trace_id, trace_id),
+            "{path}: {h:?}"
+        );
+        assert_eq!(h["x-b3-spanid"], parts[2], "{path}: {h:?}");
+        assert_eq!(h["x-b3-parentspanid"], caller, "{path}: {h:?}");
+        own = parts[2].to_string();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let spans = loop {
+        let spans = exported_spans(&collector);
+        let names = ["child", "active"];
+        if spans.iter().any(|s| s.span_id == own)
+            && names.iter().all(|n| spans.iter().any(|s| s.name == *n))
+        {
+            break spans;
+        }
+        assert!(Instant::now() < deadline, "exported: {spans:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let request = spans.iter().find(|s| s.span_id == own).unwrap();
+    assert_eq!(request.parent_id, caller, "{spans:?}");
+    for name in ["child", "active"] {
+        let span = spans.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(
+            (span.trace_id.as_str(), span.parent_id.as_str()),
+            (trace_id, own.as_str())
+        );
+    }
+
+    if server_fixture == "python" {
+        // The request is bottle's.
+        let (status, body) = http(
+            port,
+            "POST",
+            "/bottle?n=5",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            b"f=v",
+        );
+        assert_eq!(status, 202, "{body}");
+        assert!(
+            body.contains(r#""n": 5"#) || body.contains(r#""n":5"#),
+            "{body}"
+        );
+        assert!(body.contains("LocalRequest"), "{body}");
+    }
 
     // The sandbox: user 1000 (from the image), a read-only root.
     let mut child = std::mem::replace(&mut running.0, Command::new("true").spawn().unwrap());

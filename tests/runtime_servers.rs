@@ -8,12 +8,15 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::fs;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::echo::Publisher;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -857,124 +860,6 @@ async fn node_functions_can_answer_through_the_send_response_argument() {
     assert_eq!(resp.text().await.unwrap(), "sent");
 }
 
-/// A stand-in for Kyma's eventing publisher proxy: answers every POST with `{"accepted":N}`
-/// and records each request's Content-Type and JSON body.
-struct Publisher {
-    url: String,
-    seen: std::sync::Arc<std::sync::Mutex<Vec<(String, Value)>>>,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
-}
-
-/// A request a [`Publisher`] received: path, headers (lower-case names) and body.
-#[derive(Clone, Debug)]
-struct Seen {
-    path: String,
-    headers: std::collections::BTreeMap<String, String>,
-    body: Vec<u8>,
-}
-
-impl Publisher {
-    fn start() -> Publisher {
-        use std::io::{BufRead, BufReader, Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}/publish", listener.local_addr().unwrap());
-        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = seen.clone();
-        let record_all = requests.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let (mut length, mut content_type) = (0, String::new());
-                let mut request_line = String::new();
-                let _ = reader.read_line(&mut request_line);
-                let mut headers = std::collections::BTreeMap::new();
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
-                    }
-                    if let Some((name, value)) = line.split_once(':') {
-                        headers.insert(name.trim().to_ascii_lowercase(), value.trim().to_string());
-                    }
-                    let lower = line.to_ascii_lowercase();
-                    if let Some(v) = lower.strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
-                    if lower.starts_with("content-type:") {
-                        content_type = line["content-type:".len()..].trim().to_string();
-                    }
-                }
-                let mut body = vec![0; length];
-                reader.read_exact(&mut body).unwrap();
-                if headers
-                    .get("transfer-encoding")
-                    .is_some_and(|t| t.contains("chunked"))
-                {
-                    loop {
-                        let mut size = String::new();
-                        reader.read_line(&mut size).unwrap();
-                        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-                        let mut chunk = vec![0; n + 2];
-                        reader.read_exact(&mut chunk).unwrap();
-                        if n == 0 {
-                            break;
-                        }
-                        body.extend_from_slice(&chunk[..n]);
-                    }
-                }
-                record_all.lock().unwrap().push(Seen {
-                    path: request_line
-                        .split_whitespace()
-                        .nth(1)
-                        .unwrap_or("")
-                        .to_string(),
-                    headers,
-                    body: body.clone(),
-                });
-                let mut seen = record.lock().unwrap();
-                seen.push((
-                    content_type,
-                    serde_json::from_slice(&body).unwrap_or(Value::Null),
-                ));
-                let answer = format!("{{\"accepted\":{}}}", seen.len());
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                    answer.len()
-                );
-            }
-        });
-        Publisher {
-            url,
-            seen,
-            requests,
-        }
-    }
-
-    fn seen(&self) -> Vec<(String, Value)> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// Where it listens, without a path.
-    fn base(&self) -> &str {
-        self.url.trim_end_matches("/publish")
-    }
-
-    fn requests(&self) -> Vec<Seen> {
-        self.requests.lock().unwrap().clone()
-    }
-
-    /// The request it received on `path`.
-    fn request(&self, path: &str) -> Seen {
-        self.requests()
-            .into_iter()
-            .find(|r| r.path == path)
-            .unwrap_or_else(|| panic!("no request for {path}: {:?}", self.requests()))
-    }
-}
-
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CALLER_SPAN: &str = "00f067aa0ba902b7";
 
@@ -1082,36 +967,39 @@ async fn spans_are_exported_to_the_trace_collector_over_otlp_http(rt: Runtime) {
     let traceparent = echo.request(outgoing_paths(rt)[0]).headers["traceparent"].clone();
     let parts: Vec<&str> = traceparent.split('-').collect();
     let (trace_id, server_span) = (parts[1], parts[2]);
-    // Node exports OTLP/JSON (hex ids), Python OTLP/protobuf (raw id bytes).
-    let hex = |s: &str| {
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect::<Vec<u8>>()
-    };
-    let has = |body: &[u8], id: &str| {
-        let raw = hex(id);
-        body.windows(id.len())
-            .any(|w| w.eq_ignore_ascii_case(id.as_bytes()))
-            || body.windows(raw.len()).any(|w| w == raw)
-    };
+    // Node exports OTLP/JSON, Python OTLP/protobuf: the request's SERVER span, the Function's
+    // two spans as its children.
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let exported: Vec<u8> = collector
-            .requests()
-            .into_iter()
-            .flat_map(|r| r.body)
-            .collect();
-        if has(&exported, trace_id) && has(&exported, server_span) {
-            break;
+    let spans = loop {
+        let spans = common::echo::exported_spans(&collector);
+        let names = ["GET /trace-out", "child", "active"];
+        if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+            break spans;
         }
         assert!(
             Instant::now() < deadline,
-            "the collector got no span of trace {trace_id} with span {server_span}: {:?}\n{}",
+            "the collector got {spans:?}: {:?}\n{}",
             collector.requests(),
             server.logs()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let by_name = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name}: {spans:?}"))
+    };
+    let request = by_name("GET /trace-out");
+    assert_eq!(
+        (request.trace_id.as_str(), request.span_id.as_str()),
+        (trace_id, server_span)
+    );
+    assert_eq!(request.parent_id, "", "a trace of its own");
+    for name in ["child", "active"] {
+        let span = by_name(name);
+        assert_eq!(span.trace_id, trace_id, "{span:?}");
+        assert_eq!(span.parent_id, server_span, "{span:?}");
     }
     for export in collector.requests() {
         assert!(

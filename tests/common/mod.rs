@@ -8,6 +8,7 @@
 
 pub mod controller_env;
 pub mod crd_schema;
+pub mod echo;
 pub mod fake_builds;
 pub mod git;
 pub mod images;

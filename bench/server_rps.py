@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""Requests per second of kiln's function servers against a bare server, side by side.
+
+    python3 bench/server_rps.py            # 5 rounds; ROUNDS=9 REQUESTS=40000 for more
+
+For each runtime (Node.js, Python) and each Function — a JSON hello, and a Mandelbrot
+Function in the manner of Kyma's performance scenario (the size in request headers, the escape
+counts as JSON) — it starts kiln's server (`runtimes/_servers/*`, no image) with that Function
+and a bare server that does the same work with nothing around it (Node: `http.createServer`;
+Python: a plain WSGI app on cheroot, the WSGI server kiln's Python server runs on), and loads
+each in turn with ApacheBench (`ab -k`, keep-alive) in interleaved rounds. It prints the median
+requests per second of each and kiln's share of the bare rate.
+
+Needs `ab` (apache2-utils), node, python3 with pip (bottle and cheroot at the versions the
+python313 lock pins are installed into a temporary directory).
+"""
+
+import os
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROUNDS = int(os.environ.get('ROUNDS', 5))
+REQUESTS = int(os.environ.get('REQUESTS', 20000))
+CONCURRENCY = int(os.environ.get('CONCURRENCY', 16))
+MANDEL_HEADERS = {'width': '40', 'height': '40', 'iterations': '64', 'zoom': '1'}
+
+NODE_HELLO = """module.exports = { main: () => ({ hello: 'world' }) };"""
+NODE_MANDEL = """
+function escape(cr, ci, max) {
+  let x = 0, y = 0, n = 0;
+  for (; n < max && x * x + y * y < 4; n++) { const t = x * x - y * y + cr; y = 2 * x * y + ci; x = t; }
+  return n;
+}
+function mandel(h) {
+  const w = parseInt(h.width, 10), ht = parseInt(h.height, 10), max = parseInt(h.iterations, 10);
+  const zoom = parseFloat(h.zoom), rows = [];
+  for (let j = 0; j < ht; j++) {
+    const row = [], ci = (j / ht - 0.5) / zoom;
+    for (let i = 0; i < w; i++) row.push(escape((i / w - 0.5) / zoom - 0.7, ci, max));
+    rows.push(row);
+  }
+  return { type: 'mandelbrot', width: w, height: ht, maxIterations: max, zoom, values: rows };
+}
+module.exports = { main: (event) => mandel(event.extensions.request.headers), mandel };
+"""
+NODE_BARE = """
+const http = require('http');
+const work = process.argv[2] === 'mandel' ? require(process.argv[3]).mandel : () => ({ hello: 'world' });
+const server = http.createServer((req, res) => {
+  req.resume();
+  req.on('end', () => {
+    const body = JSON.stringify(work(req.headers));
+    res.writeHead(200, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body) });
+    res.end(body);
+  });
+});
+server.listen(Number(process.env.FUNC_PORT), '127.0.0.1');
+"""
+
+PY_HELLO = """
+def main(event, context):
+    return {'hello': 'world'}
+"""
+PY_MANDEL = """
+def escape(cr, ci, limit):
+    x = y = 0.0
+    n = 0
+    while n < limit and x * x + y * y < 4:
+        x, y = x * x - y * y + cr, 2 * x * y + ci
+        n += 1
+    return n
+
+
+def mandel(h):
+    w, ht, limit = int(h.get('width')), int(h.get('height')), int(h.get('iterations'))
+    zoom = float(h.get('zoom'))
+    rows = [[escape((i / w - 0.5) / zoom - 0.7, (j / ht - 0.5) / zoom, limit) for i in range(w)]
+            for j in range(ht)]
+    return {'type': 'mandelbrot', 'width': w, 'height': ht, 'maxIterations': limit,
+            'zoom': zoom, 'values': rows}
+
+
+def main(event, context):
+    return mandel(event['extensions']['request'].headers)
+"""
+PY_BARE = """
+import json, os, sys
+from cheroot import wsgi
+if sys.argv[1] == 'mandel':
+    sys.path.insert(0, sys.argv[2])
+    from handler import mandel
+    def work(environ):
+        return mandel({k: environ.get('HTTP_' + k.upper()) for k in
+                       ('width', 'height', 'iterations', 'zoom')})
+else:
+    def work(environ):
+        return {'hello': 'world'}
+def app(environ, start_response):
+    body = json.dumps(work(environ)).encode()
+    start_response('200 OK', [('Content-Type', 'application/json'),
+                              ('Content-Length', str(len(body)))])
+    return [body]
+server = wsgi.Server(('127.0.0.1', int(os.environ['FUNC_PORT'])), app, numthreads=50)
+server.safe_start()
+"""
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port, proc):
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f'server exited: {proc.args}')
+        try:
+            socket.create_connection(('127.0.0.1', port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    sys.exit(f'server did not listen: {proc.args}')
+
+
+def load(port, path, headers):
+    args = ['ab', '-q', '-k', '-c', str(CONCURRENCY), '-n', str(REQUESTS)]
+    for k, v in headers.items():
+        args += ['-H', f'{k}: {v}']
+    out = subprocess.run(args + [f'http://127.0.0.1:{port}{path}'], capture_output=True,
+                         text=True, check=True).stdout
+    failed = int(re.search(r'Failed requests:\s+(\d+)', out).group(1))
+    non2xx = re.search(r'Non-2xx responses:\s+(\d+)', out)
+    if failed or non2xx:
+        sys.exit(f'errors under load on {path}:\n{out}')
+    return float(re.search(r'Requests per second:\s+([\d.]+)', out).group(1))
+
+
+def main():
+    if not shutil.which('ab'):
+        sys.exit('needs ab (apt-get install apache2-utils)')
+    work = tempfile.mkdtemp(prefix='kiln-rps-')
+    site = os.path.join(work, 'site')
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', site,
+                    'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
+    for name, text in [('hello.js', NODE_HELLO), ('mandel.js', NODE_MANDEL), ('bare.js', NODE_BARE),
+                       ('bare.py', PY_BARE)]:
+        with open(os.path.join(work, name), 'w') as f:
+            f.write(text)
+    for name, text in [('hello', PY_HELLO), ('mandel', PY_MANDEL)]:
+        os.makedirs(os.path.join(work, name))
+        with open(os.path.join(work, name, 'handler.py'), 'w') as f:
+            f.write(text)
+    servers = os.path.join(ROOT, 'runtimes', '_servers')
+    base_env = {'PATH': os.environ['PATH'], 'FUNC_TIMEOUT': '30', 'PYTHONPATH': site,
+                'PYTHONDONTWRITEBYTECODE': '1'}
+
+    def kiln_node(fn):
+        return ['node', os.path.join(servers, 'node', 'server.js')], {
+            'HANDLER_PATH': os.path.join(work, f'{fn}.js')}
+
+    def bare_node(fn):
+        return ['node', os.path.join(work, 'bare.js'), fn, os.path.join(work, 'mandel.js')], {}
+
+    def kiln_python(fn):
+        return [sys.executable, os.path.join(servers, 'python', 'server.py')], {
+            'FUNCTION_PATH': os.path.join(work, fn)}
+
+    def bare_python(fn):
+        return [sys.executable, os.path.join(work, 'bare.py'), fn, os.path.join(work, 'mandel')], {}
+
+    cases = [('node', 'hello', {}), ('node', 'mandel', MANDEL_HEADERS),
+             ('python', 'hello', {}), ('python', 'mandel', MANDEL_HEADERS)]
+    starters = {'node': (kiln_node, bare_node), 'python': (kiln_python, bare_python)}
+    results = {}
+    for rnd in range(ROUNDS):
+        for runtime, fn, headers in cases:
+            for who, start in zip(('kiln', 'bare'), starters[runtime]):
+                argv, env = start(fn)
+                port = free_port()
+                proc = subprocess.Popen(argv, env={**base_env, **env, 'FUNC_PORT': str(port)},
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                try:
+                    wait_port(port, proc)
+                    load(port, '/', headers)  # warm-up (JIT, thread pool)
+                    rps = load(port, '/', headers)
+                finally:
+                    proc.terminate()
+                    proc.wait()
+                results.setdefault((runtime, fn, who), []).append(rps)
+        print(f'round {rnd + 1}/{ROUNDS} done', file=sys.stderr)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f'ab -k -c {CONCURRENCY} -n {REQUESTS}, median of {ROUNDS} interleaved rounds')
+    print(f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}")
+    for runtime, fn, _ in cases:
+        k = statistics.median(results[(runtime, fn, 'kiln')])
+        b = statistics.median(results[(runtime, fn, 'bare')])
+        print(f'{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {k / b:9.2f}')
+
+
+if __name__ == '__main__':
+    main()
