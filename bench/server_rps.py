@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = int(os.environ.get('ROUNDS', 5))
 REQUESTS = int(os.environ.get('REQUESTS', 20000))
 CONCURRENCY = int(os.environ.get('CONCURRENCY', 16))
-MANDEL_HEADERS = {'width': '40', 'height': '40', 'iterations': '64', 'zoom': '1'}
+MANDEL_HEADERS = {'width': '32', 'height': '32', 'iterations': '50', 'zoom': '1'}
 
 NODE_HELLO = """module.exports = { main: () => ({ hello: 'world' }) };"""
 NODE_MANDEL = """
@@ -131,8 +131,8 @@ def wait_port(port, proc):
     sys.exit(f'server did not listen: {proc.args}')
 
 
-def load(port, path, headers):
-    args = ['ab', '-q', '-k', '-c', str(CONCURRENCY), '-n', str(REQUESTS)]
+def load(port, path, headers, requests):
+    args = ['ab', '-q', '-k', '-c', str(CONCURRENCY), '-n', str(requests)]
     for k, v in headers.items():
         args += ['-H', f'{k}: {v}']
     out = subprocess.run(args + [f'http://127.0.0.1:{port}{path}'], capture_output=True,
@@ -190,15 +190,18 @@ def main():
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 try:
                     wait_port(port, proc)
-                    load(port, '/', headers)  # warm-up (JIT, thread pool)
-                    rps = load(port, '/', headers)
+                    # The Mandelbrot Function is ~100x the work of a hello: fewer calls.
+                    n = REQUESTS if fn == 'hello' else max(200, REQUESTS // 50)
+                    load(port, '/', headers, max(100, n // 10))  # warm-up (JIT, threads)
+                    rps = load(port, '/', headers, n)
                 finally:
                     proc.terminate()
                     proc.wait()
                 results.setdefault((runtime, fn, who), []).append(rps)
         print(f'round {rnd + 1}/{ROUNDS} done', file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)
-    print(f'ab -k -c {CONCURRENCY} -n {REQUESTS}, median of {ROUNDS} interleaved rounds')
+    print(f'ab -k -c {CONCURRENCY}, {REQUESTS} hello / {max(200, REQUESTS // 50)} Mandelbrot '
+          f'requests, median of {ROUNDS} interleaved rounds')
     print(f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}")
     for runtime, fn, _ in cases:
         k = statistics.median(results[(runtime, fn, 'kiln')])

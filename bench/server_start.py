@@ -6,6 +6,8 @@ python3, interleaved runs, medians. No image is involved (kiln run's unpacking i
     python3 bench/server_start.py [BASE_REVISION]   # default: HEAD~1
 
 The "before" servers come from `git show BASE_REVISION:…`, the "after" ones from the tree.
+Both Python servers get bottle and cheroot on PYTHONPATH (the image's dist-packages carry them;
+pip installs them into a temporary directory here).
 """
 import os
 import socket
@@ -61,8 +63,12 @@ def main():
         f.write("module.exports = { main: () => 'hi' };\n")
     with open(os.path.join(work, 'fn', 'handler.py'), 'w') as f:
         f.write("def main(event, context):\n    return 'hi'\n")
+    site = os.path.join(work, 'site')
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', site,
+                    'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
     env = {'PATH': os.environ['PATH'], 'FUNC_NAME': 'bench', 'FUNC_RUNTIME': 'bench',
-           'FUNC_HANDLER': 'main', 'MOD_NAME': 'handler', 'no_proxy': '*'}
+           'FUNC_HANDLER': 'main', 'MOD_NAME': 'handler', 'no_proxy': '*',
+           'PYTHONPATH': site, 'PYTHONDONTWRITEBYTECODE': '1'}
     runtimes = [('node', 'node', 'server.js', {'HANDLER_PATH': os.path.join(work, 'fn/handler.js')}),
                 ('python', 'python3', 'server.py', {'FUNCTION_PATH': os.path.join(work, 'fn')})]
     for lang, interpreter, file, extra in runtimes:

@@ -213,7 +213,17 @@ function sendText(res, status, text, type = TEXT_TYPE) {
   if (res.headersSent) return;
   res.statusCode = status;
   res.setHeader('Content-Type', type);
-  res.end(text);
+  endWith(res, text);
+}
+
+// Ends the response with `body`, sized: an HTTP/1.0 keep-alive client (ab, some proxies) can
+// only reuse the connection when the length is known up front.
+function endWith(res, body) {
+  if (!res.hasHeader('Content-Length') && !res.hasHeader('Transfer-Encoding') &&
+      res.statusCode !== 204 && res.statusCode !== 304) {
+    res.setHeader('Content-Length', body === undefined ? 0 : Buffer.byteLength(body));
+  }
+  res.end(body);
 }
 
 // Turns a handler's result (or sendResponse's arguments) into the response, as Kyma did:
@@ -226,7 +236,7 @@ function respond(res, body, status, headers) {
   if (status) res.statusCode = status;
   if (body === undefined || body === null) {
     if (status) sendText(res, status, http.STATUS_CODES[status] || '');
-    else res.end();
+    else endWith(res);
     return;
   }
   let type = TEXT_TYPE;
@@ -238,7 +248,7 @@ function respond(res, body, status, headers) {
     if (body === undefined) body = ''; // a function or symbol
   }
   if (!res.hasHeader('Content-Type')) res.setHeader('Content-Type', type);
-  res.end(body);
+  endWith(res, body);
 }
 
 // ---- body: streamed with a limit, parsed like Kyma's body-parser chain ----
