@@ -693,6 +693,47 @@ async fn sigterm_drains_in_flight_requests_then_exits_zero(rt: Runtime) {
     assert!(stdout.contains("SIGTERM received"), "{stdout}");
 }
 
+/// (`Keep-Alive` as ab and HTTP/1.0 clients spell it: cheroot compares the value case-sensitively.)
+async fn http_1_0_keep_alive_clients_reuse_the_connection(rt: Runtime) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let server = Server::start(rt, &[]);
+    let port = server.port;
+    tokio::task::spawn_blocking(move || {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut writer = stream;
+        for path in ["/text", "/echo", "/empty"] {
+            write!(
+                writer,
+                "GET {path} HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n"
+            )
+            .unwrap();
+            let mut length = None;
+            let mut status = String::new();
+            reader.read_line(&mut status).unwrap();
+            assert!(status.contains(" 200 "), "{path}: {status:?}");
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = Some(v.trim().parse::<usize>().unwrap());
+                }
+            }
+            let length = length.unwrap_or_else(|| panic!("{path}: no Content-Length"));
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// One test per runtime and check, each named as a sentence.
 macro_rules! for_both_runtimes {
     ($($check:ident: $node:ident, $python:ident;)*) => {$(
@@ -757,6 +798,9 @@ for_both_runtimes! {
     without_trace_headers_or_a_collector_nothing_is_traced:
         node_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector,
         python_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector;
+    http_1_0_keep_alive_clients_reuse_the_connection:
+        node_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection,
+        python_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection;
     spans_are_exported_to_the_trace_collector_over_otlp_http:
         node_exports_spans_to_the_trace_collector_over_otlp_http,
         python_exports_spans_to_the_trace_collector_over_otlp_http;
