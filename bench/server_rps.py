@@ -8,11 +8,19 @@ Function in the manner of Kyma's performance scenario (the size in request heade
 counts as JSON) — it starts kiln's server (`runtimes/_servers/*`, no image) with that Function
 and a bare server that does the same work with nothing around it (Node: `http.createServer`;
 Python: a plain WSGI app on cheroot, the WSGI server kiln's Python server runs on), and loads
-each in turn with ApacheBench (`ab -k`, keep-alive) in interleaved rounds. It prints the median
-requests per second of each and kiln's share of the bare rate.
+each in turn in interleaved rounds, with oha when it is installed (`cargo install oha`; HTTP/1.1
+keep-alive) or else ApacheBench (`ab -k`, HTTP/1.0 keep-alive). It prints the median requests
+per second of each and kiln's share of the bare rate.
 
-Needs `ab` (apache2-utils), node, python3 with pip (bottle and cheroot at the versions the
-python313 lock pins are installed into a temporary directory).
+With KYMA_SERVERLESS=DIR (a checkout of kyma-project/serverless) it also runs Kyma's own
+runtime servers from their source — `components/runtimes/nodejs22/server.mjs` and
+`components/runtimes/python312/server.py` with the packages of their package.json and
+requirements.txt, installed here with npm and pip — on the same node and python3, and prints
+kiln's rate over Kyma's and the servers' resident memory at idle. Kyma's servers listen on the
+fixed port 8080, which must be free.
+
+Needs node, python3 with pip (bottle and cheroot at the versions the python313 lock pins are
+installed into a temporary directory), and oha or ab (apache2-utils).
 """
 
 import os
@@ -131,17 +139,66 @@ def wait_port(port, proc):
     sys.exit(f'server did not listen: {proc.args}')
 
 
+OHA = shutil.which('oha') or (os.path.expanduser('~/.cargo/bin/oha')
+                              if os.path.exists(os.path.expanduser('~/.cargo/bin/oha')) else None)
+
+
 def load(port, path, headers, requests):
+    url = f'http://127.0.0.1:{port}{path}'
+    if OHA:
+        import json
+        args = [OHA, '--no-tui', '--output-format', 'json', '-c', str(CONCURRENCY),
+                '-n', str(requests)]
+        for k, v in headers.items():
+            args += ['-H', f'{k}: {v}']
+        report = json.loads(subprocess.run(args + [url], capture_output=True, text=True,
+                                           check=True).stdout)
+        codes = report.get('statusCodeDistribution', {})
+        if set(codes) != {'200'} or report.get('errorDistribution'):
+            sys.exit(f'errors under load on {url}: {codes} {report.get("errorDistribution")}')
+        return float(report['summary']['requestsPerSec'])
     args = ['ab', '-q', '-k', '-c', str(CONCURRENCY), '-n', str(requests)]
     for k, v in headers.items():
         args += ['-H', f'{k}: {v}']
-    out = subprocess.run(args + [f'http://127.0.0.1:{port}{path}'], capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(args + [url], capture_output=True, text=True, check=True).stdout
     failed = int(re.search(r'Failed requests:\s+(\d+)', out).group(1))
     non2xx = re.search(r'Non-2xx responses:\s+(\d+)', out)
     if failed or non2xx:
         sys.exit(f'errors under load on {path}:\n{out}')
     return float(re.search(r'Requests per second:\s+([\d.]+)', out).group(1))
+
+
+def rss_kib(pid):
+    """Resident memory of a process and its children (Kyma's Python server forks), KiB."""
+    total = 0
+    pids = [str(pid)]
+    try:
+        pids += subprocess.run(['pgrep', '-P', str(pid)], capture_output=True,
+                               text=True).stdout.split()
+    except OSError:
+        pass
+    for p in pids:
+        try:
+            with open(f'/proc/{p}/status') as f:
+                total += int(re.search(r'VmRSS:\s+(\d+)', f.read()).group(1))
+        except (OSError, AttributeError):
+            pass
+    return total
+
+
+def setup_kyma(checkout, work):
+    """Kyma's Node.js 22 and Python 3.12 servers from `checkout`, with their packages."""
+    runtimes = os.path.join(checkout, 'components', 'runtimes')
+    node = os.path.join(work, 'kyma-node')
+    shutil.copytree(os.path.join(runtimes, 'nodejs22'), node)
+    subprocess.run(['npm', 'install', '--no-audit', '--no-fund', '--loglevel=error'], cwd=node,
+                   check=True, stdout=subprocess.DEVNULL)
+    py = os.path.join(work, 'kyma-python')
+    shutil.copytree(os.path.join(runtimes, 'python312'), py)
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target',
+                    os.path.join(py, 'site'), '-r', os.path.join(py, 'requirements.txt')],
+                   check=True)
+    return node, py
 
 
 def main():
@@ -177,19 +234,43 @@ def main():
     def bare_python(fn):
         return [sys.executable, os.path.join(work, 'bare.py'), fn, os.path.join(work, 'mandel')], {}
 
+    contenders = ['kiln', 'bare']
+    starters = {'node': [kiln_node, bare_node], 'python': [kiln_python, bare_python]}
+    fixed_port = {}
+    checkout = os.environ.get('KYMA_SERVERLESS')
+    if checkout:
+        kyma_node_dir, kyma_py_dir = setup_kyma(checkout, work)
+
+        def kyma_node(fn):
+            return ['node', os.path.join(kyma_node_dir, 'server.mjs')], {
+                'HANDLER_PATH': os.path.join(work, f'{fn}.js'), 'FUNC_NAME': 'bench'}
+
+        def kyma_python(fn):
+            return [sys.executable, os.path.join(kyma_py_dir, 'server.py')], {
+                'FUNCTION_PATH': os.path.join(work, fn), 'MOD_NAME': 'handler',
+                'FUNC_HANDLER': 'main', 'FUNC_NAME': 'bench',
+                'PYTHONPATH': os.path.join(kyma_py_dir, 'site')}
+
+        contenders.append('kyma')
+        starters['node'].append(kyma_node)
+        starters['python'].append(kyma_python)
+        fixed_port['kyma'] = 8080
     cases = [('node', 'hello', {}), ('node', 'mandel', MANDEL_HEADERS),
              ('python', 'hello', {}), ('python', 'mandel', MANDEL_HEADERS)]
-    starters = {'node': (kiln_node, bare_node), 'python': (kiln_python, bare_python)}
+    idle = {}
     results = {}
     for rnd in range(ROUNDS):
         for runtime, fn, headers in cases:
-            for who, start in zip(('kiln', 'bare'), starters[runtime]):
+            for who, start in zip(contenders, starters[runtime]):
                 argv, env = start(fn)
-                port = free_port()
+                port = fixed_port.get(who) or free_port()
                 proc = subprocess.Popen(argv, env={**base_env, **env, 'FUNC_PORT': str(port)},
                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 try:
                     wait_port(port, proc)
+                    time.sleep(0.5)  # settled: Kyma's servers load the Function after listening
+                    if fn == 'hello':
+                        idle.setdefault((runtime, who), []).append(rss_kib(proc.pid))
                     # The Mandelbrot Function is ~100x the work of a hello: fewer calls.
                     n = REQUESTS if fn == 'hello' else max(200, REQUESTS // 50)
                     load(port, '/', headers, max(100, n // 10))  # warm-up (JIT, threads)
@@ -202,11 +283,22 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     print(f'ab -k -c {CONCURRENCY}, {REQUESTS} hello / {max(200, REQUESTS // 50)} Mandelbrot '
           f'requests, median of {ROUNDS} interleaved rounds')
-    print(f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}")
+    print(f"load generator: {'oha (HTTP/1.1)' if OHA else 'ab (HTTP/1.0)'}")
+    head = f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}"
+    if checkout:
+        head += f" {'Kyma req/s':>11} {'kiln/Kyma':>9}"
+    print(head)
     for runtime, fn, _ in cases:
         k = statistics.median(results[(runtime, fn, 'kiln')])
         b = statistics.median(results[(runtime, fn, 'bare')])
-        print(f'{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {k / b:9.2f}')
+        line = f'{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {k / b:9.2f}'
+        if checkout:
+            y = statistics.median(results[(runtime, fn, 'kyma')])
+            line += f' {y:11.0f} {k / y:9.2f}'
+        print(line)
+    print('resident memory at idle (hello Function, after start-up), median KiB:')
+    for (runtime, who), values in sorted(idle.items()):
+        print(f'  {runtime:8} {who:5} {statistics.median(values):8.0f}')
 
 
 if __name__ == '__main__':

@@ -282,6 +282,7 @@ function readBody(req, res, done) {
 }
 
 function mediaType(req) {
+  if (req.headers['content-type'] === undefined) return { mime: '', charset: 'utf-8' };
   const [mime, ...params] = String(req.headers['content-type'] || '').split(';');
   const charset = params.map((p) => p.trim().split('='))
     .find(([k]) => k.toLowerCase() === 'charset');
@@ -447,6 +448,7 @@ function idPair(traceId, spanId) {
 
 // The caller's trace, from W3C Trace Context, B3 single or B3 multi headers; null without one.
 function incomingTrace(h) {
+  if (h.traceparent === undefined && h.b3 === undefined && h['x-b3-traceid'] === undefined) return null;
   const tp = /^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})/.exec(String(h.traceparent || '').trim());
   if (tp && tp[1] !== 'ff') {
     const ids = idPair(tp[2], tp[3]);
@@ -614,14 +616,18 @@ function invoke(req, res, reqPath, query, raw) {
   } catch (err) {
     return sendText(res, 400, `Bad Request: cannot parse the ${mime} body: ${err.message}\n`);
   }
-  const hostname = String(req.headers.host || '').replace(/:\d+$/, '');
-  Object.assign(req, { path: reqPath, query, body: data, originalUrl: req.url, params: {} });
-  Object.assign(req, { hostname, ip: req.socket.remoteAddress });
+  req.path = reqPath;
+  req.query = query;
+  req.body = data;
+  req.originalUrl = req.url;
+  req.params = {};
+  req.hostname = String(req.headers.host || '').replace(/:\d+$/, '');
+  req.ip = req.socket.remoteAddress;
   const event = {
     data,
     ...cloudEvent(req, mime, data),
     extensions: { request: req, response: res },
-    get tracer() { return userTracer; },
+    tracer: userTracer, // its methods load the SDK on first use
     setResponseHeader: (k, v) => { if (!res.headersSent) res.setHeader(k, v); },
     setResponseContentType: (t) => { if (!res.headersSent) res.setHeader('Content-Type', t); },
     setResponseStatus: (code) => { if (!res.headersSent) res.statusCode = code; },
@@ -707,7 +713,7 @@ function onRequest(req, res) {
     res.setHeader('Access-Control-Max-Age', '86400');
     return res.end();
   }
-  const query = formObject(new URLSearchParams(q < 0 ? '' : req.url.slice(q + 1)));
+  const query = q < 0 ? {} : formObject(new URLSearchParams(req.url.slice(q + 1)));
   readBody(req, res, (raw) => invoke(req, res, reqPath, query, raw));
 }
 
