@@ -479,21 +479,48 @@ sys.path.append(FUNCTION_PATH)
 _function = None  # set in main()
 
 
+class _Worker:
+    """A thread that runs Function calls one after another; idle workers wait in a stack, so a
+    call takes an existing thread instead of starting one."""
+
+    idle = []
+    idle_lock = threading.Lock()
+
+    def __init__(self):
+        import queue
+        self.inbox = queue.SimpleQueue()
+        threading.Thread(target=self.loop, name='function', daemon=True).start()
+
+    @classmethod
+    def take(cls):
+        with cls.idle_lock:
+            if cls.idle:
+                return cls.idle.pop()
+        return cls()
+
+    def loop(self):
+        while True:
+            job = self.inbox.get()
+            job()
+            with self.idle_lock:
+                self.idle.append(self)
+
+
 def call_function(event, context, environ, trace=None):
-    """Runs the Function in a worker thread with bottle's `request` and `response` bound to this
+    """Runs the Function on a worker thread with bottle's `request` and `response` bound to this
     request there, as Kyma's server did; ('ok', result, response), ('error', exc, response) or
     ('timeout', None, None). `response` is a copy of what the Function set on
-    `bottle.response`. A timed-out worker cannot be killed: it keeps running (daemon), its
-    result is dropped."""
+    `bottle.response`. A timed-out call cannot be killed: its worker keeps running it (and only
+    then serves other calls), its result is dropped."""
     box, done = [], threading.Event()
 
     def run():
         bottle.request.bind(environ)
         bottle.response.bind()
-        if trace is not None:
-            _current_trace.set(trace)
-            if trace.context is not None:
-                _otel['context'].attach(trace.context)  # the worker thread ends with the call
+        _current_trace.set(trace)
+        token = None
+        if trace is not None and trace.context is not None:
+            token = _otel['context'].attach(trace.context)
         try:
             result = _function(event, context)
             box.append(('ok', result, bottle.response.copy()))
@@ -504,9 +531,11 @@ def call_function(event, context, environ, trace=None):
             traceback.print_exc()
             box.append(('error', exc, None))
         finally:
+            if token is not None:
+                _otel['context'].detach(token)
             done.set()
 
-    threading.Thread(target=run, name='function', daemon=True).start()
+    _Worker.take().inbox.put(run)
     return box[0] if done.wait(TIMEOUT) else ('timeout', None, None)
 
 
