@@ -7,7 +7,9 @@ python3, interleaved runs, medians. No image is involved (kiln run's unpacking i
 
 The "before" servers come from `git show BASE_REVISION:…`, the "after" ones from the tree.
 Both Python servers get bottle and cheroot on PYTHONPATH (the image's dist-packages carry them;
-pip installs them into a temporary directory here).
+pip installs them into a temporary directory here). As in the image, where the root file system
+is read-only and no .pyc files exist, Python compiles every module it imports from source:
+bytecode is looked up in an empty PYTHONPYCACHEPREFIX and never written.
 """
 import os
 import socket
@@ -64,11 +66,12 @@ def main():
     with open(os.path.join(work, 'fn', 'handler.py'), 'w') as f:
         f.write("def main(event, context):\n    return 'hi'\n")
     site = os.path.join(work, 'site')
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', site,
-                    'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
+    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--no-compile', '--target',
+                    site, 'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
     env = {'PATH': os.environ['PATH'], 'FUNC_NAME': 'bench', 'FUNC_RUNTIME': 'bench',
            'FUNC_HANDLER': 'main', 'MOD_NAME': 'handler', 'no_proxy': '*',
-           'PYTHONPATH': site, 'PYTHONDONTWRITEBYTECODE': '1'}
+           'PYTHONPATH': site, 'PYTHONDONTWRITEBYTECODE': '1',
+           'PYTHONPYCACHEPREFIX': os.path.join(work, 'no-pycache')}
     runtimes = [('node', 'node', 'server.js', {'HANDLER_PATH': os.path.join(work, 'fn/handler.js')}),
                 ('python', 'python3', 'server.py', {'FUNCTION_PATH': os.path.join(work, 'fn')})]
     for lang, interpreter, file, extra in runtimes:

@@ -257,13 +257,13 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
         b"",
     );
     assert_eq!(status, 200, "{body}");
-    let clients = if server_fixture == "node" {
-        ["/http", "/fetch"]
+    let clients: &[&str] = if server_fixture == "node" {
+        &["/http", "/fetch", "/axios"]
     } else {
-        ["/urllib", "/requests"]
+        &["/urllib", "/requests"]
     };
     let mut own = String::new();
-    for path in clients {
+    for path in clients.iter().copied() {
         let h = echo.request(path).headers;
         let parts: Vec<&str> = h["traceparent"].split('-').collect();
         assert_eq!(
@@ -312,6 +312,12 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
             "{body}"
         );
         assert!(body.contains("LocalRequest"), "{body}");
+        // Modules load from the image's compiled bytecode, not from source at every start.
+        let (_, body) = http(port, "GET", "/pyc", &[], b"");
+        assert!(
+            body.contains("/usr/lib/kiln/pycache/") && body.contains("true"),
+            "{body}"
+        );
     }
 
     // The sandbox: user 1000 (from the image), a read-only root.
@@ -391,6 +397,31 @@ fn building_a_base_image_twice_gives_the_same_digests() {
         "{sbom}"
     );
     assert_eq!(common::jq_raw(".config.User", &config), "1000");
+}
+
+#[test]
+fn the_python_base_with_its_compiled_bytecode_builds_the_same_twice() {
+    // The .pyc layer comes from running the image's interpreter: it must be as reproducible as
+    // the rest.
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let first = base_build(&k, "python313", &work.path().join("a"));
+    let second = base_build(&k, "python313", &work.path().join("b"));
+    let digest = |line: &String| line.rsplit('@').next().unwrap().to_string();
+    assert_eq!(
+        first.iter().map(digest).collect::<Vec<_>>(),
+        second.iter().map(digest).collect::<Vec<_>>()
+    );
+    let listing = common::run(Command::new("sh").arg("-c").arg(format!(
+        "for l in {}/blobs/sha256/*; do tar tzf $l 2>/dev/null || true; done",
+        work.path().join("a").display()
+    )));
+    for pyc in [
+        "usr/lib/kiln/pycache/usr/lib/python3.13/json/__init__.cpython-313.pyc",
+        "usr/lib/kiln/pycache/usr/local/lib/python3.13/dist-packages/bottle.cpython-313.pyc",
+    ] {
+        assert!(listing.contains(pyc), "{pyc} is in the image");
+    }
 }
 
 #[test]

@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use super::debian::{self, Keyring, LockedPackage, Mirror};
 use super::npm::{self, NpmTarball};
 use super::packages;
-use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
+use super::recipe::{BytecodeRecipe, Lock, LockedDeb, LockedNpm, Recipe, Target};
 use super::rootfs;
 use crate::build::publish::{BlobPlan, Role};
 use crate::build::{plan, source};
@@ -75,6 +75,14 @@ pub enum Error {
         wanted: String,
         /// In the lock.
         found: String,
+    },
+    /// Compiling the image's Python bytecode failed.
+    #[error("compiling the image's Python modules with {python}: {detail}")]
+    Bytecode {
+        /// The interpreter.
+        python: String,
+        /// What went wrong.
+        detail: String,
     },
     /// The recipe names runtime packages the lock does not pin.
     #[error(
@@ -240,6 +248,9 @@ pub async fn assemble(
     let mut base_layers = vec![debian_base, runtime];
     if let Some(layer) = stage.packages_layer(lock, recipe).await? {
         base_layers.push(layer);
+    }
+    if let Some(bytecode) = &recipe.image.bytecode {
+        base_layers.push(stage.bytecode_layer(bytecode, recipe).await?);
     }
     base_layers.push(stage.server_layer(recipe)?);
     base_layers.push(stage.sbom_layer(&recipe.runtime)?);
@@ -449,6 +460,94 @@ impl Stage<'_> {
             )
             .await?;
         Ok(Some(layer))
+    }
+
+    /// The .pyc files of [`BytecodeRecipe::dirs`], compiled by the image's interpreter in the
+    /// sandbox over the Debian tree, with the runtime packages bound in (read-only) and only the
+    /// output directory writable.
+    async fn bytecode_layer(
+        &mut self,
+        bytecode: &BytecodeRecipe,
+        recipe: &Recipe,
+    ) -> Result<NewLayer> {
+        let fail = |detail: String| Error::Bytecode {
+            python: bytecode.python.clone(),
+            detail,
+        };
+        crate::sandbox::check_available()
+            .await
+            .map_err(|e| fail(format!("{e} (the sandbox runs the image's interpreter)")))?;
+        let out = self.scratch("bytecode")?;
+        let prefix = out.join(bytecode.prefix.trim_start_matches('/'));
+        std::fs::create_dir_all(&prefix).map_err(|source| Error::Io {
+            path: prefix.clone(),
+            source,
+        })?;
+        let mut sandbox = crate::sandbox::Sandbox::new(self.dir.join("debian"));
+        if let Some(p) = &recipe.packages {
+            let dir = self
+                .dir
+                .join("packages")
+                .join(p.dest.trim_start_matches('/'));
+            if dir.is_dir() {
+                sandbox
+                    .binds
+                    .push(crate::sandbox::Bind::read_only(dir, p.dest.clone()));
+            }
+        }
+        sandbox.binds.push(crate::sandbox::Bind::writable(
+            prefix.clone(),
+            bytecode.prefix.clone(),
+        ));
+        sandbox.env = vec![
+            ("PATH".into(), "/usr/bin:/bin".into()),
+            ("PYTHONHASHSEED".into(), "0".into()),
+            ("PYTHONPYCACHEPREFIX".into(), bytecode.prefix.clone()),
+            // Only compileall writes: an import (a .pth file's, say) would leave an mtime-based
+            // .pyc of its own behind.
+            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ];
+        // -S: no site, so no .pth file runs code before compileall.
+        let mut argv: Vec<String> = [
+            bytecode.python.as_str(),
+            "-S",
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "--invalidation-mode",
+            "unchecked-hash",
+        ]
+        .map(String::from)
+        .to_vec();
+        argv.extend(bytecode.dirs.iter().cloned());
+        let output = sandbox
+            .command(&argv)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        if !output.status.success() {
+            // compileall exits 1 when some file does not compile (Python 2 leftovers in a
+            // package, say): the rest is compiled, and those modules compile at run time.
+            let text = String::from_utf8_lossy(&output.stdout);
+            let tail: Vec<&str> = text.lines().rev().take(5).collect();
+            if output.status.code() != Some(1) {
+                return Err(fail(format!("{}: {}", output.status, tail.join(" | "))));
+            }
+            tracing::warn!(output = %tail.join(" | "), "some modules did not compile");
+        }
+        self.tree_layer(
+            "bytecode",
+            &out,
+            format!(
+                "kiln base: Python bytecode of {} in {}",
+                bytecode.dirs.join(", "),
+                bytecode.prefix
+            ),
+        )
+        .await
     }
 
     fn server_layer(&mut self, recipe: &Recipe) -> Result<NewLayer> {

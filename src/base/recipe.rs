@@ -51,6 +51,25 @@ pub struct ImageRecipe {
     /// Environment.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Python bytecode compiled at build time, in a layer of its own.
+    #[serde(default)]
+    pub bytecode: Option<BytecodeRecipe>,
+}
+
+/// Python bytecode for the image's modules, compiled once when the image is built: the root
+/// file system is read-only at run time, so without it every start compiles every module it
+/// imports. The image's own interpreter compiles them in kiln's sandbox, reproducibly
+/// (`unchecked-hash` .pyc files, which do not depend on mtimes, and `PYTHONHASHSEED=0`), into
+/// a mirror tree under `prefix`, which the image's `PYTHONPYCACHEPREFIX` must name.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BytecodeRecipe {
+    /// The interpreter, in the image.
+    pub python: String,
+    /// Directories whose modules are compiled.
+    pub dirs: Vec<String>,
+    /// Where the .pyc files go (`PYTHONPYCACHEPREFIX`).
+    pub prefix: String,
 }
 
 /// The Debian part of a recipe.
