@@ -80,6 +80,16 @@ pub enum Error {
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An [`Error::Io`] maker for `map_err`: what was being done, where.
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
 #[derive(Deserialize)]
 struct Packument {
     dist: Dist,
@@ -179,14 +189,6 @@ impl NpmTarball {
             hex::encode(&expected),
             std::process::id()
         ));
-        let io = |action, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::Io {
-                action,
-                path,
-                source,
-            }
-        };
         let mut file = tokio::fs::File::create(&tmp)
             .await
             .map_err(io("creating", &tmp))?;
@@ -248,14 +250,6 @@ fn join(registry: &url::Url, path: &str) -> String {
 /// # Errors
 /// A corrupt tarball or I/O.
 pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
-    let io = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
-        }
-    };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
     archive.set_preserve_permissions(true);
@@ -302,14 +296,6 @@ pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
 /// A corrupt tarball, a link or escaping member, I/O.
 pub fn unpack_package(tgz: &Path, dest: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    let io = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
-        }
-    };
     let refuse = |what: String| Error::Io {
         action: "refusing a member of",
         path: tgz.to_path_buf(),
