@@ -30,10 +30,13 @@ fn kiln(k: &Kiln) -> Command {
     cmd
 }
 
+/// `runtime`'s base and builder images in the layout `out` (assembled once per kiln binary
+/// for all tests); what `kiln base build` printed.
 fn base_build(k: &Kiln, runtime: &str, out: &Path) -> Vec<String> {
-    base_build_with(k, runtime, out, &[])
+    common::kiln::base_images_into(k, runtime, out)
 }
 
+/// `kiln base build RUNTIME --output oci:OUT EXTRA…` run here and now (a test of the command).
 fn base_build_with(k: &Kiln, runtime: &str, out: &Path, extra: &[&str]) -> Vec<String> {
     let run = k.run_cmd(
         kiln(k)
@@ -360,7 +363,7 @@ fn the_python313_base_runs_a_function_that_honours_the_contract() {
 fn building_a_base_image_twice_gives_the_same_digests() {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let first = base_build(&k, "nodejs22", &work.path().join("a"));
+    let first = base_build_with(&k, "nodejs22", &work.path().join("a"), &[]);
     // The second time into a registry: the same images, wherever they go.
     let reg = Registry::start(RegistryKind::Plain);
     let pushed = k.run_cmd(kiln(&k).args([
@@ -405,8 +408,8 @@ fn the_python_base_with_its_compiled_bytecode_builds_the_same_twice() {
     // the rest.
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let first = base_build(&k, "python313", &work.path().join("a"));
-    let second = base_build(&k, "python313", &work.path().join("b"));
+    let first = base_build_with(&k, "python313", &work.path().join("a"), &[]);
+    let second = base_build_with(&k, "python313", &work.path().join("b"), &[]);
     let digest = |line: &String| line.rsplit('@').next().unwrap().to_string();
     assert_eq!(
         first.iter().map(digest).collect::<Vec<_>>(),

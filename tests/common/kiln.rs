@@ -171,21 +171,72 @@ pub fn shared_download_cache() -> PathBuf {
 }
 
 /// Assembles `runtime`'s base and builder images with `kiln base build` into the OCI layout
-/// `dir` (downloads from [`shared_download_cache`]) and returns the builder's `oci:`
-/// reference, for `kiln build --builder-image`.
+/// `dir` (see [`base_images_into`]) and returns the builder's `oci:` reference, for
+/// `kiln build --builder-image`.
 pub fn kiln_built_builder(kiln: &Kiln, runtime: &str, dir: &Path) -> String {
-    let run = kiln.run_cmd(
-        kiln.command()
-            .env("KILN_CACHE_DIR", shared_download_cache())
-            .args(["base", "build", runtime, "--output"])
-            .arg(format!("oci:{}", dir.display())),
-    );
-    assert_eq!(
-        run.code, 0,
-        "kiln base build {runtime} failed:\n{}",
-        run.stderr
-    );
+    base_images_into(kiln, runtime, dir);
     format!("oci:{}:{runtime}-builder", dir.display())
+}
+
+/// `runtime`'s base and builder images, as `kiln base build RUNTIME --output oci:DIR` makes
+/// them, copied into the layout `dir`; returns what that command printed (the two references,
+/// naming `dir`). This kiln binary assembles each runtime once for every test process: the
+/// first test to need it builds it (downloads from [`shared_download_cache`]) under a lock,
+/// the others copy the result. A test of `kiln base build` itself runs the command instead.
+pub fn base_images_into(kiln: &Kiln, runtime: &str, dir: &Path) -> Vec<String> {
+    let exe = Path::new(env!("CARGO_BIN_EXE_kiln"));
+    let meta = std::fs::metadata(exe).unwrap();
+    let stamp = format!(
+        "{}-{}",
+        meta.len(),
+        meta.modified()
+            .unwrap()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    );
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("shared-bases");
+    std::fs::create_dir_all(&root).unwrap();
+    let shared = root.join(format!("{runtime}-{stamp}"));
+    let printed = shared.join("printed");
+    let layout = shared.join("layout");
+    {
+        let lock = std::fs::File::create(root.join(format!("{runtime}.lock"))).unwrap();
+        lock.lock().unwrap();
+        if !printed.is_file() {
+            // Images of an earlier kiln binary are of no more use.
+            for old in std::fs::read_dir(&root).unwrap().flatten() {
+                let name = old.file_name().to_string_lossy().into_owned();
+                if name.starts_with(&format!("{runtime}-")) && old.path().is_dir() {
+                    let _ = std::fs::remove_dir_all(old.path());
+                }
+            }
+            std::fs::create_dir_all(&shared).unwrap();
+            let run = kiln.run_cmd(
+                kiln.command()
+                    .env("KILN_CACHE_DIR", shared_download_cache())
+                    .args(["base", "build", runtime, "--output"])
+                    .arg(format!("oci:{}", layout.display())),
+            );
+            assert_eq!(
+                run.code, 0,
+                "kiln base build {runtime} failed:\n{}",
+                run.stderr
+            );
+            std::fs::write(&printed, &run.stdout).unwrap();
+        }
+    }
+    let status = Command::new("cp")
+        .args(["-a", "--no-target-directory"])
+        .arg(&layout)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(status.success(), "copying the shared {runtime} images");
+    let text = std::fs::read_to_string(&printed).unwrap();
+    let from = format!("oci:{}@", layout.display());
+    let to = format!("oci:{}@", dir.display());
+    text.lines().map(|l| l.replace(&from, &to)).collect()
 }
 
 /// The host's CA bundle: this machine may reach package registries through a TLS-intercepting
