@@ -10,3 +10,4 @@ pub mod recipe;
 pub mod rootfs;
 pub mod servers;
 pub mod store;
+pub mod wheels;
