@@ -1,10 +1,12 @@
-//! The function servers in `runtimes/_servers/` (Node.js and Python, standard library only)
+//! The function servers in `runtimes/_servers/` (Node.js, and Python on bottle and cheroot)
 //! implement Kyma's runtime contract, so existing Kyma Functions run unchanged.
 //!
 //! Each test starts the host's `node` or `python3` directly on `runtimes/_servers/*/server.*`
 //! with a fixture Function from `tests/fixtures/servers/` (its `main` dispatches on the request
 //! path), on port 0 (the server logs the port it got), and talks HTTP to it on 127.0.0.1. No
-//! image is involved. `KILN_TEST_NODE` / `KILN_TEST_PYTHON` pick other interpreters.
+//! image is involved: the base images' Kyma runtime packages (the OpenTelemetry SDK, axios;
+//! bottle, cheroot, requests…) are installed from the same locks into shared directories for
+//! `NODE_PATH` and `PYTHONPATH`. `KILN_TEST_NODE` / `KILN_TEST_PYTHON` pick other interpreters.
 
 #![allow(clippy::unwrap_used)]
 
