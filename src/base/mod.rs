@@ -4,6 +4,7 @@
 
 pub mod assemble;
 pub mod debian;
+pub mod download;
 pub mod npm;
 pub mod packages;
 pub mod recipe;

@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha512};
-use tokio::io::AsyncWriteExt;
+use sha2::Sha512;
+
+use super::download;
 
 /// A pinned npm package tarball.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +42,9 @@ pub enum Error {
         /// The status.
         status: u16,
     },
+    /// Downloading a tarball.
+    #[error(transparent)]
+    Download(super::download::Error),
     /// No such version.
     #[error("npm package {package} has no version {version}")]
     NoVersion {
@@ -157,66 +160,21 @@ impl NpmTarball {
         cache_dir: &Path,
     ) -> Result<PathBuf> {
         let expected = self.expected_hash()?;
-        let dir = cache_dir.join("npm");
-        let dest = dir.join(format!("{}.tgz", hex::encode(&expected)));
-        if dest.is_file() {
-            return Ok(dest);
-        }
-        tokio::fs::create_dir_all(&dir)
-            .await
-            .map_err(|source| Error::Io {
-                action: "creating",
-                path: dir.clone(),
-                source,
-            })?;
+        let dest = cache_dir
+            .join("npm")
+            .join(format!("{}.tgz", hex::encode(&expected)));
         let url = join(registry, &self.tarball_path());
-        tracing::info!(package = %self.package, version = %self.version, "downloading npm package");
-        let resp = http.get(&url).send().await.map_err(|source| Error::Http {
-            url: url.clone(),
-            source,
-        })?;
-        if !resp.status().is_success() {
-            return Err(Error::Status {
-                url,
-                status: resp.status().as_u16(),
-            });
-        }
-        // Unique per process and call: parallel builds may share the cache.
-        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!(
-            ".{}.{}.{n}.partial",
-            hex::encode(&expected),
-            std::process::id()
-        ));
-        let mut file = tokio::fs::File::create(&tmp)
+        download::cached::<Sha512>(http, &url, &dest, &expected)
             .await
-            .map_err(io("creating", &tmp))?;
-        let mut sha = Sha512::new();
-        let mut body = resp.bytes_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|source| Error::Http {
-                url: url.clone(),
-                source,
-            })?;
-            sha.update(&chunk);
-            file.write_all(&chunk).await.map_err(io("writing", &tmp))?;
-        }
-        file.flush().await.map_err(io("writing", &tmp))?;
-        let actual = sha.finalize().to_vec();
-        if actual != expected {
-            let _ = tokio::fs::remove_file(&tmp).await;
-            return Err(Error::Integrity {
-                package: self.package.clone(),
-                version: self.version.clone(),
-                expected: self.integrity.clone(),
-                actual: sri(&actual),
-            });
-        }
-        tokio::fs::rename(&tmp, &dest)
-            .await
-            .map_err(io("renaming", &dest))?;
-        Ok(dest)
+            .map_err(|e| match e {
+                download::Error::Mismatch { actual, .. } => Error::Integrity {
+                    package: self.package.clone(),
+                    version: self.version.clone(),
+                    expected: self.integrity.clone(),
+                    actual: sri(&actual),
+                },
+                other => Error::Download(other),
+            })
     }
 
     fn expected_hash(&self) -> Result<Vec<u8>> {

@@ -87,22 +87,8 @@ pub enum Error {
     #[error(transparent)]
     Npm(#[from] npm::Error),
     /// Downloading a wheel.
-    #[error("fetching {url}")]
-    Http {
-        /// What.
-        url: String,
-        /// The cause.
-        #[source]
-        source: reqwest::Error,
-    },
-    /// The server answered with an error.
-    #[error("fetching {url}: HTTP {status}")]
-    Status {
-        /// What.
-        url: String,
-        /// The status.
-        status: u16,
-    },
+    #[error(transparent)]
+    Download(super::download::Error),
     /// A wheel whose bytes are not the locked ones.
     #[error("wheel {url} has SHA-256 {actual}, the lock file pins {expected}")]
     Hash {

@@ -10,10 +10,10 @@ use std::process::Command;
 
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt as _;
+use sha2::Sha256;
 
+use super::download;
 use super::packages::{Error, LockedWheel, Result, io_err, run};
-use crate::oci::Hasher;
 
 /// Resolves `requirements` into exact wheels for CPython `python` on manylinux x86_64 with
 /// pip's resolver (`--dry-run --report`: nothing is installed), binary wheels only.
@@ -170,68 +170,18 @@ async fn fetch_wheel(http: &reqwest::Client, cache_dir: &Path, w: &LockedWheel) 
             detail: format!("wheel {} has sha256 {:?}", w.name, w.sha256),
         });
     }
-    let dir = cache_dir.join("wheels");
-    let dest = dir.join(format!("{}.whl", w.sha256));
-    if dest.is_file() {
-        return Ok(dest);
-    }
-    tokio::fs::create_dir_all(&dir)
+    let dest = cache_dir.join("wheels").join(format!("{}.whl", w.sha256));
+    let expected = hex::decode(&w.sha256).unwrap_or_default();
+    download::cached::<Sha256>(http, &w.url, &dest, &expected)
         .await
-        .map_err(io_err("creating", &dir))?;
-    tracing::info!(wheel = %w.name, version = %w.version, "downloading wheel");
-    let resp = http
-        .get(&w.url)
-        .send()
-        .await
-        .map_err(|source| Error::Http {
-            url: w.url.clone(),
-            source,
-        })?;
-    if !resp.status().is_success() {
-        return Err(Error::Status {
-            url: w.url.clone(),
-            status: resp.status().as_u16(),
-        });
-    }
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let part = dir.join(format!(".{}.{}.{n}.part", w.sha256, std::process::id()));
-    let outcome = async {
-        let mut file = tokio::fs::File::create(&part)
-            .await
-            .map_err(io_err("creating", &part))?;
-        let mut hasher = Hasher::new();
-        let mut body = resp.bytes_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|source| Error::Http {
-                url: w.url.clone(),
-                source,
-            })?;
-            hasher.update(&chunk);
-            file.write_all(&chunk)
-                .await
-                .map_err(io_err("writing", &part))?;
-        }
-        file.flush().await.map_err(io_err("writing", &part))?;
-        let (actual, _) = hasher.finish();
-        if !actual.hex().eq_ignore_ascii_case(&w.sha256) {
-            return Err(Error::Hash {
-                url: w.url.clone(),
+        .map_err(|e| match e {
+            download::Error::Mismatch { url, actual } => Error::Hash {
+                url,
                 expected: w.sha256.clone(),
-                actual: actual.hex().to_string(),
-            });
-        }
-        Ok(())
-    }
-    .await;
-    if let Err(e) = outcome {
-        let _ = tokio::fs::remove_file(&part).await;
-        return Err(e);
-    }
-    tokio::fs::rename(&part, &dest)
-        .await
-        .map_err(io_err("renaming", &dest))?;
-    Ok(dest)
+                actual: hex::encode(actual),
+            },
+            other => Error::Download(other),
+        })
 }
 
 /// Installs a wheel's files into `dest` as pip does for a pure or platform library: the
