@@ -1,6 +1,7 @@
-//! Locking a recipe and assembling the base and builder images from a lock. Layers, base
-//! first: Debian packages with the synthesized distroless files, the runtime from npm, the
-//! function server; the builder adds its Debian packages, npm tooling and the kiln binary.
+//! Assembling the base and builder images from a lock ([`super::lock`] makes it). Layers, base
+//! first: Debian packages with the synthesized distroless files, the runtime from npm, Kyma's
+//! runtime packages, Python bytecode, the function server, the SBOM; the builder adds its
+//! Debian packages, npm tooling and the kiln binary.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -8,10 +9,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tempfile::TempDir;
 
-use super::debian::{self, Keyring, LockedPackage, Mirror};
-use super::npm::{self, NpmTarball};
+use super::debian::{self, LockedPackage};
+use super::npm;
 use super::packages;
-use super::recipe::{BytecodeRecipe, Lock, LockedDeb, LockedNpm, Recipe, Target};
+use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
 use super::rootfs;
 use crate::build::publish::{BlobPlan, Role};
 use crate::build::{plan, source};
@@ -108,83 +109,7 @@ pub enum Error {
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Resolves a recipe against the mirror (verified InRelease, Packages by hash) and the npm
-/// registry into a lock.
-///
-/// # Errors
-/// Unverifiable indexes, unsatisfiable dependencies, unknown npm versions.
-pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock> {
-    let mirror = Mirror::new(src.mirror.clone(), &recipe.debian.suite);
-    let keyring = Keyring::load(&src.keyring)?;
-    let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
-    let index = debian::fetch_packages(&src.http, &mirror, &release).await?;
-    let base = index.resolve(&recipe.debian.base, &recipe.debian.exclude)?;
-    let roots: Vec<String> = recipe
-        .debian
-        .base
-        .iter()
-        .chain(&recipe.debian.builder)
-        .cloned()
-        .collect();
-    let all = index.resolve(&roots, &recipe.debian.exclude)?;
-    let in_base: std::collections::BTreeSet<&str> = base.iter().map(|p| p.name.as_str()).collect();
-    let mut debs: Vec<LockedDeb> = base
-        .iter()
-        .map(|p| LockedDeb {
-            image: Target::Base,
-            package: p.clone(),
-        })
-        .collect();
-    debs.extend(
-        all.iter()
-            .filter(|p| !in_base.contains(p.name.as_str()))
-            .map(|p| LockedDeb {
-                image: Target::Builder,
-                package: p.clone(),
-            }),
-    );
-    let mut pinned = Vec::new();
-    for n in &recipe.npm {
-        let tarball =
-            NpmTarball::resolve(&src.http, &src.npm_registry, &n.package, &n.version).await?;
-        pinned.push(LockedNpm {
-            image: n.image,
-            tarball,
-        });
-    }
-    let (mut npm_tree, mut wheel) = (Vec::new(), Vec::new());
-    if let Some(p) = recipe.packages.clone() {
-        let registry = src.npm_registry.clone();
-        (npm_tree, wheel) = tokio::task::spawn_blocking(move || -> Result<_> {
-            let tree = if p.npm.is_empty() {
-                Vec::new()
-            } else {
-                packages::lock_npm(&p.npm, &registry)?
-            };
-            let wheels = match (&p.pip[..], &p.python) {
-                ([], _) => Vec::new(),
-                (reqs, Some(python)) => packages::lock_pip(reqs, python)?,
-                (_, None) => {
-                    return Err(packages::Error::Output {
-                        what: "recipe",
-                        detail: "[packages] pip needs python (the image's Python version)".into(),
-                    }
-                    .into());
-                }
-            };
-            Ok((tree, wheels))
-        })
-        .await??;
-    }
-    Ok(Lock {
-        runtime: recipe.runtime.clone(),
-        suite: recipe.debian.suite.clone(),
-        debian: debs,
-        npm: pinned,
-        npm_tree,
-        wheel,
-    })
-}
+pub use super::lock::lock;
 
 /// An assembled image with the files of its layers.
 #[derive(Debug)]
@@ -474,70 +399,18 @@ impl Stage<'_> {
             python: bytecode.python.clone(),
             detail,
         };
-        crate::sandbox::check_available()
-            .await
-            .map_err(|e| fail(format!("{e} (the sandbox runs the image's interpreter)")))?;
         let out = self.scratch("bytecode")?;
-        let prefix = out.join(bytecode.prefix.trim_start_matches('/'));
-        std::fs::create_dir_all(&prefix).map_err(|source| Error::Io {
-            path: prefix.clone(),
-            source,
-        })?;
-        let mut sandbox = crate::sandbox::Sandbox::new(self.dir.join("debian"));
-        if let Some(p) = &recipe.packages {
-            let dir = self
-                .dir
-                .join("packages")
-                .join(p.dest.trim_start_matches('/'));
-            if dir.is_dir() {
-                sandbox
-                    .binds
-                    .push(crate::sandbox::Bind::read_only(dir, p.dest.clone()));
-            }
-        }
-        sandbox.binds.push(crate::sandbox::Bind::writable(
-            prefix.clone(),
-            bytecode.prefix.clone(),
-        ));
-        sandbox.env = vec![
-            ("PATH".into(), "/usr/bin:/bin".into()),
-            ("PYTHONHASHSEED".into(), "0".into()),
-            ("PYTHONPYCACHEPREFIX".into(), bytecode.prefix.clone()),
-            // Only compileall writes: an import (a .pth file's, say) would leave an mtime-based
-            // .pyc of its own behind.
-            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-        ];
-        // -S: no site, so no .pth file runs code before compileall.
-        let mut argv: Vec<String> = [
-            bytecode.python.as_str(),
-            "-S",
-            "-m",
-            "compileall",
-            "-q",
-            "-j",
-            "0",
-            "--invalidation-mode",
-            "unchecked-hash",
-        ]
-        .map(String::from)
-        .to_vec();
-        argv.extend(bytecode.dirs.iter().cloned());
-        let output = sandbox
-            .command(&argv)
-            .stdin(std::process::Stdio::null())
-            .output()
+        let packages = recipe.packages.as_ref().map(|p| {
+            (
+                self.dir
+                    .join("packages")
+                    .join(p.dest.trim_start_matches('/')),
+                p.dest.clone(),
+            )
+        });
+        super::bytecode::compile(bytecode, &self.dir.join("debian"), packages, &out)
             .await
-            .map_err(|e| fail(e.to_string()))?;
-        if !output.status.success() {
-            // compileall exits 1 when some file does not compile (Python 2 leftovers in a
-            // package, say): the rest is compiled, and those modules compile at run time.
-            let text = String::from_utf8_lossy(&output.stdout);
-            let tail: Vec<&str> = text.lines().rev().take(5).collect();
-            if output.status.code() != Some(1) {
-                return Err(fail(format!("{}: {}", output.status, tail.join(" | "))));
-            }
-            tracing::warn!(output = %tail.join(" | "), "some modules did not compile");
-        }
+            .map_err(fail)?;
         self.tree_layer(
             "bytecode",
             &out,

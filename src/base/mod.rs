@@ -3,8 +3,10 @@
 //! files and the function server, as reproducible layers.
 
 pub mod assemble;
+pub mod bytecode;
 pub mod debian;
 pub mod download;
+pub mod lock;
 pub mod npm;
 pub mod packages;
 pub mod recipe;

@@ -1,0 +1,87 @@
+//! `kiln base lock`: a recipe resolved into exact, hashed inputs — Debian packages against the
+//! signed mirror, npm tarballs against the registry, and the runtime packages with npm and pip
+//! (see [`super::packages`]).
+
+use super::assemble::{Error, Sources};
+use super::debian::{self, Keyring, Mirror};
+use super::npm::NpmTarball;
+use super::packages;
+use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
+
+/// Resolves a recipe against the mirror (verified InRelease, Packages by hash) and the npm
+/// registry into a lock.
+///
+/// # Errors
+/// Unverifiable indexes, unsatisfiable dependencies, unknown npm versions.
+pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock, Error> {
+    let mirror = Mirror::new(src.mirror.clone(), &recipe.debian.suite);
+    let keyring = Keyring::load(&src.keyring)?;
+    let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
+    let index = debian::fetch_packages(&src.http, &mirror, &release).await?;
+    let base = index.resolve(&recipe.debian.base, &recipe.debian.exclude)?;
+    let roots: Vec<String> = recipe
+        .debian
+        .base
+        .iter()
+        .chain(&recipe.debian.builder)
+        .cloned()
+        .collect();
+    let all = index.resolve(&roots, &recipe.debian.exclude)?;
+    let in_base: std::collections::BTreeSet<&str> = base.iter().map(|p| p.name.as_str()).collect();
+    let mut debs: Vec<LockedDeb> = base
+        .iter()
+        .map(|p| LockedDeb {
+            image: Target::Base,
+            package: p.clone(),
+        })
+        .collect();
+    debs.extend(
+        all.iter()
+            .filter(|p| !in_base.contains(p.name.as_str()))
+            .map(|p| LockedDeb {
+                image: Target::Builder,
+                package: p.clone(),
+            }),
+    );
+    let mut pinned = Vec::new();
+    for n in &recipe.npm {
+        let tarball =
+            NpmTarball::resolve(&src.http, &src.npm_registry, &n.package, &n.version).await?;
+        pinned.push(LockedNpm {
+            image: n.image,
+            tarball,
+        });
+    }
+    let (mut npm_tree, mut wheel) = (Vec::new(), Vec::new());
+    if let Some(p) = recipe.packages.clone() {
+        let registry = src.npm_registry.clone();
+        (npm_tree, wheel) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
+            let tree = if p.npm.is_empty() {
+                Vec::new()
+            } else {
+                packages::lock_npm(&p.npm, &registry)?
+            };
+            let wheels = match (&p.pip[..], &p.python) {
+                ([], _) => Vec::new(),
+                (reqs, Some(python)) => packages::lock_pip(reqs, python)?,
+                (_, None) => {
+                    return Err(packages::Error::Output {
+                        what: "recipe",
+                        detail: "[packages] pip needs python (the image's Python version)".into(),
+                    }
+                    .into());
+                }
+            };
+            Ok((tree, wheels))
+        })
+        .await??;
+    }
+    Ok(Lock {
+        runtime: recipe.runtime.clone(),
+        suite: recipe.debian.suite.clone(),
+        debian: debs,
+        npm: pinned,
+        npm_tree,
+        wheel,
+    })
+}
