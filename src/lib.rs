@@ -11,6 +11,7 @@ pub mod controller;
 pub mod git;
 pub mod oci;
 pub mod registry;
+pub mod rootpath;
 pub mod run;
 pub mod runtime;
 pub mod sandbox;

@@ -202,19 +202,34 @@ fn join(registry: &url::Url, path: &str) -> String {
     format!("{}/{path}", registry.as_str().trim_end_matches('/'))
 }
 
-/// Unpacks the files of an npm tarball (`package/...`) whose path (below `package/`) starts
-/// with one of `include` (`.` keeps everything), into `dest/<target>/...`; modes are kept, nothing escapes `dest`.
+/// Unpacks the members of an npm tarball (`package/...`) whose path (below `package/`) starts
+/// with one of `include` (`.` keeps everything), into `dest/...`, by the policy of
+/// [`crate::rootpath`]: names are cleaned and may not climb above `dest`, symlinks are made
+/// but never written through by a later member, hard links must name an earlier member of the
+/// package, devices are refused. Modes are kept without setuid/setgid bits.
 ///
 /// # Errors
-/// A corrupt tarball or I/O.
+/// A corrupt tarball, a refused member (named), I/O.
 pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
+    use crate::rootpath::{self, Last};
+    use std::os::unix::fs::PermissionsExt as _;
+    let refuse = |what: String| Error::Io {
+        action: "refusing a member of",
+        path: tgz.to_path_buf(),
+        source: std::io::Error::other(what),
+    };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    archive.set_preserve_permissions(true);
+    let mut links = std::collections::HashSet::new();
+    let below_package = |name: &Path, shown: &str| {
+        let name = rootpath::member(name).map_err(|e| refuse(format!("{shown}: {e}")))?;
+        Ok::<_, Error>(name.strip_prefix("package").ok().map(Path::to_path_buf))
+    };
     for entry in archive.entries().map_err(io("reading", tgz))? {
         let mut entry = entry.map_err(io("reading", tgz))?;
         let path = entry.path().map_err(io("reading", tgz))?.into_owned();
-        let Ok(rel) = path.strip_prefix("package") else {
+        let shown = path.display().to_string();
+        let Some(rel) = below_package(&path, &shown)? else {
             continue;
         };
         let rel_str = rel.to_string_lossy();
@@ -224,24 +239,73 @@ pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
         if !kept || rel_str.is_empty() {
             continue;
         }
-        // Only plain components: nothing may land outside `dest`.
-        if !rel
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)))
-        {
-            return Err(Error::Io {
-                action: "refusing an escaping entry in",
-                path: tgz.to_path_buf(),
-                source: std::io::Error::other(rel_str.into_owned()),
-            });
-        }
-        let target = dest.join(rel);
+        let target = rootpath::resolve_for(dest, &rel, Last::Keep, &links)
+            .map_err(|e| refuse(format!("{shown}: {e}")))?;
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
         }
-        entry.unpack(&target).map_err(io("unpacking", &target))?;
+        let kind = entry.header().entry_type();
+        let mode = entry.header().mode().map_err(io("reading", tgz))? & 0o1777;
+        if !kind.is_dir() {
+            remove_entry(&target)?;
+            links.remove(&target);
+        }
+        match kind {
+            tar::EntryType::Directory => {
+                std::fs::create_dir_all(&target).map_err(io("creating", &target))?;
+            }
+            tar::EntryType::Regular | tar::EntryType::Continuous => {
+                let mut out = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .map_err(io("writing", &target))?;
+                std::io::copy(&mut entry, &mut out).map_err(io("writing", &target))?;
+                out.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .map_err(io("setting the mode of", &target))?;
+            }
+            tar::EntryType::Symlink => {
+                let link = entry.link_name().map_err(io("reading", tgz))?;
+                let link =
+                    link.ok_or_else(|| refuse(format!("{shown}: a link without a target")))?;
+                std::os::unix::fs::symlink(&link, &target).map_err(io("linking", &target))?;
+                links.insert(target);
+            }
+            tar::EntryType::Link => {
+                let link = entry.link_name().map_err(io("reading", tgz))?;
+                let link =
+                    link.ok_or_else(|| refuse(format!("{shown}: a link without a target")))?;
+                let Some(source) = below_package(&link, &shown)? else {
+                    return Err(refuse(format!(
+                        "{shown}: a hard link to {}, outside the package",
+                        link.display()
+                    )));
+                };
+                let source = rootpath::resolve_for(dest, &source, Last::Keep, &links)
+                    .map_err(|e| refuse(format!("{shown}: {e}")))?;
+                std::fs::hard_link(&source, &target).map_err(|e| {
+                    refuse(format!("{shown}: a hard link to {}: {e}", link.display()))
+                })?;
+            }
+            other => {
+                return Err(refuse(format!("{shown} is a {other:?}")));
+            }
+        }
     }
     Ok(())
+}
+
+/// Removes the file or link at `path` (not a directory; nothing there is fine).
+fn remove_entry(path: &Path) -> Result<()> {
+    match path.symlink_metadata() {
+        Ok(meta) if meta.is_dir() => Err(Error::Io {
+            action: "replacing a directory with a file at",
+            path: path.to_path_buf(),
+            source: std::io::Error::other("a directory is in the way"),
+        }),
+        Ok(_) => std::fs::remove_file(path).map_err(io("removing", path)),
+        Err(_) => Ok(()),
+    }
 }
 
 /// Unpacks a whole npm package tarball into `dest`, as npm does: the first component of
@@ -391,5 +455,48 @@ mod tests {
             assert!(!outside.path().join("planted").exists());
             assert!(!dest.path().join("passwd").exists());
         }
+    }
+
+    #[test]
+    fn a_runtime_tarball_keeps_links_but_never_writes_through_them() {
+        use tar::EntryType::{Link, Regular, Symlink};
+        let outside = tempfile::tempdir().unwrap();
+        let target = outside.path().to_str().unwrap().to_string();
+        type Member<'a> = (&'a str, tar::EntryType, &'a [u8], &'a str);
+        let refused: [Vec<Member<'_>>; 4] = [
+            vec![
+                ("package/bin/evil", Symlink, b"", target.as_str()),
+                ("package/bin/evil/planted", Regular, b"x", ""),
+            ],
+            vec![
+                ("package/bin/up", Symlink, b"", "../../../../.."),
+                ("package/bin/up/planted", Regular, b"x", ""),
+            ],
+            vec![("package/bin/passwd", Link, b"", "/etc/passwd")],
+            vec![("package/bin/passwd", Link, b"", "package/../../etc/passwd")],
+        ];
+        for members in refused {
+            let t = tgz(&members);
+            let dest = tempfile::tempdir().unwrap();
+            let e = unpack(t.path(), &["."], dest.path()).unwrap_err();
+            assert!(format!("{e:?}").contains("package/bin/"), "{e:?}");
+            assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+            assert!(!dest.path().join("bin/passwd").exists());
+        }
+        let t = tgz(&[
+            ("package/bin/node", Regular, b"elf", ""),
+            ("package/bin/nodejs", Symlink, b"", "node"),
+            ("package/bin/again", Link, b"", "package/bin/node"),
+            ("package/README.md", Regular, b"r", ""),
+        ]);
+        let dest = tempfile::tempdir().unwrap();
+        unpack(t.path(), &["bin"], dest.path()).unwrap();
+        let d = dest.path();
+        assert_eq!(
+            std::fs::read_link(d.join("bin/nodejs")).unwrap(),
+            Path::new("node")
+        );
+        assert_eq!(std::fs::read(d.join("bin/again")).unwrap(), b"elf");
+        assert!(!d.join("README.md").exists());
     }
 }

@@ -36,6 +36,7 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         entrypoint: None,
         user: None,
         jobs: opts.jobs,
+        max_unpacked: crate::run::unpack::DEFAULT_LIMIT,
     };
     let entry = crate::run::prepare(client, &run_opts)
         .await

@@ -6,11 +6,12 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use crate::oci::{Content, EntryKind, LayerEntry};
+use crate::rootpath::{self, Last};
 
 /// The Function's own ignore file.
 pub const IGNORE_FILE: &str = ".kilnignore";
@@ -177,7 +178,7 @@ fn walk_dir(
             EntryKind::Dir
         } else if kind.is_symlink() {
             let target = fs::read_link(&path).map_err(io(&path))?;
-            if !(rules.absolute_links && target.is_absolute()) {
+            if !rules.absolute_links {
                 check_link(root, &rel, &target, &path)?;
             }
             let target = target
@@ -187,7 +188,10 @@ fn walk_dir(
         } else if kind.is_file() {
             let executable = meta.permissions().mode() & 0o111 != 0;
             EntryKind::File {
-                content: Content::Path(path.clone()),
+                content: Content::Beneath {
+                    root: root.to_path_buf(),
+                    rel: PathBuf::from(&rel),
+                },
                 executable,
             }
         } else {
@@ -213,29 +217,19 @@ fn special_kind(kind: &fs::FileType) -> &'static str {
     }
 }
 
-/// A link at relative path `rel` may point anywhere inside the tree, resolved lexically from
-/// its own directory; absolute targets and any climb above the root are refused.
+/// A link at relative path `rel` may point anywhere inside the tree: it is resolved through
+/// the real tree (other links included, [`rootpath::resolve_beneath`]), and an absolute
+/// target or any climb above the root is refused. A loop leaves nothing and is kept.
 fn check_link(root: &Path, rel: &str, target: &Path, path: &Path) -> Result<(), Error> {
-    let escape = || Error::EscapingSymlink {
-        path: path.to_path_buf(),
-        target: target.to_path_buf(),
-        root: root.to_path_buf(),
-    };
-    let mut depth = rel.split('/').count() as i64 - 1;
-    for component in target.components() {
-        match component {
-            Component::Normal(_) => depth += 1,
-            Component::CurDir => {}
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return Err(escape());
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return Err(escape()),
-        }
+    match rootpath::resolve_beneath(root, Path::new(rel), Last::Follow) {
+        Ok(_) | Err(rootpath::Error::SymlinkLoop(_)) => Ok(()),
+        Err(rootpath::Error::Io { path, source }) => Err(Error::Io { path, source }),
+        Err(_) => Err(Error::EscapingSymlink {
+            path: path.to_path_buf(),
+            target: target.to_path_buf(),
+            root: root.to_path_buf(),
+        }),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -290,6 +284,29 @@ mod tests {
         fs::create_dir(dir.path().join("sub")).unwrap();
         symlink("../handler.js", dir.path().join("sub/link")).unwrap();
         walk(dir.path(), &rules()).unwrap();
+    }
+
+    #[test]
+    fn links_are_resolved_through_the_real_tree() {
+        // Each link alone stays lexically inside; `e` through `d/up` climbs out.
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("fn");
+        fs::create_dir_all(root.join("d")).unwrap();
+        fs::write(dir.path().join("host-secret"), "secret").unwrap();
+        symlink("..", root.join("d/up")).unwrap();
+        symlink("d/up/d/up/../host-secret", root.join("e")).unwrap();
+        let err = walk(&root, &rules()).unwrap_err();
+        assert!(
+            matches!(&err, Error::EscapingSymlink { path, .. } if path.ends_with("e")),
+            "{err}"
+        );
+        // Links through links that stay inside, and loops, are kept as links.
+        fs::remove_file(root.join("e")).unwrap();
+        symlink("d/up/d", root.join("ok")).unwrap();
+        symlink("l2", root.join("l1")).unwrap();
+        symlink("l1", root.join("l2")).unwrap();
+        let tree = walk(&root, &rules()).unwrap();
+        assert!(matches!(tree.entries["ok"], EntryKind::Symlink(_)));
     }
 
     #[test]

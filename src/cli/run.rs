@@ -74,6 +74,11 @@ pub struct RunArgs {
     /// Parallel layer downloads.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
+    /// The most the image's files may unpack to, in bytes or with a K, M, G or T suffix
+    /// (powers of 1024); a layer that would unpack to more (a decompression bomb, a huge
+    /// sparse file) fails the run and leaves nothing in the cache.
+    #[arg(long, value_name = "SIZE", default_value = "8G", value_parser = parse_size)]
+    pub max_unpacked_size: u64,
     /// Cache directory; unpacked images go under rootfs/
     /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
     #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
@@ -160,8 +165,35 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
             .transpose()?,
         user,
         jobs: usize::from(args.jobs),
+        max_unpacked: args.max_unpacked_size,
     };
     Ok((opts, volumes, args.registry.client_config()?))
+}
+
+/// Parses a size: bytes, or a number with a K, M, G or T suffix (binary; `Gi`, `GB` and
+/// lowercase are the same).
+fn parse_size(spec: &str) -> Result<u64, String> {
+    let upper = spec.trim().to_ascii_uppercase();
+    let digits = upper.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let shift = match upper[digits.len()..].trim_end_matches(['B', 'I']) {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => {
+            return Err(format!(
+                "{spec:?} is not a size: use bytes or a K, M, G or T suffix"
+            ));
+        }
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{spec:?} is not a size: use bytes or a K, M, G or T suffix"))?;
+    n.checked_shl(shift)
+        .filter(|v| v >> shift == n && *v > 0)
+        .ok_or_else(|| format!("{spec:?} is out of range"))
 }
 
 /// Parses `--entrypoint`: a JSON array of strings when it starts with `[`, nothing when

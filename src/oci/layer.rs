@@ -49,8 +49,17 @@ pub enum EntryKind {
 /// The bytes of a file entry.
 #[derive(Clone, Debug)]
 pub enum Content {
-    /// Read from this file while the layer is written.
+    /// Read from this file while the layer is written (a file kiln made or trusts).
     Path(PathBuf),
+    /// Read from `rel` under `root` while the layer is written, opened without following any
+    /// symlink ([`crate::rootpath::open_beneath`]): for trees kiln does not control, where a
+    /// link may be swapped in after the walk.
+    Beneath {
+        /// The tree.
+        root: PathBuf,
+        /// The file, relative to it.
+        rel: PathBuf,
+    },
     /// Held in memory (small generated files, inline Function source).
     Bytes(Vec<u8>),
 }
@@ -229,7 +238,14 @@ fn append<W: Write>(
                     let mut h = header(tar::EntryType::Regular, mode, bytes.len() as u64, mtime);
                     tar.append_data(&mut h, path, bytes.as_slice())?;
                 }
-                Content::Path(file) => append_file(tar, path, file, mode, mtime)?,
+                Content::Path(file) => {
+                    let f = File::open(file);
+                    append_file(tar, path, f, file, mode, mtime)?;
+                }
+                Content::Beneath { root, rel } => {
+                    let f = crate::rootpath::open_beneath(root, rel);
+                    append_file(tar, path, f, &root.join(rel), mode, mtime)?;
+                }
             }
         }
     }
@@ -239,6 +255,7 @@ fn append<W: Write>(
 fn append_file<W: Write>(
     tar: &mut tar::Builder<W>,
     path: &str,
+    opened: io::Result<File>,
     file: &Path,
     mode: u32,
     mtime: u64,
@@ -249,7 +266,7 @@ fn append_file<W: Write>(
             source,
         })
     };
-    let f = File::open(file).map_err(read_err)?;
+    let f = opened.map_err(read_err)?;
     let len = f.metadata().map_err(read_err)?.len();
     let mut h = header(tar::EntryType::Regular, mode, len, mtime);
     let mut reader = CountingReader {

@@ -28,7 +28,7 @@ mod error;
 pub mod image;
 pub mod process;
 pub mod reference;
-pub mod rootpath;
+pub use crate::rootpath;
 pub mod unpack;
 pub mod user;
 
@@ -69,6 +69,8 @@ pub struct Options {
     pub user: Option<user::Ids>,
     /// Parallel layer downloads.
     pub jobs: usize,
+    /// The most bytes of file contents the image may unpack to.
+    pub max_unpacked: u64,
 }
 
 /// Runs the image, with `volumes` (host paths) bound into its sandbox after everything else,
@@ -128,7 +130,7 @@ pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
         return Ok(entry);
     }
     let config = image::fetch_config(client, &resolved).await?;
-    unpack_image(client, &cache, resolved, config, opts.jobs).await
+    unpack_image(client, &cache, resolved, config, opts).await
 }
 
 /// The digest the reference pins, when it names one.
@@ -157,7 +159,7 @@ async fn unpack_image(
     cache: &RootfsCache,
     resolved: Resolved,
     config_bytes: Vec<u8>,
-    jobs: usize,
+    opts: &Options,
 ) -> Result<Entry> {
     let config: ImageConfig =
         serde_json::from_slice(&config_bytes).map_err(|source| Error::Malformed {
@@ -179,8 +181,8 @@ async fn unpack_image(
             .map_err(Error::Task)??
     };
     tracing::info!(digest = %resolved.digest, layers = layers.len(), "unpacking image");
-    let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), jobs);
-    let mut unpacker = Unpacker::new(&staging.rootfs());
+    let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), opts.jobs);
+    let mut unpacker = Unpacker::with_limit(&staging.rootfs(), opts.max_unpacked);
     for (index, (descriptor, diff_id)) in layers.into_iter().zip(diff_ids).enumerate() {
         let file = fetches.get(index).await?;
         let last_use = fetches.last_use(index);
@@ -203,11 +205,28 @@ fn apply_layer(
     last_use: bool,
 ) -> Result<Unpacker> {
     let path = file.path();
-    let blob = std::fs::File::open(path).map_err(|source| Error::Io {
-        action: "opening layer",
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let io_err = |action| {
+        move |source| Error::Io {
+            action,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let mut blob = std::fs::File::open(path).map_err(io_err("opening layer"))?;
+    if let LayerFile::InLayout(_) = file {
+        // A download was verified as it arrived; a layout's blob is verified before a byte
+        // of it is unpacked (and again while unpacking, in case it changes meanwhile).
+        let mut hashing = crate::oci::HashingReader::new(&mut blob);
+        std::io::copy(&mut hashing, &mut std::io::sink()).map_err(io_err("reading layer"))?;
+        let (actual, _) = hashing.finish();
+        if actual != descriptor.digest {
+            return Err(Error::LayerDigest {
+                expected: descriptor.digest.clone(),
+                actual,
+            });
+        }
+        std::io::Seek::rewind(&mut blob).map_err(io_err("reading layer"))?;
+    }
     let applied = unpacker.apply(blob).map_err(|source| Error::Unpack {
         digest: descriptor.digest.clone(),
         source,

@@ -201,6 +201,7 @@ mod tests {
             entrypoint: None,
             user: None,
             jobs: 1,
+            max_unpacked: 1 << 20,
         }
     }
 

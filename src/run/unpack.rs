@@ -1,8 +1,13 @@
-//! Applies image layers (gzip or plain tar) in order to a root filesystem directory, with OCI
-//! whiteouts (<https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteouts>):
+//! Applies image layers (gzip, zstd or plain tar) in order to a root filesystem directory, with
+//! OCI whiteouts (<https://github.com/opencontainers/image-spec/blob/main/layer.md#whiteouts>):
 //! `.wh.NAME` deletes a lower entry, `.wh..wh..opq` clears a directory's lower contents.
-//! Entries never escape the root: `..` and absolute names are refused, and parent symlinks are
-//! resolved inside it. Unprivileged: no ownership, devices or setuid/setgid bits.
+//! Names and links follow the one policy of [`crate::rootpath`]: what containerd's applier
+//! accepts is accepted (absolute and `./` names, a `/` entry, repeated entries, hard links to
+//! earlier entries), and what would land outside the root is refused with the entry's name —
+//! a name above the root, a write through a symlink the same layer made, a whiteout of `..`.
+//! Unprivileged: no ownership or setuid/setgid bits; device nodes are refused, FIFOs skipped.
+//! The bytes written are capped ([`Unpacker::with_limit`]), so a decompression bomb or a huge
+//! sparse file stops at the cap instead of filling the disk.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
@@ -14,8 +19,8 @@ use std::time::{Duration, SystemTime};
 use flate2::read::MultiGzDecoder;
 use tar::EntryType;
 
-use super::rootpath::{self, Last, is_missing};
 use crate::oci::{Digest, HashingReader};
+use crate::rootpath::{self, Last, is_missing};
 
 const WHITEOUT: &str = ".wh.";
 const OPAQUE: &str = ".wh..wh..opq";
@@ -40,8 +45,34 @@ pub enum Error {
     #[error("reading the layer archive")]
     Archive(#[source] io::Error),
     /// An entry's name or link target is unsafe, or symlinks loop.
-    #[error(transparent)]
-    Path(#[from] rootpath::Error),
+    #[error("layer entry {name:?}")]
+    Path {
+        /// The entry's name as the archive gives it.
+        name: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: rootpath::Error,
+    },
+    /// A whiteout whose hidden name is not a plain name (`.wh..`, `.wh...`).
+    #[error("layer entry {0:?} is a whiteout of a name that is not a plain file name")]
+    BadWhiteout(PathBuf),
+    /// A device node.
+    #[error(
+        "layer entry {0:?} is a device node; kiln does not create devices (the sandbox brings \
+         its own /dev)"
+    )]
+    Device(PathBuf),
+    /// The layers unpack to more than the cap.
+    #[error(
+        "the image unpacks to more than {limit} bytes (at {name:?}); raise --max-unpacked-size \
+         if the image is really that large"
+    )]
+    TooLarge {
+        /// The cap.
+        limit: u64,
+        /// The entry that crossed it.
+        name: PathBuf,
+    },
     /// A hard link points at nothing.
     #[error("hard link {path:?} points at {target:?}, which does not exist")]
     DanglingHardLink {
@@ -50,9 +81,9 @@ pub enum Error {
         /// Its target.
         target: PathBuf,
     },
-    /// The layer is compressed with something other than gzip.
-    #[error("layer compression {0} is not supported (only gzip and uncompressed tar)")]
-    Compression(&'static str),
+    /// The zstd frame header is malformed.
+    #[error("reading the zstd layer")]
+    Zstd(#[source] ruzstd::decoding::errors::FrameDecoderError),
 }
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -77,24 +108,38 @@ pub struct Applied {
     pub diff_id: Digest,
 }
 
+/// The default cap on the bytes a whole image may unpack to (file contents).
+pub const DEFAULT_LIMIT: u64 = 8 << 30;
+
 /// Applies layers, base first, to one root directory. Directory modes and times are set by
 /// [`Unpacker::finish`], so directories stay writable while later layers change them.
 #[derive(Debug)]
 pub struct Unpacker {
     root: PathBuf,
     dirs: BTreeMap<PathBuf, (u32, SystemTime)>,
+    /// File bytes still allowed.
+    budget: u64,
+    limit: u64,
 }
 
 impl Unpacker {
-    /// Unpacks into `root`, which must exist (normally empty).
+    /// Unpacks into `root`, which must exist (normally empty), up to [`DEFAULT_LIMIT`] bytes.
     pub fn new(root: &Path) -> Unpacker {
+        Unpacker::with_limit(root, DEFAULT_LIMIT)
+    }
+
+    /// Unpacks into `root` with at most `limit` bytes of file contents over all layers.
+    pub fn with_limit(root: &Path, limit: u64) -> Unpacker {
         Unpacker {
             root: root.to_path_buf(),
             dirs: BTreeMap::new(),
+            budget: limit,
+            limit,
         }
     }
 
-    /// Applies one layer blob, detecting gzip by its magic bytes, and reads it to the end.
+    /// Applies one layer blob, detecting gzip and zstd by their magic bytes, and reads it to
+    /// the end.
     ///
     /// # Errors
     /// Unsafe entries, unsupported compression, malformed archives, file system errors.
@@ -102,13 +147,16 @@ impl Unpacker {
         let mut blob = BufReader::with_capacity(256 * 1024, blob);
         let head = blob.fill_buf().map_err(Error::Archive)?;
         let gzip = head.starts_with(&[0x1f, 0x8b]);
-        if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
-            return Err(Error::Compression("zstd"));
-        }
+        let zstd = head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
         let mut compressed = HashingReader::new(blob);
         let diff_id = {
             let mut plain: Box<dyn Read + '_> = if gzip {
                 Box::new(MultiGzDecoder::new(&mut compressed))
+            } else if zstd {
+                Box::new(
+                    ruzstd::decoding::StreamingDecoder::new(&mut compressed)
+                        .map_err(Error::Zstd)?,
+                )
             } else {
                 Box::new(&mut compressed)
             };
@@ -152,19 +200,30 @@ impl Unpacker {
         let mut archive = tar::Archive::new(stream);
         // Host paths written by this layer: its whiteouts only hide lower layers' entries.
         let mut written: HashSet<PathBuf> = HashSet::new();
+        // Symlinks this layer made: its later entries may not go through them.
+        let mut links: HashSet<PathBuf> = HashSet::new();
         for entry in archive.entries().map_err(Error::Archive)? {
             let mut entry = entry.map_err(Error::Archive)?;
-            let name = rootpath::clean(&entry.path().map_err(Error::Archive)?)?;
+            let raw = entry.path().map_err(Error::Archive)?.into_owned();
+            let path_err = |source| Error::Path {
+                name: raw.clone(),
+                source,
+            };
+            let name = rootpath::member(&raw).map_err(path_err)?;
             let Some(file_name) = name.file_name().and_then(|n| n.to_str()) else {
                 continue; // the root directory itself
             };
-            let parent = name.parent().unwrap_or(Path::new(""));
-            let parent = rootpath::resolve(&self.root, parent, Last::Follow)?;
+            let dest =
+                rootpath::resolve_for(&self.root, &name, Last::Keep, &links).map_err(path_err)?;
+            let parent = dest.parent().unwrap_or(&self.root).to_path_buf();
             if file_name == OPAQUE {
                 self.clear_dir(&parent, &written)?;
                 continue;
             }
             if let Some(hidden) = file_name.strip_prefix(WHITEOUT) {
+                if matches!(hidden, "" | "." | "..") {
+                    return Err(Error::BadWhiteout(raw));
+                }
                 let target = parent.join(hidden);
                 if !written.contains(&target) {
                     self.remove(&target)?;
@@ -172,21 +231,29 @@ impl Unpacker {
                 continue;
             }
             fs::create_dir_all(&parent).map_err(io_err("creating directory", &parent))?;
-            let dest = parent.join(file_name);
-            if self.write_entry(&mut entry, &name, &dest)? {
-                written.insert(dest);
+            match self.write_entry(&mut entry, &raw, &dest, &links)? {
+                Wrote::Nothing => {}
+                Wrote::Link => {
+                    links.insert(dest.clone());
+                    written.insert(dest);
+                }
+                Wrote::Other => {
+                    links.remove(&dest);
+                    written.insert(dest);
+                }
             }
         }
         Ok(())
     }
 
-    /// Writes one entry at `dest`; false when the entry kind is skipped.
+    /// Writes one entry at `dest`.
     fn write_entry<R: Read>(
         &mut self,
         entry: &mut tar::Entry<'_, R>,
         name: &Path,
         dest: &Path,
-    ) -> Result<bool> {
+        links: &HashSet<PathBuf>,
+    ) -> Result<Wrote> {
         let header = entry.header();
         let mode = header.mode().map_err(Error::Archive)? & MODE_MASK;
         let mtime =
@@ -202,16 +269,34 @@ impl Unpacker {
             }
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 self.remove(dest)?;
-                write_file(entry, dest, mode, mtime)?;
+                let mut capped = Capped {
+                    inner: entry,
+                    budget: &mut self.budget,
+                    exceeded: false,
+                };
+                let wrote = write_file(&mut capped, dest, mode, mtime);
+                if capped.exceeded {
+                    return Err(Error::TooLarge {
+                        limit: self.limit,
+                        name: name.to_path_buf(),
+                    });
+                }
+                wrote?;
             }
             EntryType::Symlink => {
                 let target = link_name(entry)?;
                 self.remove(dest)?;
                 symlink(&target, dest).map_err(io_err("creating symlink", dest))?;
+                return Ok(Wrote::Link);
             }
             EntryType::Link => {
-                let target = rootpath::clean(&link_name(entry)?)?;
-                let source = rootpath::resolve(&self.root, &target, Last::Keep)?;
+                let path_err = |source| Error::Path {
+                    name: name.to_path_buf(),
+                    source,
+                };
+                let target = rootpath::member(&link_name(entry)?).map_err(path_err)?;
+                let source = rootpath::resolve_for(&self.root, &target, Last::Keep, links)
+                    .map_err(path_err)?;
                 if source.symlink_metadata().is_err() {
                     return Err(Error::DanglingHardLink {
                         path: name.to_path_buf(),
@@ -221,13 +306,14 @@ impl Unpacker {
                 self.remove(dest)?;
                 fs::hard_link(&source, dest).map_err(io_err("creating hard link", dest))?;
             }
+            EntryType::Char | EntryType::Block => return Err(Error::Device(name.to_path_buf())),
             other => {
-                // Devices and FIFOs need privileges; the sandbox brings its own /dev.
+                // FIFOs and the like need no privileges to skip and mean nothing in an image.
                 tracing::debug!(path = %name.display(), kind = ?other, "skipping entry");
-                return Ok(false);
+                return Ok(Wrote::Nothing);
             }
         }
-        Ok(true)
+        Ok(Wrote::Other)
     }
 
     /// Removes whatever is at `path` (a symlink itself, never its target), forgetting the
@@ -261,6 +347,32 @@ impl Unpacker {
             }
         }
         Ok(())
+    }
+}
+
+/// What [`Unpacker::write_entry`] put at its destination.
+enum Wrote {
+    Nothing,
+    Link,
+    Other,
+}
+
+/// Reads at most `budget` bytes (shared by all layers); one byte more is an error.
+struct Capped<'a, R> {
+    inner: R,
+    budget: &'a mut u64,
+    exceeded: bool,
+}
+
+impl<R: Read> Read for Capped<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > *self.budget {
+            self.exceeded = true;
+            return Err(io::Error::other("the unpacked size cap is reached"));
+        }
+        *self.budget -= n as u64;
+        Ok(n)
     }
 }
 

@@ -138,16 +138,145 @@ fn whiteouts_delete_lower_entries_and_opaque_markers_clear_lower_directories() {
 }
 
 #[test]
-fn entries_that_leave_the_root_are_refused() {
-    for name in ["../evil", "a/../../evil", "/etc/evil"] {
+fn names_tar_and_containerd_accept_are_accepted() {
+    // umoci's `/` root entry, absolute and `./` names, folded `..`, a repeated entry (the
+    // later wins) and a hard link to an earlier entry by its absolute name.
+    let layer = tar(&[
+        E::Dir("/", 0o755),
+        E::Dir(".", 0o755),
+        E::Dir("/etc/", 0o755),
+        E::File("/etc/os-release", "first", 0o644),
+        E::File("./etc/os-release", "second", 0o644),
+        E::File("etc/sub/../motd", "hi", 0o644),
+        E::Hard("/etc/again", "/etc/os-release"),
+    ]);
+    let (dir, done) = unpack(&[layer]);
+    done.unwrap();
+    let root = dir.path();
+    assert_eq!(
+        fs::read_to_string(root.join("etc/os-release")).unwrap(),
+        "second"
+    );
+    assert_eq!(fs::read_to_string(root.join("etc/motd")).unwrap(), "hi");
+    assert_eq!(
+        fs::read_to_string(root.join("etc/again")).unwrap(),
+        "second"
+    );
+}
+
+#[test]
+fn entries_that_climb_above_the_root_are_refused_with_their_name() {
+    for name in ["../evil", "a/../../evil", "/../evil"] {
         let (_dir, done) = unpack(&[tar(&[E::File(name, "x", 0o644)])]);
+        let err = done.unwrap_err();
         assert!(
-            matches!(done, Err(Error::Path(rootpath::Error::Unsafe(_)))),
-            "{name}: {done:?}"
+            matches!(
+                &err,
+                Error::Path {
+                    source: rootpath::Error::AboveRoot(_),
+                    ..
+                }
+            ),
+            "{name}: {err:?}"
         );
+        assert!(err.to_string().contains(name), "{err}");
     }
     let (_dir, done) = unpack(&[tar(&[E::Hard("link", "../../etc/passwd")])]);
-    assert!(matches!(done, Err(Error::Path(rootpath::Error::Unsafe(_)))));
+    assert!(matches!(
+        done,
+        Err(Error::Path {
+            source: rootpath::Error::AboveRoot(_),
+            ..
+        })
+    ));
+}
+
+#[test]
+fn a_layer_may_not_write_through_a_symlink_it_made() {
+    let outside = tempfile::tempdir().unwrap();
+    let target = outside.path().to_str().unwrap();
+    for (link, through) in [("evil", "/"), ("evil", target), ("evil", "../../..")] {
+        let layer = tar(&[
+            E::Link(link, through),
+            E::File(&format!("{link}/etc/x"), "x", 0o644),
+        ]);
+        let (dir, done) = unpack(&[layer]);
+        let err = done.unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Path {
+                    source: rootpath::Error::ThroughOwnLink { .. },
+                    ..
+                }
+            ),
+            "{through}: {err:?}"
+        );
+        assert!(err.to_string().contains("evil/etc/x"), "{err}");
+        assert!(!dir.path().join("etc/x").exists());
+        // Nor a hard link through it.
+        let layer = tar(&[E::Link("evil", through), E::Hard("h", "evil/etc/passwd")]);
+        let (_dir, done) = unpack(&[layer]);
+        assert!(matches!(done, Err(Error::Path { .. })), "{done:?}");
+    }
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    // A link the layer made and then replaced with a directory is a directory again.
+    let layer = tar(&[
+        E::Link("d", "/"),
+        E::Dir("d/", 0o755),
+        E::File("d/f", "x", 0o644),
+    ]);
+    let (dir, done) = unpack(&[layer]);
+    done.unwrap();
+    assert!(dir.path().join("d/f").is_file());
+}
+
+#[test]
+fn whiteouts_of_dot_and_dot_dot_are_refused_and_remove_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    fs::create_dir(&root).unwrap();
+    fs::write(dir.path().join("sibling"), "outside").unwrap();
+    for name in ["a/.wh...", "a/.wh..", ".wh...", ".wh."] {
+        let mut u = Unpacker::new(&root);
+        u.apply(&tar(&[E::Dir("a/", 0o755), E::File("a/f", "x", 0o644)])[..])
+            .unwrap();
+        let err = u.apply(&tar(&[E::File(name, "", 0o644)])[..]).unwrap_err();
+        assert!(matches!(err, Error::BadWhiteout(_)), "{name}: {err:?}");
+        assert!(root.join("a/f").is_file(), "{name}");
+        assert!(dir.path().join("sibling").is_file(), "{name}");
+    }
+}
+
+#[test]
+fn device_nodes_are_refused_with_their_name() {
+    let mut b = tar::Builder::new(Vec::new());
+    let h = header("dev/sda", EntryType::Block, 0o660, 0);
+    b.append(&h, io::empty()).unwrap();
+    let (_dir, done) = unpack(&[b.into_inner().unwrap()]);
+    let err = done.unwrap_err();
+    assert!(matches!(err, Error::Device(_)), "{err:?}");
+    assert!(err.to_string().contains("dev/sda"), "{err}");
+}
+
+#[test]
+fn the_unpacked_size_is_capped_across_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut u = Unpacker::with_limit(dir.path(), 10);
+    u.apply(&gzip(&tar(&[E::File("a", "123456", 0o644)]))[..])
+        .unwrap();
+    let err = u
+        .apply(&gzip(&tar(&[E::File("b", "12345", 0o644)]))[..])
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::TooLarge { limit: 10, name } if name == Path::new("b")),
+        "{err:?}"
+    );
+    // Exactly at the cap is fine.
+    let dir = tempfile::tempdir().unwrap();
+    let mut u = Unpacker::with_limit(dir.path(), 10);
+    u.apply(&tar(&[E::File("a", "1234567890", 0o644)])[..])
+        .unwrap();
 }
 
 #[test]
@@ -215,11 +344,15 @@ fn digests_cover_the_compressed_blob_and_the_whole_tar_stream() {
 }
 
 #[test]
-fn zstd_layers_and_dangling_hard_links_are_errors() {
+fn zstd_layers_unpack_and_dangling_hard_links_are_errors() {
+    let layer = tar(&[E::File("z", "zstd", 0o644)]);
+    let blob =
+        ruzstd::encoding::compress_to_vec(&layer[..], ruzstd::encoding::CompressionLevel::Fastest);
     let dir = tempfile::tempdir().unwrap();
-    let zstd = [0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0];
-    let err = Unpacker::new(dir.path()).apply(&zstd[..]).unwrap_err();
-    assert!(matches!(err, Error::Compression("zstd")));
+    let applied = Unpacker::new(dir.path()).apply(&blob[..]).unwrap();
+    assert_eq!(applied.digest, Digest::of(&blob));
+    assert_eq!(applied.diff_id, Digest::of(&layer));
+    assert_eq!(fs::read_to_string(dir.path().join("z")).unwrap(), "zstd");
     let (_dir, done) = unpack(&[tar(&[E::Hard("b", "a")])]);
     assert!(matches!(done, Err(Error::DanglingHardLink { .. })));
 }

@@ -164,12 +164,15 @@ pub enum Error {
         reason: &'static str,
     },
     /// A .deb member tar entry would land outside the root filesystem.
-    #[error("refusing entry {entry:?} of {deb}: it would escape the root filesystem")]
+    #[error("refusing entry {entry:?} of {deb}")]
     UnsafeEntry {
         /// The .deb file.
         deb: PathBuf,
         /// The entry path as written in the tar.
         entry: String,
+        /// Why.
+        #[source]
+        source: crate::rootpath::Error,
     },
     /// A path cannot be placed in the root because another kind of file is in the way.
     #[error("cannot unpack {entry:?} of {deb}: {reason}")]

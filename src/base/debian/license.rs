@@ -5,12 +5,11 @@
 //! Spec: <https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/>.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::control;
-use super::rootpath;
+use crate::rootpath::{self, Last};
 
 /// The distinct `License:` short names of a DEP-5 copyright file, sorted, with expressions
 /// split into their names; empty when the file is not in the machine-readable format.
@@ -55,11 +54,10 @@ pub fn licenses(rootfs: &Path, package: &str) -> Vec<String> {
     if package.is_empty() || package.contains('/') || package.starts_with('.') {
         return Vec::new();
     }
-    let names: Vec<OsString> = ["usr", "share", "doc", package, "copyright"]
-        .into_iter()
-        .map(OsString::from)
+    let names: PathBuf = ["usr", "share", "doc", package, "copyright"]
+        .iter()
         .collect();
-    let Ok(path) = rootpath::resolve(rootfs, &names, true) else {
+    let Ok(path) = rootpath::resolve(rootfs, &names, Last::Follow) else {
         return Vec::new();
     };
     fs::read_to_string(path)

@@ -13,7 +13,6 @@ mod packages;
 mod relation;
 mod release;
 mod resolve;
-mod rootpath;
 mod sources;
 mod unpack;
 mod version;

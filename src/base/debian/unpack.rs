@@ -1,8 +1,10 @@
 //! Unpacking a .deb's `data.tar.{xz,gz,zst}` into a root filesystem directory the way dpkg
 //! would without running maintainer scripts: merged-/usr aware, modes, symlinks and hard links
-//! kept, ownership not preserved. Every entry is placed through [`rootpath`] resolution, so no
-//! entry (absolute, `..`, or through a symlink) can write outside the root.
+//! kept, ownership not preserved. Every entry is placed by the one policy of
+//! [`crate::rootpath`], so no entry (absolute, `..`, or through a symlink) can write outside
+//! the root, and no entry goes through a symlink its own package made.
 
+use std::collections::HashSet;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::{PermissionsExt, symlink};
@@ -12,8 +14,8 @@ use std::time::{Duration, SystemTime};
 use tar::EntryType;
 use tracing::{debug, warn};
 
-use super::rootpath::{self, normal_components};
 use super::{Error, Result};
+use crate::rootpath::{self, Last};
 
 /// The merged-/usr links every Debian root has since bookworm (`/bin -> usr/bin`, …).
 const MERGED_USR: [(&str, &str); 4] = [
@@ -88,6 +90,7 @@ pub fn unpack_deb(deb: &Path, rootfs: &Path) -> Result<Vec<PathBuf>> {
             deb,
             root: rootfs,
             written: Vec::new(),
+            links: HashSet::new(),
         };
         unpacker.unpack_tar(reader, name)?;
         debug!(deb = %deb.display(), entries = unpacker.written.len(), "unpacked");
@@ -103,6 +106,8 @@ struct Unpacker<'a> {
     deb: &'a Path,
     root: &'a Path,
     written: Vec<PathBuf>,
+    /// Host paths of the symlinks this package made.
+    links: HashSet<PathBuf>,
 }
 
 impl Unpacker<'_> {
@@ -121,14 +126,15 @@ impl Unpacker<'_> {
     fn unpack_entry<R: Read>(&mut self, mut entry: tar::Entry<'_, R>) -> Result<()> {
         let raw = entry.path().map_err(|e| self.read_error(e))?.into_owned();
         let shown = raw.display().to_string();
-        let names = normal_components(&raw).map_err(|_| self.unsafe_entry(&shown))?;
-        let Some((last, parents)) = names.split_last() else {
+        let names = rootpath::member(&raw).map_err(|e| self.unsafe_entry(&shown, e))?;
+        if names.as_os_str().is_empty() {
             return Ok(()); // `./`, the root itself
-        };
-        let parent =
-            rootpath::resolve(self.root, parents, true).map_err(|_| self.unsafe_entry(&shown))?;
-        fs::create_dir_all(&parent).map_err(Error::io("creating directory", &parent))?;
-        let dest = parent.join(last);
+        }
+        let dest = rootpath::resolve_for(self.root, &names, Last::Keep, &self.links)
+            .map_err(|e| self.unsafe_entry(&shown, e))?;
+        let parent = dest.parent().unwrap_or(self.root);
+        fs::create_dir_all(parent).map_err(Error::io("creating directory", parent))?;
+        self.links.remove(&dest);
         let header = entry.header();
         let mode = header.mode().map_err(|e| self.read_error(e))? & 0o7777;
         let wrote = match header.entry_type() {
@@ -141,13 +147,17 @@ impl Unpacker<'_> {
             }
             EntryType::Symlink => {
                 let target = self.link_target(&entry, &shown)?;
-                self.symlink(&target, &dest, &shown)?
+                let made = self.symlink(&target, &dest, &shown)?;
+                if made {
+                    self.links.insert(dest.clone());
+                }
+                made
             }
             EntryType::Link => {
                 let target = self.link_target(&entry, &shown)?;
-                let names = normal_components(&target).map_err(|_| self.unsafe_entry(&shown))?;
-                let source = rootpath::resolve(self.root, &names, false)
-                    .map_err(|_| self.unsafe_entry(&shown))?;
+                let names = rootpath::member(&target).map_err(|e| self.unsafe_entry(&shown, e))?;
+                let source = rootpath::resolve_for(self.root, &names, Last::Keep, &self.links)
+                    .map_err(|e| self.unsafe_entry(&shown, e))?;
                 self.make_room(&dest, &shown)?;
                 fs::hard_link(&source, &dest).map_err(Error::io("hard-linking", &dest))?;
                 true
@@ -158,24 +168,18 @@ impl Unpacker<'_> {
             }
         };
         if wrote {
-            self.written.push(names.iter().collect());
+            self.written.push(names);
         }
         Ok(())
     }
 
     /// Creates a directory entry, or skips it when a symlink to a directory is already there
     /// (a merged-/usr `lib -> usr/lib`, for example).
-    fn directory(
-        &self,
-        dest: &Path,
-        names: &[std::ffi::OsString],
-        mode: u32,
-        shown: &str,
-    ) -> Result<bool> {
+    fn directory(&self, dest: &Path, names: &Path, mode: u32, shown: &str) -> Result<bool> {
         match fs::symlink_metadata(dest) {
             Ok(meta) if meta.is_symlink() => {
-                let target = rootpath::resolve(self.root, names, true)
-                    .map_err(|_| self.unsafe_entry(shown))?;
+                let target = rootpath::resolve(self.root, names, Last::Follow)
+                    .map_err(|e| self.unsafe_entry(shown, e))?;
                 if target.is_dir() {
                     return Ok(false);
                 }
@@ -238,10 +242,11 @@ impl Unpacker<'_> {
         }
     }
 
-    fn unsafe_entry(&self, entry: &str) -> Error {
+    fn unsafe_entry(&self, entry: &str, source: rootpath::Error) -> Error {
         Error::UnsafeEntry {
             deb: self.deb.to_path_buf(),
             entry: entry.to_string(),
+            source,
         }
     }
 

@@ -167,13 +167,18 @@ fn entries_escaping_the_root_are_refused() {
     let outside = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     fs::create_dir(&root).unwrap();
+    let target = outside.path().to_str().unwrap();
     let evil: [&[Item<'_>]; 4] = [
         &[Item::File("../escaped", b"x", 0o644)],
         &[Item::File("./a/../../escaped", b"x", 0o644)],
-        &[Item::File("/tmp/escaped", b"x", 0o644)],
         &[
             Item::Symlink("./up", "../../../.."),
             Item::File("./up/escaped", b"x", 0o644),
+        ],
+        // A package never writes through a link it made itself.
+        &[
+            Item::Symlink("./abs", target),
+            Item::File("./abs/escaped", b"x", 0o644),
         ],
     ];
     for (i, items) in evil.iter().enumerate() {
@@ -183,14 +188,32 @@ fn entries_escaping_the_root_are_refused() {
         assert!(err.to_string().contains("escaped"), "case {i}: {err}");
     }
     assert!(!work.path().join("escaped").exists());
-    // An absolute symlink means the root's own path, as it would inside the image.
-    let target = outside.path().to_str().unwrap();
-    let items = [
-        Item::Symlink("./abs", target),
-        Item::File("./abs/inside", b"x", 0o644),
-    ];
-    let deb = make_deb(work.path(), "abs.deb", "", &items);
+    assert_eq!(fs::read_dir(outside.path()).unwrap().count(), 0);
+    // An absolute name is taken inside the root, as tar and dpkg take it.
+    let deb = make_deb(
+        work.path(),
+        "tmp.deb",
+        "",
+        &[Item::File("/tmp/inside", b"x", 0o644)],
+    );
     unpack_deb(&deb, &root).unwrap();
+    assert_eq!(read(&root.join("tmp/inside")), "x");
+    // An earlier package's absolute symlink means the root's own path, as it would inside
+    // the image.
+    let link = make_deb(
+        work.path(),
+        "link.deb",
+        "",
+        &[Item::Symlink("./abs2", target)],
+    );
+    let file = make_deb(
+        work.path(),
+        "file.deb",
+        "",
+        &[Item::File("./abs2/inside", b"x", 0o644)],
+    );
+    unpack_deb(&link, &root).unwrap();
+    unpack_deb(&file, &root).unwrap();
     assert!(
         !outside.path().join("inside").exists(),
         "nothing is written through to the host"
@@ -201,7 +224,7 @@ fn entries_escaping_the_root_are_refused() {
     );
     // A hard link to a file outside the root is refused too.
     let items = [Item::Hardlink("./stolen", "../../etc/passwd")];
-    let deb = make_deb(work.path(), "link.deb", "", &items);
+    let deb = make_deb(work.path(), "hard.deb", "", &items);
     assert!(matches!(
         unpack_deb(&deb, &root),
         Err(Error::UnsafeEntry { .. })
