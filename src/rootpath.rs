@@ -302,6 +302,24 @@ pub fn open_beneath(root: &Path, rel: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Reads the file at `rel` in the source tree `root`: links inside the tree are followed
+/// ([`resolve_beneath`]), one that leaves it is an error, and the file is then opened with
+/// [`open_beneath`], so nothing outside the tree is ever read.
+///
+/// # Errors
+/// [`io::ErrorKind::NotFound`] when nothing is there; [`io::ErrorKind::PermissionDenied`]
+/// when a link leaves the tree; other open and read errors.
+pub fn read_beneath(root: &Path, rel: &Path) -> io::Result<Vec<u8>> {
+    let resolved = resolve_beneath(root, rel, Last::Follow).map_err(|e| match e {
+        Error::Io { source, .. } => source,
+        other => io::Error::new(io::ErrorKind::PermissionDenied, other.to_string()),
+    })?;
+    let inside = resolved.strip_prefix(root).unwrap_or(&resolved);
+    let mut bytes = Vec::new();
+    io::Read::read_to_end(&mut open_beneath(root, inside)?, &mut bytes)?;
+    Ok(bytes)
+}
+
 #[cfg(test)]
 #[path = "rootpath_tests.rs"]
 mod tests;

@@ -158,6 +158,31 @@ fn an_escaping_symlink_is_refused() {
 }
 
 #[test]
+fn links_leaving_the_function_through_other_links_are_refused_and_nothing_is_read() {
+    // Each link alone stays inside when read lexically; through `d/up` they climb out.
+    for (name, link) in [
+        ("e", "d/up/d/up/../host-secret.json"),
+        ("package.json", "d/up/d/up/../host-secret.json"),
+    ] {
+        let s = setup();
+        let dir = s.fixture("hello-node");
+        std::fs::write(
+            s.work.path().join("host-secret.json"),
+            r#"{"name":"host-secret","dependencies":{}}"#,
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.join("d")).unwrap();
+        symlink("..", dir.join("d/up")).unwrap();
+        let _ = std::fs::remove_file(dir.join(name));
+        symlink(link, dir.join(name)).unwrap();
+        let err = s.build(&dir, "nodejs22", &[]).failure(2).to_string();
+        assert!(err.contains(name), "{name}: {err}");
+        assert!(!err.contains(r#""name":"host-secret""#), "{name}: {err}");
+        s.assert_nothing_pushed();
+    }
+}
+
+#[test]
 fn an_unreachable_registry_fails_with_the_host_named() {
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();

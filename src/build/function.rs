@@ -227,7 +227,8 @@ pub fn from_dir(
     }
     let read = |name: &str| -> Result<Option<NamedBytes>, Error> {
         let path = dir.join(name);
-        match fs::read(&path) {
+        // Through links inside the Function only: a manifest linked to a host file is refused.
+        match crate::rootpath::read_beneath(dir, Path::new(name)) {
             Ok(bytes) => Ok(Some(NamedBytes {
                 name: name.into(),
                 bytes,

@@ -310,6 +310,41 @@ mod tests {
     }
 
     #[test]
+    fn a_link_swapped_in_after_the_walk_is_not_read_into_the_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("fn");
+        fs::create_dir_all(root.join("lib")).unwrap();
+        fs::write(root.join("handler.js"), "x").unwrap();
+        fs::write(root.join("lib/a.js"), "y").unwrap();
+        fs::write(dir.path().join("host-secret"), "secret").unwrap();
+        let tree = walk(&root, &rules()).unwrap();
+        // A concurrent writer swaps a file, and a directory, for links out of the tree.
+        fs::remove_file(root.join("handler.js")).unwrap();
+        symlink("../host-secret", root.join("handler.js")).unwrap();
+        for swapped in [false, true] {
+            if swapped {
+                fs::remove_file(root.join("handler.js")).unwrap();
+                fs::write(root.join("handler.js"), "x").unwrap();
+                fs::rename(root.join("lib"), dir.path().join("lib")).unwrap();
+                symlink("../lib", root.join("lib")).unwrap();
+            }
+            let out = tempfile::tempdir().unwrap();
+            let err = crate::oci::layer::write_layer(
+                tree.to_layer_entries("app"),
+                0,
+                crate::oci::MediaType::OciLayerGzip,
+                out.path(),
+            )
+            .unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains(if swapped { "a.js" } else { "handler.js" }),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
     fn special_files_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let _sock = std::os::unix::net::UnixListener::bind(dir.path().join("s.sock")).unwrap();
