@@ -22,9 +22,13 @@ impl From<Exit> for ExitCode {
 }
 
 fn main() -> ExitCode {
-    // The built-in sandbox's init process is this binary; it must run before any thread.
+    // The built-in sandbox's init process and the network gate's helper are this binary;
+    // they must run before any thread.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(code) = kiln::sandbox::builtin::dispatch(&args) {
+        return code;
+    }
+    if let Some(code) = kiln::sandbox::gate::dispatch(&args) {
         return code;
     }
     let cli = match Cli::try_parse_from(&args) {

@@ -10,9 +10,11 @@ use std::process::Stdio;
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
+use super::egress::{self, Policy};
 use super::function::DepInputs;
 use crate::oci::{Digest, Hasher};
 use crate::runtime::RuntimeSpec;
+use crate::sandbox::gate::Gate;
 
 /// How many trailing lines of the install's stderr an error carries.
 const STDERR_TAIL_LINES: usize = 25;
@@ -109,6 +111,17 @@ pub enum Error {
         /// Exit status.
         status: String,
         /// Redacted tail of stderr.
+        stderr_tail: String,
+    },
+    /// The install's private network could not be set up.
+    #[error(
+        "setting up the network of the install sandbox: {source}{}",
+        tail_note(stderr_tail)
+    )]
+    Network {
+        /// What failed.
+        source: std::io::Error,
+        /// Redacted tail of the sandbox's stderr.
         stderr_tail: String,
     },
     /// The install succeeded but produced nothing where expected.
@@ -286,21 +299,23 @@ pub async fn install(
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
     let config = inputs.configs.first().map(|c| c.name.as_str());
-    let (mut cmd, place) = match &env.isolation {
+    let (mut cmd, gate, place) = match &env.isolation {
         // The caller resolves a pending or missing builder first (`build::run` does), and
         // `toolchain_id` refuses a toolchain on PATH that is not the runtime's.
         Isolation::Host | Isolation::Pending(_) | Isolation::MissingBuilder { .. } => (
             host_command(runtime, env, argv, &work, &home, config),
+            None,
             "the toolchain on PATH",
         ),
         Isolation::Builder {
             rootfs,
             env: image_env,
             ..
-        } => (
-            sandbox_command(runtime, env, argv, rootfs, image_env, &work, config),
-            "the builder image in a sandbox",
-        ),
+        } => {
+            let (cmd, gate) = sandbox_command(runtime, env, argv, rootfs, image_env, &work, config)
+                .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;
+            (cmd, gate, "the builder image in a sandbox")
+        }
     };
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -309,6 +324,31 @@ pub async fn install(
     let mut child = cmd
         .spawn()
         .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;
+    // The install's only way out: a proxy to the package registries, on its own loopback.
+    let mut network_error = None;
+    let _proxy = match gate {
+        Some(gate) => {
+            let policy = Policy::for_install(
+                &runtime.dependencies.registries,
+                &inputs.configs,
+                &env.proxy,
+            );
+            tracing::debug!(hosts = ?policy.hosts().collect::<Vec<_>>(), "the install may reach");
+            match gate.open().await {
+                Ok(listener) => Some(AbortOnDrop(tokio::spawn(egress::serve(
+                    listener,
+                    std::sync::Arc::new(policy),
+                )))),
+                // The sandbox never runs its program: stop it, and report with its stderr.
+                Err(e) => {
+                    let _ = child.start_kill();
+                    network_error = Some(e);
+                    None
+                }
+            }
+        }
+        None => None,
+    };
     let mut stderr = String::new();
     if let Some(mut pipe) = child.stderr.take() {
         let mut buf = Vec::new();
@@ -326,6 +366,12 @@ pub async fn install(
         path: work.clone(),
         source,
     })?;
+    if let Some(source) = network_error {
+        return Err(Error::Network {
+            source,
+            stderr_tail: tail(&stderr),
+        });
+    }
     if !status.success() {
         return Err(Error::Failed {
             command,
@@ -360,10 +406,24 @@ fn host_command(
     cmd
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<std::io::Result<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The port of the install's proxy on the sandbox's own loopback.
+const PROXY_PORT: u16 = 3128;
+
 /// The install inside the builder image: its root read-only, the staging directory at
 /// `/tmp/work`, the package cache at `/tmp/cache`, the CA bundle at `/tmp/kiln-ca.crt` (for
-/// the install only: none of these paths is ever layered), the host network for the package
-/// registries, and only the image's env plus what the install needs.
+/// the install only: none of these paths is ever layered), only the image's env plus what
+/// the install needs, and a private network whose only way out is kiln's proxy to the
+/// package registries ([`egress`]; under bubblewrap — the built-in sandbox shares the host
+/// network, with a warning).
 fn sandbox_command(
     runtime: &RuntimeSpec,
     env: &InstallEnv,
@@ -372,11 +432,18 @@ fn sandbox_command(
     image_env: &[(String, String)],
     work: &Path,
     config: Option<&str>,
-) -> Command {
-    use crate::sandbox::{Bind, Sandbox};
+) -> std::io::Result<(Command, Option<Gate>)> {
+    use crate::sandbox::{Backend, Bind, Sandbox};
     let cache = env.package_cache.join(&runtime.name);
     let mut sandbox = Sandbox::new(rootfs);
-    sandbox.share_network = true;
+    let gated = !matches!(crate::sandbox::chosen(), Some(Backend::Builtin(_)));
+    if !gated {
+        tracing::warn!(
+            "kiln's built-in sandbox cannot limit the install's network to the package \
+             registries; install bubblewrap for that"
+        );
+    }
+    sandbox.share_network = !gated;
     sandbox.cwd = SANDBOX_WORK.into();
     sandbox.binds.push(Bind::writable(work, SANDBOX_WORK));
     sandbox.binds.push(Bind::writable(&cache, SANDBOX_CACHE));
@@ -394,7 +461,15 @@ fn sandbox_command(
             vars.push((var.into(), SANDBOX_CA.into()));
         }
     }
-    vars.extend(env.proxy.iter().cloned());
+    if gated {
+        // Every tool honours these; the proxy itself goes on through any upstream proxy.
+        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+        for var in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"] {
+            vars.push((var.into(), proxy.clone()));
+        }
+    } else {
+        vars.extend(env.proxy.iter().cloned());
+    }
     if let Some(var) = &runtime.dependencies.cache_env {
         vars.push((var.clone(), SANDBOX_CACHE.into()));
     }
@@ -404,7 +479,11 @@ fn sandbox_command(
     sandbox.env = vars;
     // The package cache must exist to be bound; a failure shows up when the install runs.
     let _ = std::fs::create_dir_all(&cache);
-    sandbox.command(argv)
+    if gated {
+        let (cmd, gate) = crate::sandbox::gate::command(&sandbox, argv, PROXY_PORT)?;
+        return Ok((cmd, Some(gate)));
+    }
+    Ok((sandbox.command(argv), None))
 }
 
 fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path) -> Error {
@@ -419,6 +498,15 @@ fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path)
             path: dir.to_path_buf(),
             source: e,
         }
+    }
+}
+
+/// ": <tail>" when the tail says anything.
+fn tail_note(tail: &str) -> String {
+    if tail.trim().is_empty() {
+        String::new()
+    } else {
+        format!("; the sandbox said: {}", tail.trim())
     }
 }
 

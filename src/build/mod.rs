@@ -7,6 +7,7 @@ mod assemble;
 pub mod base;
 pub mod cache;
 pub mod deps;
+pub mod egress;
 pub mod function;
 mod install;
 mod load;

@@ -368,3 +368,36 @@ fn make_writable_lets_a_read_only_tree_be_removed() {
     make_writable(&dir.path().join("a")).unwrap();
     fs::remove_dir_all(dir.path().join("a")).unwrap();
 }
+
+#[test]
+fn gnu_and_pax_long_names_and_link_targets_unpack() {
+    let deep = format!("{}/file", "d".repeat(120));
+    let target = format!("../{}", "t".repeat(150));
+    let mut b = tar::Builder::new(Vec::new());
+    // GNU: tar-rs writes a ././@LongLink entry for names over 100 bytes.
+    let mut h = Header::new_gnu();
+    h.set_entry_type(EntryType::Regular);
+    h.set_mode(0o644);
+    h.set_size(3);
+    b.append_data(&mut h, &deep, &b"gnu"[..]).unwrap();
+    // PAX: a path and linkpath record before a ustar header with truncated names.
+    b.append_pax_extensions([
+        ("path", "pax/".to_string().repeat(30).as_bytes()),
+        ("linkpath", target.as_bytes()),
+    ])
+    .unwrap();
+    let mut h = Header::new_ustar();
+    h.set_path("truncated").unwrap();
+    h.set_entry_type(EntryType::Symlink);
+    h.set_mode(0o777);
+    h.set_size(0);
+    h.set_cksum();
+    b.append(&h, io::empty()).unwrap();
+    let (dir, done) = unpack(&[b.into_inner().unwrap()]);
+    done.unwrap();
+    let root = dir.path();
+    assert_eq!(fs::read_to_string(root.join(&deep)).unwrap(), "gnu");
+    let link = root.join("pax/".repeat(30).trim_end_matches('/'));
+    assert_eq!(fs::read_link(&link).unwrap(), Path::new(&target));
+    assert!(!root.join("truncated").exists());
+}

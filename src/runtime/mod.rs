@@ -96,6 +96,10 @@ pub struct DependencySpec {
     /// Package-registry config files: given to the install, never layered.
     #[serde(default)]
     pub config_files: Vec<String>,
+    /// The package registries (URLs) a sandboxed install may reach besides those its config
+    /// files name.
+    #[serde(default)]
+    pub registries: Vec<String>,
     /// Absolute directory of the dependency layer in the image.
     pub dir: String,
     /// What the install produces, relative to its working directory.

@@ -6,6 +6,7 @@
 
 pub mod builtin;
 pub mod bwrap;
+pub mod gate;
 mod signal;
 
 use std::io;
@@ -214,6 +215,11 @@ pub enum Backend {
 }
 
 static CHOSEN: OnceLock<Backend> = OnceLock::new();
+
+/// The backend [`check_available`] chose, if it ran.
+pub fn chosen() -> Option<Backend> {
+    CHOSEN.get().cloned()
+}
 
 /// Chooses how sandboxes run, once per process, and checks that it can create a user
 /// namespace: bwrap (probed with `bwrap --unshare-user --ro-bind / / bwrap --version`) when

@@ -1,0 +1,216 @@
+//! A private network with one door: a bubblewrap sandbox gets its own network namespace
+//! (nothing but loopback), and kiln puts one TCP listener on that loopback before the program
+//! starts. kiln accepts on it from outside; whatever serves those connections (an allowlisting
+//! proxy, for dependency installs) is the sandbox's only way out.
+//!
+//! How the listener gets there: bwrap reports the sandbox's host pid on `--info-fd` and waits
+//! on `--block-fd` before it runs the program. kiln then starts itself as a short-lived helper
+//! ([`dispatch`]) that joins the sandbox's user namespace (the caller owns it, so that needs
+//! no privilege) and then its network namespace, binds the listener there, hands the socket
+//! back over a Unix socket (`SCM_RIGHTS`) and exits; kiln unblocks the sandbox. No binary
+//! enters the sandbox and the root filesystem is not touched.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::ExitCode;
+
+use rustix::io::FdFlags;
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use rustix::pipe::PipeFlags;
+
+use super::{BWRAP, Sandbox};
+
+/// The hidden first argument that makes `kiln` the helper.
+const HELPER: &str = "__kiln-netns-listen";
+
+/// A sandbox command about to be spawned, and what kiln needs to open its door.
+#[derive(Debug)]
+pub struct Gate {
+    port: u16,
+    /// Read by kiln: bwrap's JSON with the child's pid.
+    info: File,
+    /// Written by kiln once the listener is in place.
+    block: File,
+    /// The ends bwrap inherits; closed in kiln once it runs.
+    child_ends: Vec<OwnedFd>,
+}
+
+/// `sandbox` (which must not share the host network) running `argv` under bwrap, gated: the
+/// program starts only after [`Gate::open`].
+///
+/// # Errors
+/// When the pipes cannot be made.
+pub fn command(
+    sandbox: &Sandbox,
+    argv: &[String],
+    port: u16,
+) -> io::Result<(tokio::process::Command, Gate)> {
+    // Inheritable (no close-on-exec), so bwrap gets them without any code between fork and
+    // exec; kiln closes its copies of bwrap's ends as soon as bwrap runs.
+    let (info_read, info_write) = rustix::pipe::pipe_with(PipeFlags::empty())?;
+    let (block_read, block_write) = rustix::pipe::pipe_with(PipeFlags::empty())?;
+    let (info_read, block_write) = (cloexec(info_read)?, cloexec(block_write)?);
+    let mut line: Vec<OsString> = vec![
+        "--info-fd".into(),
+        info_write.as_raw_fd().to_string().into(),
+        "--block-fd".into(),
+        block_read.as_raw_fd().to_string().into(),
+    ];
+    line.extend(super::bwrap::args(sandbox, argv));
+    let mut cmd = tokio::process::Command::new(BWRAP);
+    cmd.args(line)
+        .env_clear()
+        .envs(sandbox.env.iter().map(|(k, v)| (k, v)))
+        .process_group(0)
+        .kill_on_drop(true);
+    let gate = Gate {
+        port,
+        info: File::from(info_read),
+        block: File::from(block_write),
+        child_ends: vec![info_write, block_read],
+    };
+    Ok((cmd, gate))
+}
+
+/// Marks kiln's own end of a pipe close-on-exec.
+fn cloexec(fd: OwnedFd) -> io::Result<OwnedFd> {
+    rustix::io::fcntl_setfd(&fd, FdFlags::CLOEXEC)?;
+    Ok(fd)
+}
+
+impl Gate {
+    /// Puts the listener into the spawned sandbox's network, lets its program start and
+    /// returns the listener (on the sandbox's `127.0.0.1:port`).
+    ///
+    /// # Errors
+    /// When bwrap says nothing (it failed: its stderr says why), or the helper fails.
+    pub async fn open(self) -> io::Result<std::net::TcpListener> {
+        tokio::task::spawn_blocking(move || self.open_blocking())
+            .await
+            .map_err(io::Error::other)?
+    }
+
+    fn open_blocking(mut self) -> io::Result<std::net::TcpListener> {
+        self.child_ends.clear();
+        let pid = child_pid(&mut self.info)?;
+        let (ours, theirs) = rustix::net::socketpair(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::CLOEXEC,
+            None,
+        )?;
+        // The helper sends the listener over its stdout, which is our socket.
+        let mut helper = std::process::Command::new("/proc/self/exe");
+        helper
+            .arg(HELPER)
+            .arg(pid.to_string())
+            .arg(self.port.to_string())
+            .env_clear()
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::from(theirs));
+        let output = helper.output()?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "putting a listener into the sandbox's network: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        let listener = receive_fd(&ours)?;
+        self.block.write_all(b"1")?;
+        Ok(std::net::TcpListener::from(listener))
+    }
+}
+
+/// The `child-pid` bwrap writes on its info fd.
+fn child_pid(info: &mut File) -> io::Result<i32> {
+    let mut text = String::new();
+    let mut buf = [0u8; 256];
+    loop {
+        let n = info.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        if text.contains('}') {
+            break;
+        }
+    }
+    let value: serde_json::Value = serde_json::from_str(text.trim())
+        .map_err(|_| io::Error::other("bwrap did not start the sandbox (see its message)"))?;
+    value["child-pid"]
+        .as_i64()
+        .and_then(|p| i32::try_from(p).ok())
+        .ok_or_else(|| io::Error::other(format!("bwrap's info has no child-pid: {text}")))
+}
+
+fn receive_fd(socket: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut byte = [0u8; 1];
+    rustix::net::recvmsg(
+        socket,
+        &mut [io::IoSliceMut::new(&mut byte)],
+        &mut control,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message
+            && let Some(fd) = fds.next()
+        {
+            return Ok(fd);
+        }
+    }
+    Err(io::Error::other("the helper sent no listener"))
+}
+
+/// Runs the helper when `args` asks for it; `None` otherwise. kiln's `main` calls this before
+/// any thread exists (joining a user namespace needs a single-threaded process).
+pub fn dispatch(args: &[OsString]) -> Option<ExitCode> {
+    if args.get(1)? != HELPER {
+        return None;
+    }
+    match helper(&args[2..]) {
+        Ok(()) => Some(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!("{e}");
+            Some(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// `PID PORT`: joins the user and network namespaces of PID, listens on 127.0.0.1:PORT and
+/// sends the socket over stdout (a Unix socket).
+fn helper(args: &[OsString]) -> io::Result<()> {
+    let usage = || io::Error::other("usage: PID PORT");
+    let arg = |i: usize| args.get(i).and_then(|a| a.to_str()).ok_or_else(usage);
+    let (pid, port) = (arg(0)?, arg(1)?);
+    let port: u16 = port.parse().map_err(|_| usage())?;
+    let stdout = io::stdout();
+    let socket = stdout.as_fd();
+    // Both are opened first: once in the sandbox's user namespace, its /proc is not ours.
+    let user = File::open(format!("/proc/{pid}/ns/user"))?;
+    let net = File::open(format!("/proc/{pid}/ns/net"))?;
+    use rustix::thread::{LinkNameSpaceType, move_into_link_name_space};
+    move_into_link_name_space(user.as_fd(), Some(LinkNameSpaceType::User))
+        .map_err(|e| io::Error::other(format!("joining the sandbox's user namespace: {e}")))?;
+    move_into_link_name_space(net.as_fd(), Some(LinkNameSpaceType::Network))
+        .map_err(|e| io::Error::other(format!("joining the sandbox's network: {e}")))?;
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    let fds = [listener.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(
+        socket,
+        &[io::IoSlice::new(b"l")],
+        &mut control,
+        SendFlags::empty(),
+    )?;
+    Ok(())
+}

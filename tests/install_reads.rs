@@ -1,0 +1,257 @@
+//! What a dependency's install script can read and reach: an npm `preinstall` script of the
+//! Function's own package probes the credentials and directories kiln has at hand (the docker
+//! config, a registry auth file, the Function's source directory, kiln's cache with other
+//! Functions' dependency layers) and reports each one; none may be readable inside the install
+//! sandbox. A `postinstall` script tries a loopback service on the host, the cloud metadata
+//! address and a host that is no registry, directly and through the install's proxy: it gets
+//! nothing, while the install itself still reaches the npm registry.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::fs;
+
+use common::kiln::{Kiln, copy_fixture, kiln_built_builder, tiny_base};
+
+#[test]
+fn an_install_script_reads_no_credentials_no_source_and_no_other_functions_cache() {
+    common::require_tool("bwrap", "bubblewrap");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    // What a build has at hand on the host.
+    let docker_config = kiln.home.path().join("docker/config.json");
+    fs::write(
+        &docker_config,
+        r#"{"auths":{"registry.example":{"auth":"dXNlcjpkb2NrZXItc2VjcmV0"}}}"#,
+    )
+    .unwrap();
+    let auth_file = work.path().join("registry-auth.json");
+    fs::write(
+        &auth_file,
+        r#"{"auths":{"x":{"auth":"YXV0aC1maWxlLXNlY3JldA=="}}}"#,
+    )
+    .unwrap();
+    let other = copy_fixture("hello-node", &work.path().join("other"));
+    fs::write(
+        other.join("package.json"),
+        r#"{"dependencies":{"is-number":"7.0.0"}}"#,
+    )
+    .unwrap();
+    let out = work.path().join("out");
+    let build = |dir: &std::path::Path| {
+        kiln.run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &tiny_base(),
+            "--builder-image",
+            &builder,
+            "--output",
+            &format!("oci:{}", out.display()),
+        ])
+    };
+    // Another Function's dependency layer is in the cache first.
+    let first = build(&other);
+    assert_eq!(first.code, 0, "{}", first.stderr);
+
+    let function = copy_fixture("hello-node", &work.path().join("fn"));
+    let probes = [
+        docker_config.clone(),
+        auth_file.clone(),
+        function.join("handler.js"),
+        kiln.cache_dir(),
+        kiln.home.path().to_path_buf(),
+    ];
+    let list = serde_json::to_string(&probes).unwrap();
+    // Reads each path (a directory is listed) and says on one line what it got; fails the
+    // install so that kiln quotes the output.
+    let script = format!(
+        "const fs=require('fs');const out={{}};for(const p of {list}){{try{{out[p]=fs.statSync(p)\
+         .isDirectory()?'LISTED '+fs.readdirSync(p).join(','):'READ '+fs.readFileSync(p,'utf8')}}\
+         catch(e){{out[p]='NO '+e.code}}}}console.error('probes='+JSON.stringify(out));process.exit(1)"
+    );
+    let manifest = serde_json::json!({
+        "name": "probe",
+        "version": "1.0.0",
+        "scripts": {"preinstall": format!("node -e {}", shell_quote(&script))},
+        "dependencies": {"is-number": "7.0.0"},
+    });
+    fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+    let run = build(&function);
+    assert_eq!(run.code, 1, "the probe fails the install: {}", run.stderr);
+    let line = run
+        .stderr
+        .lines()
+        .find_map(|l| l.split_once("probes=").map(|(_, json)| json))
+        .unwrap_or_else(|| panic!("no probe output: {}", run.stderr));
+    let found: serde_json::Value = serde_json::from_str(line).unwrap();
+    for probe in &probes {
+        let got = found[probe.to_str().unwrap()].as_str().unwrap();
+        assert_eq!(
+            got,
+            "NO ENOENT",
+            "{} is visible to the install",
+            probe.display()
+        );
+    }
+    for secret in [
+        "docker-secret",
+        "dXNlcjpkb2NrZXItc2VjcmV0",
+        "YXV0aC1maWxlLXNlY3JldA",
+    ] {
+        assert!(!run.stderr.contains(secret), "{}", run.stderr);
+    }
+}
+
+#[test]
+fn an_install_reaches_the_package_registry_and_nothing_else() {
+    use std::io::Read as _;
+    common::require_tool("bwrap", "bubblewrap");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    // A service on the host's loopback that records whoever reaches it.
+    let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = service.local_addr().unwrap().port();
+    let reached = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    {
+        let reached = reached.clone();
+        std::thread::spawn(move || {
+            for conn in service.incoming().flatten() {
+                let mut conn = conn;
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+                let mut buf = [0u8; 512];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                reached
+                    .lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            }
+        });
+    }
+    let targets = serde_json::json!([
+        [
+            "direct-loopback",
+            format!("http://127.0.0.1:{port}/direct"),
+            false
+        ],
+        [
+            "proxied-loopback",
+            format!("http://127.0.0.1:{port}/proxied"),
+            true
+        ],
+        [
+            "direct-metadata",
+            "http://169.254.169.254/latest/meta-data/",
+            false
+        ],
+        [
+            "proxied-metadata",
+            "http://169.254.169.254/latest/meta-data/",
+            true
+        ],
+        ["proxied-other-host", "http://example.com/", true],
+    ]);
+    // Each probe: an HTTP GET, direct or through the proxy the install is given; the outcome
+    // goes into a file in node_modules, which is layered.
+    let script = format!(
+        "const http=require('http');const out={{}};const proxy=process.env.HTTP_PROXY||'';\
+         const probe=([name,url,viaProxy])=>new Promise(done=>{{const u=new URL(url);\
+         const p=viaProxy&&proxy?new URL(proxy):null;\
+         const req=http.request({{host:p?p.hostname:u.hostname,port:p?p.port:(u.port||80),\
+         path:p?url:u.pathname,timeout:3000}},res=>{{out[name]='HTTP '+res.statusCode;res.resume();done()}});\
+         req.on('timeout',()=>{{out[name]='timeout';req.destroy()}});\
+         req.on('error',e=>{{out[name]=out[name]||e.code;done()}});req.end()}});\
+         Promise.all({targets}.map(probe)).then(()=>{{out.proxy=proxy;\
+         require('fs').writeFileSync('node_modules/probe.json',JSON.stringify(out))}})"
+    );
+    let function = copy_fixture("hello-node", &work.path().join("fn"));
+    let manifest = serde_json::json!({
+        "name": "probe",
+        "version": "1.0.0",
+        "scripts": {"postinstall": format!("node -e {}", shell_quote(&script))},
+        "dependencies": {"is-number": "7.0.0"},
+    });
+    fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+    let out = work.path().join("out");
+    let run = kiln.run(&[
+        "build",
+        function.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--builder-image",
+        &builder,
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]);
+    assert_eq!(
+        run.code, 0,
+        "npm still reaches its registry: {}",
+        run.stderr
+    );
+    let probe = layer_file(&out, "probe.json");
+    let probe: serde_json::Value = serde_json::from_slice(&probe).unwrap();
+    assert!(
+        probe["proxy"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:"),
+        "{probe}"
+    );
+    for name in ["direct-loopback", "direct-metadata"] {
+        let got = probe[name].as_str().unwrap();
+        assert!(
+            got == "ECONNREFUSED" || got == "ENETUNREACH" || got == "timeout",
+            "{name}: {probe}"
+        );
+    }
+    for name in ["proxied-loopback", "proxied-metadata", "proxied-other-host"] {
+        assert_eq!(probe[name], "HTTP 403", "{name}: {probe}");
+    }
+    assert!(
+        reached.lock().unwrap().is_empty(),
+        "{:?}",
+        reached.lock().unwrap()
+    );
+    assert!(layer_file(&out, "is-number/package.json").len() > 10);
+}
+
+/// The bytes of the file whose layer path ends with `suffix`, in the layout's only image.
+fn layer_file(layout: &std::path::Path, suffix: &str) -> Vec<u8> {
+    use std::io::Read as _;
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    let blob = |d: &str| {
+        fs::read(
+            layout
+                .join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
+        )
+        .unwrap()
+    };
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    for layer in manifest["layers"].as_array().unwrap() {
+        let bytes = blob(layer["digest"].as_str().unwrap());
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(&bytes[..]));
+        for entry in tar.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            if entry.path().unwrap().to_string_lossy().ends_with(suffix) {
+                let mut content = Vec::new();
+                entry.read_to_end(&mut content).unwrap();
+                return content;
+            }
+        }
+    }
+    panic!("no {suffix} in the image");
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
