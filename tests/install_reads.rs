@@ -108,7 +108,16 @@ fn an_install_script_reads_no_credentials_no_source_and_no_other_functions_cache
 }
 
 #[test]
-fn an_install_reaches_the_package_registry_and_nothing_else() {
+fn an_install_reaches_the_package_registry_and_nothing_else_under_bwrap() {
+    reaches_only_the_registry("bwrap");
+}
+
+#[test]
+fn an_install_reaches_the_package_registry_and_nothing_else_in_the_built_in_sandbox() {
+    reaches_only_the_registry("builtin");
+}
+
+fn reaches_only_the_registry(sandbox: &str) {
     use std::io::Read as _;
     common::require_tool("bwrap", "bubblewrap");
     let kiln = Kiln::new();
@@ -178,7 +187,7 @@ fn an_install_reaches_the_package_registry_and_nothing_else() {
     });
     fs::write(function.join("package.json"), manifest.to_string()).unwrap();
     let out = work.path().join("out");
-    let run = kiln.run(&[
+    let run = kiln.run_cmd(kiln.command().env("KILN_SANDBOX", sandbox).args([
         "build",
         function.to_str().unwrap(),
         "--runtime",
@@ -189,7 +198,7 @@ fn an_install_reaches_the_package_registry_and_nothing_else() {
         &builder,
         "--output",
         &format!("oci:{}", out.display()),
-    ]);
+    ]));
     assert_eq!(
         run.code, 0,
         "npm still reaches its registry: {}",

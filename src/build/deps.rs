@@ -422,8 +422,7 @@ const PROXY_PORT: u16 = 3128;
 /// `/tmp/work`, the package cache at `/tmp/cache`, the CA bundle at `/tmp/kiln-ca.crt` (for
 /// the install only: none of these paths is ever layered), only the image's env plus what
 /// the install needs, and a private network whose only way out is kiln's proxy to the
-/// package registries ([`egress`]; under bubblewrap — the built-in sandbox shares the host
-/// network, with a warning).
+/// package registries ([`egress`]).
 fn sandbox_command(
     runtime: &RuntimeSpec,
     env: &InstallEnv,
@@ -433,17 +432,11 @@ fn sandbox_command(
     work: &Path,
     config: Option<&str>,
 ) -> std::io::Result<(Command, Option<Gate>)> {
-    use crate::sandbox::{Backend, Bind, Sandbox};
+    use crate::sandbox::{Bind, Sandbox};
     let cache = env.package_cache.join(&runtime.name);
     let mut sandbox = Sandbox::new(rootfs);
-    let gated = !matches!(crate::sandbox::chosen(), Some(Backend::Builtin(_)));
-    if !gated {
-        tracing::warn!(
-            "kiln's built-in sandbox cannot limit the install's network to the package \
-             registries; install bubblewrap for that"
-        );
-    }
-    sandbox.share_network = !gated;
+    let gated = true;
+    sandbox.share_network = false;
     sandbox.cwd = SANDBOX_WORK.into();
     sandbox.binds.push(Bind::writable(work, SANDBOX_WORK));
     sandbox.binds.push(Bind::writable(&cache, SANDBOX_CACHE));

@@ -169,6 +169,11 @@ fn step<E: Into<io::Error>>(what: impl FnOnce() -> String) -> impl FnOnce(E) -> 
 fn init(args: &[OsString]) -> Result<u8, Failure> {
     let (spec, argv) = parse(args)?;
     rustix::process::setsid().map_err(step(|| "starting a new session".into()))?;
+    if let Some(door) = &spec.gate {
+        super::gate::send_from_init(door).map_err(step(|| {
+            "giving kiln a listener on the sandbox's loopback".into()
+        }))?;
+    }
     build_root(&spec)?;
     if let Some(name) = &spec.hostname {
         rustix::system::sethostname(name.as_bytes())

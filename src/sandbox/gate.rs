@@ -3,12 +3,15 @@
 //! starts. kiln accepts on it from outside; whatever serves those connections (an allowlisting
 //! proxy, for dependency installs) is the sandbox's only way out.
 //!
-//! How the listener gets there: bwrap reports the sandbox's host pid on `--info-fd` and waits
-//! on `--block-fd` before it runs the program. kiln then starts itself as a short-lived helper
-//! ([`dispatch`]) that joins the sandbox's user namespace (the caller owns it, so that needs
-//! no privilege) and then its network namespace, binds the listener there, hands the socket
-//! back over a Unix socket (`SCM_RIGHTS`) and exits; kiln unblocks the sandbox. No binary
-//! enters the sandbox and the root filesystem is not touched.
+//! How the listener gets there, under bubblewrap: bwrap reports the sandbox's host pid on
+//! `--info-fd` and waits on `--block-fd` before it runs the program. kiln then starts itself
+//! as a short-lived helper ([`dispatch`]) that joins the sandbox's user namespace (the caller
+//! owns it, so that needs no privilege) and then its network namespace, binds the listener
+//! there, hands the socket back over a Unix socket (`SCM_RIGHTS`) and exits; kiln unblocks
+//! the sandbox. In kiln's built-in sandbox the init process (kiln itself, inside the
+//! namespaces) brings the loopback up, binds the listener and sends it to the [`Door`] (a
+//! Unix socket kiln listens on) before it starts the program. No binary enters the sandbox
+//! and the root filesystem is not touched.
 
 use std::ffi::OsString;
 use std::fs::File;
@@ -33,24 +36,57 @@ const HELPER: &str = "__kiln-netns-listen";
 #[derive(Debug)]
 pub struct Gate {
     port: u16,
-    /// Read by kiln: bwrap's JSON with the child's pid.
-    info: File,
-    /// Written by kiln once the listener is in place.
-    block: File,
-    /// The ends bwrap inherits; closed in kiln once it runs.
-    child_ends: Vec<OwnedFd>,
+    how: How,
 }
 
-/// `sandbox` (which must not share the host network) running `argv` under bwrap, gated: the
-/// program starts only after [`Gate::open`].
+#[derive(Debug)]
+enum How {
+    Bwrap {
+        /// Read by kiln: bwrap's JSON with the child's pid.
+        info: File,
+        /// Written by kiln once the listener is in place.
+        block: File,
+        /// The ends bwrap inherits; closed in kiln once it runs.
+        child_ends: Vec<OwnedFd>,
+    },
+    Builtin {
+        /// Where the init connects to; in a directory removed with it.
+        door: std::os::unix::net::UnixListener,
+        _dir: tempfile::TempDir,
+    },
+}
+
+/// Where the built-in sandbox's init sends its listener: a Unix socket path and the port.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Door {
+    /// The Unix socket kiln accepts on.
+    pub socket: std::path::PathBuf,
+    /// The loopback port to listen on inside.
+    pub port: u16,
+}
+
+/// `sandbox` (which must not share the host network) running `argv`, gated: the program
+/// starts only once its network has the listener ([`Gate::open`]).
 ///
 /// # Errors
-/// When the pipes cannot be made.
+/// When the pipes or the door cannot be made.
 pub fn command(
     sandbox: &Sandbox,
     argv: &[String],
     port: u16,
 ) -> io::Result<(tokio::process::Command, Gate)> {
+    if let Some(super::Backend::Builtin(_)) = super::chosen() {
+        let dir = tempfile::Builder::new().prefix("kiln-gate-").tempdir()?;
+        let socket = dir.path().join("door");
+        let door = std::os::unix::net::UnixListener::bind(&socket)?;
+        let mut sandbox = sandbox.clone();
+        sandbox.gate = Some(Door { socket, port });
+        let gate = Gate {
+            port,
+            how: How::Builtin { door, _dir: dir },
+        };
+        return Ok((sandbox.command(argv), gate));
+    }
     // Inheritable (no close-on-exec), so bwrap gets them without any code between fork and
     // exec; kiln closes its copies of bwrap's ends as soon as bwrap runs.
     let (info_read, info_write) = rustix::pipe::pipe_with(PipeFlags::empty())?;
@@ -71,9 +107,11 @@ pub fn command(
         .kill_on_drop(true);
     let gate = Gate {
         port,
-        info: File::from(info_read),
-        block: File::from(block_write),
-        child_ends: vec![info_write, block_read],
+        how: How::Bwrap {
+            info: File::from(info_read),
+            block: File::from(block_write),
+            child_ends: vec![info_write, block_read],
+        },
     };
     Ok((cmd, gate))
 }
@@ -96,9 +134,19 @@ impl Gate {
             .map_err(io::Error::other)?
     }
 
-    fn open_blocking(mut self) -> io::Result<std::net::TcpListener> {
-        self.child_ends.clear();
-        let pid = child_pid(&mut self.info)?;
+    fn open_blocking(self) -> io::Result<std::net::TcpListener> {
+        let (mut info, mut block) = match self.how {
+            How::Bwrap {
+                info,
+                block,
+                child_ends,
+            } => {
+                drop(child_ends);
+                (info, block)
+            }
+            How::Builtin { door, _dir } => return receive_from_init(&door),
+        };
+        let pid = child_pid(&mut info)?;
         let (ours, theirs) = rustix::net::socketpair(
             AddressFamily::UNIX,
             SocketType::STREAM,
@@ -122,9 +170,100 @@ impl Gate {
             )));
         }
         let listener = receive_fd(&ours)?;
-        self.block.write_all(b"1")?;
+        block.write_all(b"1")?;
         Ok(std::net::TcpListener::from(listener))
     }
+}
+
+/// Waits (at most a minute: the init does this first thing) for the built-in sandbox's init
+/// to send its listener through `door`.
+fn receive_from_init(door: &std::os::unix::net::UnixListener) -> io::Result<std::net::TcpListener> {
+    door.set_nonblocking(true)?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let stream = loop {
+        match door.accept() {
+            Ok((stream, _)) => break stream,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                if std::time::Instant::now() > deadline {
+                    return Err(io::Error::other(
+                        "the sandbox's init never sent its listener",
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    stream.set_nonblocking(false)?;
+    Ok(std::net::TcpListener::from(receive_fd(&OwnedFd::from(
+        stream,
+    ))?))
+}
+
+/// In the built-in sandbox's init, inside its fresh network namespace with capabilities still
+/// held: brings the loopback up, listens on `127.0.0.1:port` and sends the socket to `door`.
+///
+/// # Errors
+/// When any step fails.
+pub fn send_from_init(door: &Door) -> io::Result<()> {
+    loopback_up()?;
+    let listener = std::net::TcpListener::bind(("127.0.0.1", door.port))?;
+    let stream = std::os::unix::net::UnixStream::connect(&door.socket)?;
+    send_fd(stream.as_fd(), listener.as_fd())
+}
+
+/// Sets `IFF_UP` on interface 1 (`lo`, in a fresh network namespace) with one
+/// `RTM_NEWLINK` netlink request, and checks the kernel's answer.
+fn loopback_up() -> io::Result<()> {
+    use rustix::net::{recv, send, socket_with};
+    const RTM_NEWLINK: u16 = 16;
+    const NLM_F_REQUEST_ACK: u16 = 0x1 | 0x4;
+    const NLMSG_ERROR: u16 = 2;
+    const IFF_UP: u32 = 1;
+    let socket = socket_with(
+        AddressFamily::NETLINK,
+        SocketType::RAW,
+        SocketFlags::CLOEXEC,
+        None, // NETLINK_ROUTE
+    )?;
+    let mut msg = Vec::with_capacity(32);
+    msg.extend_from_slice(&32u32.to_ne_bytes()); // nlmsg_len
+    msg.extend_from_slice(&RTM_NEWLINK.to_ne_bytes());
+    msg.extend_from_slice(&NLM_F_REQUEST_ACK.to_ne_bytes());
+    msg.extend_from_slice(&1u32.to_ne_bytes()); // seq
+    msg.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
+    msg.extend_from_slice(&[0, 0]); // ifi_family AF_UNSPEC, padding
+    msg.extend_from_slice(&0u16.to_ne_bytes()); // ifi_type
+    msg.extend_from_slice(&1i32.to_ne_bytes()); // ifi_index: lo
+    msg.extend_from_slice(&IFF_UP.to_ne_bytes()); // ifi_flags
+    msg.extend_from_slice(&IFF_UP.to_ne_bytes()); // ifi_change
+    send(&socket, &msg, SendFlags::empty())?;
+    let mut answer = [0u8; 512];
+    let (n, _) = recv(&socket, &mut answer, RecvFlags::empty())?;
+    let kind = answer.get(4..6).map(|b| u16::from_ne_bytes([b[0], b[1]]));
+    let error = answer
+        .get(16..20)
+        .map(|b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    match (n >= 20, kind, error) {
+        (true, Some(NLMSG_ERROR), Some(0)) => Ok(()),
+        (true, Some(NLMSG_ERROR), Some(errno)) => Err(io::Error::from_raw_os_error(-errno)),
+        _ => Err(io::Error::other("unexpected netlink answer bringing lo up")),
+    }
+}
+
+/// Sends `fd` over the Unix socket `socket` (`SCM_RIGHTS`, one byte of data).
+fn send_fd(socket: impl AsFd, fd: impl AsFd) -> io::Result<()> {
+    let fds = [fd.as_fd()];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    control.push(SendAncillaryMessage::ScmRights(&fds));
+    rustix::net::sendmsg(
+        socket,
+        &[io::IoSlice::new(b"l")],
+        &mut control,
+        SendFlags::empty(),
+    )?;
+    Ok(())
 }
 
 /// The `child-pid` bwrap writes on its info fd.
@@ -202,15 +341,5 @@ fn helper(args: &[OsString]) -> io::Result<()> {
     move_into_link_name_space(net.as_fd(), Some(LinkNameSpaceType::Network))
         .map_err(|e| io::Error::other(format!("joining the sandbox's network: {e}")))?;
     let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
-    let fds = [listener.as_fd()];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    control.push(SendAncillaryMessage::ScmRights(&fds));
-    rustix::net::sendmsg(
-        socket,
-        &[io::IoSlice::new(b"l")],
-        &mut control,
-        SendFlags::empty(),
-    )?;
-    Ok(())
+    send_fd(socket, listener.as_fd())
 }

@@ -154,6 +154,10 @@ pub struct Sandbox {
     /// Put the process in a new session, so it cannot inject input into the caller's terminal
     /// (`TIOCSTI`).
     pub new_session: bool,
+    /// The built-in sandbox's side of [`gate`]: where its init sends the listener it binds on
+    /// the private loopback.
+    #[serde(default)]
+    pub gate: Option<gate::Door>,
 }
 
 impl Sandbox {
@@ -172,6 +176,7 @@ impl Sandbox {
             share_network: false,
             hostname: None,
             new_session: true,
+            gate: None,
         }
     }
 
