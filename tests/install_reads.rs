@@ -264,3 +264,61 @@ fn layer_file(layout: &std::path::Path, suffix: &str) -> Vec<u8> {
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
+
+#[test]
+fn a_failing_install_that_prints_its_npmrc_token_in_any_shape_leaks_none_of_it() {
+    common::require_tool("bwrap", "bubblewrap");
+    const TOKEN: &str = "KILN-NPMRC-TOKEN-5f2a9c";
+    const PASSWORD: &str = "KILN-URL-PASSWORD-77e1";
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    let function = copy_fixture("hello-node", &work.path().join("fn"));
+    fs::write(
+        function.join(".npmrc"),
+        format!(
+            "//npm.secret.example/:_authToken={TOKEN}\n\
+             @acme:registry=https://deploy:{PASSWORD}@npm.secret.example/\n"
+        ),
+    )
+    .unwrap();
+    // Two on one line, a bare value, an Authorization header, JSON, a URL's password alone.
+    let script = format!(
+        "console.error('tokens {TOKEN} and {TOKEN}');console.error('{TOKEN}');\
+         console.error('Authorization: Bearer {TOKEN}');\
+         console.error(JSON.stringify({{_authToken:'{TOKEN}',registry:'x'}}));\
+         console.error('password {PASSWORD}');process.exit(1)"
+    );
+    let manifest = serde_json::json!({
+        "name": "leaky",
+        "version": "1.0.0",
+        "scripts": {"preinstall": format!("node -e {}", shell_quote(&script))},
+        "dependencies": {"is-number": "7.0.0"},
+    });
+    fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+    let run = kiln.run(&[
+        "build",
+        function.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--builder-image",
+        &builder,
+        "--output",
+        &format!("oci:{}", work.path().join("out").display()),
+    ]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("Authorization: Bearer ***"),
+        "{}",
+        run.stderr
+    );
+    for secret in [TOKEN, PASSWORD] {
+        assert!(
+            !run.stderr.contains(secret),
+            "{secret} leaked: {}",
+            run.stderr
+        );
+    }
+}

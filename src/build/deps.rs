@@ -12,6 +12,7 @@ use tokio::process::Command;
 
 use super::egress::{self, Policy};
 use super::function::DepInputs;
+use super::mask::Secrets;
 use crate::oci::{Digest, Hasher};
 use crate::runtime::RuntimeSpec;
 use crate::sandbox::gate::Gate;
@@ -200,7 +201,7 @@ pub async fn toolchain_id(
             return Err(Error::Failed {
                 command: argv.join(" "),
                 status: out.status.to_string(),
-                stderr_tail: tail(&String::from_utf8_lossy(&out.stderr)),
+                stderr_tail: tail(&String::from_utf8_lossy(&out.stderr), &Secrets::default()),
             });
         }
         id.push_str(String::from_utf8_lossy(&out.stdout).trim());
@@ -298,6 +299,7 @@ pub async fn install(
     }
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
+    let secrets = Secrets::from_configs(&inputs.configs);
     let config = inputs.configs.first().map(|c| c.name.as_str());
     let (mut cmd, gate, place) = match &env.isolation {
         // The caller resolves a pending or missing builder first (`build::run` does), and
@@ -369,14 +371,14 @@ pub async fn install(
     if let Some(source) = network_error {
         return Err(Error::Network {
             source,
-            stderr_tail: tail(&stderr),
+            stderr_tail: tail(&stderr, &secrets),
         });
     }
     if !status.success() {
         return Err(Error::Failed {
             command,
             status: status.to_string(),
-            stderr_tail: tail(&stderr),
+            stderr_tail: tail(&stderr, &secrets),
         });
     }
     let output = work.join(&runtime.dependencies.output);
@@ -503,64 +505,16 @@ fn tail_note(tail: &str) -> String {
     }
 }
 
-/// The last lines of `text`, with credentials masked.
-fn tail(text: &str) -> String {
+/// The last lines of `text`, with `secrets` and every credential shape masked.
+fn tail(text: &str, secrets: &Secrets) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let start = lines.len().saturating_sub(STDERR_TAIL_LINES);
-    lines[start..]
-        .iter()
-        .map(|l| redact(l))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// Masks `user:password@` in URLs and npm `_authToken=`/`_auth=`/`_password=` values.
-pub fn redact(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut rest = line;
-    while let Some(i) = rest.find("://") {
-        let (head, tail) = rest.split_at(i + 3);
-        out.push_str(head);
-        let end = tail
-            .find(|c: char| c.is_whitespace() || c == '/')
-            .unwrap_or(tail.len());
-        match tail[..end].rfind('@') {
-            Some(at) => {
-                out.push_str("***");
-                rest = &tail[at..];
-            }
-            None => rest = tail,
-        }
-    }
-    out.push_str(rest);
-    for key in ["_authToken=", "_auth=", "_password=", "password="] {
-        if let Some(i) = out.find(key) {
-            let start = i + key.len();
-            let end = out[start..]
-                .find(char::is_whitespace)
-                .map_or(out.len(), |e| start + e);
-            out.replace_range(start..end, "***");
-        }
-    }
-    out
+    secrets.mask(&lines[start..].join("\n"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn credentials_are_masked_in_output_lines() {
-        assert_eq!(
-            redact("GET https://user:s3cret@reg.example/pkg 401"),
-            "GET https://***@reg.example/pkg 401"
-        );
-        assert_eq!(
-            redact("//reg/:_authToken=abc123 x"),
-            "//reg/:_authToken=*** x"
-        );
-        assert_eq!(redact("plain line"), "plain line");
-    }
 
     #[test]
     fn a_toolchain_on_path_that_is_not_the_runtimes_is_refused() {

@@ -11,6 +11,7 @@ pub mod egress;
 pub mod function;
 mod install;
 mod load;
+pub mod mask;
 pub mod plan;
 pub mod publish;
 pub mod source;
