@@ -1,5 +1,6 @@
 //! A registry that lies: a proxy in front of the real one that changes manifest or blob bytes
-//! but keeps the digests. kiln must notice, fail, and write or push nothing.
+//! but keeps the digests. kiln must notice, fail, and write or push nothing. And a registry
+//! whose blob redirect ends on a hostile host: no registry credential may reach it.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,6 +17,8 @@ use common::registry::{Registry, RegistryKind};
 enum Lie {
     Manifest,
     Blob,
+    /// Blob GETs are redirected to the host:port in [`Proxy::redirect_to`].
+    Redirect,
 }
 
 #[derive(Clone)]
@@ -23,6 +26,8 @@ struct Proxy {
     upstream: String,
     lie: Lie,
     http: reqwest::Client,
+    redirect_to: String,
+    scheme: &'static str,
 }
 
 async fn forward(State(p): State<Proxy>, req: Request) -> Response {
@@ -32,9 +37,20 @@ async fn forward(State(p): State<Proxy>, req: Request) -> Response {
         .map(|p| p.to_string())
         .unwrap_or_default();
     let method = req.method().clone();
-    let mut out = p
-        .http
-        .request(method.clone(), format!("http://{}{path}", p.upstream));
+    if p.lie == Lie::Redirect && method == "GET" && path.contains("/blobs/sha256:") {
+        return Response::builder()
+            .status(307)
+            .header(
+                "location",
+                format!("http://{}/storage{path}", p.redirect_to),
+            )
+            .body(Body::empty())
+            .unwrap();
+    }
+    let mut out = p.http.request(
+        method.clone(),
+        format!("{}://{}{path}", p.scheme, p.upstream),
+    );
     for (k, v) in req.headers() {
         if k != "host" {
             out = out.header(k, v);
@@ -54,6 +70,7 @@ async fn forward(State(p): State<Proxy>, req: Request) -> Response {
         && match p.lie {
             Lie::Manifest => path.contains("/manifests/"),
             Lie::Blob => path.contains("/blobs/sha256:") && bytes.len() > 1000,
+            Lie::Redirect => false,
         };
     if tamper {
         let last = bytes.len() - 1;
@@ -68,7 +85,17 @@ async fn forward(State(p): State<Proxy>, req: Request) -> Response {
     builder.body(Body::from(bytes)).unwrap()
 }
 
-fn start_proxy(upstream: String, lie: Lie) -> (String, tokio::runtime::Runtime) {
+fn start_proxy(upstream: String, lie: Lie, redirect_to: &str) -> (String, tokio::runtime::Runtime) {
+    start_proxy_to(upstream, lie, redirect_to, None)
+}
+
+/// The proxy, to an upstream over TLS trusting `ca` when given.
+fn start_proxy_to(
+    upstream: String,
+    lie: Lie,
+    redirect_to: &str,
+    ca: Option<&std::path::Path>,
+) -> (String, tokio::runtime::Runtime) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -77,7 +104,17 @@ fn start_proxy(upstream: String, lie: Lie) -> (String, tokio::runtime::Runtime) 
     let app = axum::Router::new().fallback(forward).with_state(Proxy {
         upstream,
         lie,
-        http: reqwest::Client::new(),
+        http: match ca {
+            Some(ca) => reqwest::Client::builder()
+                .add_root_certificate(
+                    reqwest::Certificate::from_pem(&std::fs::read(ca).unwrap()).unwrap(),
+                )
+                .build()
+                .unwrap(),
+            None => reqwest::Client::new(),
+        },
+        redirect_to: redirect_to.to_string(),
+        scheme: if ca.is_some() { "https" } else { "http" },
     });
     rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
     (host, rt)
@@ -86,7 +123,7 @@ fn start_proxy(upstream: String, lie: Lie) -> (String, tokio::runtime::Runtime) 
 fn build_through(lie: Lie) -> (common::kiln::Run, tempfile::TempDir) {
     let reg = Registry::start(RegistryKind::Plain);
     let bases = push_base_images(&reg, "base/busybox");
-    let (proxy, _rt) = start_proxy(reg.host(), lie);
+    let (proxy, _rt) = start_proxy(reg.host(), lie, "");
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
     let dir = copy_fixture("hello-node", &work.path().join("fn"));
@@ -127,4 +164,90 @@ fn a_base_layer_that_does_not_match_its_digest_fails_the_build_and_leaves_no_ima
         !index.contains("latest"),
         "the layout must not name an image: {index}"
     );
+}
+
+/// A storage host that refuses everything with a Bearer challenge naming its own token realm,
+/// and records each request's path and Authorization header.
+fn start_hostile_storage(
+    rt: &tokio::runtime::Runtime,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let realm = format!("http://{host}/token");
+    let log = seen.clone();
+    let app = axum::Router::new().fallback(move |req: Request| {
+        let (log, realm) = (log.clone(), realm.clone());
+        async move {
+            let auth = req
+                .headers()
+                .get("authorization")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            log.lock().unwrap().push(format!("{} auth={auth}", req.uri()));
+            Response::builder()
+                .status(401)
+                .header(
+                    "www-authenticate",
+                    format!("Bearer realm=\"{realm}\",service=\"storage\",scope=\"repository:base/busybox:pull\""),
+                )
+                .body(Body::empty())
+                .unwrap()
+        }
+    });
+    rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (host, seen)
+}
+
+#[test]
+fn a_redirect_to_another_host_gets_no_credentials_and_its_challenge_is_not_the_registrys() {
+    for kind in [RegistryKind::Token, RegistryKind::BasicTls] {
+        redirect_to_hostile_storage(kind);
+    }
+}
+
+fn redirect_to_hostile_storage(kind: RegistryKind) {
+    let reg = Registry::start(kind);
+    let bases = push_base_images(&reg, "base/busybox");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (storage, seen) = start_hostile_storage(&rt);
+    let (proxy, _proxy_rt) = start_proxy_to(reg.host(), Lie::Redirect, &storage, reg.ca_pem());
+    let kiln = Kiln::new();
+    let (user, password) = reg.credentials().unwrap();
+    let auth = common::base64(format!("{user}:{password}").as_bytes());
+    std::fs::write(
+        kiln.home.path().join("docker/config.json"),
+        format!(r#"{{"auths":{{"{proxy}":{{"auth":"{auth}"}}}}}}"#),
+    )
+    .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &bases.oci.replace(&reg.host(), &proxy),
+        "--output",
+        &format!("oci:{}", work.path().join("out").display()),
+        "--insecure-registry",
+        &proxy,
+    ]);
+    let err = run.failure(1);
+    assert!(err.contains(&format!("redirected to {storage}")), "{err}");
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "the redirect reached the storage host");
+    for request in &seen {
+        assert!(
+            request.ends_with("auth="),
+            "a credential reached the storage host: {request}"
+        );
+        assert!(
+            !request.starts_with("/token"),
+            "kiln asked the storage host for a token: {request}"
+        );
+    }
+    assert!(!err.contains(password), "{err}");
 }

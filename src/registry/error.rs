@@ -26,6 +26,23 @@ pub enum Error {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// A request the registry redirected was refused by the host it went to; no registry
+    /// credential is sent there.
+    #[error(
+        "{method} {url} was redirected to {host}, which answered {status}; kiln sends the \
+         registry's credentials only to the registry itself, so the registry's storage must \
+         accept its redirect without them"
+    )]
+    RedirectRefused {
+        /// Request method.
+        method: Method,
+        /// Redacted request URL.
+        url: String,
+        /// `host[:port]` of the host that refused.
+        host: String,
+        /// Its status (401 or 403).
+        status: u16,
+    },
     /// An unexpected HTTP status.
     #[error("{method} {url} returned {status}{}", codes(.errors))]
     Status {

@@ -197,7 +197,21 @@ impl Inner {
             None
         };
         let mut resp = self.exchange(call, auth.as_ref()).await?;
-        if resp.status() == StatusCode::UNAUTHORIZED && same_origin {
+        // A redirect (registries send blobs to storage) may end on another host: its answer
+        // is not the registry's. reqwest drops the Authorization header across origins; a
+        // 401 from there must not be taken as the registry's challenge either, or kiln would
+        // fetch a token from a realm the other host names, with the registry's credentials.
+        let answered_by_registry = same_origin && is_origin(resp.url(), reg);
+        let status = resp.status().as_u16();
+        if same_origin && !answered_by_registry && (status == 401 || status == 403) {
+            return Err(Error::RedirectRefused {
+                method: call.method.clone(),
+                url: call.shown_url(),
+                host: host_port(resp.url()),
+                status,
+            });
+        }
+        if resp.status() == StatusCode::UNAUTHORIZED && answered_by_registry {
             // Once only: a new token with the union of scopes, or newly learnt Basic auth.
             let retry_with = reg
                 .reauthorize(self, &call.scopes, resp.headers(), auth.as_ref())
@@ -290,6 +304,11 @@ async fn file_body(
     let stream = ReaderStream::with_capacity(file.take(len), FILE_READ_BUFFER)
         .inspect_ok(move |chunk| count(&sent, chunk.len() as u64));
     Ok(Body::wrap_stream(stream))
+}
+
+/// Whether `url` is the registry's own origin (scheme, host and port).
+fn is_origin(url: &Url, reg: &Registry) -> bool {
+    host_port(url) == reg.host && url.scheme() == reg.base.scheme()
 }
 
 /// Reads an error body (capped) and parses its OCI error envelope.
