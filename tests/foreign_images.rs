@@ -378,3 +378,86 @@ fn a_layout_blob_under_a_wrong_digest_is_refused_before_it_is_unpacked() {
     assert!(!res.stderr.contains("unpacked-first"), "{}", res.stderr);
     assert!(cached_files(&kiln).is_empty(), "{:?}", cached_files(&kiln));
 }
+
+/// An image whose `/etc` is a symlink to a host directory: the sandbox's own binds (the
+/// host's `resolv.conf`) and a `--volume` under `/etc` must land inside the root, never in
+/// that host directory.
+fn a_symlinked_etc_cannot_make_the_sandbox_write_on_the_host(sandbox: &str) {
+    use tar::EntryType::{Regular, Symlink};
+    let kiln = Kiln::new();
+    let dir = kiln.home.path();
+    let layout = make_layout(dir);
+    let host = tempfile::tempdir().unwrap();
+    let target = host.path().to_str().unwrap();
+    let layer = raw_layer(&[(".wh.etc", Regular, ""), ("etc", Symlink, target)]);
+    add_layer(dir, &layout, "etc-link", &layer);
+    let volume = dir.join("volume");
+    fs::create_dir(&volume).unwrap();
+    fs::write(volume.join("data"), "volume").unwrap();
+    let mut cmd = kiln.command();
+    cmd.env("KILN_SANDBOX", sandbox).args([
+        "run",
+        &oci(&layout, "etc-link"),
+        "--volume",
+        &format!("{}:/etc/vol:ro", volume.display()),
+        "--",
+        "/bin/sh",
+        "-c",
+        "busybox cat /etc/vol/data; busybox test -e /etc/resolv.conf && echo resolv",
+    ]);
+    let res = kiln.run_cmd(&mut cmd);
+    assert_eq!(res.code, 0, "{}", res.stderr);
+    assert!(res.stdout.contains("volume"), "{}", res.stdout);
+    let leaked: Vec<_> = fs::read_dir(host.path()).unwrap().flatten().collect();
+    assert!(leaked.is_empty(), "{sandbox} wrote on the host: {leaked:?}");
+}
+
+#[test]
+fn a_symlinked_etc_cannot_make_bwrap_write_on_the_host() {
+    a_symlinked_etc_cannot_make_the_sandbox_write_on_the_host("bwrap");
+}
+
+#[test]
+fn a_symlinked_etc_cannot_make_the_built_in_sandbox_write_on_the_host() {
+    a_symlinked_etc_cannot_make_the_sandbox_write_on_the_host("builtin");
+}
+
+/// Inside a "container" whose /proc is masked the way Docker masks it (a file of /proc
+/// bound over), a fresh /proc cannot be mounted: the built-in sandbox must fail and say why,
+/// not bind the outer /proc, which shows every outer process and its command line.
+#[test]
+fn a_masked_proc_fails_the_built_in_sandbox_instead_of_showing_the_outer_processes() {
+    require_tool("unshare", "util-linux");
+    let kiln = Kiln::new();
+    let layout = make_layout(kiln.home.path());
+    let mask = "for f in /proc/timer_list /proc/keys /proc/kcore /proc/sched_debug; do \
+                [ -e $f ] && mount --bind /dev/null $f && exec \"$@\"; done; exit 99";
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--user",
+        "--map-root-user",
+        "--mount",
+        "--fork",
+        "sh",
+        "-c",
+        mask,
+        "sh",
+    ])
+    .arg(env!("CARGO_BIN_EXE_kiln"))
+    .args([
+        "run",
+        &oci(&layout, "base"),
+        "--",
+        "/bin/sh",
+        "-c",
+        "echo ran",
+    ])
+    .env("KILN_SANDBOX", "builtin")
+    .env("KILN_CACHE_DIR", kiln.cache_dir())
+    .env("HOME", kiln.home.path());
+    let res = kiln.run_cmd(&mut cmd);
+    assert_ne!(res.code, 99, "no /proc file to mask here: {}", res.stderr);
+    assert_ne!(res.code, 0, "ran with the outer /proc: {}", res.stdout);
+    assert!(!res.stdout.contains("ran"), "{}", res.stdout);
+    assert!(res.stderr.contains("unmasked /proc"), "{}", res.stderr);
+}

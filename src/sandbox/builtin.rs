@@ -224,11 +224,16 @@ fn build_root(spec: &Sandbox) -> Result<(), Failure> {
         .map_err(step(|| format!("binding {}", root.display())))?;
     let proc_dir = mount_point(root, "/proc", Kind::Dir)?;
     let flags = MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC;
-    // A fresh proc needs a fully visible host /proc; some container runtimes mask parts.
-    if rustix::mount::mount("proc", &proc_dir, "proc", flags, None).is_err() {
-        rustix::mount::mount_bind_recursive("/proc", &proc_dir)
-            .map_err(step(|| "mounting /proc".into()))?;
-    }
+    // A fresh proc needs a fully visible host /proc; container runtimes mask parts of it
+    // (Docker's default). Binding the outer /proc instead would show every outer process and
+    // its command line inside, so that is an error, as it is for bwrap.
+    rustix::mount::mount("proc", &proc_dir, "proc", flags, None).map_err(step(|| {
+        "mounting a new /proc (the outer /proc is probably masked by a container runtime: run \
+         the container with an unmasked /proc — docker run --security-opt \
+         systempaths=unconfined, or procMount: Unmasked in a Pod; kiln does not fall back to \
+         showing the outer processes)"
+            .into()
+    }))?;
     mount_dev(root)?;
     for dir in &spec.tmpfs {
         let target = mount_point(root, dir, Kind::Dir)?;

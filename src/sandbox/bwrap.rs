@@ -2,11 +2,27 @@
 //! is installed and can create a user namespace.
 
 use std::ffi::OsString;
+use std::path::Path;
 
 use super::{Bind, Result, Sandbox};
+use crate::rootpath::{self, Last};
 
 /// The bubblewrap program, looked up on `PATH`.
 pub const BWRAP: &str = "bwrap";
+
+/// `dest` (absolute, as the sandbox sees it) resolved inside the root filesystem, as the path
+/// bwrap must be given: bwrap follows a symlink in a destination from outside the new root,
+/// so an image whose `/etc` links to a host path would have a bind land on the host.
+fn inside(sandbox: &Sandbox, dest: &str) -> String {
+    match rootpath::resolve(&sandbox.rootfs, Path::new(dest), Last::Follow) {
+        Ok(resolved) => match resolved.strip_prefix(&sandbox.rootfs) {
+            Ok(rel) => format!("/{}", rel.display()),
+            Err(_) => dest.to_string(),
+        },
+        // A loop resolves nowhere: bwrap fails on it the same way.
+        Err(_) => dest.to_string(),
+    }
+}
 
 /// The `bwrap` arguments that run `argv` in `sandbox`.
 pub fn args(sandbox: &Sandbox, argv: &[String]) -> Vec<OsString> {
@@ -30,16 +46,17 @@ pub fn args(sandbox: &Sandbox, argv: &[String]) -> Vec<OsString> {
     // The root is bound writable and remounted read-only at the end: bwrap has to create
     // missing mount points, which a read-only bind would refuse.
     args.extend(["--bind".into(), sandbox.rootfs.clone().into(), "/".into()]);
+    let (proc, dev) = (inside(sandbox, "/proc"), inside(sandbox, "/dev"));
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
-    push(&["--proc", "/proc", "--dev", "/dev"]);
+    push(&["--proc", &proc, "--dev", &dev]);
     for dir in &sandbox.tmpfs {
-        push(&["--tmpfs", dir]);
+        push(&["--tmpfs", &inside(sandbox, dir)]);
     }
     for bind in &sandbox.binds {
         args.extend([
             flag(bind).into(),
             bind.source.clone().into(),
-            bind.dest.clone().into(),
+            inside(sandbox, &bind.dest).into(),
         ]);
     }
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
