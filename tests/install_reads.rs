@@ -322,3 +322,62 @@ fn a_failing_install_that_prints_its_npmrc_token_in_any_shape_leaks_none_of_it()
         );
     }
 }
+
+/// Function A's install script plants a file and rewrites everything in the package cache it
+/// is given; Function B, installed next, must see none of it, and get the genuine package.
+#[test]
+fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_cache() {
+    common::require_tool("bwrap", "bubblewrap");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    let build = |name: &str, script: &str| {
+        let function = copy_fixture("hello-node", &work.path().join(name));
+        let manifest = serde_json::json!({
+            "name": name,
+            "version": "1.0.0",
+            "scripts": {"postinstall": format!("node -e {}", shell_quote(script))},
+            "dependencies": {"is-number": "7.0.0"},
+        });
+        fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+        let out = work.path().join(format!("{name}-out"));
+        let run = kiln.run(&[
+            "build",
+            function.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &tiny_base(),
+            "--builder-image",
+            &builder,
+            "--output",
+            &format!("oci:{}", out.display()),
+        ]);
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        out
+    };
+    // A: plant a marker, and overwrite every cached file with its own code.
+    build(
+        "poisoner",
+        "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
+         fs.writeFileSync(path.join(c,'planted'),'A was here');\
+         const walk=d=>{for(const e of fs.readdirSync(d,{withFileTypes:true})){const p=path.join(d,e.name);\
+         if(e.isDirectory())walk(p);else{try{fs.chmodSync(p,0o644);fs.writeFileSync(p,'module.exports=()=>\"pwned\"')}catch(_){}}}};\
+         walk(c)",
+    );
+    // B: report what its cache holds, and what is-number is.
+    let out = build(
+        "victim",
+        "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
+         fs.writeFileSync('node_modules/probe.json',JSON.stringify({planted:fs.existsSync(path.join(c,'planted')),\
+         isNumber:require('is-number')(5)}))",
+    );
+    let probe: serde_json::Value = serde_json::from_slice(&layer_file(&out, "probe.json")).unwrap();
+    assert_eq!(
+        probe["planted"], false,
+        "A's file reached B's cache: {probe}"
+    );
+    assert_eq!(probe["isNumber"], true, "B got A's code: {probe}");
+    let index = String::from_utf8(layer_file(&out, "is-number/index.js")).unwrap();
+    assert!(!index.contains("pwned"), "{index}");
+}

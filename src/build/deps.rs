@@ -30,7 +30,9 @@ pub struct InstallEnv {
     pub ca_bundle: Option<PathBuf>,
     /// Proxy variables (`https_proxy`, `no_proxy`, …) passed through.
     pub proxy: Vec<(String, String)>,
-    /// Shared package-download cache directory (npm/pip cache).
+    /// Shared package-download cache directory (npm/pip cache), for installs with the
+    /// toolchain on `PATH` (whose scripts run unsandboxed anyway); a sandboxed install gets a
+    /// private one.
     pub package_cache: PathBuf,
     /// Where the install runs.
     pub isolation: Isolation,
@@ -421,7 +423,7 @@ impl Drop for AbortOnDrop {
 const PROXY_PORT: u16 = 3128;
 
 /// The install inside the builder image: its root read-only, the staging directory at
-/// `/tmp/work`, the package cache at `/tmp/cache`, the CA bundle at `/tmp/kiln-ca.crt` (for
+/// `/tmp/work`, a private package cache at `/tmp/cache`, the CA bundle at `/tmp/kiln-ca.crt` (for
 /// the install only: none of these paths is ever layered), only the image's env plus what
 /// the install needs, and a private network whose only way out is kiln's proxy to the
 /// package registries ([`egress`]).
@@ -435,10 +437,10 @@ fn sandbox_command(
     config: Option<&str>,
 ) -> std::io::Result<(Command, Option<Gate>)> {
     use crate::sandbox::{Bind, Sandbox};
-    let cache = env.package_cache.join(&runtime.name);
+    // A private package cache: a shared writable one let one Function's install script plant
+    // packages that the next Function's install took. It goes with the staging directory.
+    let cache = work.with_file_name("package-cache");
     let mut sandbox = Sandbox::new(rootfs);
-    let gated = true;
-    sandbox.share_network = false;
     sandbox.cwd = SANDBOX_WORK.into();
     sandbox.binds.push(Bind::writable(work, SANDBOX_WORK));
     sandbox.binds.push(Bind::writable(&cache, SANDBOX_CACHE));
@@ -456,14 +458,10 @@ fn sandbox_command(
             vars.push((var.into(), SANDBOX_CA.into()));
         }
     }
-    if gated {
-        // Every tool honours these; the proxy itself goes on through any upstream proxy.
-        let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
-        for var in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"] {
-            vars.push((var.into(), proxy.clone()));
-        }
-    } else {
-        vars.extend(env.proxy.iter().cloned());
+    // Every tool honours these; the proxy itself goes on through any upstream proxy.
+    let proxy = format!("http://127.0.0.1:{PROXY_PORT}");
+    for var in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"] {
+        vars.push((var.into(), proxy.clone()));
     }
     if let Some(var) = &runtime.dependencies.cache_env {
         vars.push((var.clone(), SANDBOX_CACHE.into()));
@@ -472,13 +470,9 @@ fn sandbox_command(
         vars.push((var.clone(), format!("{SANDBOX_WORK}/{config}")));
     }
     sandbox.env = vars;
-    // The package cache must exist to be bound; a failure shows up when the install runs.
-    let _ = std::fs::create_dir_all(&cache);
-    if gated {
-        let (cmd, gate) = crate::sandbox::gate::command(&sandbox, argv, PROXY_PORT)?;
-        return Ok((cmd, Some(gate)));
-    }
-    Ok((sandbox.command(argv), None))
+    std::fs::create_dir_all(&cache)?;
+    let (cmd, gate) = crate::sandbox::gate::command(&sandbox, argv, PROXY_PORT)?;
+    Ok((cmd, Some(gate)))
 }
 
 fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path) -> Error {
