@@ -186,15 +186,17 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
     let job = render::job::job(f, plan, &ctx.config);
     let job_name = job.metadata.name.clone().unwrap_or_default();
     let key = format!("{ns}/{job_name}");
-    let jobs = ctx.stores.jobs.state().into_iter().map(|j| {
-        let key = format!(
-            "{}/{}",
-            j.metadata.namespace.as_deref().unwrap_or_default(),
-            j.metadata.name.as_deref().unwrap_or_default()
-        );
-        (key, is_active(&j))
-    });
-    if let Err(running) = ctx.slots.try_take(&key, &waiter(f), jobs) {
+    let jobs = || {
+        ctx.stores.jobs.state().into_iter().map(|j| {
+            let key = format!(
+                "{}/{}",
+                j.metadata.namespace.as_deref().unwrap_or_default(),
+                j.metadata.name.as_deref().unwrap_or_default()
+            );
+            (key, is_active(&j))
+        })
+    };
+    if let Err(running) = ctx.slots.try_take_with(&key, &waiter(f), jobs) {
         // A fixed message: a count in it would rewrite every waiting Function's status
         // whenever a build starts or ends.
         tracing::debug!(running, "waiting for a build slot");

@@ -87,8 +87,25 @@ impl BuildSlots {
         who: &Waiter,
         jobs: impl IntoIterator<Item = (String, bool)>,
     ) -> Result<(), usize> {
+        self.try_take_with(key, who, || jobs)
+    }
+
+    /// [`BuildSlots::try_take`] with the Jobs read from the cache under the lock. A snapshot
+    /// read before it could be older than the one that let another reconcile drop a
+    /// reservation: the Job reserved would then be counted by neither, and one more build
+    /// would start than the cap allows (seen as 6 of 5 with 16 workers).
+    ///
+    /// # Errors
+    /// As [`BuildSlots::try_take`].
+    pub fn try_take_with<I: IntoIterator<Item = (String, bool)>>(
+        &self,
+        key: &str,
+        who: &Waiter,
+        jobs: impl FnOnce() -> I,
+    ) -> Result<(), usize> {
         let mut state = self.state();
         let mut known = HashSet::new();
+        let jobs = jobs();
         let mut active = HashSet::new();
         for (job, running) in jobs {
             if running {
@@ -157,6 +174,24 @@ mod tests {
 
     fn who(t: &str) -> Waiter {
         (t.into(), "ns".into(), t.into())
+    }
+
+    #[test]
+    fn a_snapshot_read_under_the_lock_never_undercounts_a_reserved_job() {
+        let slots = BuildSlots::new(1, None);
+        let cache = std::sync::Mutex::new(Vec::<(String, bool)>::new());
+        let read = || cache.lock().unwrap().clone();
+        // A worker read the cache before `a` was created...
+        let stale = read();
+        assert_eq!(slots.try_take_with("ns/a", &who("1"), read), Ok(()));
+        cache.lock().unwrap().push(("ns/a".into(), true));
+        // ...another saw `a` in the cache, which ends its reservation...
+        assert_eq!(slots.try_take_with("ns/b", &who("2"), read), Err(1));
+        // ...so the stale snapshot would count nothing and start a second build.
+        assert_eq!(slots.try_take("ns/c", &who("0"), stale), Ok(()));
+        slots.release("ns/c");
+        // Read under the lock, the snapshot is never older than the one that dropped it.
+        assert_eq!(slots.try_take_with("ns/c", &who("3"), read), Err(1));
     }
 
     #[test]
