@@ -40,22 +40,8 @@ fn an_install_script_reads_no_credentials_no_source_and_no_other_functions_cache
     )
     .unwrap();
     let out = work.path().join("out");
-    let build = |dir: &std::path::Path| {
-        kiln.run(&[
-            "build",
-            dir.to_str().unwrap(),
-            "--runtime",
-            "nodejs22",
-            "--base",
-            &tiny_base(),
-            "--builder-image",
-            &builder,
-            "--output",
-            &format!("oci:{}", out.display()),
-        ])
-    };
     // Another Function's dependency layer is in the cache first.
-    let first = build(&other);
+    let first = build(&kiln, &other, &builder, &out, "auto");
     assert_eq!(first.code, 0, "{}", first.stderr);
 
     let function = copy_fixture("hello-node", &work.path().join("fn"));
@@ -81,7 +67,7 @@ fn an_install_script_reads_no_credentials_no_source_and_no_other_functions_cache
         "dependencies": {"is-number": "7.0.0"},
     });
     fs::write(function.join("package.json"), manifest.to_string()).unwrap();
-    let run = build(&function);
+    let run = build(&kiln, &function, &builder, &out, "auto");
     assert_eq!(run.code, 1, "the probe fails the install: {}", run.stderr);
     let line = run
         .stderr
@@ -187,18 +173,7 @@ fn reaches_only_the_registry(sandbox: &str) {
     });
     fs::write(function.join("package.json"), manifest.to_string()).unwrap();
     let out = work.path().join("out");
-    let run = kiln.run_cmd(kiln.command().env("KILN_SANDBOX", sandbox).args([
-        "build",
-        function.to_str().unwrap(),
-        "--runtime",
-        "nodejs22",
-        "--base",
-        &tiny_base(),
-        "--builder-image",
-        &builder,
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]));
+    let run = build(&kiln, &function, &builder, &out, sandbox);
     assert_eq!(
         run.code, 0,
         "npm still reaches its registry: {}",
@@ -261,6 +236,29 @@ fn layer_file(layout: &std::path::Path, suffix: &str) -> Vec<u8> {
     panic!("no {suffix} in the image");
 }
 
+/// `kiln build` of the Node.js Function in `dir` on the tiny base, installing in `builder`
+/// with sandbox `sandbox` (`auto`, `bwrap`, `builtin`), into the layout `out`.
+fn build(
+    kiln: &Kiln,
+    dir: &std::path::Path,
+    builder: &str,
+    out: &std::path::Path,
+    sandbox: &str,
+) -> common::kiln::Run {
+    kiln.run_cmd(kiln.command().env("KILN_SANDBOX", sandbox).args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--builder-image",
+        builder,
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]))
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -296,18 +294,7 @@ fn a_failing_install_that_prints_its_npmrc_token_in_any_shape_leaks_none_of_it()
         "dependencies": {"is-number": "7.0.0"},
     });
     fs::write(function.join("package.json"), manifest.to_string()).unwrap();
-    let run = kiln.run(&[
-        "build",
-        function.to_str().unwrap(),
-        "--runtime",
-        "nodejs22",
-        "--base",
-        &tiny_base(),
-        "--builder-image",
-        &builder,
-        "--output",
-        &format!("oci:{}", work.path().join("out").display()),
-    ]);
+    let run = build(&kiln, &function, &builder, &work.path().join("out"), "auto");
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(
         run.stderr.contains("Authorization: Bearer ***"),
@@ -331,7 +318,7 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
     let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
-    let build = |name: &str, script: &str| {
+    let install = |name: &str, script: &str| {
         let function = copy_fixture("hello-node", &work.path().join(name));
         let manifest = serde_json::json!({
             "name": name,
@@ -341,23 +328,12 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
         });
         fs::write(function.join("package.json"), manifest.to_string()).unwrap();
         let out = work.path().join(format!("{name}-out"));
-        let run = kiln.run(&[
-            "build",
-            function.to_str().unwrap(),
-            "--runtime",
-            "nodejs22",
-            "--base",
-            &tiny_base(),
-            "--builder-image",
-            &builder,
-            "--output",
-            &format!("oci:{}", out.display()),
-        ]);
+        let run = build(&kiln, &function, &builder, &out, "auto");
         assert_eq!(run.code, 0, "{name}: {}", run.stderr);
         out
     };
     // A: plant a marker, and overwrite every cached file with its own code.
-    build(
+    install(
         "poisoner",
         "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
          fs.writeFileSync(path.join(c,'planted'),'A was here');\
@@ -366,7 +342,7 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
          walk(c)",
     );
     // B: report what its cache holds, and what is-number is.
-    let out = build(
+    let out = install(
         "victim",
         "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
          fs.writeFileSync('node_modules/probe.json',JSON.stringify({planted:fs.existsSync(path.join(c,'planted')),\
