@@ -87,6 +87,7 @@ impl Layout {
         };
         let blobs = root.join("blobs").join("sha256");
         fs::create_dir_all(&blobs).map_err(io_err("creating", &blobs))?;
+        let _lock = layout.lock_index()?;
         let marker = root.join("oci-layout");
         if !marker.exists() {
             write_atomic(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
@@ -237,6 +238,17 @@ impl Layout {
         serde_json::from_slice(&bytes).map_err(|source| Error::Index { path, source })
     }
 
+    /// An exclusive `flock` on the layout directory, held while `index.json` is read, changed
+    /// and replaced: without it concurrent builds into one layout each rewrote the index from
+    /// their own read, and images went missing (6 or 7 of 8 named). The lock is on the
+    /// directory itself, so the layout holds no file the spec does not name.
+    fn lock_index(&self) -> Result<fs::File> {
+        let dir = fs::File::open(&self.root).map_err(io_err("opening", &self.root))?;
+        rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io_err("locking", &self.root)(e.into()))?;
+        Ok(dir)
+    }
+
     fn write_index(&self, index: &Index) -> Result<()> {
         let path = self.root.join("index.json");
         let bytes = canonical::to_vec(index).map_err(|source| Error::Index {
@@ -251,6 +263,7 @@ impl Layout {
     /// # Errors
     /// When the index cannot be read or written.
     pub fn set_ref(&self, mut descriptor: Descriptor, name: &str) -> Result<()> {
+        let _lock = self.lock_index()?;
         let mut index = self.index()?;
         index.manifests.retain(|d| ref_name(d) != Some(name));
         descriptor
@@ -305,6 +318,31 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn concurrent_writers_into_one_layout_lose_no_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let root = root.clone();
+                std::thread::spawn(move || {
+                    // Each writer opens the layout itself, as a separate kiln process does.
+                    for i in 0..10 {
+                        let layout = Layout::create(&root).unwrap();
+                        let digest = layout.write_blob(format!("{t}-{i}").as_bytes()).unwrap();
+                        let descriptor = Descriptor::new(MediaType::OciManifest, digest, 3);
+                        layout.set_ref(descriptor, &format!("fn{t}:{i}")).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        let index = Layout::open(&root).unwrap().index().unwrap();
+        assert_eq!(index.manifests.len(), 80);
+    }
 
     #[test]
     fn set_ref_replaces_an_image_of_the_same_name() {
