@@ -231,3 +231,59 @@ fn digest_file_and_report_are_written() {
         "no requirements.txt, no dependency layer"
     );
 }
+
+/// Eight builds of different Functions at once, into one layout and into the default local
+/// store: every image is named in `index.json` afterwards (before, 6 or 7 of 8 were).
+#[test]
+fn eight_concurrent_builds_into_one_layout_and_the_store_name_every_image() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("shared");
+    let base = tiny_base();
+    let dirs: Vec<_> = (0..8)
+        .map(|i| {
+            let dir = copy_fixture("hello-node", &work.path().join(format!("f{i}")));
+            fs::write(
+                dir.join("handler.js"),
+                format!("module.exports = {{ main: () => {i} }};\n"),
+            )
+            .unwrap();
+            dir
+        })
+        .collect();
+    for store in [false, true] {
+        let children: Vec<_> = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, dir)| {
+                let mut cmd = kiln.command();
+                cmd.args(["build", dir.to_str().unwrap(), "--runtime", "nodejs22"])
+                    .args(["--base", &base]);
+                if !store {
+                    cmd.args(["--output", &format!("oci:{}:f{i}", out.display())]);
+                }
+                cmd.stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for child in children {
+            let done = child.wait_with_output().unwrap();
+            assert!(
+                done.status.success(),
+                "{}",
+                String::from_utf8_lossy(&done.stderr)
+            );
+        }
+        let layout = if store {
+            kiln.cache_dir().join("store")
+        } else {
+            out.clone()
+        };
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+        let named = index["manifests"].as_array().unwrap().len();
+        assert_eq!(named, 8, "store={store}: {index}");
+    }
+}
