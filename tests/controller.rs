@@ -174,19 +174,24 @@ fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_imag
         .get("HorizontalPodAutoscaler", "team", "hello")
         .expect("an HPA");
     assert_eq!(hpa["spec"]["scaleTargetRef"]["kind"], "Function");
-    let events: Vec<Value> = env
-        .api
-        .list("Event.events.k8s.io")
-        .into_iter()
-        .filter(|e| e["regarding"]["name"] == "hello")
-        .collect();
-    let reasons: Vec<&str> = events.iter().filter_map(|e| e["reason"].as_str()).collect();
-    for reason in ["JobCreated", "JobFinished", "DeploymentReady"] {
-        assert!(
-            reasons.contains(&reason),
-            "an Event per condition change; got {reasons:?}"
-        );
-    }
+    // The Event of the last change may be written just after the condition.
+    let reasons = || -> Vec<String> {
+        env.api
+            .list("Event.events.k8s.io")
+            .into_iter()
+            .filter(|e| e["regarding"]["name"] == "hello")
+            .filter_map(|e| e["reason"].as_str().map(str::to_string))
+            .collect()
+    };
+    let wanted = ["JobCreated", "JobFinished", "DeploymentReady"];
+    env.wait(
+        "an Event per condition change",
+        Duration::from_secs(10),
+        || {
+            let got = reasons();
+            wanted.iter().all(|w| got.iter().any(|r| r == w))
+        },
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = write_yaml(dir.path(), "run.yaml", &[deployment, service, hpa]);
     common::k8s_validate::validate_file(&file).unwrap_or_else(|e| panic!("{e}"));

@@ -160,8 +160,11 @@ impl TestKubelet {
         self.forget_workloads(Kind::Deployment, deployments.iter().map(key_of).collect());
         self.forget_workloads(Kind::Knative, services.iter().map(key_of).collect());
 
+        // Job statuses are taken before the Pods are written: a Job is then never written
+        // Complete while its Pod still reads Running (a test that waits for the Job reads both).
+        let job_statuses = self.job_statuses(&jobs.items);
         let mut writes = self.write_pods(client).await?;
-        writes += self.write_job_statuses(client, &jobs.items).await?;
+        writes += self.write_job_statuses(client, job_statuses).await?;
         writes += self
             .write_deployment_statuses(client, &deployments.items)
             .await?;
@@ -244,22 +247,28 @@ impl TestKubelet {
         Ok(writes)
     }
 
-    async fn write_job_statuses(&self, client: &Client, jobs: &[Job]) -> Result<usize, SyncError> {
+    /// Each listed Job with the status it should have now.
+    fn job_statuses<'j>(&self, jobs: &'j [Job]) -> Vec<(&'j Job, Value)> {
+        jobs.iter()
+            .filter_map(|job| {
+                let (ns, name) = key_of(job);
+                let desired = self.job_status(&ns, &name)?;
+                Some((job, serde_json::to_value(desired).unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    async fn write_job_statuses(
+        &self,
+        client: &Client,
+        statuses: Vec<(&Job, Value)>,
+    ) -> Result<usize, SyncError> {
         let mut writes = 0;
-        for job in jobs {
+        for (job, desired) in statuses {
             let (ns, name) = key_of(job);
-            let Some(desired) = self.job_status(&ns, &name) else {
-                continue;
-            };
             let current = serde_json::to_value(&job.status).unwrap_or_default();
             let api = Api::<Job>::namespaced(client.clone(), &ns);
-            writes += patch_status(
-                &api,
-                &name,
-                &current,
-                &serde_json::to_value(desired).unwrap_or_default(),
-            )
-            .await?;
+            writes += patch_status(&api, &name, &current, &desired).await?;
         }
         Ok(writes)
     }
