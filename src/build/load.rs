@@ -71,6 +71,22 @@ fn load_blocking(opts: &Options, scratch: &Path) -> Result<Loaded, Error> {
             (function, Some(fetched.commit), Some(checkout))
         }
     };
+    if !opts.allow_direct_deps
+        && let Some(deps) = &function.deps
+    {
+        let text = String::from_utf8_lossy(&deps.manifest.bytes);
+        crate::runtime::check_registry_only(opts.runtime.language, &deps.manifest.name, &text)
+            .map_err(|source| function::Error::Manifest {
+                origin: match &opts.function {
+                    FunctionSpec::Dir(dir) => dir.display().to_string(),
+                    FunctionSpec::Manifest(m) => format!("Function {}", m.name),
+                    FunctionSpec::Git { source, .. } => {
+                        format!("{} ({})", source.url, source.base_dir)
+                    }
+                },
+                source,
+            })?;
+    }
     if let Some(dir) = &opts.package_registry_config {
         let configs = read_registry_config(dir, &opts.runtime)?;
         if let Some(deps) = &mut function.deps {

@@ -106,6 +106,9 @@ pub struct Options {
     /// A directory with package-registry config files (`.npmrc`, `pip.conf`) that replace
     /// the Function's own for the install.
     pub package_registry_config: Option<PathBuf>,
+    /// Allow dependencies that bypass the package registry (git, URL and path dependencies,
+    /// `requirements.txt` index and file options); refused otherwise.
+    pub allow_direct_deps: bool,
 }
 
 /// A finished build.
@@ -220,6 +223,9 @@ impl Error {
         match self {
             Error::Git(e) => e.is_input_error(),
             Error::Stage(e) => e.is_input_error(),
+            // The image exists but not for the platform asked for: like `kiln run`, a usage
+            // error (another --platform or --base).
+            Error::Base(base::Error::NoPlatform { .. }) => true,
             Error::Function(_)
             | Error::GitFunction { .. }
             | Error::RegistryConfig { .. }

@@ -441,6 +441,11 @@ impl Publisher for LayoutPublisher {
         layout
             .set_ref(input.image.manifest.descriptor(), &self.name)
             .map_err(lerr)?;
+        // stdout has the digest form; this is the name that follows the tag.
+        tracing::info!(
+            name = %format!("oci:{}:{}", self.dir.display(), self.name),
+            "wrote the image into the layout; `kiln run` and skopeo accept this name"
+        );
         Ok(Published {
             reference: format!("oci:{}@{}", self.dir.display(), input.image.manifest.digest),
             digest: input.image.manifest.digest.clone(),

@@ -109,6 +109,13 @@ pub struct BuildArgs {
     /// files of the same name. Part of the dependency cache key; never layered.
     #[arg(long, value_name = "DIR")]
     pub package_registry_config: Option<PathBuf>,
+    /// Allow dependencies that do not come from the package registry: package.json git, URL,
+    /// file: and link: dependencies; requirements.txt URL and path requirements and its
+    /// -e/-r/-c/--index-url/--extra-index-url/--find-links/--trusted-host lines. Refused by
+    /// default, with the line: each bypasses the registry the build is configured for
+    /// (dependency confusion) or reads files from outside the Function.
+    #[arg(long, env = "KILN_ALLOW_DIRECT_DEPS")]
+    pub allow_direct_deps: bool,
     /// Which part of the build to run. `deps` only installs the dependencies (running the
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
     /// no base image, no registry, no --image or --output needed, and it prints the layer's
@@ -302,6 +309,15 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         explicit_base.unwrap_or_else(|| format!("oci:{}:{}", store.display(), runtime.name));
     let base =
         BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
+    if let (false, BaseRef::Layout { dir, .. }) = (default_base, &base)
+        && !dir.join("oci-layout").is_file()
+    {
+        return Err(anyhow!(
+            "--base {base_name:?}: {} is not an OCI image layout (it has no oci-layout file); \
+             name a layout that `kiln base build` or `skopeo copy` wrote, or a registry reference",
+            dir.display()
+        ));
+    }
     let platform = Platform::parse(&args.platform).ok_or_else(|| {
         anyhow!(
             "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",
@@ -362,6 +378,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         install,
         stage,
         package_registry_config: args.package_registry_config.clone(),
+        allow_direct_deps: args.allow_direct_deps,
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),
@@ -429,6 +446,11 @@ fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> 
                 .strip_prefix("oci:")
                 .ok_or_else(|| anyhow!("--output {output:?} must start with oci:"))?;
             let (dir, name) = build::base::split_layout_ref(rest);
+            if dir.is_empty() {
+                return Err(anyhow!(
+                    "--output {output:?} names no directory; expected oci:DIR[:NAME]"
+                ));
+            }
             Ok(Target::Layout {
                 dir: dir.into(),
                 name: name.unwrap_or_else(|| "latest".into()),

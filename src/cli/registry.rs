@@ -41,6 +41,16 @@ impl RegistryArgs {
         {
             return Err(anyhow!("--registry-auth {} does not exist", path.display()));
         }
+        for host in &self.insecure_registry {
+            if let Some((_, rest)) = host.split_once("://") {
+                return Err(anyhow!(
+                    "--insecure-registry {host:?} has a URL scheme; give HOST[:PORT] only, e.g. --insecure-registry {}",
+                    rest.trim_end_matches('/'),
+                ));
+            }
+            crate::registry::check_registry(host)
+                .map_err(|problem| anyhow!("--insecure-registry {host:?}: {problem}"))?;
+        }
         let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
         let docker_config = var("DOCKER_CONFIG")
             .map(PathBuf::from)

@@ -41,6 +41,6 @@ pub use credentials::{Credential, CredentialStore, DOCKER_HUB_CONFIG_KEY};
 pub use error::{Error, ErrorInfo, Hint, Result, TransportKind};
 pub use manifests::{DEFAULT_MANIFEST_TYPES, MANIFEST_LIMIT};
 pub use redact::redact_url;
-pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference};
+pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference, check_registry};
 pub use retry::RetryPolicy;
 pub use upload::{BlobOutcome, BlobSource, UploadPolicy};

@@ -120,6 +120,12 @@ impl FromStr for Reference {
         if let Some(tag) = tag {
             check_tag(tag).map_err(bad)?;
         }
+        if !name.contains('/') && looks_like_host(name) {
+            return Err(bad(
+                "it names a registry host but no repository: write HOST[:PORT]/REPOSITORY[:TAG] \
+                 (a Docker Hub image is docker.io/library/NAME)",
+            ));
+        }
         let (registry, repository) = split_registry(name);
         check_registry(registry).map_err(bad)?;
         let repository = if registry == DOCKER_HUB && !repository.contains('/') {
@@ -173,6 +179,15 @@ fn split_registry(name: &str) -> (&str, &str) {
     }
 }
 
+/// Whether a one-component name (`tag` split off) is a host rather than a Docker Hub image:
+/// `localhost`, an IPv6 literal or a dotted name (`node:22` stays a Docker Hub image; official
+/// images have no dots in their name). Docker reads `127.0.0.1:5000` as
+/// `docker.io/library/127.0.0.1:5000`; kiln refuses it rather than dial Docker Hub for a
+/// registry the user meant to name.
+fn looks_like_host(name: &str) -> bool {
+    name == "localhost" || name.starts_with('[') || name.contains('.')
+}
+
 fn check_tag(tag: &str) -> Result<(), &'static str> {
     let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let mut chars = tag.chars();
@@ -187,7 +202,11 @@ fn check_tag(tag: &str) -> Result<(), &'static str> {
     }
 }
 
-fn check_registry(registry: &str) -> Result<(), &'static str> {
+/// Checks a registry name, `host[:port]`, as it appears in references and `--insecure-registry`.
+///
+/// # Errors
+/// What is wrong with it.
+pub fn check_registry(registry: &str) -> Result<(), &'static str> {
     const PROBLEM: &str = "the registry must be host[:port]";
     let label_ok = |l: &str| {
         !l.is_empty()
@@ -215,9 +234,14 @@ fn check_registry(registry: &str) -> Result<(), &'static str> {
         return Err(PROBLEM);
     }
     if let Some(port) = port
-        && (port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()))
+        && !port.bytes().all(|b| b.is_ascii_digit())
     {
         return Err("the registry port must be a number");
+    }
+    if let Some(port) = port
+        && !matches!(port.parse::<u16>(), Ok(1..))
+    {
+        return Err("the registry port must be between 1 and 65535");
     }
     Ok(())
 }
@@ -318,6 +342,7 @@ mod tests {
         assert_eq!(parse("localhost:5000/app").manifest_ref(), "latest");
         assert_eq!(parse("[::1]:5000/app:v").registry, "[::1]:5000");
         assert_eq!(parse("Reg.Example/app").registry, "Reg.Example");
+        assert_eq!(parse("node:22").to_string(), "docker.io/library/node:22");
     }
 
     #[test]
@@ -346,6 +371,14 @@ mod tests {
             ("reg.example:port/a", "port"),
             ("bad_host.example/a", "host[:port]"),
             ("reg.example/", "empty"),
+            ("127.0.0.1:5000", "no repository"),
+            ("localhost:5000", "no repository"),
+            ("reg.example.com", "no repository"),
+            ("localhost", "no repository"),
+            ("[::1]:5000", "no repository"),
+            ("reg.example:99999/a", "between 1 and 65535"),
+            ("reg.example:0/a", "between 1 and 65535"),
+            ("reg.example:/a", "between 1 and 65535"),
         ];
         for (input, needle) in cases {
             match input.parse::<Reference>() {

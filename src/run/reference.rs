@@ -81,12 +81,11 @@ impl FromStr for ImageRef {
     }
 }
 
-/// Splits `DIR[:NAME]`: a `:` after the last `/` starts the name.
+/// Splits `DIR[:NAME]` as [`crate::build::base::split_layout_ref`] does.
 fn split_name(s: &str) -> (&str, Selector) {
-    let slash = s.rfind('/').map_or(0, |i| i + 1);
-    match s[slash..].rfind(':') {
-        Some(i) => (&s[..slash + i], Selector::Name(s[slash + i + 1..].into())),
-        None => (s, Selector::Only),
+    match crate::build::base::split_layout_ref(s) {
+        (dir, Some(name)) => (dir, Selector::Name(name)),
+        (dir, None) => (dir, Selector::Only),
     }
 }
 
@@ -152,6 +151,28 @@ mod tests {
         assert_eq!(
             "oci:dir:v1".parse::<ImageRef>().unwrap().to_string(),
             "oci:dir:v1"
+        );
+    }
+
+    #[test]
+    fn a_name_with_slashes_in_an_existing_layout_splits_at_the_layout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = tmp.path().join("sto:re");
+        std::fs::create_dir(&store).unwrap();
+        std::fs::write(store.join("oci-layout"), "{}").unwrap();
+        let arg = format!("oci:{}:functions/hello", store.display());
+        assert_eq!(
+            layout(&arg),
+            (store.clone(), Selector::Name("functions/hello".into()))
+        );
+        // Not a layout (yet): the old rule.
+        let other = tmp.path().join("out");
+        assert_eq!(
+            layout(&format!("oci:{}:functions/hello", other.display())),
+            (
+                format!("{}:functions/hello", other.display()).into(),
+                Selector::Only
+            )
         );
     }
 

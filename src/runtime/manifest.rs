@@ -49,6 +49,132 @@ pub fn has_dependencies(language: Language, text: &str) -> bool {
     }
 }
 
+/// Refuses dependencies that bypass the package registry the build is configured for: in
+/// `requirements.txt`, `-e`/`-r`/`-c`/`--index-url`/`--extra-index-url`/`--find-links` lines,
+/// URL and path requirements; in `package.json`, git, URL, `file:`, `link:` and path
+/// dependencies. Each is a door to dependency confusion or to files outside the Function, so a
+/// build allows them only when told to (`kiln build --allow-direct-deps`).
+///
+/// # Errors
+/// The first such dependency, with its line.
+pub fn check_registry_only(
+    language: Language,
+    file: &str,
+    text: &str,
+) -> Result<(), ManifestError> {
+    let err = |line, problem: String| ManifestError {
+        file: file.into(),
+        line,
+        problem: format!(
+            "{problem}; it bypasses the package registry (use a registry package, or pass \
+             --allow-direct-deps)"
+        ),
+    };
+    match language {
+        Language::Python => {
+            for (line, req) in requirement_lines(text) {
+                if let Some(what) = direct_requirement(&req) {
+                    return Err(err(line, format!("{req:?} {what}")));
+                }
+            }
+        }
+        Language::Nodejs => {
+            let Ok(serde_json::Value::Object(obj)) = serde_json::from_str(text) else {
+                return Ok(());
+            };
+            for key in [
+                "dependencies",
+                "optionalDependencies",
+                "devDependencies",
+                "peerDependencies",
+            ] {
+                let Some(serde_json::Value::Object(deps)) = obj.get(key) else {
+                    continue;
+                };
+                for (name, spec) in deps {
+                    if let Some(spec) = spec.as_str()
+                        && let Some(what) = direct_npm_spec(spec)
+                    {
+                        // The name's first mention after the section's key.
+                        let section = text.find(&format!("\"{key}\"")).unwrap_or(0);
+                        let line = section_line(text, section, &format!("\"{name}\""));
+                        return Err(err(line, format!("{key}.{name} {spec:?} {what}")));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Why a requirement line reaches outside the package index, if it does.
+fn direct_requirement(req: &str) -> Option<&'static str> {
+    // Long options may be written `--opt=value` or `--opt value`; short ones `-rfile` too.
+    let option = req.split([' ', '=', '\t']).next().unwrap_or_default();
+    let refused: &[(&str, &str)] = &[
+        ("-e", "installs an editable (local or VCS) project"),
+        ("--editable", "installs an editable (local or VCS) project"),
+        ("-r", "reads another requirements file"),
+        ("--requirement", "reads another requirements file"),
+        ("-c", "reads a constraints file"),
+        ("--constraint", "reads a constraints file"),
+        ("-i", "changes the package index"),
+        ("--index-url", "changes the package index"),
+        ("--extra-index-url", "adds a package index"),
+        ("--no-index", "turns the package index off"),
+        ("-f", "adds a package location"),
+        ("--find-links", "adds a package location"),
+        ("--trusted-host", "turns TLS checks off for a host"),
+    ];
+    for (flag, what) in refused {
+        let short_joined = flag.len() == 2 && !flag.starts_with("--") && option.starts_with(flag);
+        if option == *flag || short_joined {
+            return Some(what);
+        }
+    }
+    if req.starts_with('-') {
+        // Other options (--hash, --pre, --only-binary, …) change how, not where from.
+        return None;
+    }
+    let spec = req.split(';').next().unwrap_or_default();
+    // PEP 508: `@` only ever introduces a URL.
+    if spec.contains("://") || spec.contains('@') {
+        return Some("is a URL or VCS requirement");
+    }
+    if spec.starts_with(['.', '/', '~']) || spec.starts_with("file:") {
+        return Some("is a local path");
+    }
+    None
+}
+
+/// Why an npm dependency spec is not a registry version range, if it is not.
+fn direct_npm_spec(spec: &str) -> Option<&'static str> {
+    let spec = spec.trim();
+    if let Some(alias) = spec.strip_prefix("npm:") {
+        // `npm:name@range`: another registry package under this name.
+        return alias.contains("://").then_some("is a URL");
+    }
+    if spec.starts_with("file:")
+        || spec.starts_with("link:")
+        || spec.starts_with(['.', '/'])
+        || spec.starts_with("~/")
+    {
+        return Some("is a local path");
+    }
+    if ["git+", "git://", "git@"]
+        .iter()
+        .any(|p| spec.starts_with(p))
+        || spec.contains("://")
+    {
+        return Some("is a git or URL dependency");
+    }
+    // `user/repo`, `github:user/repo`, `workspace:*`: version ranges have neither.
+    if spec.contains(['/', ':']) {
+        return Some("is a git, hosted or workspace dependency");
+    }
+    None
+}
+
 fn validate_package_json(file: &str, text: &str) -> Result<(), ManifestError> {
     let err = |line, problem: String| ManifestError {
         file: file.into(),
@@ -80,9 +206,15 @@ fn validate_package_json(file: &str, text: &str) -> Result<(), ManifestError> {
     Ok(())
 }
 
+/// The line of `needle`'s first occurrence at or after byte `from` (1 if it is not there).
+fn section_line(text: &str, from: usize, needle: &str) -> usize {
+    text[from..]
+        .find(needle)
+        .map_or(1, |i| 1 + text[..from + i].matches('\n').count())
+}
+
 fn line_of(text: &str, needle: &str) -> usize {
-    text.find(needle)
-        .map_or(1, |i| text[..i].lines().count().max(1))
+    section_line(text, 0, needle)
 }
 
 /// Requirement lines with comments and continuations resolved: (line number, text).
@@ -193,6 +325,68 @@ mod tests {
         assert!(validate_manifest(Language::Python, "r.txt", "flask==\n").is_err());
         assert!(validate_manifest(Language::Python, "r.txt", "-bad-\n").is_ok());
         assert!(validate_manifest(Language::Python, "r.txt", "_x\n").is_err());
+    }
+
+    #[test]
+    fn requirements_that_bypass_the_index_are_refused_with_their_line() {
+        let ok = "requests==2.32.3 --hash=sha256:abc\n--only-binary :all:\n--pre\nuvicorn[standard]>=0.30 ; python_version > '3.8'\nPyYAML\n";
+        check_registry_only(Language::Python, "requirements.txt", ok).unwrap();
+        let refused = [
+            "-e git+https://github.com/a/b.git#egg=b",
+            "-e /path/to/project",
+            "--editable=./x",
+            "-r other.txt",
+            "-rother.txt",
+            "--requirement other.txt",
+            "-c constraints.txt",
+            "--index-url https://evil.example/simple",
+            "-i https://evil.example/simple",
+            "--extra-index-url=https://evil.example/simple",
+            "--find-links /tmp/wheels",
+            "--no-index",
+            "--trusted-host evil.example",
+            "foo @ https://evil.example/foo.whl",
+            "foo@git+https://evil.example/foo",
+            "git+https://evil.example/foo.git",
+            "https://evil.example/foo.tar.gz",
+            "./local",
+            "/abs/pkg",
+            "file:///abs/pkg",
+        ];
+        for line in refused {
+            let text = format!("ok==1\n{line}\n");
+            let err =
+                check_registry_only(Language::Python, "requirements.txt", &text).expect_err(line);
+            assert_eq!(err.line, 2, "{line}");
+            assert!(err.to_string().contains("--allow-direct-deps"), "{err}");
+        }
+    }
+
+    #[test]
+    fn npm_dependencies_that_bypass_the_registry_are_refused_with_their_line() {
+        let ok = r#"{"dependencies": {"a": "^1.2.3", "b": "~1.0", "c": "1.x || >=2", "d": "latest", "e": "npm:@scope/real@^2", "f": "*"}}"#;
+        check_registry_only(Language::Nodejs, "package.json", ok).unwrap();
+        for spec in [
+            "git+https://github.com/a/b.git",
+            "git://github.com/a/b",
+            "github:a/b",
+            "a/b",
+            "a/b#v1",
+            "https://evil.example/b.tgz",
+            "file:../b",
+            "link:../b",
+            "../b",
+            "/abs/b",
+            "~/b",
+            "workspace:*",
+        ] {
+            let text = format!(
+                "{{\n  \"dependencies\": {{\n    \"ok\": \"1\",\n    \"bad\": \"{spec}\"\n  }}\n}}"
+            );
+            let err = check_registry_only(Language::Nodejs, "package.json", &text).expect_err(spec);
+            assert_eq!(err.line, 4, "{spec}: {err}");
+            assert!(err.problem.contains("dependencies.bad"), "{err}");
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! `Error` enum here; a [`Verdict`] lists [`Violation`]s (field path + message) and warnings.
 
 mod env;
-mod names;
+pub mod names;
 mod pod;
 mod resources;
 mod source;

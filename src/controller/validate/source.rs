@@ -8,7 +8,7 @@ use std::path::{Component, Path};
 
 use super::{Verdict, dns1123_subdomain};
 use crate::controller::crd::{GitRepositorySource, InlineSource, Source};
-use crate::runtime::{Language, RuntimeSpec, validate_manifest};
+use crate::runtime::{Language, RuntimeSpec, check_registry_only, validate_manifest};
 
 const SSH_REFUSED: &str = "kiln clones over HTTPS with Basic credentials only (SSH needs the \
     ssh program, which kiln's builder image does not have)";
@@ -50,6 +50,9 @@ fn check_inline(inline: &InlineSource, runtime: Option<&RuntimeSpec>, verdict: &
             }
         };
         verdict.error("spec.source.inline.dependencies", format!("{e}; {hint}"));
+    } else if let Err(e) = check_registry_only(runtime.language, file, deps) {
+        // Build Jobs do not pass --allow-direct-deps: say so at admission, not in a failed Job.
+        verdict.error("spec.source.inline.dependencies", e.to_string());
     }
 }
 

@@ -48,6 +48,24 @@ fn python_requirements_must_parse() {
 }
 
 #[test]
+fn dependencies_that_bypass_the_package_registry_are_refused_at_admission() {
+    let field = "spec.source.inline.dependencies";
+    only_error(
+        &deps(
+            "python313",
+            "requests==2.32\n--extra-index-url https://evil.example/simple\n",
+        ),
+        field,
+        "requirements.txt line 2: \"--extra-index-url https://evil.example/simple\" adds a package index",
+    );
+    only_error(
+        &deps("nodejs22", "{\"dependencies\": {\"x\": \"github:evil/x\"}}"),
+        field,
+        "dependencies.x \"github:evil/x\" is a git, hosted or workspace dependency",
+    );
+}
+
+#[test]
 fn inline_source_must_not_be_blank_and_exactly_one_source_kind_is_set() {
     let v = verdict(|f| f["spec"]["source"]["inline"]["source"] = json!("  "));
     only_error(&v, "spec.source.inline.source", "is empty");
