@@ -268,13 +268,33 @@ fn eight_concurrent_builds_into_one_layout_and_the_store_name_every_image() {
                     .unwrap()
             })
             .collect();
-        for child in children {
+        let store_dir = kiln.cache_dir().join("store");
+        for (i, child) in children.into_iter().enumerate() {
             let done = child.wait_with_output().unwrap();
-            assert!(
-                done.status.success(),
-                "{}",
-                String::from_utf8_lossy(&done.stderr)
-            );
+            let stderr = String::from_utf8_lossy(&done.stderr);
+            assert!(done.status.success(), "{stderr}");
+            if store {
+                // The name the build prints is one `kiln run` and skopeo resolve.
+                let name = format!("oci:{}:functions/f{i}", store_dir.display());
+                assert!(stderr.contains(&name), "{stderr}");
+                let parsed: kiln::run::ImageRef = name.parse().unwrap();
+                assert_eq!(
+                    parsed,
+                    kiln::run::ImageRef::Layout {
+                        dir: store_dir.clone(),
+                        selector: kiln::run::Selector::Name(format!("functions/f{i}")),
+                    }
+                );
+                let inspect = Command::new("skopeo")
+                    .args(["inspect", "--raw", &name])
+                    .output()
+                    .unwrap();
+                assert!(
+                    inspect.status.success(),
+                    "{}",
+                    String::from_utf8_lossy(&inspect.stderr)
+                );
+            }
         }
         let layout = if store {
             kiln.cache_dir().join("store")
