@@ -253,8 +253,7 @@ fn a_layout_base_is_pushed_from_disk_with_one_existence_check_per_blob() {
     let report = work.path().join("r.json");
     let base = common::kiln::tiny_base();
     build(&kiln, &reg, &dir, &base, "fn/hello:1", &report);
-    std::thread::sleep(std::time::Duration::from_millis(200)); // the access log trails
-    let log = reg.access_log();
+    let log = reg.settled_access_log();
     let report = read_report(&report);
     for blob in report["blobs"].as_array().unwrap() {
         let digest = blob["digest"].as_str().unwrap();

@@ -95,7 +95,7 @@ fn base_images_round_trip(kind: RegistryKind) {
         );
     }
     assert!(
-        reg.access_log()
+        reg.settled_access_log()
             .iter()
             .any(|l| l.starts_with("PUT /v2/harness/busybox/manifests/"))
     );

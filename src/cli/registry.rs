@@ -21,6 +21,14 @@ pub struct RegistryArgs {
     /// Use plain HTTP for this registry host[:port]; repeatable.
     #[arg(long, value_name = "HOST[:PORT]")]
     pub insecure_registry: Vec<String>,
+    /// Time allowed for one registry request (a transfer gets more in proportion to its size,
+    /// and fails sooner when no byte moves for this long), in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), env = "KILN_REGISTRY_TIMEOUT")]
+    pub registry_timeout: u64,
+    /// How often a failed registry request is retried (503, 429, resets, timeouts; never
+    /// 4xx answers), with capped exponential backoff and the registry's Retry-After.
+    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=20), env = "KILN_REGISTRY_RETRIES")]
+    pub registry_retries: u32,
 }
 
 impl RegistryArgs {
@@ -62,6 +70,11 @@ impl RegistryArgs {
             extra_ca_pem,
             credentials,
             user_agent: format!("kiln/{}", env!("CARGO_PKG_VERSION")),
+            request_timeout: std::time::Duration::from_secs(self.registry_timeout),
+            retry: crate::registry::RetryPolicy {
+                max_retries: self.registry_retries,
+                ..crate::registry::RetryPolicy::default()
+            },
             ..ClientConfig::default()
         })
     }

@@ -21,7 +21,6 @@ use super::credentials::Credential;
 use super::error::{Error, Result};
 use super::failure::{is_retryable_status, parse_envelope};
 use super::redact::redact_url;
-use super::retry::{RetryPolicy, retry};
 
 /// Token lifetime the spec tells clients to assume when the server does not say.
 const DEFAULT_TOKEN_SECONDS: u64 = 60;
@@ -162,8 +161,6 @@ struct TokenResponse {
 pub(crate) struct TokenRequest<'a> {
     /// The HTTP client.
     pub http: &'a reqwest::Client,
-    /// Retry policy for the token request.
-    pub retry: &'a RetryPolicy,
     /// Per-request timeout.
     pub timeout: Duration,
     /// The registry name, for errors.
@@ -176,7 +173,8 @@ pub(crate) struct TokenRequest<'a> {
     pub credential: Option<&'a Credential>,
 }
 
-/// Fetches one token carrying all of `req.scopes`.
+/// Fetches one token carrying all of `req.scopes`, in one attempt: the request that needed
+/// it is retried as a whole.
 pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
     let realm = Url::parse(&req.challenge.realm).map_err(|_| Error::Protocol {
         method: Method::GET,
@@ -184,43 +182,49 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
         problem: "the Bearer challenge realm is not a URL",
     })?;
     let scopes = req.scopes.to_strings();
-    retry(req.retry, "fetching a registry token", || async {
-        let (method, url, builder) = build_token_request(req, &realm, &scopes);
-        let result = builder.timeout(req.timeout).send().await;
-        let resp = match result {
-            Ok(r) => r,
-            Err(e) => return Err(Error::transport(&method, &url, e)),
-        };
-        let status = resp.status();
-        debug!(method = %method, url = %redact_url(&url), status = status.as_u16(), "token request");
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            let errors = parse_envelope(&resp.bytes().await.unwrap_or_default());
-            return Err(Error::Unauthorized {
-                registry: req.registry.to_string(),
-                method,
-                url: redact_url(&url),
-                status: status.as_u16(),
-                errors,
-                had_credentials: req.credential.is_some(),
-            });
-        }
-        if !status.is_success() {
-            let errors = if is_retryable_status(status.as_u16()) {
-                Vec::new()
-            } else {
-                parse_envelope(&resp.bytes().await.unwrap_or_default())
-            };
-            let url = redact_url(&url);
-            return Err(Error::Status { method, url, status: status.as_u16(), errors });
-        }
-        let body = resp.bytes().await.map_err(|e| Error::transport(&method, &url, e))?;
-        token_from_body(&body, req.scopes).ok_or_else(|| Error::Protocol {
+    let (method, url, builder) = build_token_request(req, &realm, &scopes);
+    let result = builder.timeout(req.timeout).send().await;
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => return Err(Error::transport(&method, &url, e)),
+    };
+    let status = resp.status();
+    debug!(method = %method, url = %redact_url(&url), status = status.as_u16(), "token request");
+    if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+        let errors = parse_envelope(&resp.bytes().await.unwrap_or_default());
+        return Err(Error::Unauthorized {
+            registry: req.registry.to_string(),
             method,
             url: redact_url(&url),
-            problem: "the token response has neither a usable `token` nor `access_token`",
-        })
+            status: status.as_u16(),
+            errors,
+            had_credentials: req.credential.is_some(),
+        });
+    }
+    if !status.is_success() {
+        let errors = if is_retryable_status(status.as_u16()) {
+            Vec::new()
+        } else {
+            parse_envelope(&resp.bytes().await.unwrap_or_default())
+        };
+        let url = redact_url(&url);
+        return Err(Error::Status {
+            method,
+            url,
+            status: status.as_u16(),
+            errors,
+            retry_after: None,
+        });
+    }
+    let body = resp
+        .bytes()
+        .await
+        .map_err(|e| Error::transport(&method, &url, e))?;
+    token_from_body(&body, req.scopes).ok_or_else(|| Error::Protocol {
+        method,
+        url: redact_url(&url),
+        problem: "the token response has neither a usable `token` nor `access_token`",
     })
-    .await
 }
 
 fn build_token_request(

@@ -11,7 +11,7 @@ use reqwest::{Certificate, Method};
 use super::auth::Scope;
 use super::credentials::CredentialStore;
 use super::error::{Error, Result};
-use super::retry::RetryPolicy;
+use super::retry::{RetryPolicy, retry};
 use super::transport::{Call, Inner, status_error};
 use super::upload::UploadPolicy;
 
@@ -111,7 +111,10 @@ impl Client {
     /// [`Error::Unauthorized`] when the credentials are rejected; transport errors.
     pub async fn authorize(&self, registry: &str, scopes: &[Scope]) -> Result<()> {
         let reg = self.inner.registry(registry)?;
-        reg.authorization(&self.inner, scopes).await?;
+        retry(&self.inner.retry, "authorizing", || {
+            reg.authorization(&self.inner, scopes)
+        })
+        .await?;
         if reg.is_basic().await {
             let call = Call::new(Method::GET, reg.url("/v2/"), scopes.to_vec());
             let resp = self.inner.send(&reg, &call).await?;

@@ -54,6 +54,8 @@ pub enum Error {
         status: u16,
         /// The parsed OCI error envelope (empty when the body had none).
         errors: Vec<ErrorInfo>,
+        /// How long the registry asked to wait (`Retry-After` in seconds), if it did.
+        retry_after: Option<std::time::Duration>,
     },
     /// A manifest, blob or repository that does not exist.
     #[error("{what} not found ({method} {url} returned 404{})", codes(.errors))]
@@ -229,6 +231,14 @@ impl Error {
         }
     }
 
+    /// The wait the registry asked for with `Retry-After`, if any.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Status { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
     /// The HTTP status, for variants that have one.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -262,6 +272,7 @@ mod tests {
             url: "u".into(),
             status: code,
             errors: vec![],
+            retry_after: None,
         }
     }
 

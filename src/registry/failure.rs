@@ -143,7 +143,7 @@ pub(crate) fn codes(errors: &[ErrorInfo]) -> String {
 pub(crate) fn kind_text(kind: TransportKind) -> &'static str {
     match kind {
         TransportKind::Refused => "connection refused",
-        TransportKind::Timeout => "timed out",
+        TransportKind::Timeout => "timed out (--registry-timeout sets the limit)",
         TransportKind::Reset => "connection lost",
         TransportKind::Tls => "TLS handshake failed",
         TransportKind::Other => "connection failed",

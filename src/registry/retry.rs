@@ -17,15 +17,20 @@ pub struct RetryPolicy {
     pub base_delay: Duration,
     /// Upper bound of any single delay.
     pub max_delay: Duration,
+    /// Upper bound of a wait a registry asks for with `Retry-After`; a longer ask is taken
+    /// as this, so a build finishes or fails in bounded time.
+    pub max_retry_after: Duration,
 }
 
 impl Default for RetryPolicy {
-    /// 3 retries, 200 ms base, 5 s cap.
+    /// 5 retries, 200 ms base, 5 s cap (at most about 6 s of waiting per request), and
+    /// `Retry-After` honoured up to 30 s.
     fn default() -> Self {
         RetryPolicy {
-            max_retries: 3,
+            max_retries: 5,
             base_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(5),
+            max_retry_after: Duration::from_secs(30),
         }
     }
 }
@@ -37,6 +42,7 @@ impl RetryPolicy {
             max_retries: 0,
             base_delay: Duration::ZERO,
             max_delay: Duration::ZERO,
+            max_retry_after: Duration::ZERO,
         }
     }
 
@@ -53,7 +59,11 @@ impl RetryPolicy {
 }
 
 /// Runs `op` until it succeeds, fails with a non-retryable error, or the retries are used up.
-/// `what` names the operation in the warning logged before each retry.
+/// `what` names the operation in the warning logged before each retry. The wait before a
+/// retry is the backoff delay or the registry's `Retry-After` (capped), whichever is longer.
+///
+/// Retries are not nested: what `op` does inside (a probe, a token fetch) is tried once per
+/// attempt, so a failing registry sees `max_retries + 1` attempts, not their product.
 pub(crate) async fn retry<T, F, Fut>(policy: &RetryPolicy, what: &str, mut op: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -63,7 +73,8 @@ where
     loop {
         match op().await {
             Err(err) if err.is_retryable() && retries < policy.max_retries => {
-                let delay = policy.delay(retries);
+                let asked = err.retry_after().map(|d| d.min(policy.max_retry_after));
+                let delay = policy.delay(retries).max(asked.unwrap_or_default());
                 retries += 1;
                 warn!(operation = what, error = %err, retry = retries, ?delay, "retrying");
                 tokio::time::sleep(delay).await;
@@ -100,6 +111,7 @@ mod tests {
             url: "u".into(),
             status: 503,
             errors: vec![],
+            retry_after: None,
         }
     }
 

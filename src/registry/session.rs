@@ -16,7 +16,6 @@ use super::challenge::{self, BearerChallenge, Challenge};
 use super::credentials::Credential;
 use super::error::Result;
 use super::failure::is_retryable_status;
-use super::retry::retry;
 use super::transport::{Call, Inner, status_error};
 
 /// How a registry wants to be authenticated.
@@ -124,7 +123,6 @@ impl Registry {
                     let credential = self.credential(cx, &mut st).await?;
                     let request = TokenRequest {
                         http: &cx.http,
-                        retry: &cx.retry,
                         timeout: cx.timeout,
                         registry: &self.name,
                         challenge: &challenge,
@@ -176,17 +174,14 @@ impl Registry {
         Ok(header.filter(|h| Some(h) != sent))
     }
 
-    /// `GET /v2/` without credentials: 200 means anonymous, 401 names the scheme.
+    /// `GET /v2/` without credentials: 200 means anonymous, 401 names the scheme. Tried
+    /// once: the request that needed it is retried as a whole.
     async fn probe(&self, cx: &Inner) -> Result<Scheme> {
         let call = Call::new(Method::GET, self.url("/v2/"), Vec::new());
-        let resp = retry(&cx.retry, "probing the registry", || async {
-            let resp = cx.exchange(&call, None).await?;
-            if is_retryable_status(resp.status().as_u16()) {
-                return Err(status_error(&call, resp).await);
-            }
-            Ok(resp)
-        })
-        .await?;
+        let resp = cx.exchange(&call, None).await?;
+        if is_retryable_status(resp.status().as_u16()) {
+            return Err(status_error(&call, resp).await);
+        }
         let scheme = if resp.status() == StatusCode::UNAUTHORIZED {
             match challenge::from_headers(resp.headers()) {
                 Some(Challenge::Basic) => Scheme::Basic,

@@ -326,13 +326,23 @@ pub(crate) async fn error_body(mut resp: Response) -> Vec<ErrorInfo> {
 /// [`Error::Status`] for an unexpected response.
 pub(crate) async fn status_error(call: &Call, resp: Response) -> Error {
     let status = resp.status().as_u16();
+    let retry_after = retry_after(&resp);
     let errors = error_body(resp).await;
     Error::Status {
         method: call.method.clone(),
         url: call.shown_url(),
         status,
         errors,
+        retry_after,
     }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by registries and is ignored).
+fn retry_after(resp: &Response) -> Option<Duration> {
+    header(resp, &reqwest::header::RETRY_AFTER)?
+        .parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
 }
 
 /// [`Error::NotFound`] for a 404 response.

@@ -16,7 +16,7 @@ use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
-use super::retry::retry;
+use super::retry::{RetryPolicy, retry};
 use super::session::Registry;
 use super::transport::{Call, location, status_error};
 use super::upload_steps::{Session, Upload, min_chunk};
@@ -105,7 +105,13 @@ impl Client {
             source: &source,
             sent: &sent,
         };
-        retry(&self.inner.retry, "uploading blob", || {
+        // An upload is two or more requests, each of which may fail: twice the attempts of a
+        // single request, in one loop (never a retry inside a retry).
+        let policy = RetryPolicy {
+            max_retries: self.inner.retry.max_retries.saturating_mul(2),
+            ..self.inner.retry.clone()
+        };
+        retry(&policy, "uploading blob", || {
             let first = session.take();
             upload.run(first)
         })
@@ -124,7 +130,27 @@ impl Client {
     /// [`Error::Protocol`] for a 202 without `Location`, plus the usual request errors.
     pub async fn mount_blob(&self, repo: &Reference, digest: &Digest, from: &str) -> Result<bool> {
         let reg = self.inner.registry(&repo.registry)?;
-        Ok(self.mount(&reg, repo, digest, from).await?.is_none())
+        match self.mount(&reg, repo, digest, from).await? {
+            None => Ok(true),
+            Some(session) => {
+                // The registry opened an upload session we will not use: cancel it rather
+                // than leave it to the registry's purge (distribution keeps it a week).
+                let call = Call::new(
+                    Method::DELETE,
+                    session.url,
+                    vec![Scope::push(&repo.repository)],
+                );
+                match self.inner.send_once(&reg, &call).await {
+                    Ok(resp) if resp.status().is_success() => {}
+                    Ok(resp) => debug!(
+                        status = resp.status().as_u16(),
+                        "cancelling the declined mount's session"
+                    ),
+                    Err(e) => debug!(error = %e, "cancelling the declined mount's session"),
+                }
+                Ok(false)
+            }
+        }
     }
 
     /// `POST ?mount=&from=`: `None` when mounted, else the session the registry opened.

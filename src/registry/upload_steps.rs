@@ -25,6 +25,7 @@ const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-st
 const CHUNK_MIN_LENGTH: HeaderName = HeaderName::from_static("oci-chunk-min-length");
 
 /// An upload session URL plus the registry's minimum chunk length, if it sent one.
+#[derive(Clone)]
 pub(crate) struct Session {
     pub url: Url,
     pub min_chunk: u64,
@@ -47,9 +48,18 @@ impl Upload<'_> {
         let session = match session {
             Some(s) => s,
             None if size <= policy.monolithic_max && !self.reg.refuses_monolithic() => {
-                match self.post_whole().await? {
-                    None => return Ok(()),
-                    Some(s) => s,
+                match self.post_whole().await {
+                    Ok(None) => return Ok(()),
+                    Ok(Some(s)) => s,
+                    // Too large for a proxy in front of the registry, say: no session was
+                    // opened, so open one and send chunks.
+                    Err(e) if matches!(e.status(), Some(413 | 416)) => {
+                        warn!(digest = %self.descriptor.digest, error = %e, "single-request upload refused; uploading in chunks");
+                        self.reg.monolithic_refused.store(true, Ordering::Relaxed);
+                        let session = self.start().await?;
+                        return self.chunked(session).await;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
             None => self.start().await?,
@@ -57,10 +67,10 @@ impl Upload<'_> {
         if size > policy.chunked_threshold {
             return self.chunked(session).await;
         }
-        match self.put_whole(session).await {
+        match self.put_whole(session.clone()).await {
+            // The body was refused, not stored: the session is as it was; send chunks in it.
             Err(e) if matches!(e.status(), Some(413 | 416)) => {
                 warn!(digest = %self.descriptor.digest, error = %e, "single PUT refused; uploading in chunks");
-                let session = self.start().await?;
                 self.chunked(session).await
             }
             other => other,

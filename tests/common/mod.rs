@@ -10,6 +10,7 @@ pub mod controller_env;
 pub mod crd_schema;
 pub mod echo;
 pub mod fake_builds;
+pub mod faults;
 pub mod git;
 pub mod images;
 pub mod k8s_validate;

@@ -121,20 +121,7 @@ impl Registry {
             reg.port = free_port();
             let config = reg.dir.path().join("config.yml");
             fs::write(&config, reg.config_yaml(&extra)).expect("write config.yml");
-            let log = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(reg.log_path())
-                .expect("open registry log");
-            let child = Command::new("/usr/bin/docker-registry")
-                .arg("serve")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("dup log"))
-                .stderr(log)
-                .spawn()
-                .expect("spawn docker-registry");
-            reg.child = Some(child);
+            reg.spawn();
             match reg.wait_ready() {
                 Ok(()) => {
                     reg.write_docker_config();
@@ -148,6 +135,97 @@ impl Registry {
             }
         }
         unreachable!("registry start loop always returns or panics")
+    }
+
+    fn spawn(&mut self) {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("open registry log");
+        let child = Command::new("/usr/bin/docker-registry")
+            .arg("serve")
+            .arg(self.dir.path().join("config.yml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn docker-registry");
+        self.child = Some(child);
+    }
+
+    /// The registry's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("registry child").id()
+    }
+
+    /// Kills the registry process (SIGKILL: no graceful shutdown) and starts it again on the
+    /// same port and storage.
+    pub fn restart(&mut self) {
+        self.kill_registry();
+        for _ in 0..50 {
+            self.spawn();
+            match self.wait_ready() {
+                Ok(()) => return,
+                // The old socket may linger for a moment.
+                Err(_) if self.log().contains("address already in use") => {
+                    self.kill_registry();
+                    sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("{e}\n--- registry log ---\n{}", self.log()),
+            }
+        }
+        panic!("the registry did not come back on port {}", self.port);
+    }
+
+    /// For a `Plain` registry: `None` when `repo:tag` does not exist, else the digests of the
+    /// blobs its manifest lists (config and layers) that the registry cannot serve. Read
+    /// straight from the registry, so a fault-injecting proxy does not hide anything.
+    pub fn missing_blobs(&self, repo: &str, tag: &str) -> Option<Vec<String>> {
+        let out = run(Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}", "-H"])
+            .arg(
+                "Accept: application/vnd.oci.image.manifest.v1+json, \
+                 application/vnd.docker.distribution.manifest.v2+json",
+            )
+            .arg(format!("{}/v2/{repo}/manifests/{tag}", self.url())));
+        let (body, status) = out.trim_end().rsplit_once('\n').expect("curl -w status");
+        match status {
+            "404" => return None,
+            "200" => {}
+            other => panic!("GET manifest {repo}:{tag} returned {other}: {body}"),
+        }
+        let manifest: serde_json::Value = serde_json::from_str(body).expect("manifest JSON");
+        let mut digests = vec![
+            manifest["config"]["digest"]
+                .as_str()
+                .expect("config")
+                .to_string(),
+        ];
+        for layer in manifest["layers"].as_array().expect("layers") {
+            digests.push(layer["digest"].as_str().expect("digest").to_string());
+        }
+        Some(
+            digests
+                .into_iter()
+                .filter(|d| self.get_status(&format!("/v2/{repo}/blobs/{d}"), false) != 200)
+                .collect(),
+        )
+    }
+
+    /// Upload sessions the registry holds open for `repo` (its `_uploads` directory).
+    pub fn open_uploads(&self, repo: &str) -> Vec<String> {
+        let dir = self
+            .storage_root()
+            .join("docker/registry/v2/repositories")
+            .join(repo)
+            .join("_uploads");
+        fs::read_dir(dir)
+            .map(|d| {
+                d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn config_yaml(&self, extra: &str) -> String {
@@ -380,6 +458,35 @@ impl Registry {
                 Some(format!("{method} {path} {status}"))
             })
             .collect()
+    }
+
+    /// The access log up to now, complete: a marker request is sent and the log is read
+    /// until the marker's line is there (the registry writes a line a few milliseconds after
+    /// its response), so no request made before this call is missing. The marker is not
+    /// returned.
+    pub fn settled_access_log(&self) -> Vec<String> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos();
+        let marker = format!("/v2/kiln-log-marker-{nanos}/tags/list");
+        assert_ne!(
+            self.get_status(&marker, false),
+            0,
+            "the registry did not answer"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.access_log();
+            if let Some(at) = log.iter().position(|l| l.contains(&marker)) {
+                return log[..at].to_vec();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the marker request never reached the access log: {log:?}"
+            );
+            sleep(Duration::from_millis(10));
+        }
     }
 
     /// A directory holding a docker `config.json` with `auths` for this host (base64
