@@ -3,7 +3,7 @@
 //! requests and writes per reconcile (target: zero writes) and registry requests per
 //! reconcile (target: at most one). Run it with
 //!
-//!     cargo test --release --test bench_reconcile -- --ignored --nocapture
+//!     cargo test --release --features bench --test bench_reconcile -- --ignored --nocapture
 //!
 //! and record the printed medians in bench/RESULTS.md.
 

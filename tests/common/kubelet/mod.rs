@@ -32,9 +32,7 @@
 //!   its log), not as ErrImagePull; ServiceAccounts, Services, the TTL controller and garbage
 //!   collection are not simulated.
 //!
-//! Opt-in: a test binary that uses it declares `mod common;` and
-//! `#[path = "common/kubelet/mod.rs"] mod kubelet;` (so the other test binaries do not compile
-//! kube code).
+//! `tests/it/main.rs` declares it next to `common`; test modules `use crate::kubelet`.
 
 #![allow(dead_code)]
 

@@ -1,4 +1,4 @@
-//! Reviews in, responses out, without a socket (tests/webhook.rs does the same over TLS).
+//! Reviews in, responses out, without a socket (tests/it/webhook does the same over TLS).
 
 use base64::Engine;
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::net::TcpStream;

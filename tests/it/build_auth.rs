@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::images::push_base_images;
 use common::kiln::{Kiln, blobs_with_role, copy_fixture, read_report};

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use common::k8s_validate::{is_custom_resource, validate_file, validate_k8s};
 use serde_json::{Value, json};

@@ -6,9 +6,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/kubelet/mod.rs"]
-mod kubelet;
+use crate::common;
+use crate::kubelet;
 
 use std::time::{Duration, Instant};
 

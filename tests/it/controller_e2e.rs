@@ -5,9 +5,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/kubelet/mod.rs"]
-mod kubelet;
+use crate::common;
+use crate::kubelet;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

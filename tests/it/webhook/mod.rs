@@ -5,8 +5,6 @@
 
 #![allow(clippy::unwrap_used)]
 
-#[path = "../common/mod.rs"]
-mod common;
 mod harness;
 
 use std::time::{Duration, Instant};

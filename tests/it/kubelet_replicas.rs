@@ -6,9 +6,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod common;
-#[path = "common/kubelet/mod.rs"]
-mod kubelet;
+use crate::kubelet;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
