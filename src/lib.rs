@@ -8,6 +8,8 @@ pub mod base;
 pub mod build;
 pub mod cli;
 pub mod controller;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod git;
 pub mod oci;
 pub mod registry;

@@ -321,7 +321,7 @@ impl Stage<'_> {
                 name: pinned.tarball.package.clone(),
                 version: pinned.tarball.version.clone(),
                 origin: "npm",
-                licenses: vec![],
+                licenses: super::licenses::npm_tarball(&tgz),
             });
         }
         self.tree_layer(name, &root, format!("kiln base: {name}"))
@@ -357,20 +357,26 @@ impl Stage<'_> {
         let mut seen = std::collections::BTreeSet::new();
         for p in &lock.npm_tree {
             if seen.insert((&p.tarball.package, &p.tarball.version)) {
+                let manifest = dest.join(&p.path).join("package.json");
                 self.sbom.push(SbomEntry {
                     name: p.tarball.package.clone(),
                     version: p.tarball.version.clone(),
                     origin: "npm",
-                    licenses: vec![],
+                    licenses: std::fs::read(&manifest)
+                        .map(|b| super::licenses::npm_declared(&b))
+                        .unwrap_or_default(),
                 });
             }
         }
+        let mut wheel_licenses = super::licenses::installed_wheels(&dest);
         for w in &lock.wheel {
             self.sbom.push(SbomEntry {
                 name: w.name.clone(),
                 version: w.version.clone(),
                 origin: "pypi",
-                licenses: vec![],
+                licenses: wheel_licenses
+                    .remove(&super::licenses::normalise(&w.name))
+                    .unwrap_or_default(),
             });
         }
         let count = lock.npm_tree.len() + lock.wheel.len();

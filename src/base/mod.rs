@@ -6,6 +6,7 @@ pub mod assemble;
 pub mod bytecode;
 pub mod debian;
 pub mod download;
+pub mod licenses;
 pub mod lock;
 pub mod npm;
 pub mod packages;

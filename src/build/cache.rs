@@ -76,9 +76,11 @@ impl LayerCache {
             .persist(self.blob_path(&layer.digest))
             .map_err(|e| e.error)?;
         let record = serde_json::to_vec(&layer).map_err(std::io::Error::other)?;
-        let tmp = self.entry_path(key).with_extension("tmp");
-        fs::write(&tmp, record)?;
-        fs::rename(tmp, self.entry_path(key))?;
+        // A temporary file of its own: builds of the same Function put the same key at once
+        // (with one fixed `.tmp` name, one's rename failed or the record came out mixed).
+        let mut tmp = tempfile::NamedTempFile::new_in(self.root.join("deps"))?;
+        std::io::Write::write_all(&mut tmp, &record)?;
+        tmp.persist(self.entry_path(key)).map_err(|e| e.error)?;
         Ok(layer)
     }
 }
@@ -87,6 +89,39 @@ impl LayerCache {
 mod tests {
     use super::*;
     use crate::oci::{Content, EntryKind, LayerEntry, MediaType, layer::write_layer};
+
+    #[test]
+    fn concurrent_puts_of_one_key_all_succeed_and_leave_no_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = LayerCache::open(dir.path()).unwrap();
+        let key = Digest::of(b"same function");
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..20 {
+                        let entry = LayerEntry {
+                            path: "a".into(),
+                            kind: EntryKind::File {
+                                content: Content::Bytes(b"x".to_vec()),
+                                executable: false,
+                            },
+                        };
+                        let blob =
+                            write_layer(vec![entry], 0, MediaType::OciLayerGzip, &cache.tmp_dir())
+                                .unwrap();
+                        cache.put(&key, blob).unwrap();
+                        assert!(cache.get(&key).is_some());
+                    }
+                });
+            }
+        });
+        let names: Vec<_> = fs::read_dir(dir.path().join("deps"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(fs::read_dir(cache.tmp_dir()).unwrap().count(), 0);
+    }
 
     #[test]
     fn a_put_layer_is_found_and_a_truncated_blob_is_not() {

@@ -259,6 +259,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
                 None
             }
         };
+        publish::authorize_up_front(client, opts).await?;
         let base = base::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
         let deps = match (deps, &function.deps, &opts.stage) {

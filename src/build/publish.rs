@@ -113,6 +113,29 @@ fn registry_err(
     }
 }
 
+/// When the base lives in the target's registry: one token with the target's push scope and
+/// the base's pull scope (which is also the mount source), fetched before the base is read.
+/// Otherwise reading the base fetched a pull-only token and the push a second one.
+///
+/// # Errors
+/// Credentials the registry refuses.
+pub async fn authorize_up_front(client: &Client, opts: &super::Options) -> Result<(), Error> {
+    if let (super::Target::Registry(target), super::BaseRef::Registry(base)) =
+        (&opts.target, &opts.base)
+        && base.registry == target.registry
+    {
+        let scopes = [
+            Scope::push(&target.repository),
+            Scope::pull(&base.repository),
+        ];
+        client
+            .authorize(&target.registry, &scopes)
+            .await
+            .map_err(registry_err("credentials", target.to_string()))?;
+    }
+    Ok(())
+}
+
 /// Everything a publisher needs.
 #[derive(Clone, Copy, Debug)]
 pub struct PublishInput<'a> {

@@ -115,12 +115,14 @@ impl Client {
             reg.authorization(&self.inner, scopes)
         })
         .await?;
-        if reg.is_basic().await {
+        let verified = &reg.basic_verified;
+        if reg.is_basic().await && !verified.load(std::sync::atomic::Ordering::Relaxed) {
             let call = Call::new(Method::GET, reg.url("/v2/"), scopes.to_vec());
             let resp = self.inner.send(&reg, &call).await?;
             if !resp.status().is_success() {
                 return Err(status_error(&call, resp).await);
             }
+            verified.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
     }

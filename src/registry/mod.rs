@@ -43,4 +43,10 @@ pub use manifests::{DEFAULT_MANIFEST_TYPES, MANIFEST_LIMIT};
 pub use redact::redact_url;
 pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference, check_registry};
 pub use retry::RetryPolicy;
+
+/// For the fuzz targets: whether `headers` hold a challenge kiln would answer.
+#[doc(hidden)]
+pub fn challenge_from_headers(headers: &reqwest::header::HeaderMap) -> bool {
+    challenge::from_headers(headers).is_some()
+}
 pub use upload::{BlobOutcome, BlobSource, UploadPolicy};

@@ -53,6 +53,9 @@ pub(crate) struct Registry {
     /// Set once the registry answered a single-request `POST ?digest=` with 202 (distribution
     /// 2.8 does: it ignores the body and opens a session), so later blobs skip that attempt.
     pub monolithic_refused: AtomicBool,
+    /// Set once Basic credentials were checked with `GET /v2/`, so later
+    /// [`super::Client::authorize`] calls send nothing.
+    pub basic_verified: AtomicBool,
     auth: Mutex<AuthState>,
 }
 
@@ -69,6 +72,7 @@ impl Registry {
             host,
             base,
             monolithic_refused: AtomicBool::new(false),
+            basic_verified: AtomicBool::new(false),
             auth: Mutex::new(auth),
         }
     }

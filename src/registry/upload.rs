@@ -104,6 +104,7 @@ impl Client {
             descriptor,
             source: &source,
             sent: &sent,
+            open: std::sync::Mutex::new(None),
         };
         // An upload is two or more requests, each of which may fail: twice the attempts of a
         // single request, in one loop (never a retry inside a retry).

@@ -39,10 +39,38 @@ pub(crate) struct Upload<'a> {
     pub descriptor: &'a Descriptor,
     pub source: &'a BlobSource,
     pub sent: &'a Arc<AtomicU64>,
+    /// The session this attempt has open, cancelled when the attempt fails.
+    pub open: std::sync::Mutex<Option<Url>>,
 }
 
 impl Upload<'_> {
+    /// One attempt. When it fails with a session open, the session is cancelled (one
+    /// `DELETE`, best effort): the next attempt opens its own, and an abandoned one would sit
+    /// in the registry's storage until its purge.
     pub async fn run(&self, session: Option<Session>) -> Result<()> {
+        if let Some(s) = &session {
+            self.remember(&s.url);
+        }
+        let result = self.attempt(session).await;
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let (Err(_), Some(url)) = (&result, open) {
+            let call = Call::new(Method::DELETE, url, self.scopes());
+            match self.client.inner.send_once(self.reg, &call).await {
+                Ok(resp) => debug!(
+                    status = resp.status().as_u16(),
+                    "cancelled the failed upload's session"
+                ),
+                Err(e) => debug!(error = %e, "cancelling the failed upload's session"),
+            }
+        }
+        result
+    }
+
+    fn remember(&self, url: &Url) {
+        *self.open.lock().unwrap_or_else(|e| e.into_inner()) = Some(url.clone());
+    }
+
+    async fn attempt(&self, session: Option<Session>) -> Result<()> {
         let policy = &self.client.inner.upload;
         let size = self.descriptor.size;
         let session = match session {
@@ -98,8 +126,10 @@ impl Upload<'_> {
             StatusCode::ACCEPTED => {
                 self.reg.monolithic_refused.store(true, Ordering::Relaxed);
                 debug!(registry = %self.reg.name, "registry ignores single-request uploads; using POST + PUT");
+                let url = location(&call, &resp)?;
+                self.remember(&url);
                 Ok(Some(Session {
-                    url: location(&call, &resp)?,
+                    url,
                     min_chunk: min_chunk(&resp),
                 }))
             }
@@ -115,8 +145,10 @@ impl Upload<'_> {
         if resp.status() != StatusCode::ACCEPTED {
             return Err(status_error(&call, resp).await);
         }
+        let url = location(&call, &resp)?;
+        self.remember(&url);
         Ok(Session {
-            url: location(&call, &resp)?,
+            url,
             min_chunk: min_chunk(&resp),
         })
     }
@@ -166,6 +198,7 @@ impl Upload<'_> {
                 });
             }
             url = location(&call, &resp)?;
+            self.remember(&url);
             offset += len;
         }
         let call = Call::new(

@@ -39,6 +39,10 @@ pub struct Faults {
     pub delay: Duration,
     /// Checked first, for every request.
     pub rule: Option<Rule>,
+    /// Refuse a Bearer token whose JWT `exp` has passed with 401 and this challenge (plus
+    /// `error="invalid_token"`), as a registry without clock leeway would. (distribution
+    /// allows 60 s of leeway, too long for a test.)
+    pub expired_tokens: Option<String>,
 }
 
 /// One request the proxy saw.
@@ -156,6 +160,7 @@ impl State {
 
 enum Action {
     Forward(Duration),
+    Unauthorized(String),
     Answer(u16, Option<u32>),
     Reset,
     Stall(Duration),
@@ -229,7 +234,13 @@ fn serve(st: &State, client: TcpStream) -> std::io::Result<()> {
             .rule
             .as_mut()
             .and_then(|r| r(&head.method, &path, head.length));
-        if let Some(status) = ruled {
+        let expired = f
+            .expired_tokens
+            .clone()
+            .filter(|_| bearer_expired(&head.headers));
+        if let Some(challenge) = expired {
+            Action::Unauthorized(challenge)
+        } else if let Some(status) = ruled {
             Action::Answer(status, None)
         } else if f.throttle_every > 0 && n % u64::from(f.throttle_every) == 0 {
             Action::Answer(429, Some(1))
@@ -279,6 +290,18 @@ fn serve(st: &State, client: TcpStream) -> std::io::Result<()> {
             }
             out.push_str("\r\n");
             out.push_str(&body);
+            let mut client = client;
+            client.write_all(out.as_bytes())?;
+            client.flush()
+        }
+        Action::Unauthorized(challenge) => {
+            discard(&mut reader, head.length)?;
+            st.record(at, &request, "answered 401 (expired token)".into());
+            let body = r#"{"errors":[{"code":"UNAUTHORIZED","message":"token expired"}]}"#;
+            let out = format!(
+                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nWWW-Authenticate: {challenge},error=\"invalid_token\"\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
             let mut client = client;
             client.write_all(out.as_bytes())?;
             client.flush()
@@ -340,6 +363,34 @@ fn forward(
     std::io::copy(&mut upr, &mut client)?;
     client.flush()?;
     Ok(format!("forwarded {status}"))
+}
+
+/// Whether the request carries a Bearer JWT whose `exp` is in the past.
+fn bearer_expired(headers: &[(String, String)]) -> bool {
+    use base64::Engine as _;
+    let Some((_, value)) = headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("authorization"))
+    else {
+        return false;
+    };
+    let Some(jwt) = value.strip_prefix("Bearer ") else {
+        return false;
+    };
+    let Some(payload) = jwt.split('.').nth(1) else {
+        return false;
+    };
+    let Ok(bytes) = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload) else {
+        return false;
+    };
+    let Ok(claims) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return false;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    claims["exp"].as_u64().is_some_and(|exp| exp <= now)
 }
 
 fn discard(reader: &mut impl Read, len: u64) -> std::io::Result<()> {

@@ -75,6 +75,15 @@ pub fn make_test_tls(dir: &Path) -> PathBuf {
 impl Registry {
     /// Starts a registry of the given kind and waits until `GET /v2/` answers (200 or 401).
     pub fn start(kind: RegistryKind) -> Registry {
+        Registry::start_with(kind, None)
+    }
+
+    /// A `Token` registry whose token server issues tokens that live `ttl_secs` seconds.
+    pub fn start_token_ttl(ttl_secs: u32) -> Registry {
+        Registry::start_with(RegistryKind::Token, Some(ttl_secs))
+    }
+
+    fn start_with(kind: RegistryKind, token_ttl: Option<u32>) -> Registry {
         require_tool("docker-registry", "docker-registry");
         require_tool("curl", "curl");
         let dir = tempfile::Builder::new()
@@ -109,7 +118,7 @@ impl Registry {
             ));
         }
         if kind == RegistryKind::Token {
-            let (tport, cert) = reg.start_token_server();
+            let (tport, cert) = reg.start_token_server(token_ttl);
             extra.push_str(&format!(
                 "auth:\n  token:\n    realm: 'http://127.0.0.1:{tport}/token'\n    \
                  service: {TOKEN_SERVICE}\n    issuer: {TOKEN_ISSUER}\n    \
@@ -213,7 +222,9 @@ impl Registry {
         )
     }
 
-    /// Upload sessions the registry holds open for `repo` (its `_uploads` directory).
+    /// Upload sessions the registry holds open for `repo`: the directories of its `_uploads`
+    /// that still have their `startedat` file (a cancelled session loses it and its data; the
+    /// registry leaves only the empty hash state behind).
     pub fn open_uploads(&self, repo: &str) -> Vec<String> {
         let dir = self
             .storage_root()
@@ -222,8 +233,14 @@ impl Registry {
             .join("_uploads");
         fs::read_dir(dir)
             .map(|d| {
-                d.filter_map(|e| Some(e.ok()?.file_name().to_string_lossy().into_owned()))
-                    .collect()
+                d.filter_map(|e| {
+                    let e = e.ok()?;
+                    e.path()
+                        .join("startedat")
+                        .exists()
+                        .then(|| e.file_name().to_string_lossy().into_owned())
+                })
+                .collect()
             })
             .unwrap_or_default()
     }
@@ -259,12 +276,16 @@ impl Registry {
     }
 
     /// Starts tokensrv.py, returning its port and the signing certificate (rootcertbundle).
-    fn start_token_server(&mut self) -> (u16, PathBuf) {
+    fn start_token_server(&mut self, ttl: Option<u32>) -> (u16, PathBuf) {
         require_tool("python3", "python3-cryptography");
         let state = self.dir.path().join("token");
         fs::create_dir_all(&state).expect("mkdir token");
         let log = File::create(state.join("tokensrv.log")).expect("create tokensrv.log");
-        let child = Command::new("python3")
+        let mut cmd = Command::new("python3");
+        if let Some(ttl) = ttl {
+            cmd.env("KILN_TOKEN_TTL", ttl.to_string());
+        }
+        let child = cmd
             .arg(harness_dir().join("tokensrv.py"))
             .arg(&state)
             .args([TOKEN_ISSUER, USER, PASSWORD])
@@ -508,6 +529,18 @@ impl Registry {
             .filter(|(st, _)| *st == 200)
             .map(|(_, s)| s)
             .collect()
+    }
+
+    /// The grant of every token request, in order: `basic`, `password`, `refresh_token` or
+    /// `none`.
+    pub fn token_grant_types(&self) -> Vec<String> {
+        let text = fs::read_to_string(self.dir.path().join("token/grants.log")).unwrap_or_default();
+        text.lines().map(str::to_string).collect()
+    }
+
+    /// The refresh token (docker config `identitytoken`) the token server accepts.
+    pub fn refresh_token(&self) -> String {
+        format!("refresh-{PASSWORD}")
     }
 
     fn token_log(&self) -> Vec<(u16, String)> {

@@ -8,12 +8,15 @@ self-signed certificate, writes STATE_DIR/signcert.pem (the registry's rootcertb
 writes STATE_DIR/port (atomically, last) so that the caller knows it is ready.
 
 GET /token?service=S&scope=repository:NAME:pull,push&scope=...   (Basic USER:PASSWORD)
-POST /token  (form: grant_type=password, username, password, service, scope)
-  -> 200 {"token": JWT, "access_token": JWT, "expires_in": 300, "issued_at": ...}
+POST /token  (form: grant_type=password, username, password, service, scope; or
+             grant_type=refresh_token, refresh_token=refresh-PASSWORD, service, scope)
+  -> 200 {"token": JWT, "access_token": JWT, "expires_in": TTL, "issued_at": ...}
+     (TTL: $KILN_TOKEN_TTL seconds, default 300)
   -> 401 without credentials or with wrong ones.
 Scopes may be repeated parameters and/or space-separated within one parameter. The JWT grants
 exactly the requested scopes. Every request appends one line "STATUS<TAB>SCOPES" (scopes
-joined by one space, never credentials) to STATE_DIR/requests.log.
+joined by one space, never credentials) to STATE_DIR/requests.log, and its grant (basic,
+password, refresh_token or none) to STATE_DIR/grants.log.
 """
 
 import base64
@@ -33,6 +36,10 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 STATE_DIR, ISSUER, USER, PASSWORD = sys.argv[1:5]
+# Token lifetime in seconds (KILN_TOKEN_TTL, default 300).
+TTL = int(os.environ.get("KILN_TOKEN_TTL", "300"))
+# The OAuth2 refresh token (docker config `identitytoken`) this server accepts for USER.
+REFRESH_TOKEN = "refresh-" + PASSWORD
 LOG_LOCK = threading.Lock()
 
 
@@ -96,7 +103,7 @@ def make_jwt(service, scopes):
         "iss": ISSUER,
         "sub": USER,
         "aud": service,
-        "exp": now + 300,
+        "exp": now + TTL,
         "nbf": now - 30,
         "iat": now,
         "jti": uuid.uuid4().hex,
@@ -137,12 +144,14 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def handle_token(self, params, creds):
+    def handle_token(self, params, creds, grant):
         scopes = parse_scopes(params.get("scope", []))
         service = (params.get("service") or [""])[0]
         ok = creds == (USER, PASSWORD)
         with LOG_LOCK, open(os.path.join(STATE_DIR, "requests.log"), "a") as f:
             f.write(f"{200 if ok else 401}\t{' '.join(scopes)}\n")
+        with LOG_LOCK, open(os.path.join(STATE_DIR, "grants.log"), "a") as f:
+            f.write(f"{grant}\n")
         if not ok:
             self.reply(
                 401,
@@ -156,7 +165,7 @@ class Handler(BaseHTTPRequestHandler):
             {
                 "token": token,
                 "access_token": token,
-                "expires_in": 300,
+                "expires_in": TTL,
                 "issued_at": datetime.datetime.now(datetime.timezone.utc).strftime(
                     "%Y-%m-%dT%H:%M:%SZ"
                 ),
@@ -169,7 +178,8 @@ class Handler(BaseHTTPRequestHandler):
             self.reply(404, {"error": "not found"})
             return
         params = parse_qs(url.query, keep_blank_values=True)
-        self.handle_token(params, basic_credentials(self.headers.get("Authorization")))
+        creds = basic_credentials(self.headers.get("Authorization"))
+        self.handle_token(params, creds, "basic" if creds else "none")
 
     def do_POST(self):
         url = urlsplit(self.path)
@@ -180,9 +190,13 @@ class Handler(BaseHTTPRequestHandler):
             return
         form = parse_qs(body, keep_blank_values=True)
         creds = basic_credentials(self.headers.get("Authorization"))
-        if form.get("grant_type", [""])[0] == "password":
+        grant = form.get("grant_type", [""])[0]
+        if grant == "password":
             creds = (form.get("username", [""])[0], form.get("password", [""])[0])
-        self.handle_token(form, creds)
+        elif grant == "refresh_token":
+            ok = form.get("refresh_token", [""])[0] == REFRESH_TOKEN
+            creds = (USER, PASSWORD) if ok else None
+        self.handle_token(form, creds, grant or "none")
 
 
 def main():

@@ -844,6 +844,52 @@ fn base_sbom(bases: &Path) -> String {
     )))
 }
 
+/// The SBOM's licenses: Debian's from the machine-readable copyright files (libc6 is
+/// LGPL-2.1+ among others), npm's and PyPI's as each package declares them (`package`, one
+/// of Kyma's, has one), and nearly every package has one.
+fn check_sbom_licenses(sbom: &str, package: &str) {
+    let docs: Vec<serde_json::Value> = serde_json::Deserializer::from_str(sbom)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap_or_else(|e| panic!("{e}: {sbom}"));
+    for doc in docs {
+        let packages = doc["packages"].as_array().unwrap();
+        let licenses = |name: &str| -> Vec<String> {
+            packages
+                .iter()
+                .find(|p| p["name"] == name)
+                .map(|p| serde_json::from_value(p["licenses"].clone()).unwrap())
+                .unwrap_or_default()
+        };
+        assert!(
+            licenses("libc6").iter().any(|l| l == "LGPL-2.1+"),
+            "libc6: {:?}",
+            licenses("libc6")
+        );
+        let from_registries: Vec<_> = packages
+            .iter()
+            .filter(|p| p["origin"] != "debian")
+            .collect();
+        let without: Vec<_> = from_registries
+            .iter()
+            .filter(|p| p["licenses"].as_array().unwrap().is_empty())
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            without.len() * 10 <= from_registries.len(),
+            "{} of {} npm/PyPI packages have no license: {without:?}",
+            without.len(),
+            from_registries.len()
+        );
+        if packages.iter().any(|p| p["name"] == package) {
+            assert!(
+                !licenses(package).is_empty(),
+                "{package} declares a license"
+            );
+        }
+    }
+}
+
 /// Kyma's runtime images carry packages a Function may use without declaring them; kiln's
 /// bases carry them too — pinned by the lock, in a layer of their own, in the SBOM — and a
 /// Function's own copy of one of them wins over the base's.
@@ -887,6 +933,7 @@ fn kyma_packages_are_there_and_the_functions_own_win(
         sbom.contains(&format!(r#""name":"{package}""#)) && sbom.contains(&pinned),
         "the SBOM lists {package} {pinned}: {sbom}"
     );
+    check_sbom_licenses(&sbom, package);
     let config = common::run(Command::new("sh").arg("-c").arg(format!(
         "grep -l created_by {}/blobs/sha256/* | xargs cat",
         bases.display()

@@ -6,9 +6,13 @@
 
 use crate::common;
 
+use std::path::Path;
+use std::time::Duration;
+
+use common::faults::{FaultProxy, Faults};
 use common::images::push_base_images;
-use common::kiln::{Kiln, blobs_with_role, copy_fixture, read_report};
-use common::registry::{Registry, RegistryKind};
+use common::kiln::{Kiln, Run, blobs_with_role, copy_fixture, read_report, tiny_base};
+use common::registry::{PASSWORD, Registry, RegistryKind, TOKEN_SERVICE, USER};
 use common::schema::validate_json;
 
 #[test]
@@ -102,6 +106,7 @@ fn token_auth_uses_one_token_with_push_and_mount_source_scopes() {
     );
     let reference = run.reference();
     let grants = reg.token_grants()[before..].to_vec();
+    assert_eq!(grants.len(), 1, "one token for the whole build: {grants:?}");
     assert!(
         grants
             .iter()
@@ -116,4 +121,111 @@ fn token_auth_uses_one_token_with_push_and_mount_source_scopes() {
         );
     }
     validate_json("manifest", &reg.skopeo_inspect_raw(&reference));
+}
+
+/// A docker config directory with one `auths` entry for `host`.
+fn docker_config(dir: &Path, host: &str, entry: serde_json::Value) -> std::path::PathBuf {
+    let config = dir.join("docker");
+    std::fs::create_dir_all(&config).unwrap();
+    let json = serde_json::json!({ "auths": { host: entry } });
+    std::fs::write(config.join("config.json"), json.to_string()).unwrap();
+    config
+}
+
+fn push_tiny(kiln: &Kiln, work: &Path, docker_config: &Path, host: &str, extra: &[&str]) -> Run {
+    let dir = copy_fixture("hello-node", &work.join("fn"));
+    let image = format!("{host}/team/hello:1");
+    let base = tiny_base();
+    let mut args = vec![
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &base,
+        "--image",
+        &image,
+        "--insecure-registry",
+        host,
+    ];
+    args.extend_from_slice(extra);
+    kiln.run_cmd(
+        kiln.command()
+            .env("DOCKER_CONFIG", docker_config)
+            .args(args),
+    )
+}
+
+#[test]
+fn an_expiring_token_is_replaced_during_a_long_push() {
+    // 2 s tokens; every request is delayed so the push outlives several of them, and the proxy
+    // refuses an expired token as a registry without clock leeway would.
+    let reg = Registry::start_token_ttl(2);
+    let realm = reg.token_realm().unwrap();
+    let proxy = FaultProxy::start(
+        &reg.host(),
+        Faults {
+            delay: Duration::from_millis(300),
+            expired_tokens: Some(format!(
+                "Bearer realm=\"{realm}\",service=\"{TOKEN_SERVICE}\""
+            )),
+            ..Faults::default()
+        },
+    );
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let auth = common::base64(format!("{USER}:{PASSWORD}").as_bytes());
+    let config = docker_config(
+        work.path(),
+        &proxy.host(),
+        serde_json::json!({ "auth": auth }),
+    );
+    let started = std::time::Instant::now();
+    let run = push_tiny(&kiln, work.path(), &config, &proxy.host(), &["--jobs", "1"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let took = started.elapsed();
+    assert!(
+        took > Duration::from_secs(3),
+        "the push outlived a token: {took:?}"
+    );
+    let grants = reg.token_grants();
+    assert!(grants.len() >= 2, "a new token was fetched: {grants:?}");
+    assert!(
+        !run.stderr.contains(PASSWORD),
+        "the password never reaches a log line"
+    );
+}
+
+#[test]
+fn an_oauth2_refresh_token_from_the_docker_config_is_exchanged_for_access_tokens() {
+    let reg = Registry::start(RegistryKind::Token);
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let refresh = reg.refresh_token();
+    let config = docker_config(
+        work.path(),
+        &reg.host(),
+        serde_json::json!({ "identitytoken": refresh }),
+    );
+    let run = push_tiny(&kiln, work.path(), &config, &reg.host(), &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let grants = reg.token_grant_types();
+    assert!(!grants.is_empty());
+    assert!(
+        grants.iter().all(|g| g == "refresh_token"),
+        "only the refresh-token grant was used: {grants:?}"
+    );
+    assert!(
+        !run.stderr.contains(&refresh),
+        "the refresh token is never logged"
+    );
+    // A wrong refresh token is refused, naming the registry.
+    let bad = docker_config(
+        &work.path().join("bad"),
+        &reg.host(),
+        serde_json::json!({ "identitytoken": "refresh-wrong" }),
+    );
+    let run = push_tiny(&kiln, &work.path().join("bad"), &bad, &reg.host(), &[]);
+    let err = run.failure(1);
+    assert!(err.contains("401"), "{err}");
+    assert!(!err.contains("refresh-wrong"), "{err}");
 }

@@ -215,3 +215,114 @@ fn pip_dependencies_are_layered_without_the_pip_conf() {
     );
     assert!(!run.stderr.contains("KILN-PIP-SECRET"), "nor the logs");
 }
+
+/// Issue 10's concurrency case: eight different Functions and four copies of one Function
+/// (same tag), built at once with one cache directory into one registry. Every image is
+/// named and complete, the shared dependency cache holds one consistent entry that a later
+/// build hits, and nothing temporary is left behind.
+#[test]
+fn twelve_concurrent_builds_share_one_cache_and_one_registry_without_losing_anything() {
+    use common::registry::{Registry, RegistryKind};
+    common::require_tool("bwrap", "bubblewrap");
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let base = tiny_base();
+    let function = |name: &str, n: usize| {
+        let dir = copy_fixture("node-deps", &work.path().join(name));
+        fs::write(
+            dir.join("handler.js"),
+            format!("module.exports = {{ main: () => {n} }};\n"),
+        )
+        .unwrap();
+        dir
+    };
+    let mut jobs: Vec<(std::path::PathBuf, String)> = (0..8)
+        .map(|n| (function(&format!("f{n}"), n), format!("{host}/conc/f{n}:1")))
+        .collect();
+    let same = function("same", 99);
+    jobs.extend((0..4).map(|_| (same.clone(), format!("{host}/conc/same:1"))));
+    let children: Vec<_> = jobs
+        .iter()
+        .map(|(dir, image)| {
+            kiln.command()
+                .args(["build", dir.to_str().unwrap(), "--runtime", "nodejs22"])
+                .args(["--base", &base, "--builder-image", &builder])
+                .args(["--image", image, "--insecure-registry", &host])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (child, (_, image)) in children.into_iter().zip(&jobs) {
+        let done = child.wait_with_output().unwrap();
+        assert!(
+            done.status.success(),
+            "{image}: {}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+    }
+    for repo in (0..8)
+        .map(|n| format!("conc/f{n}"))
+        .chain(["conc/same".into()])
+    {
+        let missing = reg
+            .missing_blobs(&repo, "1")
+            .unwrap_or_else(|| panic!("{repo}:1 is not there"));
+        assert!(
+            missing.is_empty(),
+            "{repo}:1 names missing blobs {missing:?}"
+        );
+    }
+    // One dependency key (the same package.json and lock everywhere): one record, whose blob
+    // is whole, and no temporary file anywhere in the cache.
+    let cache = kiln.cache_dir();
+    let records: Vec<_> = fs::read_dir(cache.join("deps"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(
+        fs::read_dir(cache.join("tmp")).unwrap().count(),
+        0,
+        "cache tmp/ is empty"
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&fs::read(cache.join("deps").join(&records[0])).unwrap()).unwrap();
+    let blob = cache.join("blobs/sha256").join(
+        record["digest"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:"),
+    );
+    assert_eq!(
+        common::sha256_file(&blob),
+        record["digest"].as_str().unwrap(),
+        "the cached blob is whole"
+    );
+    // A later build of another Function hits the cache.
+    let later = function("later", 100);
+    let run = kiln.run(&[
+        "build",
+        later.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &base,
+        "--builder-image",
+        &builder,
+        "--image",
+        &format!("{host}/conc/later:1"),
+        "--insecure-registry",
+        &host,
+    ]);
+    run.reference();
+    assert!(
+        run.stderr.contains("dependency layer from cache"),
+        "{}",
+        run.stderr
+    );
+}

@@ -637,8 +637,18 @@ async fn blobs_are_uploaded_skipped_and_mounted_on_a_real_registry() {
     );
     // Neither declined mount left an upload session open (the first was used, the second
     // cancelled; it used to stay until the registry's purge, a week later).
-    assert_eq!(reg.open_uploads("team/other"), Vec::<String>::new());
-    assert_eq!(reg.open_uploads("team/app"), Vec::<String>::new());
+    assert_eq!(
+        reg.open_uploads("team/other"),
+        Vec::<String>::new(),
+        "{:#?}",
+        reg.settled_access_log()
+    );
+    assert_eq!(
+        reg.open_uploads("team/app"),
+        Vec::<String>::new(),
+        "{:#?}",
+        reg.settled_access_log()
+    );
     assert!(
         client
             .mount_blob(&app, &d3.digest, "team/other")

@@ -436,3 +436,59 @@ fn a_registry_killed_mid_push_is_resumed_uploading_only_what_is_missing() {
         }
     }
 }
+
+/// The soak (not in CI; `bench/fault_soak.sh`): `KILN_SOAK_BUILDS` builds (200), 4 at a time,
+/// through 20 % failures, 429s and resets; reports failures, retries, injected faults and
+/// upload sessions left open in the registry.
+#[test]
+#[ignore = "a soak run: bench/fault_soak.sh"]
+fn soak_builds_through_the_flaky_proxy() {
+    let count: usize = std::env::var("KILN_SOAK_BUILDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let s = setup();
+    for n in 0..count {
+        s.function(n);
+    }
+    let proxy = FaultProxy::start(
+        &s.reg.host(),
+        Faults {
+            fail_rate: 0.2,
+            throttle_every: 37,
+            resets: u32::try_from(count / 10).unwrap(),
+            ..Faults::default()
+        },
+    );
+    let started = Instant::now();
+    let runs = builds(&s, &proxy.host(), count, 4);
+    let took = started.elapsed();
+    let failed = runs.iter().filter(|(_, r, _)| r.code != 0).count();
+    let mut leaked = 0;
+    let mut broken = 0;
+    for n in 0..count {
+        leaked += s.reg.open_uploads(&format!("faults/f{n}")).len();
+        if s.reg
+            .missing_blobs(&format!("faults/f{n}"), "1")
+            .is_some_and(|m| !m.is_empty())
+        {
+            broken += 1;
+        }
+    }
+    let mut durations: Vec<_> = runs.iter().map(|(.., d)| *d).collect();
+    durations.sort();
+    let seen = proxy.seen();
+    println!(
+        "soak: {count} builds, 4 parallel, {took:.1?}: {failed} failed, {broken} broken tags, \
+         {} requests, {} faults injected ({} resets, {} 429s), {} retries logged, \
+         {leaked} upload sessions left open; build time median {:.2?}, max {:.2?}",
+        seen.len(),
+        proxy.faults_injected(),
+        seen.iter().filter(|x| x.outcome == "reset").count(),
+        seen.iter().filter(|x| x.outcome == "answered 429").count(),
+        retries_logged(&runs),
+        durations[durations.len() / 2],
+        durations[durations.len() - 1],
+    );
+    assert_eq!((failed, broken), (0, 0));
+}

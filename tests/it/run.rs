@@ -497,6 +497,46 @@ fn a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes(sa
 }
 
 /// kiln with the sandbox `sandbox` chosen.
+/// Four `kiln run`s of one image from a registry at once, with an empty cache: each runs the
+/// image, the cache ends with one unpacked root file system, and no staging area is left.
+fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let reg = Registry::start(RegistryKind::Plain);
+    let tagged = reg.reference("fn/user:v1");
+    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    let host = reg.host();
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            command(&kiln, sandbox)
+                .args(["run", &tagged, "--insecure-registry", &host])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).starts_with("1000\n1000\n"),
+            "{stderr}"
+        );
+    }
+    let rootfs = kiln.cache_dir().join("rootfs");
+    let entries: Vec<_> = fs::read_dir(rootfs.join("sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let staging: Vec<_> = fs::read_dir(rootfs.join("tmp"))
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(staging.is_empty(), "staging areas left: {staging:?}");
+}
+
 fn command(kiln: &Kiln, sandbox: &str) -> Command {
     let mut cmd = kiln.command();
     cmd.env("KILN_SANDBOX", sandbox);
@@ -530,4 +570,5 @@ in_each_sandbox!(
     user_ids_replace_the_images_user_and_the_group_defaults_to_the_user_id,
     an_entrypoint_replaces_the_images_and_drops_its_cmd,
     a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes,
+    concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry,
 );

@@ -1,0 +1,159 @@
+//! Entry points for the `cargo fuzz` targets in `fuzz/` (not an API: hidden from the docs).
+//! Each takes untrusted bytes the way kiln meets them and checks what must always hold
+//! beyond "no panic": a printed reference parses back to itself, an unpacked layer writes
+//! nothing outside its root.
+
+use std::path::Path;
+
+use crate::oci::{Document, Index, MediaType, sniff_media_type};
+use crate::registry::Reference;
+use crate::runtime::Language;
+
+/// A `WWW-Authenticate` header value.
+pub fn challenge(header: &[u8]) {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(value) = reqwest::header::HeaderValue::from_bytes(header) {
+        headers.append(reqwest::header::WWW_AUTHENTICATE, value);
+        let _ = crate::registry::challenge_from_headers(&headers);
+    }
+}
+
+/// An image reference (`--image`, `--base`, `kiln run`'s argument): whatever parses prints as
+/// a reference that parses back to the same thing.
+pub fn reference(text: &str) {
+    if let Ok(r) = text.parse::<Reference>() {
+        let printed = r.to_string();
+        let again: Reference = printed
+            .parse()
+            .unwrap_or_else(|e| panic!("{text:?} printed as {printed:?}, which fails: {e}"));
+        assert_eq!(again, r, "{text:?} -> {printed:?}");
+    }
+    let _ = text.parse::<crate::run::ImageRef>();
+    let _ = crate::build::base::BaseRef::parse(text);
+}
+
+/// A manifest (or index) and a config from a registry: media-type sniffing, index parsing and
+/// platform selection, and the image checks kiln runs before it trusts a base.
+pub fn documents(manifest: &[u8], config: &[u8]) {
+    let kind = sniff_media_type(manifest).unwrap_or(MediaType::OciManifest);
+    let manifest = Document::new(kind, manifest.to_vec());
+    let config = Document::new(MediaType::OciConfig, config.to_vec());
+    if let Ok(index) = manifest.parse::<Index>() {
+        let _ = index.select(&crate::oci::Platform::linux_amd64());
+    }
+    let _ = crate::oci::validate::check_image(&manifest, &config);
+}
+
+/// Debian index files: a Release, a Packages index, control paragraphs, relation fields,
+/// versions, copyright files.
+pub fn debian(text: &str) {
+    use crate::base::debian;
+    let _ = debian::Release::parse(text);
+    let _ = debian::PackageIndex::parse(text);
+    let _ = debian::parse_licenses(text);
+    for line in text.lines() {
+        let _ = debian::parse_relations(line);
+        if let (Ok(a), Ok(b)) = (
+            line.parse::<debian::Version>(),
+            text.lines()
+                .next()
+                .unwrap_or_default()
+                .parse::<debian::Version>(),
+        ) {
+            // A total order: never both less and greater.
+            assert!(!(a < b && b < a));
+        }
+    }
+}
+
+/// A Function's `requirements.txt` or `package.json`, through every check a build runs.
+pub fn dependency_manifest(text: &str) {
+    for (language, file) in [
+        (Language::Python, "requirements.txt"),
+        (Language::Nodejs, "package.json"),
+    ] {
+        let valid = crate::runtime::validate_manifest(language, file, text).is_ok();
+        let _ = crate::runtime::check_registry_only(language, file, text);
+        if valid {
+            let _ = crate::runtime::has_dependencies(language, text);
+        }
+    }
+}
+
+/// A layer blob (tar, gzip or zstd) unpacked into a fresh root inside a scratch directory:
+/// whatever it holds, nothing appears outside the root.
+pub fn unpack(layer: &[u8]) {
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let root = scratch.path().join("root");
+    std::fs::create_dir(&root).expect("the root");
+    let mut unpacker = crate::run::unpack::Unpacker::with_limit(&root, 1 << 20);
+    let _ = unpacker.apply(layer);
+    let _ = unpacker.finish();
+    let outside: Vec<_> = std::fs::read_dir(scratch.path())
+        .expect("the scratch directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n != "root")
+        .collect();
+    assert!(outside.is_empty(), "written outside the root: {outside:?}");
+    make_writable(&root);
+}
+
+/// Unpacked directories may be read-only; the scratch directory must still be removable.
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                make_writable(&e.path());
+            }
+        }
+    }
+}
+
+/// Runs `target`'s entry point over one input, as its fuzz target does.
+pub fn run(target: &str, data: &[u8]) {
+    let text = || std::str::from_utf8(data).ok();
+    match target {
+        "unpack" => unpack(data),
+        "challenge" => challenge(data),
+        "documents" => {
+            let (manifest, config) = match data.iter().position(|&b| b == 0) {
+                Some(i) => (&data[..i], &data[i + 1..]),
+                None => (data, &b"{}"[..]),
+            };
+            documents(manifest, config);
+        }
+        "reference" => text().map_or((), reference),
+        "debian" => text().map_or((), debian),
+        "dependency_manifest" => text().map_or((), dependency_manifest),
+        other => panic!("no fuzz target {other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The committed seeds and past findings (`fuzz/seeds/TARGET/`) pass every target's
+    /// checks on every build, without nightly: a regression of a fixed finding fails here.
+    #[test]
+    fn every_seed_and_past_finding_passes() {
+        let seeds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        let mut count = 0;
+        for target in std::fs::read_dir(&seeds).expect("fuzz/seeds") {
+            let target = target.expect("a seed directory").path();
+            let name = target
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            for seed in std::fs::read_dir(&target).expect("seeds") {
+                let seed = seed.expect("a seed").path();
+                let data = std::fs::read(&seed).expect("a seed file");
+                super::run(&name, &data);
+                count += 1;
+            }
+        }
+        assert!(count >= 20, "{count} seeds");
+    }
+}
