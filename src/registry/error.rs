@@ -222,7 +222,11 @@ impl Error {
     /// and 5xx (except 501 and 505). Never authentication, validation or digest errors.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Status { status, .. } => is_retryable_status(*status),
+            Error::Status { status, .. } if is_retryable_status(*status) => true,
+            // A manifest naming a blob the registry does not see yet (see `put_manifest`).
+            Error::Status { errors, .. } => {
+                errors.iter().any(|e| e.code == "MANIFEST_BLOB_UNKNOWN")
+            }
             Error::Transport { kind, .. } => {
                 matches!(kind, TransportKind::Timeout | TransportKind::Reset)
             }

@@ -9,6 +9,7 @@ use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
+use super::retry::retry;
 use super::transport::{Call, Payload, header, not_found, status_error};
 use crate::oci::{Descriptor, Digest, Document, MediaType, sniff_media_type};
 
@@ -153,10 +154,18 @@ impl Client {
         let call = Call::new(Method::PUT, url, vec![Scope::push(&reference.repository)])
             .header(CONTENT_TYPE, content_type)
             .payload(Payload::Bytes(doc.bytes.clone().into()), None);
-        let resp = self.inner.send(&reg, &call).await?;
-        if !resp.status().is_success() {
-            return Err(status_error(&call, resp).await);
-        }
+        // A blob just uploaded may not be visible to the manifest check yet: eventually
+        // consistent storage, or (seen with distribution) another push of the same blob
+        // rewriting its link at that moment. MANIFEST_BLOB_UNKNOWN is then retried.
+        let resp = retry(&self.inner.retry, "PUT manifest", || async {
+            let resp = self.inner.send_once(&reg, &call).await?;
+            if resp.status().is_success() {
+                Ok(resp)
+            } else {
+                Err(status_error(&call, resp).await)
+            }
+        })
+        .await?;
         if let Some(reported) =
             header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok())
             && reported != doc.digest

@@ -151,6 +151,30 @@ impl RootfsCache {
         })
     }
 
+    /// Takes the exclusive lock on unpacking image `digest` (blocking while another kiln
+    /// holds it), so concurrent runs of one image unpack it once: the others wait, then find
+    /// it in the cache. Released when dropped.
+    ///
+    /// # Errors
+    /// When the lock file cannot be created or locked.
+    pub fn lock_unpack(&self, digest: &Digest) -> Result<fs::File, Error> {
+        let dir = self.root.join("locks");
+        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        let path = dir.join(format!("{}.lock", digest.hex()));
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("opening", &path))?;
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            tracing::info!(%digest, "another kiln is unpacking this image; waiting for it");
+            rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+                .map_err(|e| io_err("locking", &path)(e.into()))?;
+        }
+        Ok(file)
+    }
+
     /// Creates an empty staging area.
     ///
     /// # Errors

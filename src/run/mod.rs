@@ -129,6 +129,18 @@ pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
         tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
         return Ok(entry);
     }
+    let _unpacking = {
+        let (cache, digest) = (cache.clone(), resolved.digest.clone());
+        tokio::task::spawn_blocking(move || cache.lock_unpack(&digest))
+            .await
+            .map_err(Error::Task)??
+    };
+    // Whoever held the lock before us may have unpacked it.
+    if let Some(entry) = lookup(&cache, &resolved.digest).await? {
+        let digest = &resolved.digest;
+        tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
+        return Ok(entry);
+    }
     let config = image::fetch_config(client, &resolved).await?;
     unpack_image(client, &cache, resolved, config, opts).await
 }

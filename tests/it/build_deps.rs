@@ -216,6 +216,29 @@ fn pip_dependencies_are_layered_without_the_pip_conf() {
     assert!(!run.stderr.contains("KILN-PIP-SECRET"), "nor the logs");
 }
 
+const LEFT_PAD_LOCK: &str = r#"{
+  "name": "conc",
+  "version": "1.0.0",
+  "lockfileVersion": 3,
+  "requires": true,
+  "packages": {
+    "": {
+      "name": "conc",
+      "version": "1.0.0",
+      "dependencies": {
+        "left-pad": "1.3.0"
+      }
+    },
+    "node_modules/left-pad": {
+      "version": "1.3.0",
+      "resolved": "https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz",
+      "integrity": "sha512-XI5MPzVNApjAyhQzphX8BkmKsKUxD4LdyK24iZeQGinBN9yTQT3bFlCBy/aVx2HrNcqQGsdot8ghrjyrvMCoEA==",
+      "license": "WTFPL"
+    }
+  }
+}
+"#;
+
 /// Issue 10's concurrency case: eight different Functions and four copies of one Function
 /// (same tag), built at once with one cache directory into one registry. Every image is
 /// named and complete, the shared dependency cache holds one consistent entry that a later
@@ -230,13 +253,21 @@ fn twelve_concurrent_builds_share_one_cache_and_one_registry_without_losing_anyt
     let reg = Registry::start(RegistryKind::Plain);
     let host = reg.host();
     let base = tiny_base();
+    // One small dependency (a single file), locked: the same dependency key everywhere.
     let function = |name: &str, n: usize| {
-        let dir = copy_fixture("node-deps", &work.path().join(name));
+        let dir = work.path().join(name);
+        fs::create_dir_all(&dir).unwrap();
         fs::write(
             dir.join("handler.js"),
             format!("module.exports = {{ main: () => {n} }};\n"),
         )
         .unwrap();
+        fs::write(
+            dir.join("package.json"),
+            r#"{"name":"conc","version":"1.0.0","dependencies":{"left-pad":"1.3.0"}}"#,
+        )
+        .unwrap();
+        fs::write(dir.join("package-lock.json"), LEFT_PAD_LOCK).unwrap();
         dir
     };
     let mut jobs: Vec<(std::path::PathBuf, String)> = (0..8)

@@ -516,6 +516,7 @@ fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sa
                 .unwrap()
         })
         .collect();
+    let mut unpacked = 0;
     for child in children {
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -524,7 +525,10 @@ fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sa
             String::from_utf8_lossy(&out.stdout).starts_with("1000\n1000\n"),
             "{stderr}"
         );
+        unpacked += stderr.matches("unpacking image").count();
     }
+    // One unpacked it; the others waited for it and used the cache.
+    assert_eq!(unpacked, 1);
     let rootfs = kiln.cache_dir().join("rootfs");
     let entries: Vec<_> = fs::read_dir(rootfs.join("sha256"))
         .unwrap()
