@@ -11,7 +11,9 @@ pub mod controller;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod git;
+pub mod inuse;
 pub mod oci;
+pub mod prune;
 pub mod registry;
 pub mod rootpath;
 pub mod run;

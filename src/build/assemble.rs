@@ -25,6 +25,8 @@ pub(super) struct DepLayer {
     pub local: PathBuf,
     /// Keeps a verified copy of a staged blob alive until it is published.
     pub _copy: Option<tempfile::TempPath>,
+    /// Keeps `kiln cache prune` from removing the cached blob until it is published.
+    pub _in_use: crate::inuse::InUse,
 }
 
 /// Writes the source layer and appends it (after the dependency layer) to the base.

@@ -54,12 +54,52 @@ impl LayerCache {
         self.root.join("deps").join(format!("{}.json", key.hex()))
     }
 
-    /// The layer cached for `key`, if its record and blob (with the right size) are present.
+    /// The lock file marking the entry for `key` in use.
+    pub fn lock_path(&self, key_hex: &str) -> PathBuf {
+        self.root.join("deps").join(format!("{key_hex}.lock"))
+    }
+
+    /// Marks the entry for `key` in use until the mark drops (see [`crate::inuse`]).
+    ///
+    /// # Errors
+    /// When the lock file cannot be created or locked.
+    pub fn hold(&self, key: &Digest) -> std::io::Result<crate::inuse::InUse> {
+        crate::inuse::InUse::shared(&self.lock_path(key.hex()))
+    }
+
+    /// The layer cached for `key`, if its record and blob (with the right size) are present;
+    /// a hit is touched (its last use, for prune).
     pub fn get(&self, key: &Digest) -> Option<CachedLayer> {
-        let bytes = fs::read(self.entry_path(key)).ok()?;
+        let path = self.entry_path(key);
+        let bytes = fs::read(&path).ok()?;
         let layer: CachedLayer = serde_json::from_slice(&bytes).ok()?;
         let size = fs::metadata(self.blob_path(&layer.digest)).ok()?.len();
-        (size == layer.size).then_some(layer)
+        if size != layer.size {
+            return None;
+        }
+        crate::inuse::touch(&path);
+        Some(layer)
+    }
+
+    /// Every record: (key hex, record path, the blob it names, the blob's size), for prune.
+    pub fn records(&self) -> Vec<(String, PathBuf, PathBuf, u64)> {
+        let Ok(read) = fs::read_dir(self.root.join("deps")) else {
+            return Vec::new();
+        };
+        read.flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let hex = name.strip_suffix(".json")?.to_string();
+                let layer: CachedLayer = serde_json::from_slice(&fs::read(e.path()).ok()?).ok()?;
+                let blob = self.blob_path(&layer.digest);
+                Some((hex, e.path(), blob, layer.size))
+            })
+            .collect()
+    }
+
+    /// The cache's directory.
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     /// Moves a freshly written layer into the cache under `key`.

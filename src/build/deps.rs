@@ -64,6 +64,8 @@ pub enum Isolation {
         digest: crate::oci::Digest,
         /// Its config's `Env` (PATH and so on).
         env: Vec<(String, String)>,
+        /// Keeps `kiln cache prune` from removing the rootfs during the install.
+        in_use: crate::inuse::InUse,
     },
 }
 

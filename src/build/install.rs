@@ -52,6 +52,7 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         rootfs: entry.rootfs,
         digest: entry.digest,
         env,
+        in_use: entry.in_use,
     };
     Ok(InstallEnv {
         isolation,
@@ -64,7 +65,7 @@ pub(super) async fn dependency_layer(
     opts: &Options,
     cache: &LayerCache,
     inputs: &function::DepInputs,
-) -> Result<(Digest, cache::CachedLayer), Error> {
+) -> Result<(Digest, cache::CachedLayer, crate::inuse::InUse), Error> {
     let scratch = tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
         path: cache.tmp_dir(),
         source,
@@ -85,11 +86,16 @@ pub(super) async fn dependency_layer(
         }
     };
     let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
+    // Held until the layer is published (or staged): a prune leaves it alone meanwhile.
+    let in_use = cache.hold(&key).map_err(|source| Error::Cache {
+        path: cache.tmp_dir(),
+        source,
+    })?;
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
     {
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
-        return Ok((key, hit));
+        return Ok((key, hit, in_use));
     }
     let install = match install.take() {
         Some(install) => install,
@@ -121,5 +127,5 @@ pub(super) async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    Ok((key, cached))
+    Ok((key, cached, in_use))
 }

@@ -265,10 +265,10 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let deps = match (deps, &function.deps, &opts.stage) {
             (Some(staged), _, _) => Some(staged),
             (None, Some(inputs), Stage::All | Stage::Deps(_)) => {
-                let (key, cached) = install::dependency_layer(client, opts, &cache, inputs).await?;
+                let (key, cached, in_use) = install::dependency_layer(client, opts, &cache, inputs).await?;
                 let local = cache.blob_path(&cached.digest);
                 let created_by = stage::created_by(&install_command(opts, function), &key);
-                Some(DepLayer { key, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, local, _copy: None })
+                Some(DepLayer { key, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, local, _copy: None, _in_use: in_use })
             }
             (None, _, _) => None,
         };
@@ -303,7 +303,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         let mut blob = None;
         if let Some(inputs) = &function.deps {
             install::require_builder(opts)?;
-            let (key, cached) = install::dependency_layer(client, opts, &cache, inputs).await?;
+            let (key, cached, _in_use) = install::dependency_layer(client, opts, &cache, inputs).await?;
             blob = Some(cache.blob_path(&cached.digest));
             record.dependencies = Some(stage::StagedLayer {
                 created_by: stage::created_by(&install_command(opts, function), &key),
@@ -374,5 +374,6 @@ async fn staged_layer(
         created_by: layer.created_by,
         local: copy.to_path_buf(),
         _copy: Some(copy),
+        _in_use: crate::inuse::InUse::default(),
     }))
 }

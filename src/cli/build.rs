@@ -84,6 +84,10 @@ pub struct BuildArgs {
     /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
     #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// After the build, prune the cache to this size, least recently used first, as
+    /// `kiln cache prune --max-size` does (a build Job's cap on a shared cache volume).
+    #[arg(long, value_name = "SIZE", env = "KILN_CACHE_MAX_SIZE", value_parser = super::run::parse_size)]
+    pub cache_max_size: Option<u64>,
     /// Reinstall dependencies even when a cached layer matches.
     #[arg(long)]
     pub no_cache: bool,
@@ -181,6 +185,36 @@ impl Env {
 }
 
 pub(super) async fn run(args: BuildArgs) -> Result<String, Failure> {
+    let prune_to = args
+        .cache_max_size
+        .zip(super::cache_dir(args.cache_dir.as_deref()).ok());
+    let result = run_build(args).await;
+    if let Some((max, cache_dir)) = prune_to {
+        let opts = crate::prune::Options {
+            cache_dir,
+            older_than: None,
+            max_size: Some(max),
+            dry_run: false,
+        };
+        let pruned = tokio::task::spawn_blocking(move || crate::prune::prune(&opts)).await;
+        match pruned {
+            Ok(Ok(report)) => {
+                tracing::info!(
+                    removed = report.removed.len(),
+                    in_use = report.in_use.len(),
+                    before = report.before,
+                    after = report.after,
+                    "pruned the cache (--cache-max-size)"
+                );
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "pruning the cache (--cache-max-size) failed"),
+            Err(e) => tracing::warn!(error = %e, "pruning the cache (--cache-max-size) failed"),
+        }
+    }
+    result
+}
+
+async fn run_build(args: BuildArgs) -> Result<String, Failure> {
     let termination_log = args.termination_log.clone();
     let outcome = build(args).await;
     match termination_log {

@@ -3,6 +3,7 @@
 
 pub mod base;
 mod build;
+mod cache;
 mod controller;
 mod git;
 mod install;
@@ -82,6 +83,9 @@ pub enum Command {
     Crd,
     /// Run the Function controller: build Functions with build Jobs and run them.
     Controller(Box<controller::ControllerArgs>),
+    /// Manage the cache directory (`kiln cache prune`).
+    #[command(subcommand)]
+    Cache(cache::CacheCommand),
     /// Print the version.
     Version,
 }
@@ -111,6 +115,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Crd => crate::controller::crd::crd_yaml()
             .map(|yaml| yaml.trim_end().to_string())
             .map_err(|e| Failure::Build(e.into())),
+        Command::Cache(cmd) => cache::run(cmd),
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }
 }

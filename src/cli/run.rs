@@ -172,7 +172,7 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
 
 /// Parses a size: bytes, or a number with a K, M, G or T suffix (binary; `Gi`, `GB` and
 /// lowercase are the same).
-fn parse_size(spec: &str) -> Result<u64, String> {
+pub(super) fn parse_size(spec: &str) -> Result<u64, String> {
     let upper = spec.trim().to_ascii_uppercase();
     let digits = upper.trim_end_matches(|c: char| c.is_ascii_alphabetic());
     let shift = match upper[digits.len()..].trim_end_matches(['B', 'I']) {

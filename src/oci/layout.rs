@@ -274,6 +274,68 @@ impl Layout {
         self.write_index(&index)
     }
 
+    /// Removes the images named in `names` from `index.json`, then deletes every blob no
+    /// remaining image reaches (manifests, child manifests of indexes, configs, layers) that
+    /// is older than `grace` (a build writes its blobs before it names its image). Returns
+    /// the bytes deleted. Holds the index lock throughout.
+    ///
+    /// # Errors
+    /// When the index cannot be read or written, or a reachable document does not parse.
+    pub fn remove_refs_and_collect(
+        &self,
+        names: &[String],
+        grace: std::time::Duration,
+    ) -> Result<u64> {
+        let _lock = self.lock_index()?;
+        let mut index = self.index()?;
+        index
+            .manifests
+            .retain(|d| !ref_name(d).is_some_and(|n| names.iter().any(|x| x == n)));
+        self.write_index(&index)?;
+        let mut reachable = std::collections::BTreeSet::new();
+        let mut todo: Vec<Descriptor> = index.manifests.clone();
+        while let Some(d) = todo.pop() {
+            if !reachable.insert(d.digest.hex().to_string()) {
+                continue;
+            }
+            if !(d.media_type.is_index() || d.media_type.is_manifest()) {
+                continue;
+            }
+            let Ok(doc) = self.read_document(&d) else {
+                continue;
+            };
+            if let Ok(child) = doc.parse::<Index>()
+                && d.media_type.is_index()
+            {
+                todo.extend(child.manifests);
+            } else if let Ok(m) = doc.parse::<crate::oci::Manifest>() {
+                todo.push(m.config);
+                todo.extend(m.layers);
+            }
+        }
+        let dir = self.root.join("blobs/sha256");
+        let mut freed = 0;
+        for entry in fs::read_dir(&dir)
+            .map_err(io_err("reading", &dir))?
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = entry.metadata() else { continue };
+            let young = meta
+                .modified()
+                .ok()
+                .and_then(|m| m.elapsed().ok())
+                .is_none_or(|age| age < grace);
+            if reachable.contains(&name) || young {
+                continue;
+            }
+            if fs::remove_file(entry.path()).is_ok() {
+                freed += meta.len();
+            }
+        }
+        Ok(freed)
+    }
+
     /// The descriptor named `name`, or with no name the layout's only image.
     ///
     /// # Errors

@@ -34,6 +34,8 @@ pub struct Entry {
     pub rootfs: PathBuf,
     /// The image config.
     pub config: ImageConfig,
+    /// Keeps `kiln cache prune` away while the entry is used.
+    pub in_use: crate::inuse::InUse,
 }
 
 /// A rootfs being unpacked; deleted on drop unless committed.
@@ -138,17 +140,73 @@ impl RootfsCache {
         self.root.join(digest.algorithm()).join(digest.hex())
     }
 
-    /// The entry for manifest `digest`, if it is complete.
+    /// The entry for manifest `digest`, if it is complete, marked in use (waiting while an
+    /// unpack or a prune of it is under way) and touched (its last use, for prune).
     pub fn lookup(&self, digest: &Digest) -> Option<Entry> {
+        let in_use = crate::inuse::InUse::shared(&self.lock_path(digest)).ok()?;
+        self.lookup_held(digest, in_use)
+    }
+
+    /// [`RootfsCache::lookup`] for a caller that already holds the entry's lock.
+    fn lookup_held(&self, digest: &Digest, in_use: crate::inuse::InUse) -> Option<Entry> {
         let dir = self.entry_dir(digest);
         let bytes = fs::read(dir.join("config.json")).ok()?;
         let config = serde_json::from_slice(&bytes).ok()?;
         let rootfs = dir.join("rootfs");
-        rootfs.is_dir().then_some(Entry {
+        if !rootfs.is_dir() {
+            return None;
+        }
+        crate::inuse::touch(&dir);
+        Some(Entry {
             digest: digest.clone(),
             rootfs,
             config,
+            in_use,
         })
+    }
+
+    /// Like [`RootfsCache::lookup`], holding `lock` (from [`RootfsCache::lock_unpack`]),
+    /// which becomes the entry's in-use mark.
+    ///
+    /// # Errors
+    /// When the lock cannot be turned into a shared one.
+    pub fn lookup_locked(
+        &self,
+        digest: &Digest,
+        lock: fs::File,
+    ) -> Result<(Option<Entry>, Option<fs::File>), Error> {
+        if !self.entry_dir(digest).join("config.json").is_file() {
+            return Ok((None, Some(lock)));
+        }
+        let path = self.lock_path(digest);
+        let in_use = crate::inuse::InUse::downgrade(lock).map_err(io_err("locking", &path))?;
+        Ok((self.lookup_held(digest, in_use), None))
+    }
+
+    fn lock_path(&self, digest: &Digest) -> PathBuf {
+        self.root
+            .join("locks")
+            .join(format!("{}.lock", digest.hex()))
+    }
+
+    /// Every entry: (manifest digest hex, directory, lock file), for `kiln cache prune`.
+    pub fn entries(&self) -> Vec<(String, PathBuf, PathBuf)> {
+        let dir = self.root.join("sha256");
+        let Ok(read) = fs::read_dir(&dir) else {
+            return Vec::new();
+        };
+        read.flatten()
+            .map(|e| {
+                let hex = e.file_name().to_string_lossy().into_owned();
+                let lock = self.root.join("locks").join(format!("{hex}.lock"));
+                (hex, e.path(), lock)
+            })
+            .collect()
+    }
+
+    /// Where entries are moved to be deleted (on the cache's file system).
+    pub fn trash(&self) -> PathBuf {
+        self.root.join("tmp")
     }
 
     /// Takes the exclusive lock on unpacking image `digest` (blocking while another kiln
@@ -160,7 +218,7 @@ impl RootfsCache {
     pub fn lock_unpack(&self, digest: &Digest) -> Result<fs::File, Error> {
         let dir = self.root.join("locks");
         fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
-        let path = dir.join(format!("{}.lock", digest.hex()));
+        let path = self.lock_path(digest);
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -239,6 +297,7 @@ impl RootfsCache {
             digest: digest.clone(),
             rootfs: dest.join("rootfs"),
             config: parsed,
+            in_use: crate::inuse::InUse::default(),
         })
     }
 }

@@ -129,20 +129,32 @@ pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
         tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
         return Ok(entry);
     }
-    let _unpacking = {
+    let (found, lock) = {
         let (cache, digest) = (cache.clone(), resolved.digest.clone());
-        tokio::task::spawn_blocking(move || cache.lock_unpack(&digest))
-            .await
-            .map_err(Error::Task)??
+        tokio::task::spawn_blocking(move || {
+            let lock = cache.lock_unpack(&digest)?;
+            // Whoever held the lock before us may have unpacked it.
+            cache.lookup_locked(&digest, lock)
+        })
+        .await
+        .map_err(Error::Task)??
     };
-    // Whoever held the lock before us may have unpacked it.
-    if let Some(entry) = lookup(&cache, &resolved.digest).await? {
+    if let Some(entry) = found {
         let digest = &resolved.digest;
         tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
         return Ok(entry);
     }
     let config = image::fetch_config(client, &resolved).await?;
-    unpack_image(client, &cache, resolved, config, opts).await
+    let mut entry = unpack_image(client, &cache, resolved, config, opts).await?;
+    if let Some(lock) = lock {
+        // Still holding the unpack lock: it becomes the in-use mark without a gap.
+        entry.in_use = crate::inuse::InUse::downgrade(lock).map_err(|source| Error::Io {
+            action: "locking",
+            path: entry.rootfs.clone(),
+            source,
+        })?;
+    }
+    Ok(entry)
 }
 
 /// The digest the reference pins, when it names one.

@@ -22,6 +22,7 @@ mod build_lying_registry;
 mod build_registry;
 mod build_stages;
 mod build_termination_log;
+mod cache_prune;
 mod controller;
 mod controller_e2e;
 mod debian;

@@ -79,7 +79,7 @@ fn tar_layer(dir: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
 /// - `exit`: Entrypoint `sh -c`, Cmd `echo bye; exit 42`;
 /// - `layers`: lists /data and /olddir;
 /// - `trap`: prints `ready`, then waits for SIGINT and exits 5.
-fn function_layout(dir: &Path) -> PathBuf {
+pub(crate) fn function_layout(dir: &Path) -> PathBuf {
     let layout = make_layout(dir);
     let l = layout.to_str().unwrap();
     let lower = tar_layer(
@@ -148,7 +148,7 @@ fn function_layout(dir: &Path) -> PathBuf {
     layout
 }
 
-fn oci(layout: &Path, tag: &str) -> String {
+pub(crate) fn oci(layout: &Path, tag: &str) -> String {
     format!("oci:{}:{tag}", layout.display())
 }
 
@@ -170,7 +170,7 @@ fn wait_for(child: &mut Child, limit: Duration) -> Option<i32> {
 }
 
 /// `GET path` over plain HTTP/1.0 on 127.0.0.1, returning the whole response.
-fn http_get(port: u16, path: &str) -> Option<String> {
+pub(crate) fn http_get(port: u16, path: &str) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;

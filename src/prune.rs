@@ -1,0 +1,327 @@
+//! `kiln cache prune`: trims a kiln cache directory by age and to a size, safely while builds
+//! and runs use it.
+//!
+//! What it removes, least recently used first:
+//! - dependency layers (`deps/<key>.json` and the blob it names), last used when a build hit
+//!   or wrote them;
+//! - unpacked root file systems (`rootfs/sha256/<digest>/`), last used when a run or an
+//!   install looked them up;
+//! - Function images in the local store (`store`, names `functions/…`), as old as their
+//!   manifest file. The runtime base images in the store stay (they are rebuilt from Debian
+//!   and npm, which takes minutes); so do the download caches of packages.
+//!
+//! Safety: a build holds a shared lock on its dependency entry until it has published, a run
+//! or an install on its root file system until it ends ([`crate::inuse`]); prune takes the
+//! exclusive lock without waiting and skips what is in use. Blobs are collected only when
+//! nothing names them and they are older than [`GRACE`], since a build writes a blob before
+//! the record or image that names it.
+
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::build::cache::LayerCache;
+use crate::inuse::try_exclusive;
+use crate::oci::Layout;
+use crate::run::cache::RootfsCache;
+
+/// Blobs younger than this are never collected.
+pub const GRACE: Duration = Duration::from_secs(600);
+
+/// What to prune.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The kiln cache directory.
+    pub cache_dir: PathBuf,
+    /// Remove entries not used for this long.
+    pub older_than: Option<Duration>,
+    /// Then remove least recently used entries until the cache is at most this many bytes.
+    pub max_size: Option<u64>,
+    /// Report what would go, remove nothing.
+    pub dry_run: bool,
+}
+
+/// What a prune did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// `(kind, name, bytes)` of each removed entry.
+    pub removed: Vec<(&'static str, String, u64)>,
+    /// Entries that should have gone but were in use.
+    pub in_use: Vec<(&'static str, String)>,
+    /// Bytes freed, blobs collected included.
+    pub freed: u64,
+    /// The cache's size before and after.
+    pub before: u64,
+    /// See `before`.
+    pub after: u64,
+}
+
+#[derive(Debug)]
+struct Candidate {
+    kind: &'static str,
+    name: String,
+    last_use: SystemTime,
+    size: u64,
+    lock: Option<PathBuf>,
+    what: Removal,
+}
+
+#[derive(Debug)]
+enum Removal {
+    Record(PathBuf),
+    Dir(PathBuf),
+    StoreImage(String),
+}
+
+/// Prunes the cache as `opts` says.
+///
+/// # Errors
+/// A cache directory that cannot be read, an entry that cannot be removed.
+pub fn prune(opts: &Options) -> io::Result<Report> {
+    let mut report = Report {
+        before: cache_size(&opts.cache_dir),
+        ..Report::default()
+    };
+    let mut candidates = candidates(&opts.cache_dir)?;
+    candidates.sort_by_key(|c| c.last_use);
+    let now = SystemTime::now();
+    let mut size = report.before;
+    let mut store_names = Vec::new();
+    for c in candidates {
+        let age = now.duration_since(c.last_use).unwrap_or_default();
+        let too_old = opts.older_than.is_some_and(|limit| age >= limit);
+        let too_big = opts.max_size.is_some_and(|max| size > max);
+        if !(too_old || too_big) {
+            continue;
+        }
+        let held = match &c.lock {
+            Some(lock) => match try_exclusive(lock)? {
+                Some(held) => Some(held),
+                None => {
+                    report.in_use.push((c.kind, c.name));
+                    continue;
+                }
+            },
+            None => None,
+        };
+        if !opts.dry_run {
+            match &c.what {
+                Removal::Record(path) => remove_file(path)?,
+                Removal::Dir(dir) => remove_tree(dir, &RootfsCache::new(&opts.cache_dir).trash())?,
+                Removal::StoreImage(name) => store_names.push(name.clone()),
+            }
+        }
+        drop(held);
+        size = size.saturating_sub(c.size);
+        report.removed.push((c.kind, c.name, c.size));
+    }
+    if !opts.dry_run {
+        report.freed += collect_layer_blobs(&opts.cache_dir)?;
+        let store = opts.cache_dir.join("store");
+        if store.join("oci-layout").is_file() {
+            let layout = Layout::open(&store).map_err(io::Error::other)?;
+            report.freed += layout
+                .remove_refs_and_collect(&store_names, GRACE)
+                .map_err(io::Error::other)?;
+        }
+        report.freed += report
+            .removed
+            .iter()
+            .filter(|(kind, ..)| *kind == "rootfs")
+            .map(|(.., size)| size)
+            .sum::<u64>();
+    }
+    report.after = if opts.dry_run {
+        size
+    } else {
+        cache_size(&opts.cache_dir)
+    };
+    Ok(report)
+}
+
+fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
+    let mut out = Vec::new();
+    let layers = LayerCache::open(cache_dir)?;
+    for (hex, record, blob, size) in layers.records() {
+        out.push(Candidate {
+            kind: "dependencies",
+            name: hex.chars().take(12).collect(),
+            last_use: modified(&record),
+            size: fs::metadata(&blob).map_or(size, |m| m.len()),
+            lock: Some(layers.lock_path(&hex)),
+            what: Removal::Record(record),
+        });
+    }
+    let rootfs = RootfsCache::new(cache_dir);
+    for (hex, dir, lock) in rootfs.entries() {
+        out.push(Candidate {
+            kind: "rootfs",
+            name: hex.chars().take(12).collect(),
+            last_use: modified(&dir),
+            size: tree_size(&dir),
+            lock: Some(lock),
+            what: Removal::Dir(dir),
+        });
+    }
+    let store = cache_dir.join("store");
+    if store.join("oci-layout").is_file() {
+        let layout = Layout::open(&store).map_err(io::Error::other)?;
+        let index = layout.index().map_err(io::Error::other)?;
+        for d in index.manifests {
+            let name = d
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("org.opencontainers.image.ref.name"));
+            let Some(name) = name.filter(|n| n.starts_with("functions/")) else {
+                continue;
+            };
+            let name = name.to_string();
+            let size = layout
+                .read_document(&d)
+                .ok()
+                .and_then(|doc| doc.parse::<crate::oci::Manifest>().ok())
+                .map_or(0, |m| {
+                    m.layers.iter().map(|l| l.size).sum::<u64>() + m.config.size
+                });
+            out.push(Candidate {
+                kind: "store image",
+                last_use: modified(&layout.blob_path(&d.digest)),
+                name: name.clone(),
+                size,
+                lock: None,
+                what: Removal::StoreImage(name),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes dependency-cache blobs no record names (older than [`GRACE`]).
+fn collect_layer_blobs(cache_dir: &Path) -> io::Result<u64> {
+    let layers = LayerCache::open(cache_dir)?;
+    let named: std::collections::BTreeSet<PathBuf> = layers
+        .records()
+        .into_iter()
+        .map(|(_, _, blob, _)| blob)
+        .collect();
+    let dir = layers.root().join("blobs/sha256");
+    let mut freed = 0;
+    for entry in fs::read_dir(&dir)?.flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        let young = meta
+            .modified()
+            .ok()
+            .and_then(|m| m.elapsed().ok())
+            .is_none_or(|age| age < GRACE);
+        if young || named.contains(&entry.path()) {
+            continue;
+        }
+        if fs::remove_file(entry.path()).is_ok() {
+            freed += meta.len();
+        }
+    }
+    Ok(freed)
+}
+
+fn modified(path: &Path) -> SystemTime {
+    fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn remove_file(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Moves `dir` aside (so it disappears at once) and deletes it, making read-only directories
+/// of the image writable first.
+fn remove_tree(dir: &Path, trash: &Path) -> io::Result<()> {
+    fs::create_dir_all(trash)?;
+    let aside = tempfile::Builder::new()
+        .prefix("prune-")
+        .tempdir_in(trash)?
+        .keep();
+    let target = aside.join("entry");
+    fs::rename(dir, &target)?;
+    make_writable(&target);
+    fs::remove_dir_all(&aside)
+}
+
+fn make_writable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o700));
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                make_writable(&e.path());
+            }
+        }
+    }
+}
+
+/// Bytes of regular files under `dir` (not following links).
+fn tree_size(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The size of what prune manages: layer blobs, unpacked root file systems, the store.
+pub fn cache_size(cache_dir: &Path) -> u64 {
+    ["blobs", "deps", "rootfs/sha256", "store"]
+        .iter()
+        .map(|d| tree_size(&cache_dir.join(d)))
+        .sum()
+}
+
+/// Parses `30m`, `12h`, `7d`, `90s` or plain seconds.
+///
+/// # Errors
+/// Anything else.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, ""), |i| text.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (e.g. 90s, 30m, 12h, 7d)"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a duration (e.g. 90s, 30m, 12h, 7d)"
+            ));
+        }
+    };
+    Ok(Duration::from_secs(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("30m").unwrap(), Duration::from_secs(1800));
+        assert_eq!(parse_duration("7d").unwrap(), Duration::from_secs(604_800));
+        assert!(parse_duration("7w").is_err());
+        assert!(parse_duration("h").is_err());
+    }
+}

@@ -1,0 +1,204 @@
+//! `kiln cache prune` and `kiln build --cache-max-size`: entries go by age and least recent
+//! use, what a running `kiln run` uses stays (and keeps running), the store keeps its runtime
+//! base images, and nothing that is still named loses a blob.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::fs;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kiln::{Kiln, copy_fixture, tiny_base};
+use common::{free_port, run};
+
+use crate::run::{function_layout, http_get, oci};
+
+/// Sets the modification time of `path` to `when` (e.g. `3 days ago`).
+fn age(path: &Path, when: &str) {
+    run(Command::new("touch").args(["-h", "-d", when]).arg(path));
+}
+
+/// Plants a dependency-cache entry (record and blob) as a build writes them.
+fn plant_dependency_layer(cache: &Path, name: &str, bytes: usize) -> (String, String) {
+    let blob = vec![b'x'; bytes];
+    let digest = common::sha256_digest(&blob);
+    let hex = digest.trim_start_matches("sha256:").to_string();
+    fs::create_dir_all(cache.join("blobs/sha256")).unwrap();
+    fs::create_dir_all(cache.join("deps")).unwrap();
+    fs::write(cache.join("blobs/sha256").join(&hex), &blob).unwrap();
+    let key = common::sha256_digest(name.as_bytes());
+    let key_hex = key.trim_start_matches("sha256:").to_string();
+    let record = format!(r#"{{"digest":"{digest}","diff_id":"{digest}","size":{bytes}}}"#);
+    fs::write(cache.join("deps").join(format!("{key_hex}.json")), record).unwrap();
+    (key_hex, hex)
+}
+
+fn rootfs_entries(cache: &Path) -> Vec<String> {
+    fs::read_dir(cache.join("rootfs/sha256"))
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
+    let kiln = Kiln::new();
+    let cache = kiln.cache_dir();
+    let layout = function_layout(kiln.home.path());
+    // Two unpacked root file systems: one stays in use by a running server.
+    let port = free_port();
+    let mut server = kiln
+        .command()
+        .args(["run", &oci(&layout, "web"), "--port", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while http_get(port, "/index.html").is_none() {
+        assert!(Instant::now() < deadline, "the server did not answer");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = kiln.run(&["run", &oci(&layout, "exit")]);
+    assert_eq!(out.code, 42, "{}", out.stderr);
+    let unpacked = rootfs_entries(&cache);
+    assert_eq!(unpacked.len(), 2, "{unpacked:?}");
+    // A Function image in the store, next to a base image that must stay.
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+    ])
+    .reference();
+    // A runtime base image in the store (its name is not functions/…): prune keeps it.
+    run(Command::new("skopeo").args([
+        "copy",
+        "--quiet",
+        &tiny_base(),
+        &format!("oci:{}:nodejs22", cache.join("store").display()),
+    ]));
+    // Dependency layers: an old one, a recent one.
+    let (old_key, old_blob) = plant_dependency_layer(&cache, "old", 1000);
+    let (new_key, new_blob) = plant_dependency_layer(&cache, "new", 2000);
+    for path in [
+        cache.join("deps").join(format!("{old_key}.json")),
+        cache.join("blobs/sha256").join(&old_blob),
+    ] {
+        age(&path, "3 days ago");
+    }
+    for entry in &unpacked {
+        age(&cache.join("rootfs/sha256").join(entry), "3 days ago");
+    }
+
+    // Dry run: nothing goes.
+    let dry = kiln.run(&["cache", "prune", "--older-than", "1d", "--dry-run"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert!(
+        dry.stdout.contains("would remove dependencies"),
+        "{}",
+        dry.stdout
+    );
+    assert!(cache.join("blobs/sha256").join(&old_blob).exists());
+
+    // By age: the old dependency layer and the idle rootfs go; the server's stays.
+    let pruned = kiln.run(&["cache", "prune", "--older-than", "1d"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert!(pruned.stdout.contains("kept rootfs"), "{}", pruned.stdout);
+    assert!(!cache.join("deps").join(format!("{old_key}.json")).exists());
+    assert!(
+        !cache.join("blobs/sha256").join(&old_blob).exists(),
+        "its blob was collected"
+    );
+    assert!(cache.join("deps").join(format!("{new_key}.json")).exists());
+    assert!(cache.join("blobs/sha256").join(&new_blob).exists());
+    assert_eq!(rootfs_entries(&cache).len(), 1, "{}", pruned.stdout);
+    assert!(
+        http_get(port, "/index.html").is_some(),
+        "the server still runs from its rootfs"
+    );
+
+    // By size: everything not in use goes, least recent first; the store keeps its base.
+    let pruned = kiln.run(&["cache", "prune", "--max-size", "1"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert!(!cache.join("deps").join(format!("{new_key}.json")).exists());
+    assert!(
+        pruned
+            .stdout
+            .contains("removed store image functions/hello"),
+        "{}",
+        pruned.stdout
+    );
+    assert_eq!(
+        rootfs_entries(&cache).len(),
+        1,
+        "the server's rootfs is still in use"
+    );
+    let index = fs::read_to_string(cache.join("store/index.json")).unwrap();
+    assert!(!index.contains("functions/hello"), "{index}");
+    assert!(index.contains("\"nodejs22\""), "{index}");
+    // The base image is still whole (its blobs were not collected).
+    let inspect = Command::new("skopeo")
+        .args([
+            "inspect",
+            &format!("oci:{}:nodejs22", cache.join("store").display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        inspect.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    run(Command::new("kill").args(["-TERM", &server.id().to_string()]));
+    server.wait().unwrap();
+    // Once the server is gone, its rootfs can go too.
+    let pruned = kiln.run(&["cache", "prune", "--max-size", "1"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert!(rootfs_entries(&cache).is_empty(), "{}", pruned.stdout);
+    // Without a limit it is a usage error.
+    let bad = kiln.run(&["cache", "prune"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("--older-than"), "{}", bad.stderr);
+}
+
+#[test]
+fn a_build_with_cache_max_size_trims_the_cache_after_it_is_done() {
+    let kiln = Kiln::new();
+    let cache = kiln.cache_dir();
+    let (key, blob) = plant_dependency_layer(&cache, "stale", 64 * 1024);
+    let record = cache.join("deps").join(format!("{key}.json"));
+    age(&record, "2 days ago");
+    age(&cache.join("blobs/sha256").join(&blob), "2 days ago");
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    let out = work.path().join("out");
+    let built = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--output",
+        &format!("oci:{}", out.display()),
+        "--cache-max-size",
+        "16K",
+    ]);
+    built.reference();
+    assert!(!record.exists(), "{}", built.stderr);
+    assert!(
+        built.stderr.contains("pruned the cache"),
+        "{}",
+        built.stderr
+    );
+}
