@@ -141,7 +141,7 @@ impl Client {
                     session.url,
                     vec![Scope::push(&repo.repository)],
                 );
-                match self.inner.send_once(&reg, &call).await {
+                match self.inner.send(&reg, &call).await {
                     Ok(resp) if resp.status().is_success() => {}
                     Ok(resp) => debug!(
                         status = resp.status().as_u16(),

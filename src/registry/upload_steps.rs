@@ -44,9 +44,9 @@ pub(crate) struct Upload<'a> {
 }
 
 impl Upload<'_> {
-    /// One attempt. When it fails with a session open, the session is cancelled (one
-    /// `DELETE`, best effort): the next attempt opens its own, and an abandoned one would sit
-    /// in the registry's storage until its purge.
+    /// One attempt. When it fails with a session open, the session is cancelled (a `DELETE`,
+    /// retried, then given up on quietly): the next attempt opens its own, and an abandoned one
+    /// would sit in the registry's storage until its purge.
     pub async fn run(&self, session: Option<Session>) -> Result<()> {
         if let Some(s) = &session {
             self.remember(&s.url);
@@ -55,7 +55,9 @@ impl Upload<'_> {
         let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let (Err(_), Some(url)) = (&result, open) {
             let call = Call::new(Method::DELETE, url, self.scopes());
-            match self.client.inner.send_once(self.reg, &call).await {
+            // Retried like any request (a cancel is idempotent): at 20 % injected failures a
+            // single try left one session in five behind.
+            match self.client.inner.send(self.reg, &call).await {
                 Ok(resp) => debug!(
                     status = resp.status().as_u16(),
                     "cancelled the failed upload's session"

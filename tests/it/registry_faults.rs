@@ -158,6 +158,11 @@ fn a_hundred_builds_finish_through_twenty_percent_failures_throttling_and_resets
     assert!(proxy.faults_injected() > 50, "{}", proxy.faults_injected());
     for n in 0..100 {
         assert!(s.assert_no_broken_tag(n), "faults/f{n}:1 was not pushed");
+        let open = s.reg.open_uploads(&format!("faults/f{n}"));
+        assert!(
+            open.is_empty(),
+            "faults/f{n} has upload sessions left open: {open:?}"
+        );
     }
 }
 
@@ -490,5 +495,5 @@ fn soak_builds_through_the_flaky_proxy() {
         durations[durations.len() / 2],
         durations[durations.len() - 1],
     );
-    assert_eq!((failed, broken), (0, 0));
+    assert_eq!((failed, broken, leaked), (0, 0, 0));
 }
