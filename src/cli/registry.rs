@@ -27,7 +27,7 @@ pub struct RegistryArgs {
     pub registry_timeout: u64,
     /// How often a failed registry request is retried (503, 429, resets, timeouts; never
     /// 4xx answers), with capped exponential backoff and the registry's Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u32).range(0..=20), env = "KILN_REGISTRY_RETRIES")]
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=20), env = "KILN_REGISTRY_RETRIES")]
     pub registry_retries: u32,
 }
 
