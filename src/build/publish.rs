@@ -92,6 +92,15 @@ pub enum Error {
         #[source]
         source: Box<registry::Error>,
     },
+    /// Getting push access (and the mount source's pull access) failed.
+    #[error("getting push access to {target}")]
+    Authorize {
+        /// The destination.
+        target: String,
+        /// The cause.
+        #[source]
+        source: Box<registry::Error>,
+    },
     /// A layer with neither a local file nor a base to take it from (a bug in the caller).
     #[error("layer {0} has no source")]
     MissingLayer(Digest),
@@ -131,7 +140,10 @@ pub async fn authorize_up_front(client: &Client, opts: &super::Options) -> Resul
         client
             .authorize(&target.registry, &scopes)
             .await
-            .map_err(registry_err("credentials", target.to_string()))?;
+            .map_err(|source| Error::Authorize {
+                target: target.to_string(),
+                source: Box::new(source),
+            })?;
     }
     Ok(())
 }
@@ -314,7 +326,10 @@ impl Publisher for RegistryPublisher {
         self.client
             .authorize(&self.target.registry, &scopes)
             .await
-            .map_err(registry_err("credentials", target.clone()))?;
+            .map_err(|source| Error::Authorize {
+                target: target.clone(),
+                source: Box::new(source),
+            })?;
         // Collected first: a mapping closure inside the stream trips rustc's higher-ranked
         // lifetime inference for `Send` futures.
         let pushes: Vec<_> = input

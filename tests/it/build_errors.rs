@@ -484,3 +484,32 @@ fn dependencies_that_bypass_the_package_registry_are_refused_unless_allowed() {
     );
     s.assert_nothing_pushed();
 }
+
+#[test]
+fn a_base_index_without_the_wanted_platform_is_a_usage_error() {
+    let s = setup();
+    let dir = s.fixture("hello-node");
+    let bases = push_base_images(&s.reg, "base/multi");
+    let image = s.reg.reference("team/broken:1");
+    let host = s.reg.host();
+    let run = s.kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &bases.index,
+        "--platform",
+        "linux/s390x",
+        "--image",
+        &image,
+        "--insecure-registry",
+        &host,
+    ]);
+    let err = run.failure(2);
+    assert!(
+        err.contains("has no linux/s390x image") && err.contains("linux/amd64"),
+        "{err}"
+    );
+    s.assert_nothing_pushed();
+}

@@ -239,11 +239,15 @@ fn add_layer(dir: &Path, layout: &Path, tag: &str, layer: &[u8]) {
     .arg(&file));
 }
 
-/// What the rootfs cache holds besides empty directories: nothing after a failed run.
+/// What the rootfs cache holds besides empty directories and the per-image lock files
+/// (`locks/`, kept for the next run): nothing after a failed run.
 fn cached_files(kiln: &Kiln) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut todo = vec![kiln.cache_dir().join("rootfs")];
     while let Some(dir) = todo.pop() {
+        if dir.ends_with("locks") {
+            continue;
+        }
         let Ok(entries) = fs::read_dir(&dir) else {
             continue;
         };
