@@ -536,6 +536,7 @@ impl Stage<'_> {
                     descriptor: l.descriptor.clone(),
                     role: Role::Base,
                     local: file,
+                    remote: None,
                 }
             })
             .collect();

@@ -21,58 +21,35 @@ pub(super) struct DepLayer {
     pub diff_id: Digest,
     pub size: u64,
     pub created_by: String,
-    /// The blob's bytes.
-    pub local: PathBuf,
+    /// The blob's bytes, when they are local.
+    pub local: Option<PathBuf>,
+    /// The cache repository holding the blob, when it is not local (mounted into the target).
+    pub remote: Option<crate::registry::Reference>,
     /// Keeps a verified copy of a staged blob alive until it is published.
     pub _copy: Option<tempfile::TempPath>,
     /// Keeps `kiln cache prune` from removing the cached blob until it is published.
     pub _in_use: crate::inuse::InUse,
 }
 
-/// Writes the source layer and appends it (after the dependency layer) to the base.
-pub(super) async fn assemble(
+/// The image's config edit and build key: known once the source layer is written and the
+/// dependency key computed, before anything is installed or uploaded.
+pub(super) struct Planned {
+    pub build_key: Digest,
+    edit: oci::ConfigEdit,
+    source_created_by: String,
+}
+
+pub(super) fn plan(
     opts: &Options,
-    cache: &LayerCache,
     function: &Function,
     base: &ResolvedBase,
-    deps: Option<&DepLayer>,
-) -> Result<Assembled, Error> {
-    let family = base.base.family();
-    let mut layers = Vec::new();
-    let mut plans = Vec::new();
-    if let Some(dep) = deps {
-        let descriptor = oci::Descriptor::new(family.layer_gzip(), dep.digest.clone(), dep.size);
-        plans.push(BlobPlan {
-            descriptor: descriptor.clone(),
-            role: Role::Dependencies,
-            local: Some(dep.local.clone()),
-        });
-        layers.push(NewLayer {
-            descriptor,
-            diff_id: dep.diff_id.clone(),
-            created_by: dep.created_by.clone(),
-        });
-    }
-    let source = source_layer(opts, cache, function, family.layer_gzip()).await?;
-    plans.push(BlobPlan {
-        descriptor: source.descriptor.clone(),
-        role: Role::Source,
-        local: Some(source.file.to_path_buf()),
-    });
-    layers.push(NewLayer {
-        descriptor: source.descriptor.clone(),
-        diff_id: source.diff_id.clone(),
-        created_by: format!(
-            "kiln: source ({} files to {})",
-            function.tree.file_count(),
-            opts.runtime.source.dir
-        ),
-    });
-    let build_key = plan::build_key(
-        &opts.runtime.name,
-        &base.base.manifest.digest,
-        deps.map(|d| &d.key),
-        &source.diff_id,
+    deps_key: Option<&Digest>,
+    source: &LayerBlob,
+) -> Planned {
+    let source_created_by = format!(
+        "kiln: source ({} files to {})",
+        function.tree.file_count(),
+        opts.runtime.source.dir
     );
     let edit = plan::config_edit(&plan::PlanInput {
         runtime: &opts.runtime,
@@ -84,12 +61,60 @@ pub(super) async fn assemble(
             BaseRef::Layout { .. } => None,
         },
         base_digest: &base.base.manifest.digest,
-        build_key: &build_key,
     });
-    let image = oci::image::append(&base.base, &layers, &edit)?;
+    let layers = plan::KeyLayers {
+        runtime: &opts.runtime.name,
+        base: &base.base.manifest.digest,
+        deps: deps_key,
+        source_diff_id: &source.diff_id,
+        source_created_by: &source_created_by,
+    };
+    let build_key = plan::build_key(&layers, &edit);
+    Planned {
+        edit: plan::with_build_key(edit, &build_key),
+        build_key,
+        source_created_by,
+    }
+}
+
+/// Appends the dependency layer and the source layer to the base, with the planned config.
+pub(super) fn assemble(
+    base: &ResolvedBase,
+    deps: Option<&DepLayer>,
+    source: LayerBlob,
+    planned: Planned,
+) -> Result<Assembled, Error> {
+    let family = base.base.family();
+    let mut layers = Vec::new();
+    let mut plans = Vec::new();
+    if let Some(dep) = deps {
+        let descriptor = oci::Descriptor::new(family.layer_gzip(), dep.digest.clone(), dep.size);
+        plans.push(BlobPlan {
+            descriptor: descriptor.clone(),
+            role: Role::Dependencies,
+            local: dep.local.clone(),
+            remote: dep.remote.clone(),
+        });
+        layers.push(NewLayer {
+            descriptor,
+            diff_id: dep.diff_id.clone(),
+            created_by: dep.created_by.clone(),
+        });
+    }
+    plans.push(BlobPlan {
+        descriptor: source.descriptor.clone(),
+        role: Role::Source,
+        local: Some(source.file.to_path_buf()),
+        remote: None,
+    });
+    layers.push(NewLayer {
+        descriptor: source.descriptor.clone(),
+        diff_id: source.diff_id.clone(),
+        created_by: planned.source_created_by,
+    });
+    let image = oci::image::append(&base.base, &layers, &planned.edit)?;
     Ok(Assembled {
         image,
-        build_key,
         plans,
         _source: source,
     })
@@ -98,13 +123,13 @@ pub(super) async fn assemble(
 /// An image ready to publish.
 pub(super) struct Assembled {
     pub image: Image,
-    pub build_key: Digest,
     pub plans: Vec<BlobPlan>,
     /// The source layer's temp file, which must outlive the publish.
     _source: LayerBlob,
 }
 
-async fn source_layer(
+/// Writes the source layer.
+pub(super) async fn source_layer(
     opts: &Options,
     cache: &LayerCache,
     function: &Function,
@@ -129,6 +154,7 @@ pub(super) async fn publish(
     image: &Image,
     base: &ResolvedBase,
     new: Vec<BlobPlan>,
+    build_key: &Digest,
 ) -> Result<Published, Error> {
     let base_layers = image.layers.len() - new.len();
     let mut layers: Vec<BlobPlan> = image.layers[..base_layers]
@@ -137,6 +163,7 @@ pub(super) async fn publish(
             descriptor: d.clone(),
             role: Role::Base,
             local: None,
+            remote: None,
         })
         .collect();
     layers.extend(new);
@@ -152,6 +179,8 @@ pub(super) async fn publish(
             RegistryPublisher {
                 client: client.clone(),
                 target: target.clone(),
+                key_tag: opts.tag_by_key.then(|| plan::key_tag(build_key)),
+                pushed: Some(super::pushed::PushedBlobs::new(&opts.cache_dir, target)),
                 jobs: opts.jobs,
             }
             .publish(input)

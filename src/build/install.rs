@@ -4,9 +4,9 @@
 
 use super::cache::{self, LayerCache};
 use super::deps::{self, InstallEnv};
-use super::{Error, Options, function, source};
+use super::{Error, Options, function, remote_cache, source};
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
-use crate::registry::Client;
+use crate::registry::{Client, Reference};
 
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
 /// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
@@ -60,19 +60,30 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
     })
 }
 
-pub(super) async fn dependency_layer(
+/// A dependency key, computed before anything is installed, and how to install if the
+/// layer is not cached.
+pub(super) struct DepKey {
+    pub key: Digest,
+    /// The install environment when it was needed to name the toolchain (the toolchain on
+    /// PATH); `None` for a builder image, unpacked only for an install.
+    install: Option<InstallEnv>,
+    /// Where the toolchain was probed and the install runs.
+    scratch: tempfile::TempDir,
+}
+
+/// The dependency key of `inputs` for this build: the builder image's digest names the
+/// toolchain (one manifest lookup, no unpacking), or the toolchain on PATH is asked.
+pub(super) async fn dependency_key(
     client: &Client,
     opts: &Options,
     cache: &LayerCache,
     inputs: &function::DepInputs,
-) -> Result<(Digest, cache::CachedLayer, crate::inuse::InUse), Error> {
+) -> Result<DepKey, Error> {
     let scratch = tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
         path: cache.tmp_dir(),
         source,
     })?;
-    // A pending builder is only unpacked for an install: its digest alone names the toolchain,
-    // so a cache hit needs neither the sandbox nor the builder's layers.
-    let (toolchain, mut install) = match &opts.install.isolation {
+    let (toolchain, install) = match &opts.install.isolation {
         deps::Isolation::Pending(image) => {
             let resolved = crate::run::image::resolve(client, image, &opts.platform)
                 .await
@@ -86,18 +97,70 @@ pub(super) async fn dependency_layer(
         }
     };
     let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
+    Ok(DepKey {
+        key,
+        install,
+        scratch,
+    })
+}
+
+/// A build's dependency layer and where its bytes are.
+pub(super) struct Layer {
+    pub key: Digest,
+    pub cached: cache::CachedLayer,
+    /// Keeps `kiln cache prune` from removing the cached blob until it is published.
+    pub in_use: crate::inuse::InUse,
+    /// The cache repository holding the blob, when it is not in the local cache (a hit
+    /// mounted into the target).
+    pub remote: Option<Reference>,
+    /// The cache repository to store the layer in after the image: it was installed here.
+    pub store_in: Option<Reference>,
+}
+
+/// The dependency layer for `key`: from the local cache, else from `cache_repo` (a
+/// registry, `--cache-repo`), else installed and layered (and cached).
+pub(super) async fn dependency_layer(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    inputs: &function::DepInputs,
+    key: DepKey,
+    cache_repo: Option<&Reference>,
+) -> Result<Layer, Error> {
+    let DepKey {
+        key,
+        install,
+        scratch,
+    } = key;
     // Held until the layer is published (or staged): a prune leaves it alone meanwhile.
     let in_use = cache.hold(&key).map_err(|source| Error::Cache {
         path: cache.tmp_dir(),
         source,
     })?;
+    let layer = |cached, remote, store_in| Layer {
+        key: key.clone(),
+        cached,
+        in_use: in_use.clone(),
+        remote,
+        store_in,
+    };
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
     {
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
-        return Ok((key, hit, in_use));
+        return Ok(layer(hit, None, None));
     }
-    let install = match install.take() {
+    let mut store_in = None;
+    if let Some(repo) = cache_repo.filter(|_| opts.use_cache) {
+        match from_cache_repo(client, opts, cache, &key, repo).await {
+            Ok(Some((cached, remote))) => return Ok(layer(cached, remote, None)),
+            Ok(None) => store_in = Some(repo.clone()),
+            Err(e) => {
+                tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "the cache repository cannot be used; installing without it");
+            }
+        }
+    }
+    let install = match install {
         Some(install) => install,
         None => resolve_builder(client, opts).await?,
     };
@@ -127,5 +190,71 @@ pub(super) async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    Ok((key, cached, in_use))
+    Ok(layer(cached, None, store_in))
+}
+
+/// The layer of `key` from the cache repository: mounted later when the target is on its
+/// registry (`remote` set, nothing downloaded), else downloaded, verified (digest and diff
+/// ID) and put in the local cache. `Ok(None)`: no usable entry.
+async fn from_cache_repo(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    key: &Digest,
+    repo: &Reference,
+) -> Result<Option<(cache::CachedLayer, Option<Reference>)>, crate::registry::Error> {
+    let Some(entry) = remote_cache::lookup(client, repo, key).await? else {
+        tracing::info!(%key, cache_repo = %repo, "dependency layer not in the cache repository");
+        return Ok(None);
+    };
+    let cached = cache::CachedLayer {
+        digest: entry.digest.clone(),
+        diff_id: entry.diff_id.clone(),
+        size: entry.size,
+    };
+    if let super::Target::Registry(target) = &opts.target
+        && target.registry == entry.repo.registry
+    {
+        tracing::info!(%key, digest = %entry.digest, cache_repo = %repo, "dependency layer from the cache repository (mounted, not downloaded)");
+        return Ok(Some((cached, Some(entry.repo))));
+    }
+    tracing::warn!(%key, cache_repo = %repo, "the cache repository is not on the target's registry: downloading the dependency layer to upload it");
+    let descriptor = oci::Descriptor::new(
+        oci::MediaType::OciLayerGzip,
+        entry.digest.clone(),
+        entry.size,
+    );
+    let file = tempfile::Builder::new()
+        .prefix(".cache-repo-")
+        .tempfile_in(cache.tmp_dir())
+        .map_err(|source| crate::registry::Error::Io {
+            action: "creating a file in",
+            path: cache.tmp_dir(),
+            source,
+        })?
+        .into_temp_path();
+    client
+        .get_blob_to_file(&entry.repo, &descriptor, &file)
+        .await?;
+    let path = file.to_path_buf();
+    let diff_id = tokio::task::spawn_blocking(move || oci::layer::diff_id_of(&path))
+        .await
+        .ok()
+        .and_then(Result::ok);
+    if diff_id.as_ref() != Some(&entry.diff_id) {
+        tracing::warn!(%key, cache_repo = %repo, "the cached dependency layer does not decompress to the diff ID its entry names: ignored; installing");
+        return Ok(None);
+    }
+    let blob = LayerBlob {
+        descriptor,
+        diff_id: entry.diff_id,
+        file,
+    };
+    match cache.put(key, blob) {
+        Ok(cached) => Ok(Some((cached, None))),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not keep the downloaded dependency layer; installing");
+            Ok(None)
+        }
+    }
 }

@@ -8,12 +8,15 @@ pub mod base;
 pub mod cache;
 pub mod deps;
 pub mod egress;
+pub mod existing;
 pub mod function;
 mod install;
 mod load;
 pub mod mask;
 pub mod plan;
 pub mod publish;
+pub mod pushed;
+pub mod remote_cache;
 pub mod source;
 pub mod stage;
 
@@ -109,6 +112,11 @@ pub struct Options {
     /// Allow dependencies that bypass the package registry (git, URL and path dependencies,
     /// `requirements.txt` index and file options); refused otherwise.
     pub allow_direct_deps: bool,
+    /// `--tag-by-key`: also tag the image `kiln-KEY`, and look for an existing image of this
+    /// build with one `HEAD` of that tag.
+    pub tag_by_key: bool,
+    /// `--cache-repo`: the registry repository of the shared dependency-layer cache.
+    pub cache_repo: Option<Reference>,
 }
 
 /// A finished build.
@@ -118,8 +126,10 @@ pub struct Output {
     pub published: Published,
     /// The build key label.
     pub build_key: Digest,
-    /// The image documents.
-    pub image: Image,
+    /// The image documents; `None` when the target already held this build.
+    pub image: Option<Image>,
+    /// The target already held an image of this build key: nothing was installed or pushed.
+    pub unchanged: bool,
     /// The commit built, for a git source.
     pub commit: Option<String>,
 }
@@ -188,6 +198,15 @@ pub enum Error {
     /// Publishing.
     #[error(transparent)]
     Publish(#[from] publish::Error),
+    /// Looking for an image of this build in the target registry.
+    #[error("looking for an image of this build in {target}")]
+    Lookup {
+        /// The target.
+        target: String,
+        /// The cause.
+        #[source]
+        source: Box<crate::registry::Error>,
+    },
     /// The cache directory.
     #[error("using the cache directory {path}")]
     Cache {
@@ -262,20 +281,47 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         publish::authorize_up_front(client, opts).await?;
         let base = base::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
-        let deps = match (deps, &function.deps, &opts.stage) {
-            (Some(staged), _, _) => Some(staged),
+        // The dependency key, not the layer: enough for the build key. `--stage publish`
+        // installs nothing: its layer is the staged one, or none.
+        let dep_key = match (&deps, &function.deps, &opts.stage) {
             (None, Some(inputs), Stage::All | Stage::Deps(_)) => {
-                let (key, cached, in_use) = install::dependency_layer(client, opts, &cache, inputs).await?;
-                let local = cache.blob_path(&cached.digest);
-                let created_by = stage::created_by(&install_command(opts, function), &key);
-                Some(DepLayer { key, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, local, _copy: None, _in_use: in_use })
+                Some(install::dependency_key(client, opts, &cache, inputs).await?)
+            }
+            _ => None,
+        };
+        let source = assemble::source_layer(opts, &cache, function, base.base.family().layer_gzip()).await?;
+        let keyed = deps.as_ref().map(|d| &d.key).or(dep_key.as_ref().map(|k| &k.key));
+        let planned = assemble::plan(opts, function, &base, keyed, &source);
+        // `--no-cache` rebuilds: no existing image is taken either.
+        let found = match opts.use_cache {
+            true => existing::find(client, opts, &planned.build_key).await?,
+            false => None,
+        };
+        if let Some(found) = found {
+            tracing::info!(reference = %found.reference, build_key = %planned.build_key, "the target already holds this build: nothing to install or push");
+            let published = Published { reference: found.reference, digest: found.digest, blobs: Vec::new() };
+            return Ok(Output { published, build_key: planned.build_key, image: None, unchanged: true, commit: loaded.commit });
+        }
+        let mut store_in = None;
+        let deps = match (deps, &function.deps, dep_key) {
+            (Some(staged), _, _) => Some(staged),
+            (None, Some(inputs), Some(dep_key)) => {
+                let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, opts.cache_repo.as_ref()).await?;
+                let local = layer.remote.is_none().then(|| cache.blob_path(&layer.cached.digest));
+                let created_by = stage::created_by(&install_command(opts, function), &layer.key);
+                store_in = layer.store_in;
+                Some(DepLayer { key: layer.key, digest: layer.cached.digest, diff_id: layer.cached.diff_id, size: layer.cached.size, created_by, local, remote: layer.remote, _copy: None, _in_use: layer.in_use })
             }
             (None, _, _) => None,
         };
-        let assembled = assemble::assemble(opts, &cache, function, &base, deps.as_ref()).await?;
-        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans).await?;
+        let build_key = planned.build_key.clone();
+        let assembled = assemble::assemble(&base, deps.as_ref(), source, planned)?;
+        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans, &build_key).await?;
         tracing::info!(reference = %published.reference, "built");
-        Ok(Output { published, build_key: assembled.build_key, image: assembled.image, commit: loaded.commit })
+        if let (Some(repo), Some(dep), Some(inputs)) = (store_in, &deps, &function.deps) {
+            store_in_cache_repo(client, opts, &repo, dep, inputs, &install_command(opts, function)).await;
+        }
+        Ok(Output { published, build_key, image: Some(assembled.image), unchanged: false, commit: loaded.commit })
     }
     .instrument(span)
     .await
@@ -303,7 +349,9 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         let mut blob = None;
         if let Some(inputs) = &function.deps {
             install::require_builder(opts)?;
-            let (key, cached, _in_use) = install::dependency_layer(client, opts, &cache, inputs).await?;
+            let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
+            // The install stage has no registry credentials: the local cache only.
+            let install::Layer { key, cached, .. } = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
             blob = Some(cache.blob_path(&cached.digest));
             record.dependencies = Some(stage::StagedLayer {
                 created_by: stage::created_by(&install_command(opts, function), &key),
@@ -321,6 +369,39 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
     }
     .instrument(span)
     .await
+}
+
+/// Pushes the freshly installed dependency layer to the cache repository, after the image.
+/// A failure is a warning: the image is built.
+async fn store_in_cache_repo(
+    client: &Client,
+    opts: &Options,
+    repo: &Reference,
+    dep: &DepLayer,
+    inputs: &function::DepInputs,
+    install: &str,
+) {
+    let Some(local) = &dep.local else { return };
+    let about = remote_cache::Describe {
+        runtime: &opts.runtime.name,
+        install,
+        inputs,
+        epoch: opts.epoch,
+    };
+    let layer = oci::Descriptor::new(oci::MediaType::OciLayerGzip, dep.digest.clone(), dep.size);
+    let entry = remote_cache::entry_manifest(&dep.key, &layer, &dep.diff_id, &about);
+    let mount_from = match &opts.target {
+        Target::Registry(t) if t.registry == repo.registry => Some(t.repository.as_str()),
+        _ => None,
+    };
+    match remote_cache::store(client, repo, &dep.key, &entry, &layer, local, mount_from).await {
+        Ok(()) => {
+            tracing::info!(cache_repo = %repo, tag = %remote_cache::tag(&dep.key), "stored the dependency layer in the cache repository")
+        }
+        Err(e) => {
+            tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "could not store the dependency layer in the cache repository")
+        }
+    }
 }
 
 fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
@@ -372,7 +453,8 @@ async fn staged_layer(
         diff_id: layer.diff_id,
         size: layer.size,
         created_by: layer.created_by,
-        local: copy.to_path_buf(),
+        local: Some(copy.to_path_buf()),
+        remote: None,
         _copy: Some(copy),
         _in_use: crate::inuse::InUse::default(),
     }))

@@ -27,34 +27,50 @@ pub struct PlanInput<'a> {
     pub base_name: Option<&'a str>,
     /// The base manifest digest.
     pub base_digest: &'a Digest,
-    /// The build key.
-    pub build_key: &'a Digest,
 }
 
-/// The build key: a digest over the runtime, the exact base manifest, the dependency key and
-/// the source layer. Same key, same image.
-pub fn build_key(
-    runtime: &str,
-    base: &Digest,
-    deps: Option<&Digest>,
-    source_diff_id: &Digest,
-) -> Digest {
+/// What the image is made of besides the config edit: the base, and the layers kiln adds as
+/// their history names them.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyLayers<'a> {
+    /// The runtime name.
+    pub runtime: &'a str,
+    /// The base manifest digest.
+    pub base: &'a Digest,
+    /// The dependency key (what decides the dependency layer's bytes; the layer itself need
+    /// not exist yet), `None` without dependencies.
+    pub deps: Option<&'a Digest>,
+    /// The source layer's diff ID.
+    pub source_diff_id: &'a Digest,
+    /// The source layer's history text.
+    pub source_created_by: &'a str,
+}
+
+/// The build key: a digest over every input of the image — the exact base manifest, the
+/// dependency key, the source layer and its history text, and the whole config edit (runtime
+/// contract, names, epoch, base name) but the key itself. Same key, same image; it is known
+/// before any dependency is installed or any blob uploaded, which is what lets a build find
+/// that its image already exists.
+pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
     let mut h = Hasher::new();
     let none = String::from("none");
+    let edit = serde_json::to_string(edit).unwrap_or_default();
     for part in [
-        "kiln-build-v1",
-        runtime,
-        &base.to_string(),
-        &deps.map_or(none, ToString::to_string),
-        &source_diff_id.to_string(),
+        "kiln-build-v2",
+        layers.runtime,
+        &layers.base.to_string(),
+        &layers.deps.map_or(none, ToString::to_string),
+        &layers.source_diff_id.to_string(),
+        layers.source_created_by,
+        &edit,
     ] {
+        h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
-        h.update(b"\n");
     }
     h.finish().0
 }
 
-/// The config edit for a Function image.
+/// The config edit for a Function image, without the build key ([`with_build_key`] adds it).
 pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
     let created = rfc3339(input.epoch);
     let mut env: Vec<(String, String)> = input
@@ -68,7 +84,6 @@ pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
     env.push(("SERVICE_NAMESPACE".into(), input.namespace.into()));
     let oci = |k: &str| format!("org.opencontainers.image.{k}");
     let mut labels = BTreeMap::from([
-        (BUILD_KEY_LABEL.to_string(), input.build_key.to_string()),
         (RUNTIME_LABEL.to_string(), input.runtime.name.clone()),
         (oci("created"), created.clone()),
         (oci("title"), input.function_name.to_string()),
@@ -93,6 +108,21 @@ pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
         exposed_ports: input.runtime.image.ports.clone(),
         annotations,
     }
+}
+
+/// The edit with the build key as a config label and a manifest annotation (so one manifest
+/// fetch tells whether a tag holds this build).
+pub fn with_build_key(mut edit: ConfigEdit, key: &Digest) -> ConfigEdit {
+    edit.labels
+        .insert(BUILD_KEY_LABEL.to_string(), key.to_string());
+    edit.annotations
+        .insert(BUILD_KEY_LABEL.to_string(), key.to_string());
+    edit
+}
+
+/// The tag `--tag-by-key` gives an image: `kiln-` and the key's hex.
+pub fn key_tag(key: &Digest) -> String {
+    format!("kiln-{}", key.hex())
 }
 
 /// Formats seconds since the epoch as RFC 3339 UTC (`1970-01-01T00:00:00Z`).
@@ -134,26 +164,125 @@ mod tests {
         let catalog = crate::runtime::Catalog::embedded();
         let runtime = catalog.get("nodejs22").unwrap();
         let d = Digest::of(b"base");
-        let key = build_key("nodejs22", &d, None, &Digest::of(b"src"));
-        let edit = config_edit(&PlanInput {
+        let input = PlanInput {
             runtime,
             function_name: "hello",
             namespace: "team",
             epoch: 0,
             base_name: Some("reg/base:1"),
             base_digest: &d,
-            build_key: &key,
-        });
+        };
+        let layers = KeyLayers {
+            runtime: "nodejs22",
+            base: &d,
+            deps: None,
+            source_diff_id: &Digest::of(b"src"),
+            source_created_by: "kiln: source",
+        };
+        let key = build_key(&layers, &config_edit(&input));
+        let edit = with_build_key(config_edit(&input), &key);
         let env: BTreeMap<_, _> = edit.env.iter().cloned().collect();
         assert_eq!(env["FUNC_NAME"], "hello");
         assert_eq!(env["SERVICE_NAMESPACE"], "team");
         assert_eq!(env["FUNC_RUNTIME"], "nodejs22");
         assert_eq!(env["FUNC_PORT"], "8080");
         assert_eq!(edit.labels[BUILD_KEY_LABEL], key.to_string());
+        assert_eq!(edit.annotations[BUILD_KEY_LABEL], key.to_string());
         assert_eq!(edit.user.as_deref(), Some("1000"));
-        assert_ne!(
-            key,
-            build_key("nodejs22", &d, Some(&d), &Digest::of(b"src"))
-        );
+        assert_eq!(key_tag(&key).len(), 69);
+    }
+
+    #[test]
+    fn every_input_of_the_image_changes_the_build_key() {
+        let catalog = crate::runtime::Catalog::embedded();
+        let runtime = catalog.get("nodejs22").unwrap();
+        let (d, src) = (Digest::of(b"base"), Digest::of(b"src"));
+        let input = PlanInput {
+            runtime,
+            function_name: "hello",
+            namespace: "team",
+            epoch: 0,
+            base_name: None,
+            base_digest: &d,
+        };
+        let layers = KeyLayers {
+            runtime: "nodejs22",
+            base: &d,
+            deps: None,
+            source_diff_id: &src,
+            source_created_by: "kiln: source",
+        };
+        let key = |l: &KeyLayers<'_>, i: &PlanInput<'_>| build_key(l, &config_edit(i));
+        let reference = key(&layers, &input);
+        assert_eq!(reference, key(&layers, &input), "deterministic");
+        let other = Digest::of(b"other");
+        let changed = [
+            key(
+                &KeyLayers {
+                    base: &other,
+                    ..layers
+                },
+                &input,
+            ),
+            key(
+                &KeyLayers {
+                    deps: Some(&d),
+                    ..layers
+                },
+                &input,
+            ),
+            key(
+                &KeyLayers {
+                    source_diff_id: &other,
+                    ..layers
+                },
+                &input,
+            ),
+            key(
+                &KeyLayers {
+                    source_created_by: "x",
+                    ..layers
+                },
+                &input,
+            ),
+            key(
+                &layers,
+                &PlanInput {
+                    function_name: "other",
+                    ..input.clone()
+                },
+            ),
+            key(
+                &layers,
+                &PlanInput {
+                    namespace: "other",
+                    ..input.clone()
+                },
+            ),
+            key(
+                &layers,
+                &PlanInput {
+                    epoch: 1,
+                    ..input.clone()
+                },
+            ),
+            key(
+                &layers,
+                &PlanInput {
+                    base_name: Some("reg/b:1"),
+                    ..input.clone()
+                },
+            ),
+            key(
+                &layers,
+                &PlanInput {
+                    runtime: catalog.get("python313").unwrap(),
+                    ..input.clone()
+                },
+            ),
+        ];
+        for (i, k) in changed.iter().enumerate() {
+            assert_ne!(*k, reference, "input {i} is not in the key");
+        }
     }
 }

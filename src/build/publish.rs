@@ -2,6 +2,7 @@
 //! bound, each HEAD → mount → upload, the manifest last and only after every blob succeeded —
 //! or into an OCI image layout, downloading and verifying base layers so it is complete.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use futures_util::{StreamExt, TryStreamExt, stream};
@@ -63,8 +64,12 @@ pub struct BlobPlan {
     pub descriptor: Descriptor,
     /// What it is.
     pub role: Role,
-    /// Its local file; `None` for base layers, which stay where the base is.
+    /// Its local file; `None` for base layers, which stay where the base is, and for a
+    /// dependency layer in the cache repository.
     pub local: Option<PathBuf>,
+    /// The registry repository holding the blob when it is not local and not the base's (the
+    /// cache repository): mounted from there, or downloaded.
+    pub remote: Option<Reference>,
 }
 
 /// A finished publish.
@@ -122,30 +127,36 @@ fn registry_err(
     }
 }
 
-/// When the base lives in the target's registry: one token with the target's push scope and
-/// the base's pull scope (which is also the mount source), fetched before the base is read.
-/// Otherwise reading the base fetched a pull-only token and the push a second one.
+/// One token for the whole build: the target's push scope, and on the same registry the
+/// base's pull scope (also the mount source) and the cache repository's push scope. They are
+/// registered before the base is read, so the first token (fetched on the registry's first
+/// 401) carries them all; otherwise reading the base fetched a pull-only token and the push
+/// a second one.
 ///
 /// # Errors
-/// Credentials the registry refuses.
+/// An invalid registry name.
 pub async fn authorize_up_front(client: &Client, opts: &super::Options) -> Result<(), Error> {
-    if let (super::Target::Registry(target), super::BaseRef::Registry(base)) =
-        (&opts.target, &opts.base)
+    let super::Target::Registry(target) = &opts.target else {
+        return Ok(());
+    };
+    let mut scopes = vec![Scope::push(&target.repository)];
+    if let super::BaseRef::Registry(base) = &opts.base
         && base.registry == target.registry
     {
-        let scopes = [
-            Scope::push(&target.repository),
-            Scope::pull(&base.repository),
-        ];
-        client
-            .authorize(&target.registry, &scopes)
-            .await
-            .map_err(|source| Error::Authorize {
-                target: target.to_string(),
-                source: Box::new(source),
-            })?;
+        scopes.push(Scope::pull(&base.repository));
     }
-    Ok(())
+    if let Some(cache) = &opts.cache_repo
+        && cache.registry == target.registry
+    {
+        scopes.push(Scope::push(&cache.repository));
+    }
+    client
+        .want_scopes(&target.registry, &scopes)
+        .await
+        .map_err(|source| Error::Authorize {
+            target: target.to_string(),
+            source: Box::new(source),
+        })
 }
 
 /// Everything a publisher needs.
@@ -177,11 +188,36 @@ pub struct RegistryPublisher {
     pub client: Client,
     /// The destination (tag optional).
     pub target: Reference,
+    /// `--tag-by-key`: the build key's tag, pushed before the target's own tag.
+    pub key_tag: Option<String>,
+    /// The record of blobs this machine pushed to the target repository, whose `HEAD`s are
+    /// skipped; `None` checks every blob.
+    pub pushed: Option<super::pushed::PushedBlobs>,
     /// Concurrent blob pushes.
     pub jobs: usize,
 }
 
 impl RegistryPublisher {
+    /// Where the manifest goes, last to first: the key's tag, then the target's tag; the
+    /// digest alone when there is no tag.
+    fn manifest_destinations(&self, digest: &Digest) -> Result<Vec<Reference>, Error> {
+        let mut out = Vec::new();
+        if let Some(tag) = &self.key_tag {
+            out.push(
+                self.target
+                    .with_tag(tag)
+                    .map_err(registry_err(format!("tag {tag}"), self.target.to_string()))?,
+            );
+        }
+        if self.target.tag.is_some() {
+            out.push(self.target.clone());
+        }
+        if out.is_empty() {
+            out.push(self.target.with_digest(digest.clone()));
+        }
+        Ok(out)
+    }
+
     fn mount_source(&self, base: Option<&ResolvedBase>) -> Option<String> {
         match base.map(|b| &b.location) {
             Some(BaseLocation::Registry(r)) if r.registry == self.target.registry => {
@@ -195,6 +231,7 @@ impl RegistryPublisher {
         &self,
         blob: &BlobPlan,
         input: PublishInput<'_>,
+        known: &BTreeSet<Digest>,
     ) -> Result<BlobReport, Error> {
         let d = &blob.descriptor;
         let err = registry_err(format!("blob {}", d.digest), self.target.to_string());
@@ -213,14 +250,30 @@ impl RegistryPublisher {
                 bytes_sent,
             }
         };
+        if known.contains(&d.digest) {
+            tracing::debug!(digest = %d.digest, "pushed to this repository before: not checked");
+            return Ok(report(BlobOutcome::Existed));
+        }
+        // The source layer is new in every build that gets this far: no HEAD first.
+        if blob.role == Role::Source
+            && let Some(path) = &blob.local
+        {
+            let outcome = self
+                .client
+                .push_new_blob(&self.target, d, BlobSource::File(path.clone()))
+                .await
+                .map_err(&err)?;
+            return Ok(report(outcome));
+        }
         // Bytes already on disk (ours, or a layout base's): push_blob checks, then uploads.
-        let on_disk = blob
-            .local
-            .clone()
-            .or_else(|| match input.base.map(|b| &b.location) {
+        let on_disk = match (&blob.local, &blob.remote) {
+            (Some(path), _) => Some(path.clone()),
+            (None, Some(_)) => None,
+            (None, None) => match input.base.map(|b| &b.location) {
                 Some(BaseLocation::Layout(layout)) => Some(layout.blob_path(&d.digest)),
                 _ => None,
-            });
+            },
+        };
         if let Some(path) = on_disk {
             let outcome = self
                 .client
@@ -238,7 +291,11 @@ impl RegistryPublisher {
         {
             return Ok(report(BlobOutcome::Existed));
         }
-        if let Some(from) = self.mount_source(input.base)
+        let mount_from = match &blob.remote {
+            Some(r) => (r.registry == self.target.registry).then(|| r.repository.clone()),
+            None => self.mount_source(input.base),
+        };
+        if let Some(from) = mount_from
             && self
                 .client
                 .mount_blob(&self.target, &d.digest, &from)
@@ -247,9 +304,12 @@ impl RegistryPublisher {
         {
             return Ok(report(BlobOutcome::Mounted));
         }
-        // The base lives on another registry or refused the mount: copy the layer through a
-        // verified local file.
-        let file = fetch_base_layer(&self.client, input.base, d, input.scratch).await?;
+        // The base (or cache repository) lives on another registry or refused the mount:
+        // copy the layer through a verified local file.
+        let file = match &blob.remote {
+            Some(r) => download(&self.client, r, d, input.scratch).await?,
+            None => fetch_base_layer(&self.client, input.base, d, input.scratch).await?,
+        };
         let outcome = self
             .client
             .push_blob(
@@ -278,30 +338,40 @@ async fn fetch_base_layer(
         BaseLocation::Layout(layout) => Ok(LocalFile::Borrowed(layout.blob_path(&d.digest))),
         BaseLocation::Registry(r) => {
             tracing::warn!(digest = %d.digest, from = %r, "downloading base layer: it cannot be mounted");
-            let tmp = tempfile::Builder::new()
-                .prefix(".base-")
-                .tempfile_in(scratch)
-                .map_err(|e| {
-                    Error::Layout(
-                        scratch.display().to_string(),
-                        oci::layout::Error::Io {
-                            action: "creating a file in",
-                            path: scratch.into(),
-                            source: e,
-                        },
-                    )
-                })?
-                .into_temp_path();
-            client
-                .get_blob_to_file(r, d, &tmp)
-                .await
-                .map_err(registry_err(
-                    format!("base layer {}", d.digest),
-                    r.to_string(),
-                ))?;
-            Ok(LocalFile::Temp(tmp))
+            download(client, r, d, scratch).await
         }
     }
+}
+
+/// A verified download of blob `d` from `from` into a temporary file in `scratch`.
+async fn download(
+    client: &Client,
+    from: &Reference,
+    d: &Descriptor,
+    scratch: &Path,
+) -> Result<LocalFile, Error> {
+    let tmp = tempfile::Builder::new()
+        .prefix(".blob-")
+        .tempfile_in(scratch)
+        .map_err(|e| {
+            Error::Layout(
+                scratch.display().to_string(),
+                oci::layout::Error::Io {
+                    action: "creating a file in",
+                    path: scratch.into(),
+                    source: e,
+                },
+            )
+        })?
+        .into_temp_path();
+    client
+        .get_blob_to_file(from, d, &tmp)
+        .await
+        .map_err(registry_err(
+            format!("layer {}", d.digest),
+            from.to_string(),
+        ))?;
+    Ok(LocalFile::Temp(tmp))
 }
 
 enum LocalFile {
@@ -318,6 +388,27 @@ impl LocalFile {
     }
 }
 
+impl RegistryPublisher {
+    /// Every layer, `jobs` at a time; those in `known` are not checked.
+    async fn push_layers(
+        &self,
+        input: PublishInput<'_>,
+        known: &BTreeSet<Digest>,
+    ) -> Result<Vec<BlobReport>, Error> {
+        // Collected first: a mapping closure inside the stream trips rustc's higher-ranked
+        // lifetime inference for `Send` futures.
+        let pushes: Vec<_> = input
+            .layers
+            .iter()
+            .map(|b| self.push_layer(b, input, known))
+            .collect();
+        stream::iter(pushes)
+            .buffer_unordered(self.jobs.max(1))
+            .try_collect()
+            .await
+    }
+}
+
 impl Publisher for RegistryPublisher {
     async fn publish(&self, input: PublishInput<'_>) -> Result<Published, Error> {
         let target = self.target.to_string();
@@ -330,25 +421,16 @@ impl Publisher for RegistryPublisher {
                 target: target.clone(),
                 source: Box::new(source),
             })?;
-        // Collected first: a mapping closure inside the stream trips rustc's higher-ranked
-        // lifetime inference for `Send` futures.
-        let pushes: Vec<_> = input
-            .layers
-            .iter()
-            .map(|b| self.push_layer(b, input))
-            .collect();
-        let mut blobs: Vec<BlobReport> = stream::iter(pushes)
-            .buffer_unordered(self.jobs.max(1))
-            .try_collect()
-            .await?;
+        let mut known = self.pushed.as_ref().map(|p| p.load()).unwrap_or_default();
+        let mut blobs = self.push_layers(input, &known).await?;
         let config = &input.image.config;
+        // A config is new in every build that gets this far: no HEAD first.
         let outcome = self
             .client
-            .push_blob(
+            .push_new_blob(
                 &self.target,
                 &config.descriptor(),
                 BlobSource::Bytes(config.bytes.clone().into()),
-                None,
             )
             .await
             .map_err(registry_err(
@@ -367,17 +449,48 @@ impl Publisher for RegistryPublisher {
             bytes_sent,
         });
         let manifest = &input.image.manifest;
-        let destination = match &self.target.tag {
-            Some(_) => self.target.clone(),
-            None => self.target.with_digest(manifest.digest.clone()),
-        };
-        self.client
-            .put_manifest(&destination, manifest)
-            .await
-            .map_err(registry_err(
+        for destination in self.manifest_destinations(&manifest.digest)? {
+            let err = registry_err(
                 format!("manifest {}", manifest.digest),
-                target.clone(),
-            ))?;
+                destination.to_string(),
+            );
+            let trusted = input
+                .layers
+                .iter()
+                .any(|b| known.contains(&b.descriptor.digest));
+            match self
+                .client
+                .put_manifest_with(&destination, manifest, !trusted)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if trusted && e.is_blob_unknown() => {
+                    // The record named a blob the repository lost: check every blob.
+                    tracing::warn!(repository = %self.target.repository_path(), "a blob pushed here before is gone; checking every blob");
+                    if let Some(p) = &self.pushed {
+                        p.forget();
+                    }
+                    known.clear();
+                    let checked = self.push_layers(input, &known).await?;
+                    blobs.retain(|b| b.role == Role::Config);
+                    blobs.splice(0..0, checked);
+                    self.client
+                        .put_manifest(&destination, manifest)
+                        .await
+                        .map_err(err)?;
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        if let Some(p) = &self.pushed {
+            p.record(
+                input
+                    .layers
+                    .iter()
+                    .map(|b| &b.descriptor.digest)
+                    .chain([&config.digest]),
+            );
+        }
         let size = manifest.bytes.len() as u64;
         blobs.push(BlobReport {
             digest: manifest.digest.clone(),
@@ -429,6 +542,19 @@ impl LayoutPublisher {
         }
         match (&blob.local, input.base.map(|b| &b.location)) {
             (Some(path), _) => layout.import_blob(path, &d.digest).map_err(lerr)?,
+            (None, _) if blob.remote.is_some() => {
+                let from = blob
+                    .remote
+                    .as_ref()
+                    .ok_or_else(|| Error::MissingLayer(d.digest.clone()))?;
+                self.client
+                    .get_blob_to_file(from, d, &layout.blob_path(&d.digest))
+                    .await
+                    .map_err(registry_err(
+                        format!("layer {}", d.digest),
+                        from.to_string(),
+                    ))?;
+            }
             (None, None) => return Err(Error::MissingLayer(d.digest.clone())),
             (None, Some(BaseLocation::Layout(base))) => layout
                 .import_blob(&base.blob_path(&d.digest), &d.digest)

@@ -206,6 +206,8 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
                 let publisher = RegistryPublisher {
                     client: client.clone(),
                     target,
+                    key_tag: None,
+                    pushed: None,
                     jobs: 4,
                 };
                 let published = publisher.publish(input).await;

@@ -66,8 +66,9 @@ pub struct BuildArgs {
     /// Also write the manifest digest (sha256:…) to this file.
     #[arg(long, value_name = "FILE")]
     pub digest_file: Option<PathBuf>,
-    /// Write a JSON report (reference, digest, build key, one entry per blob with its outcome
-    /// and the bytes sent) to this file.
+    /// Write a JSON report to this file: reference, digest, build key, `unchanged` (the
+    /// target already held this build), one entry per blob with its outcome and the bytes
+    /// sent, and `registry`: the requests and request bytes of the whole build.
     #[arg(long, value_name = "FILE")]
     pub report: Option<PathBuf>,
     /// Registry access.
@@ -88,7 +89,8 @@ pub struct BuildArgs {
     /// `kiln cache prune --max-size` does (a build Job's cap on a shared cache volume).
     #[arg(long, value_name = "SIZE", env = "KILN_CACHE_MAX_SIZE", value_parser = super::run::parse_size)]
     pub cache_max_size: Option<u64>,
-    /// Reinstall dependencies even when a cached layer matches.
+    /// Rebuild: reinstall dependencies even when a cached layer matches (locally or in
+    /// --cache-repo), and push even when the target already holds an image of this build.
     #[arg(long)]
     pub no_cache: bool,
     /// Check the finished image's invariants (digests, sizes, layer counts) before exiting.
@@ -120,6 +122,20 @@ pub struct BuildArgs {
     /// (dependency confusion) or reads files from outside the Function.
     #[arg(long, env = "KILN_ALLOW_DIRECT_DEPS")]
     pub allow_direct_deps: bool,
+    /// Also tag the image `kiln-KEY`, KEY being the build key (a digest of every input of
+    /// the image: base, dependency manifests and lock, source, config). A later build with
+    /// the same inputs then finds its image with one manifest HEAD, prints its digest and
+    /// stops (moving --image's tag to it if needed). Without this flag a build checks
+    /// --image's tag with one manifest GET, and a layout's name locally.
+    #[arg(long, env = "KILN_TAG_BY_KEY")]
+    pub tag_by_key: bool,
+    /// A registry repository shared as dependency-layer cache by every build (build Pods on
+    /// any node): each layer is kept there as a small OCI artifact tagged `deps-KEY`. A hit
+    /// is one manifest request and a mount into the target (or a verified download when the
+    /// cache is on another registry); a miss installs and stores the layer after the image.
+    /// The local cache is checked first; an unusable cache repository is a warning.
+    #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
+    pub cache_repo: Option<String>,
     /// Which part of the build to run. `deps` only installs the dependencies (running the
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
     /// no base image, no registry, no --image or --output needed, and it prints the layer's
@@ -225,7 +241,10 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 
 async fn build(args: BuildArgs) -> Result<String, Failure> {
     let env = Env::read();
-    let (mut opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    // Manifests and configs by digest (a base or builder named by tag is then one HEAD), and
+    // what each registry refuses.
+    config.cache_dir = Some(opts.cache_dir.clone());
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
@@ -276,13 +295,30 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             .map_or_else(|| "none".to_string(), |l| l.digest.to_string()));
     }
     let output = build::run(&client, &opts).await.map_err(build_failure)?;
-    if extra.verify {
-        crate::oci::validate::check_image(&output.image.manifest, &output.image.config)
+    // An unchanged build made no image here: it was checked when it was built.
+    if extra.verify
+        && let Some(image) = &output.image
+    {
+        crate::oci::validate::check_image(&image.manifest, &image.config)
             .context("verifying the built image")
             .map_err(Failure::Build)?;
     }
-    write_outputs(&extra, &opts.stage, &output).map_err(Failure::Build)?;
+    write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
     Ok(output.published.reference)
+}
+
+/// `--cache-repo`: a repository, without tag or digest (kiln names the entries).
+fn cache_repo(s: &str) -> anyhow::Result<crate::registry::Reference> {
+    let reference: crate::registry::Reference = s
+        .parse()
+        .with_context(|| format!("invalid --cache-repo {s:?}"))?;
+    if reference.tag.is_some() || reference.digest.is_some() {
+        return Err(anyhow!(
+            "--cache-repo {s:?}: name a repository without a tag or digest (kiln tags each entry deps-KEY), e.g. {}",
+            reference.repository_path()
+        ));
+    }
+    Ok(reference)
 }
 
 fn build_failure(e: build::Error) -> Failure {
@@ -392,6 +428,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
             ));
         }
     };
+    let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
     let opts = Options {
         function,
         runtime: runtime.clone(),
@@ -413,6 +450,8 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         stage,
         package_registry_config: args.package_registry_config.clone(),
         allow_direct_deps: args.allow_direct_deps,
+        tag_by_key: args.tag_by_key,
+        cache_repo,
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),

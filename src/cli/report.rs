@@ -23,6 +23,7 @@ pub(super) fn write_outputs(
     extra: &Extra,
     stage: &Stage,
     output: &build::Output,
+    traffic: crate::registry::Traffic,
 ) -> anyhow::Result<()> {
     if let Some(path) = &extra.digest_file {
         std::fs::write(path, format!("{}\n", output.published.digest))
@@ -34,8 +35,10 @@ pub(super) fn write_outputs(
             "reference": output.published.reference,
             "digest": output.published.digest,
             "buildKey": output.build_key,
+            "unchanged": output.unchanged,
             "commit": output.commit,
             "blobs": output.published.blobs,
+            "registry": traffic,
         });
         let bytes = serde_json::to_vec_pretty(&report).context("serialising the report")?;
         std::fs::write(path, bytes)

@@ -106,7 +106,7 @@ pub struct NewLayer {
 }
 
 /// What the build changes in the config. `None`/empty leaves the base's value.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct ConfigEdit {
     /// `created` of the config and of the new history entries (RFC 3339).
     pub created: String,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use flate2::{Compression, GzBuilder};
 use tempfile::TempPath;
 
-use super::{Descriptor, Digest, HashingWriter, MediaType};
+use super::{Descriptor, Digest, Hasher, HashingWriter, MediaType};
 
 /// The gzip level of every layer. Part of the reproducibility contract: changing it changes
 /// every digest kiln produces.
@@ -109,6 +109,24 @@ pub struct LayerBlob {
     pub diff_id: Digest,
     /// The compressed bytes.
     pub file: TempPath,
+}
+
+/// The diff ID of a gzip layer file: the digest of its uncompressed tar.
+///
+/// # Errors
+/// An unreadable file or a broken gzip stream.
+pub fn diff_id_of(path: &Path) -> std::io::Result<Digest> {
+    let mut gz =
+        flate2::read::MultiGzDecoder::new(std::io::BufReader::new(std::fs::File::open(path)?));
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = std::io::Read::read(&mut gz, &mut buf)?;
+        if n == 0 {
+            return Ok(hasher.finish().0);
+        }
+        hasher.update(&buf[..n]);
+    }
 }
 
 /// Writes `entries` as a gzip layer of `media_type` into a temp file in `dir`, with every

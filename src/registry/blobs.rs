@@ -15,7 +15,7 @@ use super::reference::Reference;
 use super::retry::retry;
 use super::session::Registry;
 use super::transport::{Call, header, next_chunk, not_found, status_error, transfer_timeout};
-use crate::oci::{Descriptor, Digest, Hasher};
+use crate::oci::{Descriptor, Digest, Document, Hasher};
 
 /// Largest blob [`Client::get_blob`] reads into memory (configs are kilobytes).
 pub const IN_MEMORY_BLOB_LIMIT: u64 = 32 * 1024 * 1024;
@@ -55,9 +55,13 @@ impl Client {
                 limit: IN_MEMORY_BLOB_LIMIT,
             });
         }
+        let cache = self.inner.documents.as_ref();
+        if let Some(doc) = cache.and_then(|c| c.get(&descriptor.digest)) {
+            return Ok(doc.bytes);
+        }
         let reg = self.inner.registry(&repo.registry)?;
         let call = self.blob_call(&reg, repo, descriptor);
-        retry(&self.inner.retry, "GET blob", || async {
+        let bytes = retry(&self.inner.retry, "GET blob", || async {
             let mut resp = self.open_blob(&reg, &call, repo, descriptor).await?;
             let mut check = Verifier::new(repo, descriptor);
             let mut out = Vec::with_capacity(usize::try_from(descriptor.size).unwrap_or(0));
@@ -68,7 +72,15 @@ impl Client {
             check.finish()?;
             Ok(out)
         })
-        .await
+        .await?;
+        if let Some(cache) = cache {
+            cache.put(&Document {
+                media_type: descriptor.media_type.clone(),
+                digest: descriptor.digest.clone(),
+                bytes: bytes.clone(),
+            });
+        }
+        Ok(bytes)
     }
 
     /// Streams a blob into `dest`, hashing as it writes. The data goes to a temporary file

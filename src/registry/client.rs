@@ -10,6 +10,7 @@ use reqwest::{Certificate, Method};
 
 use super::auth::Scope;
 use super::credentials::CredentialStore;
+use super::documents::DocumentCache;
 use super::error::{Error, Result};
 use super::retry::{RetryPolicy, retry};
 use super::transport::{Call, Inner, status_error};
@@ -33,6 +34,11 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Thresholds of the blob upload strategies.
     pub upload: UploadPolicy,
+    /// A directory the client keeps what it learnt across runs: manifests, indexes and
+    /// configs by digest in `documents/` (a tag is then read with a `HEAD`, and the document
+    /// taken from here when already fetched or pushed), and in `registries/` what each
+    /// registry is known to refuse. `None` keeps nothing.
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +51,7 @@ impl Default for ClientConfig {
             retry: RetryPolicy::default(),
             request_timeout: Duration::from_secs(60),
             upload: UploadPolicy::default(),
+            cache_dir: None,
         }
     }
 }
@@ -88,7 +95,7 @@ impl Client {
             .tls_certs_merge(certs)
             .build()
             .map_err(|source| Error::HttpClient { source })?;
-        let inner = Inner::new(
+        let mut inner = Inner::new(
             http,
             config.retry,
             config.request_timeout,
@@ -96,23 +103,43 @@ impl Client {
             config.upload,
             config.insecure_hosts,
         );
+        if let Some(dir) = config.cache_dir {
+            inner.documents = Some(DocumentCache::new(dir.join("documents")));
+            inner.facts_dir = Some(dir.join("registries"));
+        }
         Ok(Client {
             inner: Arc::new(inner),
         })
     }
 
+    /// Adds `scopes` on `registry` to those every token for it carries, sending nothing: the
+    /// first token (fetched when the registry's first 401 names the scheme) has them all.
+    ///
+    /// # Errors
+    /// An invalid registry name.
+    pub async fn want_scopes(&self, registry: &str, scopes: &[Scope]) -> Result<()> {
+        self.inner.registry(registry)?.want(scopes).await;
+        Ok(())
+    }
+
+    /// The requests and bytes this client (and its clones) sent so far.
+    pub fn traffic(&self) -> super::Traffic {
+        self.inner.stats.snapshot()
+    }
+
     /// Establishes authorization for `scopes` on `registry` (as named in references) up front:
-    /// probes the registry, and for token auth fetches ONE token carrying every scope asked
-    /// for so far (for a push: `Scope::push(target)` plus `Scope::pull(source)` per
-    /// cross-repository mount source). Basic credentials are checked with `GET /v2/`.
-    /// Anonymous registries need nothing more than the probe.
+    /// learns the scheme (a `GET /v2/` probe, unless a request already told it), and for
+    /// token auth fetches ONE token carrying every scope asked for so far (for a push:
+    /// `Scope::push(target)` plus `Scope::pull(source)` per cross-repository mount source).
+    /// Basic credentials are checked with `GET /v2/` (once).
     ///
     /// # Errors
     /// [`Error::Unauthorized`] when the credentials are rejected; transport errors.
     pub async fn authorize(&self, registry: &str, scopes: &[Scope]) -> Result<()> {
         let reg = self.inner.registry(registry)?;
-        retry(&self.inner.retry, "authorizing", || {
-            reg.authorization(&self.inner, scopes)
+        retry(&self.inner.retry, "authorizing", || async {
+            reg.ensure_known(&self.inner).await?;
+            reg.authorization(&self.inner, scopes).await
         })
         .await?;
         let verified = &reg.basic_verified;

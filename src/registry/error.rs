@@ -224,15 +224,18 @@ impl Error {
         match self {
             Error::Status { status, .. } if is_retryable_status(*status) => true,
             // A manifest naming a blob the registry does not see yet (see `put_manifest`).
-            Error::Status { errors, .. } => {
-                errors.iter().any(|e| e.code == "MANIFEST_BLOB_UNKNOWN")
-            }
+            Error::Status { .. } => self.is_blob_unknown(),
             Error::Transport { kind, .. } => {
                 matches!(kind, TransportKind::Timeout | TransportKind::Reset)
             }
             Error::Stalled { .. } => true,
             _ => false,
         }
+    }
+
+    /// Whether a manifest was refused for naming a blob the repository does not have.
+    pub fn is_blob_unknown(&self) -> bool {
+        matches!(self, Error::Status { errors, .. } if errors.iter().any(|e| e.code == "MANIFEST_BLOB_UNKNOWN"))
     }
 
     /// The wait the registry asked for with `Retry-After`, if any.

@@ -11,6 +11,8 @@ use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::retry;
 use super::transport::{Call, Payload, header, not_found, status_error};
+use tracing::debug;
+
 use crate::oci::{Descriptor, Digest, Document, MediaType, sniff_media_type};
 
 /// Largest manifest or index accepted (the distribution default limit is 4 MiB too).
@@ -37,6 +39,48 @@ impl Client {
     /// [`Error::NotFound`], [`Error::DigestMismatch`], [`Error::TooLarge`] (over
     /// [`MANIFEST_LIMIT`]), plus the usual request errors.
     pub async fn get_manifest(
+        &self,
+        reference: &Reference,
+        accept: &[MediaType],
+    ) -> Result<Document> {
+        let Some(cache) = &self.inner.documents else {
+            return self.fetch_manifest(reference, accept).await;
+        };
+        let pinned = match &reference.digest {
+            Some(_) => reference.clone(),
+            None => match self.head_accepting(reference, accept).await {
+                Ok(Some(found)) => reference.with_digest(found.digest),
+                Ok(None) => {
+                    return Err(Error::NotFound {
+                        what: what(reference),
+                        method: Method::HEAD,
+                        url: reference.to_string(),
+                        errors: Vec::new(),
+                    });
+                }
+                // A registry that refuses HEAD (405, 400, 501): the plain GET. Anything else
+                // (already retried) is the answer; a GET would only retry it again.
+                Err(Error::Status { status, .. }) if matches!(status, 400 | 405 | 501) => {
+                    debug!(reference = %reference, status, "manifest HEAD refused; fetching it");
+                    return self.fetch_manifest(reference, accept).await;
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let wanted = |doc: &Document| accept.is_empty() || accept.contains(&doc.media_type);
+        if let Some(digest) = &pinned.digest
+            && let Some(doc) = cache.get(digest).filter(wanted)
+        {
+            debug!(reference = %reference, "manifest from the document cache");
+            return Ok(doc);
+        }
+        let doc = self.fetch_manifest(&pinned, accept).await?;
+        cache.put(&doc);
+        Ok(doc)
+    }
+
+    /// [`Client::get_manifest`] without the document cache: always a `GET`.
+    async fn fetch_manifest(
         &self,
         reference: &Reference,
         accept: &[MediaType],
@@ -85,10 +129,18 @@ impl Client {
     /// [`Error::DigestMismatch`] when the registry reports another digest than the reference
     /// pins, plus the usual request errors.
     pub async fn head_manifest(&self, reference: &Reference) -> Result<Option<Descriptor>> {
+        self.head_accepting(reference, &[]).await
+    }
+
+    async fn head_accepting(
+        &self,
+        reference: &Reference,
+        accept: &[MediaType],
+    ) -> Result<Option<Descriptor>> {
         let reg = self.inner.registry(&reference.registry)?;
         let url = reg.url(&manifest_path(reference));
         let call = Call::new(Method::HEAD, url, vec![Scope::pull(&reference.repository)])
-            .header(ACCEPT, accept_header(&[]));
+            .header(ACCEPT, accept_header(accept));
         let resp = self.inner.send(&reg, &call).await?;
         match resp.status() {
             StatusCode::OK => {}
@@ -116,7 +168,9 @@ impl Client {
                     size,
                 )))
             }
-            _ => Ok(Some(self.get_manifest(reference, &[]).await?.descriptor())),
+            _ => Ok(Some(
+                self.fetch_manifest(reference, accept).await?.descriptor(),
+            )),
         }
     }
 
@@ -128,6 +182,21 @@ impl Client {
     /// another one, plus the usual request errors (manifests referring to missing blobs get
     /// `MANIFEST_BLOB_UNKNOWN` in [`Error::Status`]).
     pub async fn put_manifest(&self, reference: &Reference, doc: &Document) -> Result<Digest> {
+        self.put_manifest_with(reference, doc, true).await
+    }
+
+    /// [`Client::put_manifest`]; with `wait_for_blobs` false a `MANIFEST_BLOB_UNKNOWN` answer
+    /// is returned at once instead of retried (for a caller that skipped blob checks on the
+    /// strength of a record, and checks them when the record proves stale).
+    ///
+    /// # Errors
+    /// As [`Client::put_manifest`].
+    pub async fn put_manifest_with(
+        &self,
+        reference: &Reference,
+        doc: &Document,
+        wait_for_blobs: bool,
+    ) -> Result<Digest> {
         let what = || format!("manifest pushed to {reference}");
         if let Some(pinned) = &reference.digest
             && *pinned != doc.digest
@@ -157,15 +226,28 @@ impl Client {
         // A blob just uploaded may not be visible to the manifest check yet: eventually
         // consistent storage, or (seen with distribution) another push of the same blob
         // rewriting its link at that moment. MANIFEST_BLOB_UNKNOWN is then retried.
+        let missing = std::sync::Mutex::new(None);
         let resp = retry(&self.inner.retry, "PUT manifest", || async {
             let resp = self.inner.send_once(&reg, &call).await?;
             if resp.status().is_success() {
-                Ok(resp)
-            } else {
-                Err(status_error(&call, resp).await)
+                return Ok(Some(resp));
             }
+            let err = status_error(&call, resp).await;
+            if !wait_for_blobs && err.is_blob_unknown() {
+                *missing.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
+                return Ok(None);
+            }
+            Err(err)
         })
         .await?;
+        let Some(resp) = resp else {
+            let err = missing.into_inner().unwrap_or_else(|e| e.into_inner());
+            return Err(err.unwrap_or(Error::Protocol {
+                method: Method::PUT,
+                url: call.shown_url(),
+                problem: "the manifest was refused",
+            }));
+        };
         if let Some(reported) =
             header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok())
             && reported != doc.digest
@@ -175,6 +257,9 @@ impl Client {
                 expected: doc.digest.clone(),
                 actual: reported,
             });
+        }
+        if let Some(cache) = &self.inner.documents {
+            cache.put(doc);
         }
         Ok(doc.digest.clone())
     }

@@ -22,6 +22,7 @@ mod blobs;
 mod challenge;
 mod client;
 mod credentials;
+mod documents;
 mod error;
 mod failure;
 mod helper;
@@ -43,6 +44,7 @@ pub use manifests::{DEFAULT_MANIFEST_TYPES, MANIFEST_LIMIT};
 pub use redact::redact_url;
 pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference, check_registry};
 pub use retry::RetryPolicy;
+pub use transport::Traffic;
 
 /// For the fuzz targets: whether `headers` hold a challenge kiln would answer.
 #[doc(hidden)]

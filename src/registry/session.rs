@@ -1,8 +1,11 @@
-//! Per-registry state: how the registry authenticates (learnt once from a `GET /v2/` probe or
-//! a 401 challenge), the credential found for it, the current token and the scopes it must
-//! carry, and what the registry is known to refuse. Shared by all concurrent requests; the
-//! async mutex makes concurrent requests wait for a single probe or token fetch.
+//! Per-registry state: how the registry authenticates (learnt from the first answer: a 401
+//! challenge names the scheme, anything else means anonymous; a `GET /v2/` probe only for
+//! [`super::Client::authorize`], so a build's anonymous registry sees only its requests),
+//! the credential found for it, the current token and the scopes it must carry, and what the
+//! registry is known to refuse. Shared by all concurrent requests; the async mutex makes
+//! concurrent requests wait for a single token fetch.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use reqwest::header::{HeaderMap, HeaderValue};
@@ -18,12 +21,29 @@ use super::error::Result;
 use super::failure::is_retryable_status;
 use super::transport::{Call, Inner, status_error};
 
+/// What a registry is known to refuse, kept across runs.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Facts {
+    #[serde(default)]
+    monolithic_refused: bool,
+}
+
+fn write_facts(path: &Path, facts: &Facts) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = tempfile::NamedTempFile::new_in(dir)?;
+    serde_json::to_writer(&tmp, facts)?;
+    tmp.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
 /// How a registry wants to be authenticated.
 #[derive(Clone, Debug)]
 enum Scheme {
-    /// Not probed yet.
-    Unprobed,
-    /// No authentication asked for.
+    /// Not known yet: requests go without credentials until one is answered 401.
+    Unknown,
+    /// A request without credentials was answered (not 401): none are sent until one is.
     Anonymous,
     /// HTTP Basic on every request.
     Basic,
@@ -51,8 +71,12 @@ pub(crate) struct Registry {
     /// `scheme://host[:port]/`.
     pub base: Url,
     /// Set once the registry answered a single-request `POST ?digest=` with 202 (distribution
-    /// 2.8 does: it ignores the body and opens a session), so later blobs skip that attempt.
-    pub monolithic_refused: AtomicBool,
+    /// 2.8 does: it ignores the body and opens a session), so later blobs skip that attempt;
+    /// kept across runs in `facts` ([`Registry::refuse_monolithic`]).
+    monolithic_refused: AtomicBool,
+    /// Where what this registry refuses is kept across runs (`registries/HOST.json` in the
+    /// client's cache directory), if anywhere.
+    facts: Option<PathBuf>,
     /// Set once Basic credentials were checked with `GET /v2/`, so later
     /// [`super::Client::authorize`] calls send nothing.
     pub basic_verified: AtomicBool,
@@ -60,9 +84,14 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub fn new(name: String, host: String, base: Url) -> Registry {
+    pub fn new(name: String, host: String, base: Url, facts: Option<PathBuf>) -> Registry {
+        let known: Facts = facts
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
         let auth = AuthState {
-            scheme: Scheme::Unprobed,
+            scheme: Scheme::Unknown,
             credential: None,
             wanted: ScopeSet::default(),
             token: None,
@@ -71,7 +100,8 @@ impl Registry {
             name,
             host,
             base,
-            monolithic_refused: AtomicBool::new(false),
+            monolithic_refused: AtomicBool::new(known.monolithic_refused),
+            facts,
             basic_verified: AtomicBool::new(false),
             auth: Mutex::new(auth),
         }
@@ -89,7 +119,22 @@ impl Registry {
         self.monolithic_refused.load(Ordering::Relaxed)
     }
 
-    /// Whether the registry uses Basic auth (known after the probe).
+    /// Notes that the single-request upload does not work here, for this run and later ones.
+    pub fn refuse_monolithic(&self) {
+        if self.monolithic_refused.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let facts = Facts {
+            monolithic_refused: true,
+        };
+        if let Some(path) = &self.facts
+            && let Err(e) = write_facts(path, &facts)
+        {
+            debug!(path = %path.display(), error = %e, "not keeping what the registry refuses");
+        }
+    }
+
+    /// Whether the registry uses Basic auth (known after its first 401).
     pub async fn is_basic(&self) -> bool {
         matches!(self.auth.lock().await.scheme, Scheme::Basic)
     }
@@ -99,16 +144,19 @@ impl Registry {
         matches!(self.auth.lock().await.credential, Some(Some(_)))
     }
 
-    /// The `Authorization` value for a request needing `scopes`: probes the registry on first
-    /// use and fetches a token (carrying every scope wanted so far) when the current one does
+    /// The `Authorization` value for a request needing `scopes`: none while the scheme is
+    /// unknown; for token auth, fetches a token (carrying every scope wanted so far) when the current one does
     /// not cover `scopes` or is about to expire.
     pub async fn authorization(&self, cx: &Inner, scopes: &[Scope]) -> Result<Option<HeaderValue>> {
         let mut st = self.auth.lock().await;
-        if matches!(st.scheme, Scheme::Unprobed) {
-            st.scheme = self.probe(cx).await?;
+        for scope in scopes {
+            st.wanted.insert(scope);
         }
         match st.scheme.clone() {
-            Scheme::Unprobed | Scheme::Anonymous => Ok(None),
+            // The first request goes without credentials; a 401 names the scheme
+            // ([`Registry::reauthorize`]) and the token then carries every scope wanted so
+            // far. An anonymous registry never sees more than the requests themselves.
+            Scheme::Unknown | Scheme::Anonymous => Ok(None),
             Scheme::Basic => match self.credential(cx, &mut st).await? {
                 Some(Credential::Basic { username, password }) => {
                     Ok(Some(basic_header(&username, &password)))
@@ -116,9 +164,6 @@ impl Registry {
                 _ => Ok(None),
             },
             Scheme::Bearer(challenge) => {
-                for scope in scopes {
-                    st.wanted.insert(scope);
-                }
                 let usable = st
                     .token
                     .as_ref()
@@ -133,6 +178,7 @@ impl Registry {
                         scopes: &st.wanted,
                         credential: credential.as_ref(),
                     };
+                    cx.stats.request();
                     let token = fetch_token(&request).await?;
                     debug!(registry = %self.name, scopes = ?st.wanted.to_strings(), "got registry token");
                     st.token = Some(token);
@@ -178,6 +224,33 @@ impl Registry {
         Ok(header.filter(|h| Some(h) != sent))
     }
 
+    /// Adds `scopes` to those every token carries, without sending anything.
+    pub async fn want(&self, scopes: &[Scope]) {
+        let mut st = self.auth.lock().await;
+        for scope in scopes {
+            st.wanted.insert(scope);
+        }
+    }
+
+    /// Learns the scheme with a `GET /v2/` probe if no request has told it yet (for callers
+    /// that want credentials checked before they start).
+    pub async fn ensure_known(&self, cx: &Inner) -> Result<()> {
+        let mut st = self.auth.lock().await;
+        if matches!(st.scheme, Scheme::Unknown) {
+            st.scheme = self.probe(cx).await?;
+        }
+        Ok(())
+    }
+
+    /// A request sent without credentials was answered without a challenge: the registry
+    /// is anonymous (for now: a later 401 names the scheme).
+    pub async fn answered_anonymously(&self) {
+        let mut st = self.auth.lock().await;
+        if matches!(st.scheme, Scheme::Unknown) {
+            st.scheme = Scheme::Anonymous;
+        }
+    }
+
     /// `GET /v2/` without credentials: 200 means anonymous, 401 names the scheme. Tried
     /// once: the request that needed it is retried as a whole.
     async fn probe(&self, cx: &Inner) -> Result<Scheme> {
@@ -195,7 +268,7 @@ impl Registry {
         } else {
             Scheme::Anonymous
         };
-        debug!(registry = %self.name, scheme = ?scheme_name(&scheme), "probed registry");
+        debug!(registry = %self.name, ?scheme, "probed registry");
         Ok(scheme)
     }
 
@@ -204,14 +277,5 @@ impl Registry {
             st.credential = Some(cx.credentials.lookup(&self.name).await?);
         }
         Ok(st.credential.clone().flatten())
-    }
-}
-
-fn scheme_name(scheme: &Scheme) -> &'static str {
-    match scheme {
-        Scheme::Unprobed => "unprobed",
-        Scheme::Anonymous => "anonymous",
-        Scheme::Basic => "basic",
-        Scheme::Bearer(_) => "bearer",
     }
 }

@@ -120,6 +120,39 @@ impl Call {
     }
 }
 
+/// What a client sent: every HTTP request to a registry or token server (retries included)
+/// and the body bytes handed to the connection. For `kiln build --report`.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    requests: AtomicU64,
+    bytes_sent: AtomicU64,
+}
+
+impl Stats {
+    /// Counts one request.
+    pub fn request(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> Traffic {
+        Traffic {
+            requests: self.requests.load(Ordering::Relaxed),
+            bytes_sent: self.bytes_sent.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Requests and bytes a client sent so far.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Traffic {
+    /// HTTP requests, retries and token fetches included.
+    pub requests: u64,
+    /// Request body bytes.
+    pub bytes_sent: u64,
+}
+
 /// Shared state behind a [`super::Client`].
 pub(crate) struct Inner {
     pub http: reqwest::Client,
@@ -127,6 +160,11 @@ pub(crate) struct Inner {
     pub timeout: Duration,
     pub credentials: CredentialStore,
     pub upload: UploadPolicy,
+    pub stats: Arc<Stats>,
+    /// Manifests, indexes and configs by digest, when the client was given a directory.
+    pub documents: Option<super::documents::DocumentCache>,
+    /// Where what each registry is known to refuse is kept across runs.
+    pub facts_dir: Option<PathBuf>,
     insecure_hosts: Vec<String>,
     registries: Mutex<HashMap<String, Arc<Registry>>>,
 }
@@ -151,6 +189,9 @@ impl Inner {
             timeout,
             credentials,
             upload,
+            stats: Arc::default(),
+            documents: None,
+            facts_dir: None,
             insecure_hosts,
             registries,
         }
@@ -173,7 +214,11 @@ impl Inner {
                 input: name.to_string(),
                 problem: "the registry is not a valid host[:port]",
             })?;
-        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base));
+        let facts = self
+            .facts_dir
+            .as_ref()
+            .map(|dir| dir.join(facts_file(&host)));
+        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base, facts));
         map.insert(host, reg.clone());
         Ok(reg)
     }
@@ -221,6 +266,9 @@ impl Inner {
             }
         }
         let status = resp.status().as_u16();
+        if answered_by_registry && auth.is_none() && status != 401 {
+            reg.answered_anonymously().await;
+        }
         if same_origin && (status == 401 || status == 403) {
             let errors = error_body(resp).await;
             return Err(Error::Unauthorized {
@@ -248,6 +296,7 @@ impl Inner {
             req = req.header(AUTHORIZATION, value.clone());
         }
         req = req.timeout(call.timeout.unwrap_or(self.timeout));
+        self.stats.request();
         req = match &call.payload {
             Payload::Empty if matches!(call.method, Method::POST | Method::PUT | Method::PATCH) => {
                 req.body(Bytes::new())
@@ -255,10 +304,14 @@ impl Inner {
             Payload::Empty => req,
             Payload::Bytes(bytes) => {
                 count(&call.sent, bytes.len() as u64);
+                self.stats
+                    .bytes_sent
+                    .fetch_add(bytes.len() as u64, Ordering::Relaxed);
                 req.body(bytes.clone())
             }
             Payload::File { path, offset, len } => {
-                let body = file_body(path, *offset, *len, call.sent.clone()).await?;
+                let counters = (call.sent.clone(), self.stats.clone());
+                let body = file_body(path, *offset, *len, counters).await?;
                 req.header(CONTENT_LENGTH, *len).body(body)
             }
         };
@@ -277,18 +330,34 @@ impl Inner {
     }
 }
 
+/// The file of what a registry is known to refuse: its `host[:port]` with `:` as `_`.
+fn facts_file(host: &str) -> String {
+    let safe: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.json")
+}
+
 fn count(sent: &Option<Arc<AtomicU64>>, n: u64) {
     if let Some(counter) = sent {
         counter.fetch_add(n, Ordering::Relaxed);
     }
 }
 
-/// A streaming body over `len` bytes of `path` from `offset`, counting what is read out.
+/// A streaming body over `len` bytes of `path` from `offset`, counting what is read out (into
+/// the call's counter and the client's).
 async fn file_body(
     path: &PathBuf,
     offset: u64,
     len: u64,
-    sent: Option<Arc<AtomicU64>>,
+    (sent, stats): (Option<Arc<AtomicU64>>, Arc<Stats>),
 ) -> Result<Body> {
     let io = |source| Error::Io {
         action: "opening blob source",
@@ -301,8 +370,13 @@ async fn file_body(
             .await
             .map_err(io)?;
     }
-    let stream = ReaderStream::with_capacity(file.take(len), FILE_READ_BUFFER)
-        .inspect_ok(move |chunk| count(&sent, chunk.len() as u64));
+    let stream =
+        ReaderStream::with_capacity(file.take(len), FILE_READ_BUFFER).inspect_ok(move |chunk| {
+            count(&sent, chunk.len() as u64);
+            stats
+                .bytes_sent
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        });
     Ok(Body::wrap_stream(stream))
 }
 

@@ -88,6 +88,32 @@ impl Client {
             debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
             return Ok(BlobOutcome::Existed);
         }
+        self.upload(repo, descriptor, source, mount_from).await
+    }
+
+    /// Uploads a blob without first asking whether the repository has it: for blobs that are
+    /// almost always new (a build's source layer and config), where that `HEAD` is a request
+    /// spent for nothing and uploading a blob the registry has is harmless.
+    ///
+    /// # Errors
+    /// As [`Client::push_blob`].
+    pub async fn push_new_blob(
+        &self,
+        repo: &Reference,
+        descriptor: &Descriptor,
+        source: BlobSource,
+    ) -> Result<BlobOutcome> {
+        check_source(&source, descriptor).await?;
+        self.upload(repo, descriptor, source, None).await
+    }
+
+    async fn upload(
+        &self,
+        repo: &Reference,
+        descriptor: &Descriptor,
+        source: BlobSource,
+        mount_from: Option<&str>,
+    ) -> Result<BlobOutcome> {
         let reg = self.inner.registry(&repo.registry)?;
         let mut session = None;
         if let Some(from) = mount_from.filter(|f| *f != repo.repository) {

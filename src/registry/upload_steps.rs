@@ -4,7 +4,7 @@
 //! `Location` may be relative or absolute and may carry its own query.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use reqwest::header::{CONTENT_RANGE, CONTENT_TYPE, HeaderName, HeaderValue, RANGE};
 use reqwest::{Method, StatusCode};
@@ -85,7 +85,7 @@ impl Upload<'_> {
                     // opened, so open one and send chunks.
                     Err(e) if matches!(e.status(), Some(413 | 416)) => {
                         warn!(digest = %self.descriptor.digest, error = %e, "single-request upload refused; uploading in chunks");
-                        self.reg.monolithic_refused.store(true, Ordering::Relaxed);
+                        self.reg.refuse_monolithic();
                         let session = self.start().await?;
                         return self.chunked(session).await;
                     }
@@ -118,7 +118,7 @@ impl Upload<'_> {
             Ok(resp) => resp,
             Err(e @ Error::Transport { .. }) => {
                 // A server that does not read the body may close the connection under us.
-                self.reg.monolithic_refused.store(true, Ordering::Relaxed);
+                self.reg.refuse_monolithic();
                 return Err(e);
             }
             Err(e) => return Err(e),
@@ -126,7 +126,7 @@ impl Upload<'_> {
         match resp.status() {
             StatusCode::CREATED => self.check_digest(&resp).map(|()| None),
             StatusCode::ACCEPTED => {
-                self.reg.monolithic_refused.store(true, Ordering::Relaxed);
+                self.reg.refuse_monolithic();
                 debug!(registry = %self.reg.name, "registry ignores single-request uploads; using POST + PUT");
                 let url = location(&call, &resp)?;
                 self.remember(&url);

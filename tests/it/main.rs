@@ -14,6 +14,7 @@ mod kubelet;
 
 mod base_images;
 mod build_auth;
+mod build_cache_repo;
 mod build_deps;
 mod build_errors;
 mod build_git;
@@ -22,6 +23,7 @@ mod build_lying_registry;
 mod build_registry;
 mod build_stages;
 mod build_termination_log;
+mod build_unchanged;
 mod cache_prune;
 mod controller;
 mod controller_e2e;
