@@ -10,7 +10,6 @@ use std::fs::File;
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use flate2::{Compression, GzBuilder};
 use tempfile::TempPath;
 
 use super::{Descriptor, Digest, Hasher, HashingWriter, MediaType};
@@ -140,6 +139,21 @@ pub fn write_layer(
     media_type: MediaType,
     dir: &Path,
 ) -> Result<LayerBlob, Error> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    write_layer_with_threads(entries, mtime, media_type, dir, threads)
+}
+
+/// [`write_layer`] compressing on `threads` threads (the blob is the same for any count).
+///
+/// # Errors
+/// As [`write_layer`].
+pub fn write_layer_with_threads(
+    entries: Vec<LayerEntry>,
+    mtime: u64,
+    media_type: MediaType,
+    dir: &Path,
+    threads: usize,
+) -> Result<LayerBlob, Error> {
     let entries = normalise(entries)?;
     let write_err = |source| Error::Write {
         dir: dir.to_path_buf(),
@@ -151,8 +165,8 @@ pub fn write_layer(
         .map_err(write_err)?;
     let (file, path) = tmp.into_parts();
     let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-    // A GzBuilder without filename or mtime writes a header that is the same everywhere.
-    let gzip = GzBuilder::new().write(compressed, Compression::new(GZIP_LEVEL));
+    // Deterministic gzip, parallel above a threshold (see `gzip.rs`).
+    let gzip = super::gzip::LayerGzip::new(compressed, GZIP_LEVEL, threads);
     let mut tar = tar::Builder::new(HashingWriter::new(gzip));
     tar.mode(tar::HeaderMode::Deterministic);
     for (path, kind) in &entries {

@@ -7,6 +7,7 @@ pub mod canonical;
 mod config;
 mod descriptor;
 mod digest;
+pub mod gzip;
 pub mod image;
 mod index;
 pub mod layer;
