@@ -8,8 +8,12 @@ use std::path::{Path, PathBuf};
 use futures_util::{StreamExt, TryStreamExt, stream};
 use serde::Serialize;
 
+mod layout;
+
+pub use layout::LayoutPublisher;
+
 use super::base::{BaseLocation, ResolvedBase};
-use crate::oci::{self, Descriptor, Digest, Image, Layout};
+use crate::oci::{self, Descriptor, Digest, Image};
 use crate::registry::{self, BlobOutcome, BlobSource, Client, Reference, Scope};
 
 /// What a blob is in the image.
@@ -135,12 +139,15 @@ fn registry_err(
 ///
 /// # Errors
 /// An invalid registry name.
-pub async fn authorize_up_front(client: &Client, opts: &super::Options) -> Result<(), Error> {
-    let super::Target::Registry(target) = &opts.target else {
+pub async fn authorize_up_front(
+    client: &Client,
+    opts: &crate::build::Options,
+) -> Result<(), Error> {
+    let crate::build::Target::Registry(target) = &opts.target else {
         return Ok(());
     };
     let mut scopes = vec![Scope::push(&target.repository)];
-    if let super::BaseRef::Registry(base) = &opts.base
+    if let crate::build::BaseRef::Registry(base) = &opts.base
         && base.registry == target.registry
     {
         scopes.push(Scope::pull(&base.repository));
@@ -192,7 +199,7 @@ pub struct RegistryPublisher {
     pub key_tag: Option<String>,
     /// The record of blobs this machine pushed to the target repository, whose `HEAD`s are
     /// skipped; `None` checks every blob.
-    pub pushed: Option<super::pushed::PushedBlobs>,
+    pub pushed: Option<crate::build::pushed::PushedBlobs>,
     /// Concurrent blob pushes.
     pub jobs: usize,
 }
@@ -503,116 +510,6 @@ impl Publisher for RegistryPublisher {
         Ok(Published {
             reference: format!("{}@{}", self.target.repository_path(), manifest.digest),
             digest: manifest.digest.clone(),
-            blobs,
-        })
-    }
-}
-
-/// Publishes into an OCI image layout under a name.
-#[derive(Clone, Debug)]
-pub struct LayoutPublisher {
-    /// Fetches base layers.
-    pub client: Client,
-    /// The layout directory.
-    pub dir: PathBuf,
-    /// The image name in the layout.
-    pub name: String,
-    /// Concurrent downloads.
-    pub jobs: usize,
-}
-
-impl LayoutPublisher {
-    async fn write_layer(
-        &self,
-        layout: &Layout,
-        blob: &BlobPlan,
-        input: PublishInput<'_>,
-    ) -> Result<BlobReport, Error> {
-        let d = &blob.descriptor;
-        let lerr = |e| Error::Layout(self.dir.display().to_string(), e);
-        let mut report = BlobReport {
-            digest: d.digest.clone(),
-            size: d.size,
-            role: blob.role,
-            outcome: Outcome::Existed,
-            bytes_sent: 0,
-        };
-        if layout.has_blob(&d.digest, d.size) {
-            return Ok(report);
-        }
-        match (&blob.local, input.base.map(|b| &b.location)) {
-            (Some(path), _) => layout.import_blob(path, &d.digest).map_err(lerr)?,
-            (None, _) if blob.remote.is_some() => {
-                let from = blob
-                    .remote
-                    .as_ref()
-                    .ok_or_else(|| Error::MissingLayer(d.digest.clone()))?;
-                self.client
-                    .get_blob_to_file(from, d, &layout.blob_path(&d.digest))
-                    .await
-                    .map_err(registry_err(
-                        format!("layer {}", d.digest),
-                        from.to_string(),
-                    ))?;
-            }
-            (None, None) => return Err(Error::MissingLayer(d.digest.clone())),
-            (None, Some(BaseLocation::Layout(base))) => layout
-                .import_blob(&base.blob_path(&d.digest), &d.digest)
-                .map_err(lerr)?,
-            (None, Some(BaseLocation::Registry(r))) => {
-                self.client
-                    .get_blob_to_file(r, d, &layout.blob_path(&d.digest))
-                    .await
-                    .map_err(registry_err(
-                        format!("base layer {}", d.digest),
-                        r.to_string(),
-                    ))?;
-            }
-        }
-        report.outcome = Outcome::Written;
-        report.bytes_sent = d.size;
-        Ok(report)
-    }
-}
-
-impl Publisher for LayoutPublisher {
-    async fn publish(&self, input: PublishInput<'_>) -> Result<Published, Error> {
-        let lerr = |e| Error::Layout(self.dir.display().to_string(), e);
-        let layout = Layout::create(&self.dir).map_err(lerr)?;
-        let writes: Vec<_> = input
-            .layers
-            .iter()
-            .map(|b| self.write_layer(&layout, b, input))
-            .collect();
-        let mut blobs: Vec<BlobReport> = stream::iter(writes)
-            .buffer_unordered(self.jobs.max(1))
-            .try_collect()
-            .await?;
-        for (doc, role) in [
-            (&input.image.config, Role::Config),
-            (&input.image.manifest, Role::Manifest),
-        ] {
-            layout.write_blob(&doc.bytes).map_err(lerr)?;
-            let size = doc.bytes.len() as u64;
-            blobs.push(BlobReport {
-                digest: doc.digest.clone(),
-                size,
-                role,
-                outcome: Outcome::Written,
-                bytes_sent: size,
-            });
-        }
-        layout
-            .set_ref(input.image.manifest.descriptor(), &self.name)
-            .map_err(lerr)?;
-        // stdout has the digest form; this is the name that follows the tag.
-        tracing::info!(
-            name = %format!("oci:{}:{}", self.dir.display(), self.name),
-            "wrote the image into the layout; `kiln run` and skopeo accept this name"
-        );
-        Ok(Published {
-            reference: format!("oci:{}@{}", self.dir.display(), input.image.manifest.digest),
-            digest: input.image.manifest.digest.clone(),
             blobs,
         })
     }
