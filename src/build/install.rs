@@ -115,6 +115,8 @@ pub(super) struct Layer {
     pub remote: Option<Reference>,
     /// The cache repository to store the layer in after the image: it was installed here.
     pub store_in: Option<Reference>,
+    /// Taken from the local cache: nothing was installed or downloaded.
+    pub from_local_cache: bool,
 }
 
 /// The dependency layer for `key`: from the local cache, else from `cache_repo` (a
@@ -137,23 +139,24 @@ pub(super) async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    let layer = |cached, remote, store_in| Layer {
+    let layer = |cached, remote, store_in, from_local_cache| Layer {
         key: key.clone(),
         cached,
         in_use: in_use.clone(),
         remote,
         store_in,
+        from_local_cache,
     };
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
     {
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
-        return Ok(layer(hit, None, None));
+        return Ok(layer(hit, None, None, true));
     }
     let mut store_in = None;
     if let Some(repo) = cache_repo.filter(|_| opts.use_cache) {
         match from_cache_repo(client, opts, cache, &key, repo).await {
-            Ok(Some((cached, remote))) => return Ok(layer(cached, remote, None)),
+            Ok(Some((cached, remote))) => return Ok(layer(cached, remote, None, false)),
             Ok(None) => store_in = Some(repo.clone()),
             Err(e) => {
                 tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "the cache repository cannot be used; installing without it");
@@ -190,7 +193,7 @@ pub(super) async fn dependency_layer(
         path: cache.tmp_dir(),
         source,
     })?;
-    Ok(layer(cached, None, store_in))
+    Ok(layer(cached, None, store_in, false))
 }
 
 /// The layer of `key` from the cache repository: mounted later when the target is on its

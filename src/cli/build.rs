@@ -261,7 +261,9 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
                 )));
             }
         } else if needs_store(args.deps_sandbox, env.in_builder.as_deref(), &opts) {
-            ensure_store(&opts, store).await.map_err(Failure::Build)?;
+            ensure_store(&opts.runtime.name, &opts.cache_dir, store)
+                .await
+                .map_err(Failure::Build)?;
         }
         // The runtime's own base: install in its own builder unless told otherwise.
         builder = builder.or_else(|| {
@@ -307,8 +309,45 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
     Ok(output.published.reference)
 }
 
+/// `kiln warm`'s view of a Function: the options `kiln build FLAGS` (no `--base`) has, with
+/// the dependencies installed in the runtime's own builder image from the local store
+/// (which the caller has made sure of), so the dependency key is the one such a build
+/// computes.
+pub(super) fn warm_options(flags: &[OsString]) -> anyhow::Result<Options> {
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        args: BuildArgs,
+    }
+    let args = <Flags as clap::Parser>::try_parse_from(
+        std::iter::once(OsString::from("build")).chain(flags.iter().cloned()),
+    )?
+    .args;
+    let env = Env::read();
+    let (mut opts, _, extra) = validate(&args, &env)?;
+    let store = extra
+        .store
+        .ok_or_else(|| {
+            anyhow!(
+                "the Function overrides the base image (spec.runtimeImageOverride or KILN_BASE): kiln warm prepares builds on the runtime's own base images only"
+            )
+        })?;
+    let builder = format!(
+        "oci:{}:{}",
+        store.display(),
+        crate::base::store::builder_name(&opts.runtime.name)
+    );
+    opts.install.isolation = isolation(
+        args.deps_sandbox,
+        Some(&builder),
+        env.in_builder.as_deref(),
+        &opts.runtime.name,
+    )?;
+    Ok(opts)
+}
+
 /// `--cache-repo`: a repository, without tag or digest (kiln names the entries).
-fn cache_repo(s: &str) -> anyhow::Result<crate::registry::Reference> {
+pub(super) fn cache_repo(s: &str) -> anyhow::Result<crate::registry::Reference> {
     let reference: crate::registry::Reference = s
         .parse()
         .with_context(|| format!("invalid --cache-repo {s:?}"))?;

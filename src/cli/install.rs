@@ -53,10 +53,15 @@ pub(super) fn isolation(
     Ok(Isolation::Pending(image))
 }
 
-/// Makes sure the local store has the runtime's base and builder images.
-pub(super) async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result<()> {
+/// Makes sure the local store `store` has the runtime's base and builder images, assembling
+/// them (downloads in `cache_dir`) when it does not.
+pub(super) async fn ensure_store(
+    runtime: &str,
+    cache_dir: &Path,
+    store: &Path,
+) -> anyhow::Result<()> {
     // The fast path: finding the package sources runs npm, which costs more than the build.
-    if crate::base::store::has_images(store, &opts.runtime.name) {
+    if crate::base::store::has_images(store, runtime) {
         return Ok(());
     }
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -70,16 +75,15 @@ pub(super) async fn ensure_store(opts: &Options, store: &Path) -> anyhow::Result
             .map(|u| u.parse())
             .transpose()
             .context("KILN_NPM_REGISTRY")?,
-        cache_dir: Some(opts.cache_dir.clone()),
+        cache_dir: Some(cache_dir.to_path_buf()),
     };
     let sources = super::base::sources(&source_args)?;
     let kiln = std::env::current_exe().context("finding the kiln binary")?;
-    crate::base::store::ensure(&sources, &opts.runtime.name, store, &kiln)
+    crate::base::store::ensure(&sources, runtime, store, &kiln)
         .await
         .with_context(|| {
             format!(
-                "preparing the {} runtime images in {}",
-                opts.runtime.name,
+                "preparing the {runtime} runtime images in {}",
                 store.display()
             )
         })

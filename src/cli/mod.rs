@@ -11,6 +11,7 @@ mod registry;
 mod report;
 mod run;
 pub mod termination;
+mod warm;
 mod webhook;
 
 use clap::{Parser, Subcommand, ValueEnum};
@@ -83,6 +84,11 @@ pub enum Command {
     Crd,
     /// Run the Function controller: build Functions with build Jobs and run them.
     Controller(Box<controller::ControllerArgs>),
+    /// Prepare a registry before the first build: copy each runtime's base and builder images
+    /// into it, and pre-build Functions' dependency layers into the cache repository.
+    ///
+    /// What is there already is left alone: a second run uploads nothing.
+    Warm(Box<warm::WarmArgs>),
     /// Manage the cache directory (`kiln cache prune`).
     #[command(subcommand)]
     Cache(cache::CacheCommand),
@@ -115,6 +121,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Crd => crate::controller::crd::crd_yaml()
             .map(|yaml| yaml.trim_end().to_string())
             .map_err(|e| Failure::Build(e.into())),
+        Command::Warm(args) => warm::run(*args).await,
         Command::Cache(cmd) => cache::run(cmd),
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }

@@ -41,4 +41,5 @@ mod registry_client;
 mod registry_faults;
 mod run;
 mod runtime_servers;
+mod warm;
 mod webhook;
