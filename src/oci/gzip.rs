@@ -7,8 +7,8 @@
 //! compressor, ending in a full flush, the last one finishing the stream) by as many threads
 //! as the machine has, and the outputs are concatenated in order into one gzip member — what
 //! `pigz --independent` does. A block's output is a function of its bytes alone, so 1 thread
-//! and 8 give the same blob. At most `2 × threads` blocks are in flight, whatever the layer's
-//! size.
+//! and 8 give the same blob. The workers compress while the writer goes on reading files: at
+//! most `2 × threads` blocks are in flight, whatever the layer's size.
 
 use std::io::{self, Write};
 
@@ -26,15 +26,134 @@ pub struct LayerGzip<W: Write> {
     out: W,
     level: u32,
     threads: usize,
-    /// Full blocks not yet compressed, then the block being filled.
+    /// Full blocks kept until block mode starts (at most the threshold's worth).
     blocks: Vec<Vec<u8>>,
+    /// The block being filled.
     current: Vec<u8>,
-    /// Whether block mode started (the header is written).
-    started: bool,
     crc: Crc,
     /// Until block mode starts: the plain stream, fed the very writes this writer gets
     /// (zlib's output depends on how its input is split), in memory.
     plain: Option<flate2::write::GzEncoder<Vec<u8>>>,
+    /// Once block mode started (the header is written): where blocks are compressed.
+    pool: Option<Pool>,
+}
+
+/// Block compression: inline on one thread, else a pipeline of worker threads that the
+/// writer keeps fed while it reads on — at most `2 × threads` blocks in flight, written in
+/// order as they come back.
+enum Pool {
+    Inline(Compression),
+    Workers {
+        jobs: Option<std::sync::mpsc::SyncSender<(u64, Vec<u8>, bool)>>,
+        done: std::sync::mpsc::Receiver<(u64, io::Result<Vec<u8>>)>,
+        workers: Vec<std::thread::JoinHandle<()>>,
+        /// Compressed blocks that came back before an earlier one.
+        waiting: std::collections::BTreeMap<u64, Vec<u8>>,
+        /// The next block to hand out, and the next to write.
+        sent: u64,
+        written: u64,
+        window: u64,
+    },
+}
+
+impl Pool {
+    fn new(level: Compression, threads: usize) -> Pool {
+        if threads <= 1 {
+            return Pool::Inline(level);
+        }
+        let (jobs, queue) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>, bool)>(threads);
+        let queue = std::sync::Arc::new(std::sync::Mutex::new(queue));
+        let (results, done) = std::sync::mpsc::channel();
+        let workers = (0..threads)
+            .map(|_| {
+                let (queue, results) = (queue.clone(), results.clone());
+                std::thread::spawn(move || {
+                    loop {
+                        let job = match queue.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return,
+                        };
+                        let Ok((index, block, last)) = job else {
+                            return;
+                        };
+                        if results.send((index, deflate(&block, level, last))).is_err() {
+                            return;
+                        }
+                    }
+                })
+            })
+            .collect();
+        Pool::Workers {
+            jobs: Some(jobs),
+            done,
+            workers,
+            waiting: std::collections::BTreeMap::new(),
+            sent: 0,
+            written: 0,
+            window: 2 * threads as u64,
+        }
+    }
+
+    /// Compresses `block` (the last one ends the stream) and writes what is ready, in order,
+    /// to `out`; waits only while the window is full.
+    fn push(&mut self, out: &mut impl Write, block: Vec<u8>, last: bool) -> io::Result<()> {
+        match self {
+            Pool::Inline(level) => out.write_all(&deflate(&block, *level, last)?),
+            Pool::Workers {
+                jobs, sent, window, ..
+            } => {
+                let jobs = jobs
+                    .as_ref()
+                    .ok_or_else(|| io::Error::other("the stream is finished"))?;
+                jobs.send((*sent, block, last))
+                    .map_err(|_| io::Error::other("a compressor thread died"))?;
+                *sent += 1;
+                let limit = *window;
+                self.collect(out, limit)
+            }
+        }
+    }
+
+    /// Writes compressed blocks in order until at most `in_flight` remain outstanding.
+    fn collect(&mut self, out: &mut impl Write, in_flight: u64) -> io::Result<()> {
+        let Pool::Workers {
+            done,
+            waiting,
+            sent,
+            written,
+            ..
+        } = self
+        else {
+            return Ok(());
+        };
+        loop {
+            while let Some(block) = waiting.remove(written) {
+                out.write_all(&block)?;
+                *written += 1;
+            }
+            if *sent - *written <= in_flight {
+                return Ok(());
+            }
+            let (index, block) = done
+                .recv()
+                .map_err(|_| io::Error::other("a compressor thread died"))?;
+            waiting.insert(index, block?);
+        }
+    }
+
+    /// Writes every outstanding block and stops the workers.
+    fn finish(mut self, out: &mut impl Write) -> io::Result<()> {
+        self.collect(out, 0)?;
+        if let Pool::Workers { jobs, workers, .. } = &mut self {
+            drop(jobs.take());
+            for worker in workers.drain(..) {
+                worker
+                    .join()
+                    .map_err(|_| io::Error::other("a compressor thread panicked"))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<W: Write> LayerGzip<W> {
@@ -46,49 +165,21 @@ impl<W: Write> LayerGzip<W> {
             threads: threads.max(1),
             blocks: Vec::new(),
             current: Vec::with_capacity(BLOCK),
-            started: false,
             crc: Crc::new(),
             plain: Some(GzBuilder::new().write(Vec::new(), Compression::new(level))),
+            pool: None,
         }
     }
 
-    /// Compresses the waiting blocks in parallel and writes them in order; with `last`, the
-    /// final one finishes the deflate stream.
-    fn flush_blocks(&mut self, last: bool) -> io::Result<()> {
-        if !self.started {
-            self.out.write_all(&HEADER)?;
-            self.started = true;
+    /// Starts block mode: the header, then the blocks kept so far.
+    fn start_blocks(&mut self) -> io::Result<()> {
+        self.plain = None;
+        self.out.write_all(&HEADER)?;
+        let mut pool = Pool::new(Compression::new(self.level), self.threads);
+        for block in std::mem::take(&mut self.blocks) {
+            pool.push(&mut self.out, block, false)?;
         }
-        let level = Compression::new(self.level);
-        let blocks = std::mem::take(&mut self.blocks);
-        let count = blocks.len();
-        let chunk = count.div_ceil(self.threads).max(1);
-        let compressed: Vec<io::Result<Vec<u8>>> = std::thread::scope(|s| {
-            let handles: Vec<_> = blocks
-                .chunks(chunk)
-                .enumerate()
-                .map(|(c, group)| {
-                    s.spawn(move || {
-                        group
-                            .iter()
-                            .enumerate()
-                            .map(|(i, b)| deflate(b, level, last && c * chunk + i + 1 == count))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        vec![Err(io::Error::other("a compressor thread panicked"))]
-                    })
-                })
-                .collect()
-        });
-        for block in compressed {
-            self.out.write_all(&block?)?;
-        }
+        self.pool = Some(pool);
         Ok(())
     }
 
@@ -105,8 +196,12 @@ impl<W: Write> LayerGzip<W> {
             return Ok(self.out);
         }
         // The last block (possibly empty) finishes the stream.
-        self.blocks.push(current);
-        self.flush_blocks(true)?;
+        let mut pool = match self.pool.take() {
+            Some(pool) => pool,
+            None => return Err(io::Error::other("block mode without a compressor")),
+        };
+        pool.push(&mut self.out, current, true)?;
+        pool.finish(&mut self.out)?;
         self.out.write_all(&self.crc.sum().to_le_bytes())?;
         self.out.write_all(&self.crc.amount().to_le_bytes())?;
         Ok(self.out)
@@ -122,19 +217,18 @@ impl<W: Write> Write for LayerGzip<W> {
         let mut rest = buf;
         while !rest.is_empty() {
             // More than the threshold: block mode from here on.
-            if !self.started && self.blocks.len() * BLOCK >= THRESHOLD {
-                self.plain = None;
-                self.flush_blocks(false)?;
+            if self.pool.is_none() && self.blocks.len() * BLOCK >= THRESHOLD {
+                self.start_blocks()?;
             }
             let n = rest.len().min(BLOCK - self.current.len());
             self.current.extend_from_slice(&rest[..n]);
             rest = &rest[n..];
             if self.current.len() == BLOCK {
                 let full = std::mem::replace(&mut self.current, Vec::with_capacity(BLOCK));
-                self.blocks.push(full);
                 // Never the last block: that is `current` at `finish`, however long.
-                if self.started && self.blocks.len() >= 2 * self.threads {
-                    self.flush_blocks(false)?;
+                match &mut self.pool {
+                    Some(pool) => pool.push(&mut self.out, full, false)?,
+                    None => self.blocks.push(full),
                 }
             }
         }
@@ -237,6 +331,35 @@ mod tests {
                 .unwrap();
             child.stdin.take().unwrap().write_all(&one).unwrap();
             assert!(child.wait().unwrap().success(), "{len} bytes");
+        }
+    }
+
+    /// A writer that fails after `left` bytes.
+    struct Failing {
+        left: usize,
+    }
+
+    impl Write for Failing {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if buf.len() > self.left {
+                return Err(io::Error::other("disk full"));
+            }
+            self.left -= buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_failing_output_is_an_error_not_a_hang() {
+        let data = sample(THRESHOLD + 6 * BLOCK);
+        for threads in [1, 2, 4] {
+            let mut gz = LayerGzip::new(Failing { left: 1 << 20 }, 6, threads);
+            let written = data.chunks(64 * 1024).try_for_each(|p| gz.write_all(p));
+            let err = written.and_then(|()| gz.finish().map(|_| ())).unwrap_err();
+            assert_eq!(err.to_string(), "disk full", "{threads} threads");
         }
     }
 
