@@ -13,6 +13,7 @@ pub mod fuzzing;
 pub mod git;
 pub mod inuse;
 pub mod oci;
+pub mod progress;
 pub mod prune;
 pub mod registry;
 pub mod rootpath;

@@ -97,11 +97,29 @@ pub async fn cached<D: Digest>(
             .await
             .map_err(io("creating", &part))?;
         let mut hasher = D::new();
+        let total = resp.content_length();
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let _progress = {
+            let (done, url) = (done.clone(), url.to_string());
+            crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
+                let got =
+                    crate::progress::megabytes(done.load(std::sync::atomic::Ordering::Relaxed));
+                let of = total.map(crate::progress::megabytes);
+                tracing::info!(
+                    url,
+                    received = got,
+                    of,
+                    elapsed_s = elapsed.as_secs(),
+                    "downloading"
+                );
+            })
+        };
         let mut body = resp.bytes_stream();
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(http_error)?;
             hasher.update(&chunk);
             file.write_all(&chunk).await.map_err(io("writing", &part))?;
+            done.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
         file.flush().await.map_err(io("writing", &part))?;
         let actual = hasher.finalize().to_vec();

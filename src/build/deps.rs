@@ -324,7 +324,7 @@ pub async fn install(
         }
     };
     cmd.stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     tracing::info!(command, using = place, "installing dependencies");
     let mut child = cmd
@@ -355,18 +355,13 @@ pub async fn install(
         }
         None => None,
     };
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        let mut buf = Vec::new();
-        pipe.read_to_end(&mut buf)
-            .await
-            .map_err(|source| Error::Io {
-                action: "reading the output of",
-                path: work.clone(),
-                source,
-            })?;
-        stderr = String::from_utf8_lossy(&buf).into_owned();
-    }
+    let stderr = read_output(child.stdout.take(), child.stderr.take(), &secrets)
+        .await
+        .map_err(|source| Error::Io {
+            action: "reading the output of",
+            path: work.clone(),
+            source,
+        })?;
     let status = child.wait().await.map_err(|source| Error::Io {
         action: "waiting for the install in",
         path: work.clone(),
@@ -499,6 +494,62 @@ fn tail_note(tail: &str) -> String {
     } else {
         format!("; the sandbox said: {}", tail.trim())
     }
+}
+
+/// Reads an install's stdout and stderr to their ends and returns stderr (for the error's
+/// tail; stdout is dropped as it comes). Every [`crate::progress::PERIOD`] meanwhile, logs
+/// the time elapsed and the last line either printed, masked.
+async fn read_output(
+    stdout: Option<tokio::process::ChildStdout>,
+    stderr: Option<tokio::process::ChildStderr>,
+    secrets: &Secrets,
+) -> std::io::Result<String> {
+    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let _progress = {
+        let (last, secrets) = (last.clone(), secrets.clone());
+        crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
+            let line = last.lock().map(|l| secrets.mask(&l)).unwrap_or_default();
+            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line, "dependency install running");
+        })
+    };
+    let keep = |buf: &[u8], last: &std::sync::Mutex<String>| {
+        let text = String::from_utf8_lossy(buf);
+        if let Some(line) = text.lines().rev().find(|l| !l.trim().is_empty())
+            && let Ok(mut last) = last.lock()
+        {
+            line.trim().clone_into(&mut last);
+        }
+    };
+    let out = async {
+        let Some(mut pipe) = stdout else {
+            return Ok(());
+        };
+        let mut chunk = vec![0u8; 8192];
+        loop {
+            let n = pipe.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok::<(), std::io::Error>(());
+            }
+            keep(&chunk[..n], &last);
+        }
+    };
+    let err = async {
+        let mut buf = Vec::new();
+        let Some(mut pipe) = stderr else {
+            return Ok(buf);
+        };
+        let mut chunk = vec![0u8; 8192];
+        loop {
+            let n = pipe.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok::<Vec<u8>, std::io::Error>(buf);
+            }
+            keep(&chunk[..n], &last);
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    let ((), buf) = tokio::try_join!(out, err)?;
+    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// The last lines of `text`, with `secrets` and every credential shape masked.

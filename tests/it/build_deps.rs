@@ -155,6 +155,51 @@ fn npm_dependencies_are_layered_without_the_npmrc_and_cached_for_source_only_reb
 }
 
 #[test]
+fn a_long_install_reports_its_progress_with_the_last_line_masked() {
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
+    let dir = work.path().join("fn");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("handler.js"),
+        "module.exports = { main: () => 'hi' };\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join(".npmrc"),
+        "//registry.npmjs.org/:_authToken=KILN-PROGRESS-TOKEN-77\n",
+    )
+    .unwrap();
+    // The Function's own lifecycle script (npm runs it on install): a step of 7 s whose
+    // last line printed before it names the token.
+    fs::write(
+        dir.join("package.json"),
+        r#"{"name": "slow", "version": "1.0.0", "dependencies": {"ms": "2.1.3"},
+            "scripts": {"preinstall": "echo warming up with KILN-PROGRESS-TOKEN-77 && sleep 7"}}"#,
+    )
+    .unwrap();
+    let (out, report) = (work.path().join("out"), work.path().join("r.json"));
+    let run = build(&kiln, &dir, "nodejs22", &builder, &out, &report, true);
+    run.reference();
+    let progress: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("dependency install running"))
+        .collect();
+    assert!(!progress.is_empty(), "{}", run.stderr);
+    assert!(
+        progress.iter().any(|l| l.contains("warming up with")),
+        "{progress:?}"
+    );
+    assert!(
+        !run.stderr.contains("KILN-PROGRESS-TOKEN-77"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
 fn a_fresh_install_reproduces_the_same_dependency_layer() {
     let work = tempfile::tempdir().unwrap();
     let builder = kiln_built_builder(&Kiln::new(), "nodejs22", &work.path().join("bases"));

@@ -416,6 +416,26 @@ impl RegistryPublisher {
     }
 }
 
+impl RegistryPublisher {
+    /// Logs the bytes sent every few seconds while the blobs are pushed.
+    fn progress(&self, input: PublishInput<'_>) -> crate::progress::Ticker {
+        let client = self.client.clone();
+        let before = client.traffic().bytes_sent;
+        let at_most: u64 = input.layers.iter().map(|b| b.descriptor.size).sum();
+        let target = self.target.repository_path();
+        crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
+            let sent = client.traffic().bytes_sent.saturating_sub(before);
+            tracing::info!(
+                target,
+                sent = crate::progress::megabytes(sent),
+                layers = crate::progress::megabytes(at_most),
+                elapsed_s = elapsed.as_secs(),
+                "pushing blobs"
+            );
+        })
+    }
+}
+
 impl Publisher for RegistryPublisher {
     async fn publish(&self, input: PublishInput<'_>) -> Result<Published, Error> {
         let target = self.target.to_string();
@@ -429,6 +449,7 @@ impl Publisher for RegistryPublisher {
                 source: Box::new(source),
             })?;
         let mut known = self.pushed.as_ref().map(|p| p.load()).unwrap_or_default();
+        let _progress = self.progress(input);
         let mut blobs = self.push_layers(input, &known).await?;
         let config = &input.image.config;
         // A config is new in every build that gets this far: no HEAD first.
