@@ -68,6 +68,7 @@ pub(super) fn plan(
         deps: deps_key,
         source_diff_id: &source.diff_id,
         source_created_by: &source_created_by,
+        compression: opts.compression,
     };
     let build_key = plan::build_key(&layers, &edit);
     Planned {
@@ -84,11 +85,12 @@ pub(super) fn assemble(
     source: LayerBlob,
     planned: Planned,
 ) -> Result<Assembled, Error> {
-    let family = base.base.family();
     let mut layers = Vec::new();
     let mut plans = Vec::new();
     if let Some(dep) = deps {
-        let descriptor = oci::Descriptor::new(family.layer_gzip(), dep.digest.clone(), dep.size);
+        // Compressed as the source layer is (`--compression`), typed in the base's family.
+        let media_type = source.descriptor.media_type.clone();
+        let descriptor = oci::Descriptor::new(media_type, dep.digest.clone(), dep.size);
         plans.push(BlobPlan {
             descriptor: descriptor.clone(),
             role: Role::Dependencies,

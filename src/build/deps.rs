@@ -238,7 +238,13 @@ fn check_toolchain(runtime: &RuntimeSpec, id: &str) -> Result<(), Error> {
 
 /// The dependency cache key: what decides the dependency layer's content.
 /// The layer's timestamp (`epoch`) is part of the key because it is part of the bytes.
-pub fn cache_key(runtime: &RuntimeSpec, toolchain: &str, inputs: &DepInputs, epoch: u64) -> Digest {
+pub fn cache_key(
+    runtime: &RuntimeSpec,
+    toolchain: &str,
+    inputs: &DepInputs,
+    epoch: u64,
+    compression: crate::oci::Compression,
+) -> Digest {
     let mut h = Hasher::new();
     let mut field = |label: &str, bytes: &[u8]| {
         h.update(label.as_bytes());
@@ -256,6 +262,10 @@ pub fn cache_key(runtime: &RuntimeSpec, toolchain: &str, inputs: &DepInputs, epo
     );
     field("toolchain", toolchain.as_bytes());
     field("epoch", &epoch.to_le_bytes());
+    // Gzip keys stay what they were before zstd existed.
+    if compression == crate::oci::Compression::Zstd {
+        field("compression", b"zstd");
+    }
     field(&inputs.manifest.name, &inputs.manifest.bytes);
     if let Some(lock) = &inputs.lock {
         field(&lock.name, &lock.bytes);
@@ -593,19 +603,50 @@ mod tests {
             lock: None,
             configs: vec![],
         };
-        let k0 = cache_key(&runtime, "v22", &base, 0);
-        assert_eq!(k0, cache_key(&runtime, "v22", &base, 0));
-        assert_ne!(k0, cache_key(&runtime, "v24", &base, 0));
+        let k0 = cache_key(&runtime, "v22", &base, 0, crate::oci::Compression::Gzip);
+        assert_eq!(
+            k0,
+            cache_key(&runtime, "v22", &base, 0, crate::oci::Compression::Gzip)
+        );
+        assert_ne!(
+            k0,
+            cache_key(&runtime, "v24", &base, 0, crate::oci::Compression::Gzip)
+        );
         let with_lock = DepInputs {
             lock: Some(nb("package-lock.json", "{}")),
             ..base.clone()
         };
-        assert_ne!(k0, cache_key(&runtime, "v22", &with_lock, 0));
-        assert_ne!(k0, cache_key(&runtime, "v22", &base, 1));
+        assert_ne!(
+            k0,
+            cache_key(
+                &runtime,
+                "v22",
+                &with_lock,
+                0,
+                crate::oci::Compression::Gzip
+            )
+        );
+        assert_ne!(
+            k0,
+            cache_key(&runtime, "v22", &base, 1, crate::oci::Compression::Gzip)
+        );
+        assert_ne!(
+            k0,
+            cache_key(&runtime, "v22", &base, 0, crate::oci::Compression::Zstd)
+        );
         let with_npmrc = DepInputs {
             configs: vec![nb(".npmrc", "token")],
             ..base
         };
-        assert_ne!(k0, cache_key(&runtime, "v22", &with_npmrc, 0));
+        assert_ne!(
+            k0,
+            cache_key(
+                &runtime,
+                "v22",
+                &with_npmrc,
+                0,
+                crate::oci::Compression::Gzip
+            )
+        );
     }
 }

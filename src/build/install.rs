@@ -96,7 +96,13 @@ pub(super) async fn dependency_key(
             (id, Some(install))
         }
     };
-    let key = deps::cache_key(&opts.runtime, &toolchain, inputs, opts.epoch);
+    let key = deps::cache_key(
+        &opts.runtime,
+        &toolchain,
+        inputs,
+        opts.epoch,
+        opts.compression,
+    );
     Ok(DepKey {
         key,
         install,
@@ -168,23 +174,20 @@ pub(super) async fn dependency_layer(
         None => resolve_builder(client, opts).await?,
     };
     let output = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
-    let (dest, tmp, epoch) = (
+    let (dest, tmp, epoch, media_type) = (
         opts.runtime.dependencies.dir.clone(),
         cache.tmp_dir(),
         opts.epoch,
+        super::dependency_media_type(opts.compression),
     );
     let blob = tokio::task::spawn_blocking(move || -> Result<LayerBlob, Error> {
         let tree =
             source::walk(&output, &source::WalkRules::default()).map_err(function::Error::from)?;
-        write_layer(
-            tree.to_layer_entries(&dest),
-            epoch,
-            oci::MediaType::OciLayerGzip,
-            &tmp,
-        )
-        .map_err(|source| Error::Layer {
-            what: "dependency",
-            source,
+        write_layer(tree.to_layer_entries(&dest), epoch, media_type, &tmp).map_err(|source| {
+            Error::Layer {
+                what: "dependency",
+                source,
+            }
         })
     });
     let blob = blob.await??;
@@ -223,7 +226,7 @@ async fn from_cache_repo(
     }
     tracing::warn!(%key, cache_repo = %repo, "the cache repository is not on the target's registry: downloading the dependency layer to upload it");
     let descriptor = oci::Descriptor::new(
-        oci::MediaType::OciLayerGzip,
+        super::dependency_media_type(opts.compression),
         entry.digest.clone(),
         entry.size,
     );

@@ -117,6 +117,17 @@ pub struct Options {
     pub tag_by_key: bool,
     /// `--cache-repo`: the registry repository of the shared dependency-layer cache.
     pub cache_repo: Option<Reference>,
+    /// `--compression`: how the dependency and source layers are compressed.
+    pub compression: oci::Compression,
+}
+
+/// The media type a dependency layer is written, cached and staged with. In the image it
+/// takes the base's family's type for the same compression (the bytes are the same).
+pub fn dependency_media_type(compression: oci::Compression) -> oci::MediaType {
+    match compression {
+        oci::Compression::Gzip => oci::MediaType::OciLayerGzip,
+        oci::Compression::Zstd => oci::MediaType::OciLayerZstd,
+    }
 }
 
 /// A finished build.
@@ -228,6 +239,14 @@ pub enum Error {
         /// The runtime.
         runtime: String,
     },
+    /// `--compression zstd` on a Docker v2 base: that format has no zstd layer type.
+    #[error(
+        "--compression zstd needs an OCI base image: {base} is a Docker v2 image, whose format has no zstd layer type; use --compression gzip, or a base in OCI format (`skopeo copy --format oci`)"
+    )]
+    NoZstd {
+        /// The base as the user named it.
+        base: String,
+    },
     /// Preparing the builder image for the install.
     #[error("preparing the builder image for the dependency install")]
     Builder(#[from] Box<crate::run::Error>),
@@ -248,6 +267,7 @@ impl Error {
             Error::Function(_)
             | Error::GitFunction { .. }
             | Error::RegistryConfig { .. }
+            | Error::NoZstd { .. }
             | Error::NoBuilder { .. } => true,
             _ => false,
         }
@@ -289,7 +309,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             }
             _ => None,
         };
-        let source = assemble::source_layer(opts, &cache, function, base.base.family().layer_gzip()).await?;
+        let layer_type = base.base.family().layer(opts.compression).ok_or_else(|| Error::NoZstd { base: opts.base_name.clone() })?;
+        let source = assemble::source_layer(opts, &cache, function, layer_type).await?;
         let keyed = deps.as_ref().map(|d| &d.key).or(dep_key.as_ref().map(|k| &k.key));
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         // `--no-cache` rebuilds: no existing image is taken either.
@@ -356,7 +377,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
             record.dependencies = Some(stage::StagedLayer {
                 created_by: stage::created_by(&install_command(opts, function), &key),
                 key,
-                media_type: oci::MediaType::OciLayerGzip,
+                media_type: dependency_media_type(opts.compression),
                 digest: cached.digest,
                 diff_id: cached.diff_id,
                 size: cached.size,
@@ -426,7 +447,7 @@ async fn push_cache_entry(
         epoch: opts.epoch,
     };
     let descriptor = oci::Descriptor::new(
-        oci::MediaType::OciLayerGzip,
+        dependency_media_type(opts.compression),
         layer.digest.clone(),
         layer.size,
     );
@@ -554,12 +575,14 @@ async fn staged_layer(
     );
     let inputs = function.deps.clone();
     let install_command = install_command(opts, function);
+    let compression = opts.compression;
     let verified = tokio::task::spawn_blocking(move || {
         let expected = stage::Expected {
             runtime: &runtime,
             epoch,
             inputs: inputs.as_ref(),
             install_command,
+            compression,
         };
         stage::read(&dir, &expected, &scratch)
     })

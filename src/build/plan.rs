@@ -44,6 +44,8 @@ pub struct KeyLayers<'a> {
     pub source_diff_id: &'a Digest,
     /// The source layer's history text.
     pub source_created_by: &'a str,
+    /// How the new layers are compressed.
+    pub compression: crate::oci::Compression,
 }
 
 /// The build key: a digest over every input of the image — the exact base manifest, the
@@ -55,6 +57,11 @@ pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
     let mut h = Hasher::new();
     let none = String::from("none");
     let edit = serde_json::to_string(edit).unwrap_or_default();
+    // Gzip keys stay what they were before zstd existed.
+    let compression = match layers.compression {
+        crate::oci::Compression::Gzip => None,
+        crate::oci::Compression::Zstd => Some("compression zstd"),
+    };
     for part in [
         "kiln-build-v2",
         layers.runtime,
@@ -63,7 +70,10 @@ pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
         &layers.source_diff_id.to_string(),
         layers.source_created_by,
         &edit,
-    ] {
+    ]
+    .into_iter()
+    .chain(compression)
+    {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -178,6 +188,7 @@ mod tests {
             deps: None,
             source_diff_id: &Digest::of(b"src"),
             source_created_by: "kiln: source",
+            compression: crate::oci::Compression::Gzip,
         };
         let key = build_key(&layers, &config_edit(&input));
         let edit = with_build_key(config_edit(&input), &key);
@@ -211,6 +222,7 @@ mod tests {
             deps: None,
             source_diff_id: &src,
             source_created_by: "kiln: source",
+            compression: crate::oci::Compression::Gzip,
         };
         let key = |l: &KeyLayers<'_>, i: &PlanInput<'_>| build_key(l, &config_edit(i));
         let reference = key(&layers, &input);
@@ -241,6 +253,13 @@ mod tests {
             key(
                 &KeyLayers {
                     source_created_by: "x",
+                    ..layers
+                },
+                &input,
+            ),
+            key(
+                &KeyLayers {
+                    compression: crate::oci::Compression::Zstd,
                     ..layers
                 },
                 &input,

@@ -95,8 +95,11 @@ fn parse(doc: &Document, key: &Digest) -> Result<(Digest, Digest, u64), &'static
     };
     let descriptor: Descriptor =
         serde_json::from_value(layer.clone()).map_err(|_| "a malformed layer descriptor")?;
-    if descriptor.media_type != MediaType::OciLayerGzip {
-        return Err("a layer that is not a gzip OCI layer");
+    if !matches!(
+        descriptor.media_type,
+        MediaType::OciLayerGzip | MediaType::OciLayerZstd
+    ) {
+        return Err("a layer that is not a gzip or zstd OCI layer");
     }
     let diff_id = layer["annotations"][DIFF_ID]
         .as_str()

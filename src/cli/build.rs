@@ -136,6 +136,12 @@ pub struct BuildArgs {
     /// The local cache is checked first; an unusable cache repository is a warning.
     #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
     pub cache_repo: Option<String>,
+    /// How the dependency and source layers are compressed: `gzip` (deterministic, read by
+    /// every registry and runtime) or `zstd` (smaller and faster to unpack; for registries
+    /// and runtimes that accept OCI zstd layers — containerd 1.5+, CRI-O, Podman; needs an
+    /// OCI base). Part of the build key and the dependency cache key.
+    #[arg(long, value_enum, default_value_t = CompressionArg::Gzip, env = "KILN_COMPRESSION")]
+    pub compression: CompressionArg,
     /// Which part of the build to run. `deps` only installs the dependencies (running the
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
     /// no base image, no registry, no --image or --output needed, and it prints the layer's
@@ -151,6 +157,15 @@ pub struct BuildArgs {
     /// as printed, with the install's last output lines; at most 4096 bytes.
     #[arg(long, value_name = "PATH")]
     pub termination_log: Option<PathBuf>,
+}
+
+/// `--compression`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompressionArg {
+    /// gzip.
+    Gzip,
+    /// Zstandard.
+    Zstd,
 }
 
 /// The part of a build to run.
@@ -491,6 +506,10 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         allow_direct_deps: args.allow_direct_deps,
         tag_by_key: args.tag_by_key,
         cache_repo,
+        compression: match args.compression {
+            CompressionArg::Gzip => crate::oci::Compression::Gzip,
+            CompressionArg::Zstd => crate::oci::Compression::Zstd,
+        },
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),

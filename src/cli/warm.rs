@@ -79,6 +79,10 @@ pub struct WarmArgs {
     /// CA bundle the installs trust, as `kiln build --ca-bundle`.
     #[arg(long, value_name = "FILE")]
     pub ca_bundle: Option<PathBuf>,
+    /// The layer compression the builds use (`kiln build --compression`): part of the
+    /// dependency key.
+    #[arg(long, value_enum, default_value_t = super::build::CompressionArg::Gzip, env = "KILN_COMPRESSION")]
+    pub compression: super::build::CompressionArg,
     /// Registry access.
     #[command(flatten)]
     pub registry_args: RegistryArgs,
@@ -186,6 +190,9 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
     }
     if args.allow_direct_deps {
         shared.push("--allow-direct-deps".into());
+    }
+    if args.compression == super::build::CompressionArg::Zstd {
+        shared.extend(["--compression".into(), "zstd".into()]);
     }
     for (_, flags) in &mut functions {
         flags.extend(shared.iter().cloned());

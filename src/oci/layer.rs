@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use tempfile::TempPath;
 
-use super::{Descriptor, Digest, Hasher, HashingWriter, MediaType};
+use super::{Compression, Descriptor, Digest, Hasher, HashingWriter, MediaType};
 
 /// The gzip level of every layer. Part of the reproducibility contract: changing it changes
 /// every digest kiln produces.
@@ -110,13 +110,18 @@ pub struct LayerBlob {
     pub file: TempPath,
 }
 
-/// The diff ID of a gzip layer file: the digest of its uncompressed tar.
+/// The diff ID of a gzip or zstd layer file: the digest of its uncompressed tar.
 ///
 /// # Errors
 /// An unreadable file or a broken gzip stream.
 pub fn diff_id_of(path: &Path) -> std::io::Result<Digest> {
-    let mut gz =
-        flate2::read::MultiGzDecoder::new(std::io::BufReader::new(std::fs::File::open(path)?));
+    let mut file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let zstd = std::io::BufRead::fill_buf(&mut file)?.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
+    let mut gz: Box<dyn Read> = if zstd {
+        Box::new(ruzstd::decoding::StreamingDecoder::new(file).map_err(io::Error::other)?)
+    } else {
+        Box::new(flate2::read::MultiGzDecoder::new(file))
+    };
     let mut hasher = Hasher::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -128,8 +133,8 @@ pub fn diff_id_of(path: &Path) -> std::io::Result<Digest> {
     }
 }
 
-/// Writes `entries` as a gzip layer of `media_type` into a temp file in `dir`, with every
-/// entry's mtime set to `mtime` (seconds since the epoch).
+/// Writes `entries` as a layer of `media_type` (zstd for a `+zstd` type, else gzip) into a
+/// temp file in `dir`, with every entry's mtime set to `mtime` (seconds since the epoch).
 ///
 /// # Errors
 /// Bad or duplicate paths, unreadable inputs, or a failing write.
@@ -165,9 +170,12 @@ pub fn write_layer_with_threads(
         .map_err(write_err)?;
     let (file, path) = tmp.into_parts();
     let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
-    // Deterministic gzip, parallel above a threshold (see `gzip.rs`).
-    let gzip = super::gzip::LayerGzip::new(compressed, GZIP_LEVEL, threads);
-    let mut tar = tar::Builder::new(HashingWriter::new(gzip));
+    let compressor = match Compression::of(&media_type) {
+        Some(Compression::Zstd) => Compressor::Zstd(super::zstd::ZstdWriter::new(compressed)),
+        // Deterministic gzip, parallel above a threshold (see `gzip.rs`).
+        _ => Compressor::Gzip(super::gzip::LayerGzip::new(compressed, GZIP_LEVEL, threads)),
+    };
+    let mut tar = tar::Builder::new(HashingWriter::new(compressor));
     tar.mode(tar::HeaderMode::Deterministic);
     for (path, kind) in &entries {
         append(&mut tar, path, kind, mtime).map_err(|e| match e {
@@ -188,6 +196,34 @@ pub fn write_layer_with_threads(
         diff_id,
         file: path,
     })
+}
+
+/// The compressor a layer's media type names.
+enum Compressor<W: Write + Send + 'static> {
+    Gzip(super::gzip::LayerGzip<W>),
+    Zstd(super::zstd::ZstdWriter<W>),
+}
+
+impl<W: Write + Send + 'static> Compressor<W> {
+    fn finish(self) -> io::Result<W> {
+        match self {
+            Compressor::Gzip(g) => g.finish(),
+            Compressor::Zstd(z) => z.finish(),
+        }
+    }
+}
+
+impl<W: Write + Send + 'static> Write for Compressor<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Compressor::Gzip(g) => g.write(buf),
+            Compressor::Zstd(z) => z.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Sorts entries by path and adds every missing parent directory.

@@ -18,6 +18,8 @@ pub enum MediaType {
     OciLayerGzip,
     /// `application/vnd.oci.image.layer.v1.tar`
     OciLayer,
+    /// `application/vnd.oci.image.layer.v1.tar+zstd`
+    OciLayerZstd,
     /// `application/vnd.docker.distribution.manifest.v2+json`
     DockerManifest,
     /// `application/vnd.docker.distribution.manifest.list.v2+json`
@@ -32,7 +34,7 @@ pub enum MediaType {
     Other(String),
 }
 
-const TABLE: [(MediaType, &str); 10] = [
+const TABLE: [(MediaType, &str); 11] = [
     (
         MediaType::OciManifest,
         "application/vnd.oci.image.manifest.v1+json",
@@ -52,6 +54,10 @@ const TABLE: [(MediaType, &str); 10] = [
     (
         MediaType::OciLayer,
         "application/vnd.oci.image.layer.v1.tar",
+    ),
+    (
+        MediaType::OciLayerZstd,
+        "application/vnd.oci.image.layer.v1.tar+zstd",
     ),
     (
         MediaType::DockerManifest,
@@ -103,6 +109,7 @@ impl MediaType {
         match self {
             MediaType::OciLayerGzip
             | MediaType::OciLayer
+            | MediaType::OciLayerZstd
             | MediaType::DockerLayerGzip
             | MediaType::DockerForeignLayerGzip => true,
             MediaType::Other(s) => s.starts_with("application/vnd.oci.image.layer."),
@@ -184,6 +191,43 @@ impl Family {
         match self {
             Family::Oci => MediaType::OciLayerGzip,
             Family::Docker => MediaType::DockerLayerGzip,
+        }
+    }
+
+    /// The layer type for `compression`; `None` when the family has none (Docker's v2
+    /// schema 2 defines no zstd layer).
+    pub fn layer(self, compression: Compression) -> Option<MediaType> {
+        match (self, compression) {
+            (_, Compression::Gzip) => Some(self.layer_gzip()),
+            (Family::Oci, Compression::Zstd) => Some(MediaType::OciLayerZstd),
+            (Family::Docker, Compression::Zstd) => None,
+        }
+    }
+}
+
+/// How kiln compresses the layers it writes (`--compression`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    /// Deterministic gzip at a fixed level, in parallel blocks for large layers: what every
+    /// registry and runtime reads.
+    #[default]
+    Gzip,
+    /// Zstandard (pure Rust, its fastest level): for registries and runtimes that accept
+    /// OCI zstd layers (containerd 1.5+, CRI-O, Podman).
+    Zstd,
+}
+
+impl Compression {
+    /// The compression a layer media type names (`None`: neither gzip nor zstd).
+    pub fn of(media_type: &MediaType) -> Option<Compression> {
+        let s = media_type.as_str();
+        if s.ends_with("+zstd") {
+            Some(Compression::Zstd)
+        } else if s.ends_with("+gzip") || s.ends_with(".tar.gzip") {
+            Some(Compression::Gzip)
+        } else {
+            None
         }
     }
 }

@@ -15,6 +15,7 @@ pub mod layout;
 mod manifest;
 mod media_type;
 pub mod validate;
+pub mod zstd;
 
 pub use config::{History, ImageConfig, RootFs, RunConfig};
 pub use descriptor::{Descriptor, Platform};
@@ -24,4 +25,4 @@ pub use index::Index;
 pub use layer::{Content, EntryKind, LayerBlob, LayerEntry};
 pub use layout::Layout;
 pub use manifest::{Document, Manifest, sniff_media_type};
-pub use media_type::{Family, MediaType};
+pub use media_type::{Compression, Family, MediaType};

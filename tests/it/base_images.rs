@@ -490,6 +490,18 @@ fn build_in_builder_and_call(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> (String, PathBuf, tempfile::TempDir) {
+    build_in_builder_and_call_with(sandbox, runtime, fixture, headers, body, &[]).0
+}
+
+/// [`build_in_builder_and_call`] with more `kiln build` flags; also returns the reference.
+fn build_in_builder_and_call_with(
+    sandbox: &str,
+    runtime: &str,
+    fixture: PathBuf,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    flags: &[&str],
+) -> ((String, PathBuf, tempfile::TempDir), String) {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
     let bases = work.path().join("bases");
@@ -501,20 +513,25 @@ fn build_in_builder_and_call(
     let builder = format!("oci:{}:{runtime}-builder", bases.display());
     // The build's own cache (not the shared download cache): the install must really run
     // here, whatever other tests or earlier runs left behind.
-    let built = k.run_cmd(k.command().env("KILN_SANDBOX", sandbox).args([
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        runtime,
-        "--base",
-        &base,
-        "--builder-image",
-        &builder,
-        "--deps-sandbox",
-        "bwrap",
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]));
+    let built = k.run_cmd(
+        k.command()
+            .env("KILN_SANDBOX", sandbox)
+            .args([
+                "build",
+                dir.to_str().unwrap(),
+                "--runtime",
+                runtime,
+                "--base",
+                &base,
+                "--builder-image",
+                &builder,
+                "--deps-sandbox",
+                "bwrap",
+                "--output",
+                &format!("oci:{}", out.display()),
+            ])
+            .args(flags),
+    );
     let reference = built.reference();
     assert!(
         built
@@ -533,7 +550,71 @@ fn build_in_builder_and_call(
     let method = if body.is_empty() { "GET" } else { "POST" };
     let (status, answer) = http(port, method, "/", headers, body);
     assert_eq!(status, 200, "{answer}");
-    (answer, out, work)
+    ((answer, out, work), reference)
+}
+
+#[test]
+fn a_zstd_image_is_reproducible_and_serves_the_function() {
+    let zstd = ["--compression", "zstd"];
+    let ((answer, out, _work), first) = build_in_builder_and_call_with(
+        "bwrap",
+        "nodejs22",
+        functions("node-deps"),
+        &[("Content-Type", "text/plain")],
+        b"one two",
+        &zstd,
+    );
+    assert!(answer.contains(r#"["one","two"]"#), "{answer}");
+    validate_layout(&out);
+    let blob = |d: &str| {
+        std::fs::read(
+            out.join("blobs/sha256")
+                .join(d.trim_start_matches("sha256:")),
+        )
+        .unwrap()
+    };
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("index.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&blob(index["manifests"][0]["digest"].as_str().unwrap())).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&blob(manifest["config"]["digest"].as_str().unwrap())).unwrap();
+    let layers = manifest["layers"].as_array().unwrap();
+    let diff_ids = config["rootfs"]["diff_ids"].as_array().unwrap();
+    // The dependency and source layers are zstd, and decompress to their diff IDs; the base
+    // layers stay as they are.
+    for (layer, diff_id) in layers.iter().zip(diff_ids).rev().take(2) {
+        assert_eq!(
+            layer["mediaType"],
+            "application/vnd.oci.image.layer.v1.tar+zstd"
+        );
+        let bytes = blob(layer["digest"].as_str().unwrap());
+        let mut tar = Vec::new();
+        std::io::Read::read_to_end(
+            &mut ruzstd::decoding::StreamingDecoder::new(&bytes[..]).unwrap(),
+            &mut tar,
+        )
+        .unwrap();
+        let digest = format!(
+            "sha256:{}",
+            hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&tar))
+        );
+        assert_eq!(&digest, diff_id);
+    }
+    assert_eq!(
+        layers[0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar+gzip"
+    );
+    // The same inputs give the same zstd image; gzip gives another.
+    let ((_, _, _w2), again) = build_in_builder_and_call_with(
+        "bwrap",
+        "nodejs22",
+        functions("node-deps"),
+        &[("Content-Type", "text/plain")],
+        b"x",
+        &zstd,
+    );
+    assert_eq!(again.rsplit('@').next(), first.rsplit('@').next());
 }
 
 #[test]

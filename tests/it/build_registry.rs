@@ -117,6 +117,41 @@ fn a_function_builds_onto_oci_docker_and_multi_platform_bases() {
             assert_eq!(base_blob["bytes_sent"], 0);
         }
     }
+    // Docker's v2 schema 2 has no zstd layer type: asking for zstd on that base is a usage
+    // error naming the way out, before anything is pushed; on an OCI base it builds.
+    let zstd = |base: &str, tag: &str| {
+        kiln.run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            base,
+            "--image",
+            &reg.reference(tag),
+            "--insecure-registry",
+            &reg.host(),
+            "--compression",
+            "zstd",
+        ])
+    };
+    let refused = zstd(&bases.docker, "team/zstd:docker");
+    let err = refused.failure(2);
+    assert!(
+        err.contains("--compression zstd needs an OCI base image"),
+        "{err}"
+    );
+    assert_eq!(
+        reg.missing_blobs("team/zstd", "docker"),
+        None,
+        "nothing pushed"
+    );
+    let built = zstd(&bases.oci, "team/zstd:oci").reference();
+    let (manifest, _) = read_back(&reg, &built);
+    assert_eq!(
+        jq_raw(".layers[-1].mediaType", &manifest),
+        "application/vnd.oci.image.layer.v1.tar+zstd"
+    );
 }
 
 #[test]

@@ -77,6 +77,8 @@ pub struct Expected<'a> {
     pub inputs: Option<&'a DepInputs>,
     /// The install command line, for the history text.
     pub install_command: String,
+    /// The layer compression of this build (`--compression`).
+    pub compression: crate::oci::Compression,
 }
 
 /// A verified stage: the record, and a private copy of the layer made while checking it.
@@ -322,14 +324,12 @@ fn check_record(record: &Record, expected: &Expected<'_>, path: &Path) -> Result
         layer.created_by.clone(),
         created_by(&expected.install_command, &layer.key),
     )?;
-    if !matches!(
-        layer.media_type,
-        MediaType::OciLayerGzip | MediaType::DockerLayerGzip
-    ) {
+    let wanted = crate::build::dependency_media_type(expected.compression);
+    if layer.media_type != wanted {
         return mismatch(
             "media type",
             layer.media_type.to_string(),
-            MediaType::OciLayerGzip.to_string(),
+            wanted.to_string(),
         );
     }
     Ok(())

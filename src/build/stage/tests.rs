@@ -53,6 +53,7 @@ fn expected(inputs: &DepInputs) -> Expected<'_> {
         epoch: 0,
         inputs: Some(inputs),
         install_command: "npm install".into(),
+        compression: crate::oci::Compression::Gzip,
     }
 }
 
