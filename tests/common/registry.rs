@@ -510,6 +510,16 @@ impl Registry {
         }
     }
 
+    /// The requests logged after the first `before` lines of the settled access log (a
+    /// length [`Registry::settled_access_log`] returned), the harness's markers left out.
+    pub fn access_log_since(&self, before: usize) -> Vec<String> {
+        self.settled_access_log()[before..]
+            .iter()
+            .filter(|l| !l.contains("kiln-log-marker"))
+            .cloned()
+            .collect()
+    }
+
     /// A directory holding a docker `config.json` with `auths` for this host (base64
     /// `user:pass`), or `{"auths": {}}` for `Plain`. Use as `DOCKER_CONFIG`.
     pub fn docker_config_dir(&self) -> PathBuf {
@@ -569,4 +579,15 @@ impl Drop for Registry {
             let _ = child.wait();
         }
     }
+}
+
+/// The access-log lines of requests that change the registry.
+pub fn writes(log: &[String]) -> Vec<&String> {
+    log.iter()
+        .filter(|l| {
+            ["PUT ", "POST ", "PATCH ", "DELETE "]
+                .iter()
+                .any(|m| l.starts_with(m))
+        })
+        .collect()
 }

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use common::images::push_base_images;
 use common::kiln::{Kiln, copy_fixture, read_report, tiny_base};
-use common::registry::{Registry, RegistryKind};
+use common::registry::{Registry, RegistryKind, writes};
 
 /// `kiln build` of `dir` onto `base` into `image` on `reg`, with `extra` flags; the reference
 /// and the report.
@@ -44,24 +44,8 @@ fn build(
     (run.reference(), read_report(report.path()))
 }
 
-/// The access-log lines that came after `before` lines, but the harness's own markers.
 fn since(reg: &Registry, before: usize) -> Vec<String> {
-    let log = reg.settled_access_log();
-    log[before..]
-        .iter()
-        .filter(|l| !l.contains("kiln-log-marker"))
-        .cloned()
-        .collect()
-}
-
-fn writes(log: &[String]) -> Vec<&String> {
-    log.iter()
-        .filter(|l| {
-            ["PUT ", "POST ", "PATCH ", "DELETE "]
-                .iter()
-                .any(|m| l.starts_with(m))
-        })
-        .collect()
+    reg.access_log_since(before)
 }
 
 #[test]

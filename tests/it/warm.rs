@@ -7,18 +7,7 @@
 use crate::common;
 
 use common::kiln::{Kiln, base_images_into, blobs_with_role, copy_fixture, read_report};
-use common::registry::{Registry, RegistryKind};
-
-/// Requests that change the registry.
-fn writes(log: &[String]) -> Vec<&String> {
-    log.iter()
-        .filter(|l| {
-            ["PUT ", "POST ", "PATCH ", "DELETE "]
-                .iter()
-                .any(|m| l.starts_with(m))
-        })
-        .collect()
-}
+use common::registry::{Registry, RegistryKind, writes};
 
 #[test]
 fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
@@ -88,11 +77,7 @@ fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
     let before = reg.settled_access_log().len();
     let second = kiln.run(&args);
     assert_eq!(second.code, 0, "{}", second.stderr);
-    let log: Vec<String> = reg.settled_access_log()[before..]
-        .iter()
-        .filter(|l| !l.contains("kiln-log-marker"))
-        .cloned()
-        .collect();
+    let log = reg.access_log_since(before);
     let again: Vec<&str> = second.stdout.lines().collect();
     assert_eq!(again[0], lines[0].replace(" pushed", " unchanged"));
     assert_eq!(again[1], lines[1].replace(" pushed", " unchanged"));
