@@ -173,7 +173,9 @@ pub fn write_layer_with_threads(
     let compressor = match Compression::of(&media_type) {
         Some(Compression::Zstd) => Compressor::Zstd(super::zstd::ZstdWriter::new(compressed)),
         // Deterministic gzip, parallel above a threshold (see `gzip.rs`).
-        _ => Compressor::Gzip(super::gzip::LayerGzip::new(compressed, GZIP_LEVEL, threads)),
+        _ => Compressor::Gzip(Box::new(super::gzip::LayerGzip::new(
+            compressed, GZIP_LEVEL, threads,
+        ))),
     };
     let mut tar = tar::Builder::new(HashingWriter::new(compressor));
     tar.mode(tar::HeaderMode::Deterministic);
@@ -200,7 +202,7 @@ pub fn write_layer_with_threads(
 
 /// The compressor a layer's media type names.
 enum Compressor<W: Write + Send + 'static> {
-    Gzip(super::gzip::LayerGzip<W>),
+    Gzip(Box<super::gzip::LayerGzip<W>>),
     Zstd(super::zstd::ZstdWriter<W>),
 }
 
