@@ -19,6 +19,7 @@ pub mod pushed;
 pub mod remote_cache;
 pub mod source;
 pub mod stage;
+mod warm;
 
 use std::path::{Path, PathBuf};
 
@@ -33,6 +34,7 @@ use cache::LayerCache;
 use deps::InstallEnv;
 use function::{Function, FunctionManifest};
 use publish::Published;
+pub use warm::{Warmed, warm_deps};
 
 /// Where the Function comes from.
 #[derive(Clone, Debug)]
@@ -429,7 +431,7 @@ async fn store_in_cache_repo(
 /// Pushes the cache repository entry of the dependency layer `layer` (its bytes at `local`,
 /// or mounted from `mount_from` on the same registry) for `key`.
 #[allow(clippy::too_many_arguments)]
-async fn push_cache_entry(
+pub(super) async fn push_cache_entry(
     client: &Client,
     opts: &Options,
     repo: &Reference,
@@ -455,98 +457,7 @@ async fn push_cache_entry(
     remote_cache::store(client, repo, key, &entry, &descriptor, local, mount_from).await
 }
 
-/// What `kiln warm` did for one Function's dependencies.
-#[derive(Debug)]
-pub enum Warmed {
-    /// The Function has no dependencies: nothing to cache.
-    NoDependencies,
-    /// The cache repository already held the layer for this key.
-    Present {
-        /// The dependency key.
-        key: Digest,
-        /// The entry.
-        entry: Reference,
-    },
-    /// Installed (or taken from the local cache) and stored in the cache repository.
-    Stored {
-        /// The dependency key.
-        key: Digest,
-        /// The entry.
-        entry: Reference,
-        /// Whether the packages were installed (not in the local cache).
-        installed: bool,
-    },
-}
-
-/// `kiln warm`: makes sure the cache repository `repo` holds the dependency layer of the
-/// Function in `opts`, under the key a build of it computes. One manifest request when it
-/// is there; else the layer from the local cache or an install, and the entry pushed (the
-/// layer, the empty config, the manifest last). No image is built.
-///
-/// # Errors
-/// See [`Error`]; a cache repository that cannot be read or written is an error here, since
-/// warming it is the whole job.
-pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Result<Warmed, Error> {
-    let span = tracing::info_span!("warm", function = %opts.name, runtime = %opts.runtime.name);
-    async move {
-        let cache = open_cache(opts)?;
-        let loaded = load::load(opts, &cache.tmp_dir()).await?;
-        let function = &loaded.function;
-        let Some(inputs) = &function.deps else {
-            return Ok(Warmed::NoDependencies);
-        };
-        install::require_builder(opts)?;
-        let lookup_err = |e| Error::Lookup {
-            target: repo.to_string(),
-            source: Box::new(e),
-        };
-        let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
-        let key = dep_key.key.clone();
-        let entry = repo
-            .with_tag(&remote_cache::tag(&key))
-            .map_err(lookup_err)?;
-        if opts.use_cache
-            && remote_cache::lookup(client, repo, &key)
-                .await
-                .map_err(lookup_err)?
-                .is_some()
-        {
-            tracing::info!(%key, %entry, "the cache repository holds this dependency layer");
-            return Ok(Warmed::Present { key, entry });
-        }
-        let install = install_command(opts, function);
-        let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
-        let installed = !layer.from_local_cache;
-        let local = cache.blob_path(&layer.cached.digest);
-        push_cache_entry(
-            client,
-            opts,
-            repo,
-            &key,
-            &layer.cached,
-            inputs,
-            &install,
-            &local,
-            None,
-        )
-        .await
-        .map_err(|e| publish::Error::Registry {
-            what: format!("dependency cache entry {}", remote_cache::tag(&key)),
-            target: repo.to_string(),
-            source: Box::new(e),
-        })?;
-        tracing::info!(%key, %entry, "stored the dependency layer in the cache repository");
-        Ok(Warmed::Stored {
-            key,
-            entry,
-            installed,
-        })
-    }
-    .instrument(span)
-    .await
-}
-
-fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
+pub(super) fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
     LayerCache::open(&opts.cache_dir).map_err(|source| Error::Cache {
         path: opts.cache_dir.clone(),
         source,
@@ -554,7 +465,7 @@ fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
 }
 
 /// The install command line, as the history text names it.
-fn install_command(opts: &Options, function: &Function) -> String {
+pub(super) fn install_command(opts: &Options, function: &Function) -> String {
     let locked = function.deps.as_ref().is_some_and(|d| d.lock.is_some());
     opts.runtime.install_command(locked).join(" ")
 }
