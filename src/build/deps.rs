@@ -522,44 +522,38 @@ async fn read_output(
             tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line, "dependency install running");
         })
     };
-    let keep = |buf: &[u8], last: &std::sync::Mutex<String>| {
-        let text = String::from_utf8_lossy(buf);
+    // stdout only feeds the last line; stderr is also kept for the error's tail.
+    let (_, err) = tokio::try_join!(drain(stdout, &last, false), drain(stderr, &last, true))?;
+    Ok(String::from_utf8_lossy(&err).into_owned())
+}
+
+/// Reads `pipe` to its end, noting its last non-empty line in `last`; returns what it read
+/// when `keep` (else nothing).
+async fn drain(
+    pipe: Option<impl tokio::io::AsyncRead + Unpin>,
+    last: &std::sync::Mutex<String>,
+    keep: bool,
+) -> std::io::Result<Vec<u8>> {
+    let mut kept = Vec::new();
+    let Some(mut pipe) = pipe else {
+        return Ok(kept);
+    };
+    let mut chunk = vec![0u8; 8192];
+    loop {
+        let n = pipe.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(kept);
+        }
+        let text = String::from_utf8_lossy(&chunk[..n]);
         if let Some(line) = text.lines().rev().find(|l| !l.trim().is_empty())
             && let Ok(mut last) = last.lock()
         {
             line.trim().clone_into(&mut last);
         }
-    };
-    let out = async {
-        let Some(mut pipe) = stdout else {
-            return Ok(());
-        };
-        let mut chunk = vec![0u8; 8192];
-        loop {
-            let n = pipe.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok::<(), std::io::Error>(());
-            }
-            keep(&chunk[..n], &last);
+        if keep {
+            kept.extend_from_slice(&chunk[..n]);
         }
-    };
-    let err = async {
-        let mut buf = Vec::new();
-        let Some(mut pipe) = stderr else {
-            return Ok(buf);
-        };
-        let mut chunk = vec![0u8; 8192];
-        loop {
-            let n = pipe.read(&mut chunk).await?;
-            if n == 0 {
-                return Ok::<Vec<u8>, std::io::Error>(buf);
-            }
-            keep(&chunk[..n], &last);
-            buf.extend_from_slice(&chunk[..n]);
-        }
-    };
-    let ((), buf) = tokio::try_join!(out, err)?;
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
 }
 
 /// The last lines of `text`, with `secrets` and every credential shape masked.
