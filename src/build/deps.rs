@@ -45,6 +45,14 @@ pub enum Isolation {
     /// when asked for with `--deps-sandbox none`.
     #[default]
     Host,
+    /// The toolchain on `PATH` inside the runtime's builder image named by this digest (a
+    /// build Job given `--builder-image REF@DIGEST`): the digest names the toolchain in the
+    /// cache key, as for an install in the same image in a sandbox, so the keys of build
+    /// Jobs, `kiln warm` and local builds with that builder agree.
+    Native {
+        /// The builder image's manifest digest.
+        builder: crate::oci::Digest,
+    },
     /// Inside this builder image, unpacked (once) only when there is something to install.
     Pending(crate::run::ImageRef),
     /// A sandbox was asked for but no builder image is known: the base is not the runtime's
@@ -187,8 +195,12 @@ pub async fn toolchain_id(
     env: &InstallEnv,
     scratch: &Path,
 ) -> Result<String, Error> {
-    if let Isolation::Builder { digest, .. } = &env.isolation {
-        return Ok(builder_toolchain_id(digest));
+    if let Isolation::Builder {
+        digest: builder, ..
+    }
+    | Isolation::Native { builder } = &env.isolation
+    {
+        return Ok(builder_toolchain_id(builder));
     }
     let mut id = String::new();
     for argv in &runtime.dependencies.toolchain {
@@ -318,7 +330,10 @@ pub async fn install(
     let (mut cmd, gate, place) = match &env.isolation {
         // The caller resolves a pending or missing builder first (`build::run` does), and
         // `toolchain_id` refuses a toolchain on PATH that is not the runtime's.
-        Isolation::Host | Isolation::Pending(_) | Isolation::MissingBuilder { .. } => (
+        Isolation::Host
+        | Isolation::Native { .. }
+        | Isolation::Pending(_)
+        | Isolation::MissingBuilder { .. } => (
             host_command(runtime, env, argv, &work, &home, config),
             None,
             "the toolchain on PATH",

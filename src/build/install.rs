@@ -202,7 +202,7 @@ pub(super) async fn dependency_layer(
 /// The layer of `key` from the cache repository: mounted later when the target is on its
 /// registry (`remote` set, nothing downloaded), else downloaded, verified (digest and diff
 /// ID) and put in the local cache. `Ok(None)`: no usable entry.
-async fn from_cache_repo(
+pub(super) async fn from_cache_repo(
     client: &Client,
     opts: &Options,
     cache: &LayerCache,

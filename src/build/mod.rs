@@ -61,6 +61,9 @@ pub enum Stage {
     Deps(PathBuf),
     /// Everything but the install, with the dependency layer from this stage directory.
     Publish(PathBuf),
+    /// Only the dependency key and its cache repository entry, into this lookup directory
+    /// ([`run_lookup`]).
+    Lookup(PathBuf),
 }
 
 /// Where the image goes.
@@ -119,6 +122,8 @@ pub struct Options {
     pub tag_by_key: bool,
     /// `--cache-repo`: the registry repository of the shared dependency-layer cache.
     pub cache_repo: Option<Reference>,
+    /// `--lookup-dir`: what `--stage lookup` found, for `--stage deps` and `--stage publish`.
+    pub lookup_dir: Option<PathBuf>,
     /// `--compression`: how the dependency and source layers are compressed.
     pub compression: oci::Compression,
 }
@@ -289,15 +294,15 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         tracing::info!(files = function.tree.file_count(), "collected source");
-        let deps = match &opts.stage {
+        let (deps, mut store_in) = match &opts.stage {
             // Before anything is fetched: a bad stage directory should not wait for the network.
-            Stage::Publish(dir) => staged_layer(opts, &cache, function, dir).await?,
-            Stage::All | Stage::Deps(_) => {
+            Stage::Publish(dir) => staged_layer(client, opts, &cache, function, dir).await?,
+            Stage::All | Stage::Deps(_) | Stage::Lookup(_) => {
                 if function.deps.is_some() {
                     // Before anything is fetched: a usage error should not wait for the network.
                     install::require_builder(opts)?;
                 }
-                None
+                (None, None)
             }
         };
         publish::authorize_up_front(client, opts).await?;
@@ -306,7 +311,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         // The dependency key, not the layer: enough for the build key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
         let dep_key = match (&deps, &function.deps, &opts.stage) {
-            (None, Some(inputs), Stage::All | Stage::Deps(_)) => {
+            (None, Some(inputs), Stage::All | Stage::Deps(_) | Stage::Lookup(_)) => {
                 Some(install::dependency_key(client, opts, &cache, inputs).await?)
             }
             _ => None,
@@ -325,7 +330,6 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             let published = Published { reference: found.reference, digest: found.digest, blobs: Vec::new() };
             return Ok(Output { published, build_key: planned.build_key, image: None, unchanged: true, commit: loaded.commit });
         }
-        let mut store_in = None;
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
             (None, Some(inputs), Some(dep_key)) => {
@@ -373,17 +377,20 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         if let Some(inputs) = &function.deps {
             install::require_builder(opts)?;
             let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
-            // The install stage has no registry credentials: the local cache only.
-            let install::Layer { key, cached, .. } = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
-            blob = Some(cache.blob_path(&cached.digest));
-            record.dependencies = Some(stage::StagedLayer {
-                created_by: stage::created_by(&install_command(opts, function), &key),
-                key,
-                media_type: dependency_media_type(opts.compression),
-                digest: cached.digest,
-                diff_id: cached.diff_id,
-                size: cached.size,
-            });
+            let created_by = stage::created_by(&install_command(opts, function), &dep_key.key);
+            let media_type = dependency_media_type(opts.compression);
+            match lookup_hit(opts, inputs, &dep_key.key).await? {
+                Some(found) => {
+                    tracing::info!(key = %dep_key.key, digest = %found.digest, "the cache repository has the dependency layer (--stage lookup): nothing to install");
+                    record.dependencies = Some(stage::StagedLayer { key: dep_key.key, media_type, digest: found.digest, diff_id: found.diff_id, size: found.size, created_by, in_cache_repo: true });
+                }
+                None => {
+                    // The install stage has no registry credentials: the local cache only.
+                    let install::Layer { key, cached, .. } = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
+                    blob = Some(cache.blob_path(&cached.digest));
+                    record.dependencies = Some(stage::StagedLayer { key, media_type, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, in_cache_repo: false });
+                }
+            }
         }
         let (dir, written) = (dir.to_path_buf(), record.clone());
         tokio::task::spawn_blocking(move || stage::write(&dir, &written, blob.as_deref())).await??;
@@ -392,6 +399,85 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
     }
     .instrument(span)
     .await
+}
+
+/// `--stage lookup`: computes the dependency key (from the builder image's digest, or the
+/// toolchain on PATH; no third-party code runs), asks the cache repository for it and writes
+/// what it found into `dir`. An unusable cache repository is a warning and a miss.
+///
+/// # Errors
+/// See [`Error`].
+pub async fn run_lookup(
+    client: &Client,
+    opts: &Options,
+    dir: &Path,
+) -> Result<stage::Lookup, Error> {
+    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "lookup");
+    async move {
+        let cache = open_cache(opts)?;
+        let loaded = load::load(opts, &cache.tmp_dir()).await?;
+        let inputs = loaded.function.deps.as_ref();
+        let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
+        let (mut key, mut found) = (None, None);
+        if let (Some(inputs), Some(repo)) = (inputs, &repo) {
+            install::require_builder(opts)?;
+            let dep_key = install::dependency_key(client, opts, &cache, inputs).await?.key;
+            found = match remote_cache::lookup(client, repo, &dep_key).await {
+                Ok(Some(entry)) => {
+                    tracing::info!(key = %dep_key, digest = %entry.digest, cache_repo = %repo, "the cache repository has the dependency layer");
+                    Some(stage::Found { digest: entry.digest, diff_id: entry.diff_id, size: entry.size })
+                }
+                Ok(None) => {
+                    tracing::info!(key = %dep_key, cache_repo = %repo, "dependency layer not in the cache repository: the install stage installs it");
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "the cache repository cannot be used; the install stage installs without it");
+                    None
+                }
+            };
+            key = Some(dep_key);
+        }
+        let lookup = stage::Lookup::new(&opts.runtime.name, opts.epoch, inputs, key, repo.map(|r| r.to_string()).unwrap_or_default(), found);
+        let (dir, written) = (dir.to_path_buf(), lookup.clone());
+        tokio::task::spawn_blocking(move || stage::write_lookup(&dir, &written)).await??;
+        Ok(lookup)
+    }
+    .instrument(span)
+    .await
+}
+
+/// The entry `--stage lookup` found for `key` (`--lookup-dir`), if any. A lookup that
+/// computed another key (other flags) is not used, with a warning.
+async fn lookup_hit(
+    opts: &Options,
+    inputs: &function::DepInputs,
+    key: &Digest,
+) -> Result<Option<stage::Found>, Error> {
+    let Some(lookup) = read_lookup(opts, Some(inputs)).await? else {
+        return Ok(None);
+    };
+    if lookup.key.as_ref() != Some(key) {
+        tracing::warn!(%key, lookup = ?lookup.key.as_ref().map(Digest::to_string), "--stage lookup computed another dependency key (run every stage with the same flags); installing");
+        return Ok(None);
+    }
+    Ok(lookup.found)
+}
+
+/// The `--lookup-dir` record, checked against this build.
+async fn read_lookup(
+    opts: &Options,
+    inputs: Option<&function::DepInputs>,
+) -> Result<Option<stage::Lookup>, Error> {
+    let Some(dir) = opts.lookup_dir.clone() else {
+        return Ok(None);
+    };
+    let (runtime, epoch, inputs) = (opts.runtime.name.clone(), opts.epoch, inputs.cloned());
+    let lookup = tokio::task::spawn_blocking(move || {
+        stage::read_lookup(&dir, &runtime, epoch, inputs.as_ref())
+    })
+    .await??;
+    Ok(Some(lookup))
 }
 
 /// Pushes the freshly installed dependency layer to the cache repository, after the image.
@@ -470,14 +556,18 @@ pub(super) fn install_command(opts: &Options, function: &Function) -> String {
     opts.runtime.install_command(locked).join(" ")
 }
 
-/// The dependency layer from `--stage-dir`, checked against this build's Function. Runs no
-/// program.
+/// The dependency layer from `--stage-dir`, checked against this build's Function, and
+/// the cache repository to store it in afterwards. Runs no program. A layer the install
+/// stage says is in the cache repository is taken from there as `--lookup-dir`'s record
+/// (written by the lookup stage, which the install stage cannot write) names it: the stage
+/// record's key must be the lookup's, since the cache entry is stored under it.
 async fn staged_layer(
+    client: &Client,
     opts: &Options,
     cache: &LayerCache,
     function: &Function,
     dir: &Path,
-) -> Result<Option<DepLayer>, Error> {
+) -> Result<(Option<DepLayer>, Option<Reference>), Error> {
     let (dir, scratch, runtime, epoch) = (
         dir.to_path_buf(),
         cache.tmp_dir(),
@@ -498,19 +588,110 @@ async fn staged_layer(
         stage::read(&dir, &expected, &scratch)
     })
     .await??;
-    let (Some(layer), Some(copy)) = (verified.record.dependencies, verified.blob) else {
-        return Ok(None);
+    let lookup = read_lookup(opts, function.deps.as_ref()).await?;
+    let Some(layer) = verified.record.dependencies else {
+        return Ok((None, None));
+    };
+    let lookup_key = lookup.as_ref().and_then(|l| l.key.clone());
+    if layer.in_cache_repo && lookup_key.as_ref() != Some(&layer.key) {
+        return Err(stage::Error::Mismatch {
+            path: opts
+                .lookup_dir
+                .clone()
+                .unwrap_or_default()
+                .join(stage::LOOKUP_FILE),
+            field: "dependency key",
+            recorded: lookup_key.map_or_else(|| "none".into(), |k| k.to_string()),
+            current: format!("{} (the install stage's record)", layer.key),
+        }
+        .into());
+    }
+    let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
+    let Some(copy) = verified.blob else {
+        // In the cache repository, as the lookup found it: mounted, or downloaded and verified.
+        let (found, repo) = match (lookup.and_then(|l| l.found), repo) {
+            (Some(found), Some(repo)) if found.digest == layer.digest => (found, repo),
+            (found, repo) => {
+                return Err(stage::Error::Mismatch {
+                    path: opts
+                        .lookup_dir
+                        .clone()
+                        .unwrap_or_default()
+                        .join(stage::LOOKUP_FILE),
+                    field: "cache repository entry",
+                    recorded: found.map_or_else(
+                        || "none".into(),
+                        |f| {
+                            format!(
+                                "{} in {}",
+                                f.digest,
+                                repo.map_or_else(|| "no --cache-repo".into(), |r| r.to_string())
+                            )
+                        },
+                    ),
+                    current: format!("{} (the install stage's record)", layer.digest),
+                }
+                .into());
+            }
+        };
+        publish::authorize_up_front(client, opts).await?;
+        let gone = || stage::Error::EntryGone {
+            key: layer.key.clone(),
+            repo: repo.to_string(),
+        };
+        let (cached, remote) = install::from_cache_repo(client, opts, cache, &layer.key, &repo)
+            .await
+            .map_err(|e| {
+                tracing::warn!(error = %format!("{:#}", anyhow::Error::new(e)), "reading the cache repository");
+                gone()
+            })?
+            .filter(|(cached, _)| cached.digest == found.digest)
+            .ok_or_else(gone)?;
+        let local = remote.is_none().then(|| cache.blob_path(&cached.digest));
+        return Ok((
+            Some(DepLayer {
+                key: layer.key,
+                digest: cached.digest,
+                diff_id: cached.diff_id,
+                size: cached.size,
+                created_by: layer.created_by,
+                local,
+                remote,
+                _copy: None,
+                _in_use: crate::inuse::InUse::default(),
+            }),
+            None,
+        ));
     };
     tracing::info!(key = %layer.key, digest = %layer.digest, "dependency layer from the stage directory");
-    Ok(Some(DepLayer {
-        key: layer.key,
-        digest: layer.digest,
-        diff_id: layer.diff_id,
-        size: layer.size,
-        created_by: layer.created_by,
-        local: Some(copy.to_path_buf()),
-        remote: None,
-        _copy: Some(copy),
-        _in_use: crate::inuse::InUse::default(),
-    }))
+    // Installed by the install stage: stored in the cache repository under the lookup's key
+    // only, never one the install stage made up.
+    let store_in = match lookup_key {
+        Some(key) if key == layer.key => repo,
+        _ if repo.is_none() => None,
+        Some(key) => {
+            tracing::warn!(lookup = %key, staged = %layer.key, "the install stage's dependency key is not the one --stage lookup computed: the layer is used in this image but not stored in the cache repository");
+            None
+        }
+        None => {
+            tracing::warn!(
+                "no --lookup-dir: the dependency layer is not stored in the cache repository, since its key would come from the install stage (run --stage lookup first)"
+            );
+            None
+        }
+    };
+    Ok((
+        Some(DepLayer {
+            key: layer.key,
+            digest: layer.digest,
+            diff_id: layer.diff_id,
+            size: layer.size,
+            created_by: layer.created_by,
+            local: Some(copy.to_path_buf()),
+            remote: None,
+            _copy: Some(copy),
+            _in_use: crate::inuse::InUse::default(),
+        }),
+        store_in,
+    ))
 }

@@ -146,12 +146,22 @@ pub struct BuildArgs {
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
     /// no base image, no registry, no --image or --output needed, and it prints the layer's
     /// digest (or `none`). `publish` does the rest with the layer from --stage-dir and runs
-    /// no program at all: give push credentials to this stage only.
-    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"))]
+    /// no program at all: give push credentials to this stage only. `lookup`, before `deps`
+    /// and with pull credentials for --cache-repo, computes the dependency key, looks it up
+    /// in --cache-repo and writes what it found into --lookup-dir (it prints the layer's
+    /// digest, `miss` or `none`); runs no third-party code.
+    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"), requires_if("lookup", "lookup_dir"), requires_if("lookup", "cache_repo"))]
     pub stage: StageArg,
     /// The directory `--stage deps` writes and `--stage publish` reads.
     #[arg(long, value_name = "DIR")]
     pub stage_dir: Option<PathBuf>,
+    /// The directory `--stage lookup` writes and `--stage deps` and `--stage publish` read:
+    /// `deps` installs nothing when the lookup found the layer, and `publish` then mounts it
+    /// from --cache-repo, or stores the installed layer there under the key the lookup
+    /// computed. Mount it read-only where the install runs: the cache entry's key must not
+    /// come from the stage that runs third-party code.
+    #[arg(long, value_name = "DIR")]
+    pub lookup_dir: Option<PathBuf>,
     /// Also write the outcome to this file (a Kubernetes termination message, e.g.
     /// /dev/termination-log): on success the line printed on stdout, on failure the error
     /// as printed, with the install's last output lines; at most 4096 bytes.
@@ -177,6 +187,8 @@ pub enum StageArg {
     Deps,
     /// Everything but the install, with the dependency layer from --stage-dir.
     Publish,
+    /// Only the dependency key and its --cache-repo entry, into --lookup-dir.
+    Lookup,
 }
 
 /// The values `kiln build` takes from the environment, read once here.
@@ -301,6 +313,16 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         )
         .map_err(Failure::Usage)?
     };
+    if let Stage::Lookup(dir) = &opts.stage {
+        let lookup = build::run_lookup(&client, &opts, dir)
+            .await
+            .map_err(build_failure)?;
+        return Ok(match (lookup.key, lookup.found) {
+            (None, _) => "none".into(),
+            (Some(_), None) => "miss".into(),
+            (Some(_), Some(found)) => found.digest.to_string(),
+        });
+    }
     if let Stage::Deps(dir) = &opts.stage {
         let output = build::run_deps(&client, &opts, dir)
             .await
@@ -476,12 +498,21 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         }
         (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
         (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
+        (StageArg::Lookup, _) => match &args.lookup_dir {
+            Some(dir) => Stage::Lookup(dir.clone()),
+            None => return Err(anyhow!("--stage lookup needs --lookup-dir DIR")),
+        },
         (_, None) => {
             return Err(anyhow!(
                 "--stage deps and --stage publish need --stage-dir DIR"
             ));
         }
     };
+    if args.lookup_dir.is_some() && matches!(stage, Stage::All) {
+        return Err(anyhow!(
+            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage publish read it"
+        ));
+    }
     let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
     let opts = Options {
         function,
@@ -506,6 +537,7 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         allow_direct_deps: args.allow_direct_deps,
         tag_by_key: args.tag_by_key,
         cache_repo,
+        lookup_dir: args.lookup_dir.clone(),
         compression: match args.compression {
             CompressionArg::Gzip => crate::oci::Compression::Gzip,
             CompressionArg::Zstd => crate::oci::Compression::Zstd,

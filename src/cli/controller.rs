@@ -40,6 +40,17 @@ pub struct ControllerArgs {
     /// Where build Jobs push images: REGISTRY[/PREFIX].
     #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_REGISTRY")]
     pub registry: String,
+    /// The repository build Jobs share as dependency-layer cache (`kiln build --cache-repo`):
+    /// a build Pod on any node mounts the dependency layer another Function with the same
+    /// dependencies installed, instead of installing. `none` turns it off. The registry
+    /// Secret must allow pushing to it.
+    #[arg(
+        long,
+        value_name = "REPO|none",
+        env = "KILN_CACHE_REPO",
+        default_value = "REGISTRY/kiln-cache"
+    )]
+    pub cache_repo: String,
     /// Where nodes pull images from, when it differs from --registry.
     #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_PULL_REGISTRY")]
     pub pull_registry: Option<String>,
@@ -267,6 +278,14 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     config.function_service_account = args.function_service_account.clone();
     config.trace_collector_endpoint = args.trace_collector_endpoint.clone();
     config.publisher_proxy_address = args.publisher_proxy_address.clone();
+    config.cache_repo = match args.cache_repo.as_str() {
+        "none" => None,
+        "REGISTRY/kiln-cache" => Some(format!("{}/kiln-cache", config.registry)),
+        repo => {
+            super::build::cache_repo(repo).context("--cache-repo")?;
+            Some(repo.to_string())
+        }
+    };
     Ok(config)
 }
 

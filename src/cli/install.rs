@@ -19,12 +19,12 @@ pub enum DepsSandbox {
 }
 
 /// Whether this build needs the runtime's images in the local store: a whole build for its
-/// base; `--stage deps` only for the builder, and not when it installs with the toolchain on
-/// PATH (`--deps-sandbox none`, or natively inside the builder image).
+/// base; `--stage deps` and `--stage lookup` only for the builder, and not when the install
+/// uses the toolchain on PATH (`--deps-sandbox none`, or natively inside the builder image).
 pub(super) fn needs_store(mode: DepsSandbox, in_builder: Option<&str>, opts: &Options) -> bool {
     let native = mode == DepsSandbox::None
         || (mode == DepsSandbox::Auto && in_builder == Some(opts.runtime.name.as_str()));
-    !(native && matches!(opts.stage, Stage::Deps(_)))
+    !(native && matches!(opts.stage, Stage::Deps(_) | Stage::Lookup(_)))
 }
 
 /// Resolves `--deps-sandbox` into where the install runs; `in_builder` is `KILN_BUILDER`.
@@ -36,8 +36,12 @@ pub(super) fn isolation(
 ) -> anyhow::Result<Isolation> {
     let sandbox = match mode {
         DepsSandbox::None => return Ok(Isolation::Host),
-        // Inside the runtime's builder image (a build Job) the toolchain on PATH is its own.
-        DepsSandbox::Auto if in_builder == Some(runtime) => return Ok(Isolation::Host),
+        // Inside the runtime's builder image (a build Job) the toolchain on PATH is its own;
+        // a builder named by digest is the image this runs in (the Job's), and names it.
+        DepsSandbox::Auto if in_builder == Some(runtime) => {
+            return Ok(pinned_digest(builder)
+                .map_or(Isolation::Host, |builder| Isolation::Native { builder }));
+        }
         DepsSandbox::Auto => "auto",
         DepsSandbox::Bwrap => "bwrap",
     };
@@ -51,6 +55,12 @@ pub(super) fn isolation(
         .with_context(|| format!("invalid --builder-image {image:?}"))?;
     // Unpacked by the build only if the Function has dependencies to install.
     Ok(Isolation::Pending(image))
+}
+
+/// The digest of a builder image named `REF@sha256:…`.
+fn pinned_digest(builder: Option<&str>) -> Option<crate::oci::Digest> {
+    let (_, digest) = builder?.rsplit_once('@')?;
+    digest.parse().ok()
 }
 
 /// Makes sure the local store `store` has the runtime's base and builder images, assembling
@@ -124,5 +134,28 @@ mod tests {
             resolve(DepsSandbox::None, builder, None),
             Isolation::Host
         ));
+    }
+
+    #[test]
+    fn inside_a_builder_named_by_digest_the_digest_names_the_toolchain() {
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let pinned = format!("registry.example/kiln/nodejs22-builder@{digest}");
+        let resolve = |builder: &str, in_builder| {
+            isolation(DepsSandbox::Auto, Some(builder), in_builder, "nodejs22").expect("valid")
+        };
+        assert!(matches!(
+            resolve(&pinned, Some("nodejs22")),
+            Isolation::Native { builder } if builder.to_string() == digest
+        ));
+        // By tag: nothing names the image, the toolchain on PATH is asked.
+        assert!(matches!(
+            resolve(
+                "registry.example/kiln/nodejs22-builder:latest",
+                Some("nodejs22")
+            ),
+            Isolation::Host
+        ));
+        // Outside the builder image the digest is an image to unpack.
+        assert!(matches!(resolve(&pinned, None), Isolation::Pending(_)));
     }
 }

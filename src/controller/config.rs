@@ -31,6 +31,9 @@ pub struct Config {
     pub registry: String,
     /// Where nodes pull from when it differs from `registry` (Kyma's NodePort address).
     pub pull_registry: Option<String>,
+    /// The repository build Jobs share as dependency-layer cache (`--cache-repo`): with it,
+    /// a build Job first looks the dependency layer up there (`--stage lookup`).
+    pub cache_repo: Option<String>,
     /// Talk plain HTTP to the registry (build Jobs get `--insecure-registry`).
     pub insecure_registry: bool,
     /// Base and builder image per kiln runtime.
@@ -81,6 +84,7 @@ impl Config {
         Config {
             registry,
             pull_registry: None,
+            cache_repo: None,
             insecure_registry: false,
             runtimes,
             namespace: "kiln-system".into(),

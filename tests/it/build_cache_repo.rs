@@ -264,3 +264,218 @@ fn a_cache_repository_on_another_registry_is_downloaded_and_one_refusing_access_
     assert!(run.stderr.contains(INSTALLED), "{}", run.stderr);
     assert_eq!(target.missing_blobs("fn/three", "v1"), Some(vec![]));
 }
+
+/// One build Job's three stages on fresh machines: `lookup` (registry access, no install),
+/// `deps` (installs unless the lookup found the layer) and `publish` (into `image`).
+struct Job<'a> {
+    reg: &'a Registry,
+    builder: &'a str,
+    cache: String,
+    work: &'a Path,
+}
+
+impl Job<'_> {
+    fn args(&self, dir: &Path, extra: &[&str]) -> Vec<String> {
+        let base = tiny_base();
+        let mut args = vec![
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &base,
+            "--builder-image",
+            self.builder,
+        ];
+        args.extend(extra);
+        args.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn run(&self, dir: &Path, extra: &[&str]) -> common::kiln::Run {
+        let kiln = Kiln::new();
+        kiln.run_cmd(kiln.command().args(self.args(dir, extra)))
+    }
+
+    /// The stage directories of Function `name`: (lookup, deps).
+    fn dirs(&self, name: &str) -> (String, String) {
+        let dir = |stage: &str| {
+            let d = self.work.join(format!("{name}-{stage}"));
+            d.to_str().unwrap().to_string()
+        };
+        (dir("lookup"), dir("deps"))
+    }
+
+    fn lookup(&self, fun: &Path, name: &str) -> String {
+        let (lookup, _) = self.dirs(name);
+        let run = self.run(
+            fun,
+            &[
+                "--stage",
+                "lookup",
+                "--lookup-dir",
+                &lookup,
+                "--cache-repo",
+                &self.cache,
+                "--insecure-registry",
+                &self.reg.host(),
+            ],
+        );
+        run.reference()
+    }
+
+    fn deps(&self, fun: &Path, name: &str) -> common::kiln::Run {
+        common::require_tool("bwrap", "bubblewrap");
+        let (lookup, deps) = self.dirs(name);
+        self.run(
+            fun,
+            &[
+                "--stage",
+                "deps",
+                "--stage-dir",
+                &deps,
+                "--lookup-dir",
+                &lookup,
+            ],
+        )
+    }
+
+    fn publish(&self, fun: &Path, name: &str) -> common::kiln::Run {
+        let (lookup, deps) = self.dirs(name);
+        let image = self.reg.reference(&format!("fn/{name}:v1"));
+        self.run(
+            fun,
+            &[
+                "--stage",
+                "publish",
+                "--stage-dir",
+                &deps,
+                "--lookup-dir",
+                &lookup,
+                "--cache-repo",
+                &self.cache,
+                "--image",
+                &image,
+                "--insecure-registry",
+                &self.reg.host(),
+            ],
+        )
+    }
+}
+
+/// Edits the stage record in `deps_dir`, as an install script in the `deps` container
+/// could.
+fn forge_record(deps_dir: &str, edit: impl Fn(&mut serde_json::Value)) {
+    let path = Path::new(deps_dir).join("dependencies.json");
+    let mut record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut record);
+    std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+}
+
+#[test]
+fn build_jobs_share_the_cache_through_a_lookup_stage_whose_key_the_install_cannot_forge() {
+    let reg = Registry::start(RegistryKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let builder = kiln_built_builder(&Kiln::new(), "nodejs22", &work.path().join("bases"));
+    let job = Job {
+        reg: &reg,
+        builder: &builder,
+        cache: reg.reference("kiln/cache"),
+        work: work.path(),
+    };
+
+    // The first Job misses, installs, and its publish stage stores the layer.
+    let one = changed_copy("node-deps", &work.path().join("one"), "one");
+    assert_eq!(job.lookup(&one, "one"), "miss");
+    let run = job.deps(&one, "one");
+    run.reference();
+    assert!(run.stderr.contains(INSTALLED), "{}", run.stderr);
+    let run = job.publish(&one, "one");
+    run.reference();
+    assert!(
+        run.stderr
+            .contains("stored the dependency layer in the cache repository"),
+        "{}",
+        run.stderr
+    );
+    let entries = tags(&reg, "kiln/cache");
+    assert_eq!(entries.len(), 1, "{entries:?}");
+
+    // The second Job, another Function with the same dependencies: the lookup finds the
+    // layer, the install stage installs nothing and stages no blob, publish mounts it.
+    let two = changed_copy("node-deps", &work.path().join("two"), "two");
+    let layer = job.lookup(&two, "two");
+    assert!(layer.starts_with("sha256:"), "{layer}");
+    let run = job.deps(&two, "two");
+    assert_eq!(run.reference(), layer);
+    assert!(!run.stderr.contains(INSTALLED), "{}", run.stderr);
+    assert!(run.stderr.contains("nothing to install"), "{}", run.stderr);
+    let (_, deps_two) = job.dirs("two");
+    assert!(!Path::new(&deps_two).join("dependencies.tar.gz").exists());
+    let before = reg.settled_access_log().len();
+    let run = job.publish(&two, "two");
+    run.reference();
+    let log = reg.settled_access_log()[before..].to_vec();
+    let hex = layer.trim_start_matches("sha256:");
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("POST /v2/fn/two/blobs/uploads/")
+                && l.contains(hex)
+                && l.ends_with(" 201")),
+        "mounted: {log:?}"
+    );
+    assert_eq!(reg.missing_blobs("fn/two", "v1"), Some(vec![]));
+
+    // A third Function with other dependencies, whose install forges its record: under the
+    // first Function's key, the layer it made is used in its own image but never stored
+    // for others; claiming the first Function's cached layer instead is refused.
+    let three = work.path().join("three");
+    common::kiln::copy_tree(&one, &three);
+    let manifest = three.join("package.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replacen('{', "{\"description\": \"three\",", 1),
+    )
+    .unwrap();
+    assert_eq!(job.lookup(&three, "three"), "miss");
+    job.deps(&three, "three").reference();
+    let (_, deps_three) = job.dirs("three");
+    let first_key: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&job.dirs("one").1).join("dependencies.json")).unwrap(),
+    )
+    .unwrap();
+    let first_key = first_key["dependencies"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let own: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(&deps_three).join("dependencies.json")).unwrap(),
+    )
+    .unwrap();
+    let own_key = own["dependencies"]["key"].as_str().unwrap().to_string();
+    assert_ne!(own_key, first_key);
+    let swap_key = |r: &mut serde_json::Value| {
+        let text = r.to_string().replace(&own_key, &first_key);
+        *r = serde_json::from_str(&text).unwrap();
+    };
+    forge_record(&deps_three, swap_key);
+    let run = job.publish(&three, "three");
+    run.reference();
+    assert!(
+        run.stderr.contains("not the one --stage lookup computed"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(tags(&reg, "kiln/cache"), entries, "nothing stored");
+    forge_record(&deps_three, |r| {
+        r["dependencies"]["inCacheRepo"] = serde_json::json!(true);
+        r["dependencies"]["digest"] = serde_json::json!(layer);
+    });
+    let err = job.publish(&three, "three");
+    let err = err.failure(2);
+    assert!(
+        err.contains("lookup.json") && err.contains("dependency key"),
+        "{err}"
+    );
+}

@@ -343,9 +343,46 @@ fn stage_flags_are_checked() {
     ]);
     let err = run.failure(2);
     assert!(
-        err.contains("run `kiln build --stage deps --stage-dir DIR` for this Function first"),
+        err.contains("never-staged")
+            && err.contains("run the stage that writes it")
+            && err.contains("`kiln build --stage deps --stage-dir DIR`"),
         "{err}"
     );
+    // The lookup stage writes --lookup-dir and asks --cache-repo: both are needed, and a
+    // whole build has no use for a lookup directory.
+    let lookup = work.path().join("lookup");
+    let common = [
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &base,
+    ];
+    for (extra, needs) in [
+        (
+            vec!["--stage", "lookup", "--cache-repo", "127.0.0.1:5000/cache"],
+            "--lookup-dir",
+        ),
+        (
+            vec![
+                "--stage",
+                "lookup",
+                "--lookup-dir",
+                lookup.to_str().unwrap(),
+            ],
+            "--cache-repo",
+        ),
+        (
+            vec!["--lookup-dir", lookup.to_str().unwrap()],
+            "--lookup-dir is for split builds",
+        ),
+    ] {
+        let args: Vec<&str> = common.iter().copied().chain(extra).collect();
+        let run = kiln.run(&args);
+        let err = run.failure(2);
+        assert!(err.contains(needs), "{needs}: {err}");
+    }
 }
 
 #[test]

@@ -71,7 +71,7 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
         "RuntimeDefault"
     );
     let all = containers(job);
-    assert_eq!(all.len(), 2);
+    assert_eq!(all.len(), 3, "lookup, deps, build");
     for c in &all {
         let s = &c["securityContext"];
         assert_eq!(
@@ -90,7 +90,7 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
             c["image"]
         );
     }
-    let (deps, build) = (&all[0], &all[1]);
+    let (lookup, deps, build) = (&all[0], &all[1], &all[2]);
     let args = |c: &Value| {
         c["args"]
             .as_array()
@@ -108,6 +108,37 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
         "the install never sees the push credentials"
     );
     assert!(args(build).contains("--stage publish") && args(build).contains("--registry-auth"));
+    // The shared dependency cache: the lookup (credentials, no install) writes what the
+    // install and publish only read, and the key names the builder by digest.
+    let cache = format!("{}/functions/kiln-cache", env.registry.host());
+    assert!(
+        args(lookup).contains("--stage lookup")
+            && args(lookup).contains(&format!("--cache-repo {cache}"))
+            && args(lookup).contains("--registry-auth"),
+        "{}",
+        args(lookup)
+    );
+    assert!(args(build).contains(&format!("--cache-repo {cache}")));
+    assert!(!args(deps).contains("--cache-repo"));
+    assert!(args(deps).contains(&format!(
+        "--builder-image {}",
+        lookup["image"].as_str().unwrap()
+    )));
+    let lookup_mount = |c: &Value| {
+        c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "lookup")
+            .map(|m| m["readOnly"].clone())
+    };
+    assert_eq!(lookup_mount(lookup), Some(json!(false)));
+    assert_eq!(
+        lookup_mount(deps),
+        Some(json!(true)),
+        "the install cannot write the lookup"
+    );
+    assert_eq!(lookup_mount(build), Some(json!(true)));
     let image = job_arg(&serde_json::from_value(job.clone()).unwrap(), "--image").unwrap();
     assert!(
         image.starts_with(&format!("{}/functions/team-hello:", env.registry.host())),

@@ -149,6 +149,9 @@ fn function_yaml(name: &str, runtime: &str, source: &str, dependencies: &str) ->
     serde_yaml::to_string(&doc).unwrap()
 }
 
+const WORDS_DEPENDENCIES: &str =
+    r#"{"name": "words", "version": "1.0.0", "dependencies": {"lodash": "4.17.21"}}"#;
+
 #[test]
 fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
     let mut env = ControllerEnv::start(&[]);
@@ -188,7 +191,7 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
         "words",
         "nodejs22",
         "const _ = require('lodash');\nmodule.exports = { main: (event, context) => ({ words: _.words(event.data), name: context['function-name'], greeting: process.env.GREETING }) };\n",
-        r#"{"name": "words", "version": "1.0.0", "dependencies": {"lodash": "4.17.21"}}"#,
+        WORDS_DEPENDENCIES,
     );
     let python = function_yaml(
         "yaml",
@@ -228,6 +231,50 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
     assert_eq!(
         answer,
         json!({"words": ["kiln", "builds", "functions"], "name": "words", "greeting": "hello"})
+    );
+
+    // Another Function with the same dependencies, built after the first in a new build Pod
+    // with empty caches: its lookup finds the layer the first build stored in the shared
+    // cache repository (the controller's default), so its install stage installs nothing.
+    env.create_function(
+        "team",
+        &function_yaml(
+            "shout",
+            "nodejs22",
+            "const _ = require('lodash');\nmodule.exports = { main: (event) => _.toUpper(event.data) };\n",
+            WORDS_DEPENDENCIES,
+        ),
+    );
+    env.wait_condition("team", "shout", "Running", "True", Some("DeploymentReady"));
+    let (code, body) = http(kubelet.port("team", "shout").unwrap(), "POST", "kiln");
+    assert_eq!((code, body.as_str()), (200, "KILN"));
+    let deps_log = |function: &str| {
+        let pods = work.path().join("kubelet/pods");
+        let pod = std::fs::read_dir(&pods)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find_map(|n| {
+                n.strip_prefix("team_")
+                    .filter(|p| p.starts_with(&format!("{function}-build-")))
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| panic!("no build Pod of {function} in {}", pods.display()));
+        (
+            kubelet.logs("team", &pod, "lookup"),
+            kubelet.logs("team", &pod, "deps"),
+        )
+    };
+    let (lookup, deps) = deps_log("words");
+    assert!(lookup.contains("not in the cache repository"), "{lookup}");
+    assert!(deps.contains("installing dependencies"), "{deps}");
+    let (lookup, deps) = deps_log("shout");
+    assert!(
+        lookup.contains("the cache repository has the dependency layer"),
+        "{lookup}"
+    );
+    assert!(
+        deps.contains("nothing to install") && !deps.contains("installing dependencies"),
+        "{deps}"
     );
 
     let (code, body) = http(kubelet.port("team", "yaml").unwrap(), "POST", "a: [1, 2]");

@@ -5,9 +5,12 @@
 //! symlinks and must be a regular file, the record must describe this very Function, and the
 //! layer is copied out while its size, digest and diff_id are checked.
 
+mod lookup;
 mod open;
 #[cfg(test)]
 mod tests;
+
+pub use lookup::{Found, LOOKUP_FILE, Lookup, read_lookup, write_lookup};
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -64,6 +67,11 @@ pub struct StagedLayer {
     pub size: u64,
     /// The image history entry's `created_by`.
     pub created_by: String,
+    /// The layer is the cache repository entry `--stage lookup` found, so nothing was
+    /// installed and there is no blob here: publish takes the layer from the repository,
+    /// trusting the lookup's record, never this one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_cache_repo: bool,
 }
 
 /// What the publishing build expects the record to say.
@@ -95,7 +103,7 @@ pub struct Verified {
 pub enum Error {
     /// A file is missing or cannot be opened.
     #[error(
-        "opening {path}: run `kiln build --stage deps --stage-dir DIR` for this Function first"
+        "opening {path}: run the stage that writes it for this Function first (`kiln build --stage deps --stage-dir DIR`, or `--stage lookup --lookup-dir DIR` for a lookup directory)"
     )]
     Open {
         /// The file.
@@ -137,6 +145,16 @@ pub enum Error {
         /// What this build has.
         current: String,
     },
+    /// The layer `--stage lookup` found is gone from the cache repository, or unusable.
+    #[error(
+        "the dependency layer {key} that --stage lookup found in {repo} cannot be used now: it is gone or does not verify; run the build again (its lookup will then miss and install)"
+    )]
+    EntryGone {
+        /// The dependency key.
+        key: Digest,
+        /// The cache repository.
+        repo: String,
+    },
     /// The blob is not what the record says.
     #[error("{path} does not match its record: {field} is {actual}, the record says {expected}")]
     Blob {
@@ -174,7 +192,7 @@ pub enum Error {
 impl Error {
     /// Whether the stage directory's content is at fault (exit code 2) rather than I/O.
     pub fn is_input_error(&self) -> bool {
-        !matches!(self, Error::Io { .. })
+        !matches!(self, Error::Io { .. } | Error::EntryGone { .. })
     }
 }
 
@@ -228,14 +246,59 @@ pub fn write(dir: &Path, record: &Record, blob: Option<&Path>) -> Result<(), Err
             _ => {}
         },
     }
-    let record_path = dir.join(RECORD_FILE);
-    let bytes =
-        serde_json::to_vec_pretty(record).map_err(|e| io("writing", &record_path)(e.into()))?;
+    write_json(dir, RECORD_FILE, record)
+}
+
+/// Writes `value` as `dir/name`, through a temporary file renamed over it.
+fn write_json(dir: &Path, name: &str, value: &impl Serialize) -> Result<(), Error> {
+    let path = dir.join(name);
+    let io = |action, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    let bytes = serde_json::to_vec_pretty(value).map_err(|e| io("writing", &path)(e.into()))?;
     let mut tmp = NamedTempFile::new_in(dir).map_err(io("writing into", dir))?;
-    tmp.write_all(&bytes).map_err(io("writing", &record_path))?;
-    tmp.persist(&record_path)
-        .map_err(|e| io("writing", &record_path)(e.error))?;
+    tmp.write_all(&bytes).map_err(io("writing", &path))?;
+    tmp.persist(&path)
+        .map_err(|e| io("writing", &path)(e.error))?;
     Ok(())
+}
+
+/// Opens `dir` for reading files beneath it.
+fn open_dir(dir: &Path) -> Result<rustix::fd::OwnedFd, Error> {
+    rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::Open {
+        path: dir.to_path_buf(),
+        source: e.into(),
+    })
+}
+
+/// Reads `dir/name` (a regular file, no symlink followed, at most [`RECORD_LIMIT`] bytes)
+/// as JSON.
+fn read_json<T: serde::de::DeserializeOwned>(
+    dir_fd: &rustix::fd::OwnedFd,
+    dir: &Path,
+    name: &str,
+) -> Result<T, Error> {
+    let path = dir.join(name);
+    let mut bytes = Vec::new();
+    open_beneath(dir_fd, dir, name)?
+        .take(RECORD_LIMIT)
+        .read_to_end(&mut bytes)
+        .map_err(|source| Error::Io {
+            action: "reading",
+            path: path.clone(),
+            source,
+        })?;
+    serde_json::from_slice(&bytes).map_err(|source| Error::Parse { path, source })
 }
 
 /// Reads and checks the stage in `dir` against what this build expects, copying the layer
@@ -244,32 +307,14 @@ pub fn write(dir: &Path, record: &Record, blob: Option<&Path>) -> Result<(), Err
 /// # Errors
 /// Any file that is missing, not a regular file, malformed, or does not match.
 pub fn read(dir: &Path, expected: &Expected<'_>, scratch: &Path) -> Result<Verified, Error> {
-    let dir_fd = rustix::fs::open(
-        dir,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| Error::Open {
-        path: dir.to_path_buf(),
-        source: e.into(),
-    })?;
+    let dir_fd = open_dir(dir)?;
     let record_path = dir.join(RECORD_FILE);
-    let mut bytes = Vec::new();
-    open_beneath(&dir_fd, dir, RECORD_FILE)?
-        .take(RECORD_LIMIT)
-        .read_to_end(&mut bytes)
-        .map_err(|source| Error::Io {
-            action: "reading",
-            path: record_path.clone(),
-            source,
-        })?;
-    let record: Record = serde_json::from_slice(&bytes).map_err(|source| Error::Parse {
-        path: record_path.clone(),
-        source,
-    })?;
+    let record: Record = read_json(&dir_fd, dir, RECORD_FILE)?;
     check_record(&record, expected, &record_path)?;
     let blob = match &record.dependencies {
         None => None,
+        // Nothing here: publish takes it from the cache repository.
+        Some(layer) if layer.in_cache_repo => None,
         Some(layer) => {
             let file = open_beneath(&dir_fd, dir, BLOB_FILE)?;
             Some(copy_verified(file, &dir.join(BLOB_FILE), layer, scratch)?)

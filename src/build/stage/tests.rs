@@ -41,6 +41,7 @@ fn staged(dir: &Path, inputs: &DepInputs) -> Record {
             digest: blob.descriptor.digest.clone(),
             diff_id: blob.diff_id.clone(),
             size: blob.descriptor.size,
+            in_cache_repo: false,
         }),
     };
     write(&dir.join("stage"), &record, Some(&blob.file)).unwrap();
@@ -134,6 +135,58 @@ fn a_fifo_in_place_of_the_blob_is_refused_without_blocking() {
             err,
             Error::NotRegular {
                 kind: "a special file",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_lookup_reads_back_only_for_its_own_function_and_never_through_a_symlink() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = inputs("{}");
+    let found = Found {
+        digest: Digest::of(b"layer"),
+        diff_id: Digest::of(b"tar"),
+        size: 5,
+    };
+    let lookup = Lookup::new(
+        "nodejs22",
+        0,
+        Some(&inputs),
+        Some(Digest::of(b"key")),
+        "registry.example/kiln-cache".into(),
+        Some(found),
+    );
+    let at = dir.path().join("lookup");
+    write_lookup(&at, &lookup).unwrap();
+    let text = std::fs::read_to_string(at.join(LOOKUP_FILE)).unwrap();
+    assert!(!text.contains("secret"), "{text}");
+    assert_eq!(
+        read_lookup(&at, "nodejs22", 0, Some(&inputs)).unwrap(),
+        lookup
+    );
+    for (runtime, epoch, manifest, field) in [
+        ("nodejs24", 0, "{}", "runtime"),
+        ("nodejs22", 3, "{}", "SOURCE_DATE_EPOCH"),
+        ("nodejs22", 0, "{\"x\":1}", "dependency manifest digest"),
+    ] {
+        let err = read_lookup(&at, runtime, epoch, Some(&self::inputs(manifest))).unwrap_err();
+        assert!(
+            matches!(&err, Error::Mismatch { field: f, .. } if *f == field),
+            "{field}: {err}"
+        );
+    }
+    let planted = dir.path().join("planted");
+    std::fs::create_dir(&planted).unwrap();
+    std::os::unix::fs::symlink(at.join(LOOKUP_FILE), planted.join(LOOKUP_FILE)).unwrap();
+    let err = read_lookup(&planted, "nodejs22", 0, Some(&inputs)).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::NotRegular {
+                kind: "a symlink",
                 ..
             }
         ),

@@ -3,7 +3,12 @@
 //! (`--stage deps`): third-party code runs there, with no registry credentials, no
 //! service-account token and its own /tmp, and writes only the dependency layer into the
 //! `deps` emptyDir. The container `build` then assembles and pushes (`--stage publish`) with
-//! the credentials mounted, running no third-party code. Both are unprivileged, with a
+//! the credentials mounted, running no third-party code. With a shared dependency cache
+//! (`--cache-repo`) the init container `lookup` comes first: with the registry credentials
+//! and no third-party code it computes the dependency key and asks the cache repository,
+//! writing what it found into the `lookup` emptyDir, which `deps` and `build` mount
+//! read-only: `deps` then installs nothing on a hit, and `build` mounts the cached layer, or
+//! stores the installed one under the key `lookup` computed. All are unprivileged, with a
 //! read-only root filesystem; `backoffLimit: 0` (the controller retries, with backoff).
 
 use std::collections::BTreeMap;
@@ -26,11 +31,14 @@ use crate::controller::plan::{Plan, SourcePlan};
 pub const BUILD_UID: i64 = 1000;
 /// The init container that installs dependencies.
 pub const DEPS_CONTAINER: &str = "deps";
+/// The init container that looks the dependency layer up in the cache repository.
+pub const LOOKUP_CONTAINER: &str = "lookup";
 /// The container that assembles and pushes the image.
 pub const BUILD_CONTAINER: &str = "build";
 
 const SRC_DIR: &str = "/workspace/src";
 const DEPS_DIR: &str = "/workspace/deps";
+const LOOKUP_DIR: &str = "/workspace/lookup";
 const REGISTRY_DIR: &str = "/kiln/registry";
 const PACKAGE_REGISTRY_DIR: &str = "/kiln/package-registry";
 const CA_DIR: &str = "/kiln/ca";
@@ -76,11 +84,25 @@ fn deadline_seconds(config: &Config) -> i64 {
 }
 
 fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpec {
+    let cached = config.cache_repo.is_some();
+    let lookup = cached.then(|| {
+        let mut mounts = source_mounts(plan);
+        mounts.push(mount("lookup", LOOKUP_DIR, false));
+        mounts.push(mount("tmp-lookup", "/tmp", false));
+        mounts.push(mount("package-registry", PACKAGE_REGISTRY_DIR, true));
+        mounts.push(mount("registry-auth", REGISTRY_DIR, true));
+        let c = container(LOOKUP_CONTAINER, plan, lookup_args(f, plan, config), mounts);
+        with_shared_mounts(c, plan, config)
+    });
     let deps = container(DEPS_CONTAINER, plan, deps_args(f, plan, config), {
         let mut mounts = source_mounts(plan);
         mounts.push(mount("deps", DEPS_DIR, false));
         mounts.push(mount("tmp-deps", "/tmp", false));
         mounts.push(mount("package-registry", PACKAGE_REGISTRY_DIR, true));
+        if cached {
+            // Read-only: the cache entry's key must not come from the install.
+            mounts.push(mount("lookup", LOOKUP_DIR, true));
+        }
         mounts
     });
     let build = container(BUILD_CONTAINER, plan, publish_args(f, plan, config), {
@@ -88,6 +110,9 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
         mounts.push(mount("deps", DEPS_DIR, true));
         mounts.push(mount("tmp-build", "/tmp", false));
         mounts.push(mount("registry-auth", REGISTRY_DIR, true));
+        if cached {
+            mounts.push(mount("lookup", LOOKUP_DIR, true));
+        }
         mounts
     });
     let (deps, build) = (
@@ -105,14 +130,14 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        init_containers: Some(vec![deps]),
+        init_containers: Some(lookup.into_iter().chain([deps]).collect()),
         containers: vec![build],
         volumes: Some(volumes(plan, config, cm_name)),
         ..PodSpec::default()
     }
 }
 
-/// Mounts both containers need: the CA bundle and the git credentials.
+/// Mounts every container needs: the CA bundle and the git credentials.
 fn with_shared_mounts(mut c: Container, plan: &Plan, config: &Config) -> Container {
     let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
     if config.ca_bundle_configmap.is_some() {
@@ -208,8 +233,6 @@ fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
         f.namespace_or_default().into(),
         "--base".into(),
         plan.base.clone(),
-        "--stage-dir".into(),
-        DEPS_DIR.into(),
         "--cache-dir".into(),
         "/tmp/kiln-cache".into(),
         "--termination-log".into(),
@@ -226,13 +249,53 @@ fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     args
 }
 
+/// `--builder-image`: the image the container runs, by digest. Inside it the install uses
+/// the toolchain on PATH, and the digest names that toolchain in the dependency key, so the
+/// key is the one `kiln warm` and local builds with this builder compute.
+fn builder_args(plan: &Plan) -> [String; 2] {
+    ["--builder-image".into(), plan.builder.clone()]
+}
+
+/// The dependency key's inputs: the builder and the package-registry config.
+fn key_args(plan: &Plan) -> impl Iterator<Item = String> {
+    builder_args(plan).into_iter().chain([
+        "--package-registry-config".into(),
+        PACKAGE_REGISTRY_DIR.into(),
+    ])
+}
+
+fn registry_args(config: &Config) -> Vec<String> {
+    let mut args = vec![
+        "--registry-auth".into(),
+        format!("{REGISTRY_DIR}/config.json"),
+    ];
+    if config.ca_bundle_configmap.is_some() {
+        args.extend(["--registry-ca".into(), format!("{CA_DIR}/ca.crt")]);
+    }
+    args
+}
+
+fn lookup_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
+    let mut args = common_args(f, plan, config);
+    args.extend(["--stage".into(), "lookup".into()]);
+    args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
+    args.extend([
+        "--cache-repo".into(),
+        config.cache_repo.clone().unwrap_or_default(),
+    ]);
+    args.extend(key_args(plan));
+    args.extend(registry_args(config));
+    args
+}
+
 fn deps_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     let mut args = common_args(f, plan, config);
     args.extend(["--stage".into(), "deps".into()]);
-    args.extend([
-        "--package-registry-config".into(),
-        PACKAGE_REGISTRY_DIR.into(),
-    ]);
+    args.extend(["--stage-dir".into(), DEPS_DIR.into()]);
+    args.extend(key_args(plan));
+    if config.cache_repo.is_some() {
+        args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
+    }
     if config.ca_bundle_configmap.is_some() {
         args.extend(["--ca-bundle".into(), format!("{CA_DIR}/ca.crt")]);
     }
@@ -242,14 +305,13 @@ fn deps_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
 fn publish_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     let mut args = common_args(f, plan, config);
     args.extend(["--stage".into(), "publish".into()]);
+    args.extend(["--stage-dir".into(), DEPS_DIR.into()]);
     args.extend(["--image".into(), plan.push_image.clone()]);
-    args.extend([
-        "--registry-auth".into(),
-        format!("{REGISTRY_DIR}/config.json"),
-    ]);
-    if config.ca_bundle_configmap.is_some() {
-        args.extend(["--registry-ca".into(), format!("{CA_DIR}/ca.crt")]);
+    if let Some(repo) = &config.cache_repo {
+        args.extend(["--cache-repo".into(), repo.clone()]);
+        args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
     }
+    args.extend(registry_args(config));
     args
 }
 
@@ -265,6 +327,9 @@ fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
         ..Volume::default()
     };
     let mut volumes = vec![empty("deps"), empty("tmp-deps"), empty("tmp-build")];
+    if config.cache_repo.is_some() {
+        volumes.extend([empty("lookup"), empty("tmp-lookup")]);
+    }
     if matches!(plan.source, SourcePlan::Inline { .. }) {
         let item = |key: &str, path: &str| KeyToPath {
             key: key.into(),
