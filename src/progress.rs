@@ -1,35 +1,153 @@
-//! Progress of long steps (downloads, a dependency install, blob uploads) as log lines: while
-//! a step runs, a [`Ticker`] logs how far it got every [`PERIOD`] — the same lines in every
-//! log format (the compact terminal view, plain lines, JSON with `--log-format json`), and
-//! never on stdout. A step shorter than the period logs nothing more than before.
+//! Progress of long steps (downloads, a dependency install, blob uploads). On a terminal
+//! showing the compact view, each running step is a live line at the bottom of stderr (an
+//! indicatif bar for bytes, a spinner with the install's last output line), and log lines
+//! are printed above it. Elsewhere (plain lines, JSON with `--log-format json`, a terminal
+//! with `-q`) a [`Ticker`] logs how far the step got every [`PERIOD`] instead. Never on
+//! stdout; a step shorter than the period logs nothing more than before.
 
+use std::io::Write;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-/// How often a running step reports.
-pub const PERIOD: Duration = Duration::from_secs(5);
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Calls `report` with the time elapsed every `period` until dropped. Needs a Tokio runtime.
+/// How often a running step reports in log lines.
+pub const PERIOD: Duration = Duration::from_secs(5);
+/// How often a live line is brought up to date.
+const REDRAW: Duration = Duration::from_millis(100);
+
+/// The live lines, when stderr is a terminal showing the compact view ([`enable_terminal`]).
+static TERMINAL: OnceLock<MultiProgress> = OnceLock::new();
+
+/// Shows running steps as live lines on stderr from now on; called once by the tracing setup
+/// when stderr is a terminal. Log lines must then go through [`StderrWriter`].
+pub fn enable_terminal() {
+    TERMINAL.get_or_init(|| MultiProgress::with_draw_target(ProgressDrawTarget::stderr()));
+}
+
+/// stderr for log lines: above the live lines while any are shown.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StderrWriter;
+
+impl Write for StderrWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match TERMINAL.get() {
+            Some(multi) => multi.suspend(|| std::io::stderr().write_all(buf))?,
+            None => std::io::stderr().write_all(buf)?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
+/// What a step's live line shows.
+pub enum Show {
+    /// A label and a message that changes (the install's last line).
+    Message {
+        /// What the step is.
+        label: String,
+        /// The current message.
+        message: Box<dyn Fn() -> String + Send + Sync>,
+    },
+    /// A label and bytes done, of a total when known.
+    Bytes {
+        /// What the step is.
+        label: String,
+        /// Bytes done and the total.
+        done: Box<dyn Fn() -> (u64, Option<u64>) + Send + Sync>,
+    },
+}
+
+/// A running step's progress: a live line on a terminal, else `log` every `period`. Needs a
+/// Tokio runtime; stops (and clears its line) when dropped.
 #[must_use = "the ticker stops when dropped"]
-pub struct Ticker(tokio::task::JoinHandle<()>);
+pub struct Ticker {
+    task: tokio::task::JoinHandle<()>,
+    bar: Option<ProgressBar>,
+}
 
 impl Ticker {
-    /// Starts ticking; the first report comes after one `period`.
-    pub fn start(period: Duration, mut report: impl FnMut(Duration) + Send + 'static) -> Ticker {
-        let start = tokio::time::Instant::now();
-        Ticker(tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(start + period, period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                report(start.elapsed());
+    /// Starts reporting; the first log line comes after one `period`.
+    pub fn start(
+        period: Duration,
+        show: Show,
+        log: impl FnMut(Duration) + Send + 'static,
+    ) -> Ticker {
+        match TERMINAL.get() {
+            Some(multi) => live(multi, show),
+            None => Ticker {
+                task: every(period, log),
+                bar: None,
+            },
+        }
+    }
+}
+
+/// Calls `report` with the time elapsed every `period`.
+fn every(
+    period: Duration,
+    mut report: impl FnMut(Duration) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let start = tokio::time::Instant::now();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval_at(start + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            report(start.elapsed());
+        }
+    })
+}
+
+fn live(multi: &MultiProgress, show: Show) -> Ticker {
+    let style = |template: &str| {
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner())
+    };
+    let bar = match &show {
+        Show::Message { label, .. } => {
+            let bar = ProgressBar::new_spinner();
+            bar.set_style(style("{spinner} {prefix} {elapsed} {wide_msg}"));
+            bar.set_prefix(label.clone());
+            bar
+        }
+        Show::Bytes { label, .. } => {
+            let bar = ProgressBar::new(0);
+            bar.set_style(style(
+                "{spinner} {prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {elapsed}",
+            ));
+            bar.set_prefix(label.clone());
+            bar
+        }
+    };
+    let bar = multi.add(bar);
+    bar.enable_steady_tick(REDRAW);
+    let shown = bar.clone();
+    let task = every(REDRAW, move |_| match &show {
+        Show::Message { message, .. } => shown.set_message(message()),
+        Show::Bytes { done, .. } => {
+            let (done, total) = done();
+            match total {
+                Some(total) => shown.set_length(total.max(done)),
+                None => shown.set_length(done),
             }
-        }))
+            shown.set_position(done);
+        }
+    });
+    Ticker {
+        task,
+        bar: Some(bar),
     }
 }
 
 impl Drop for Ticker {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
     }
 }
 
@@ -48,7 +166,11 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         let period = Duration::from_millis(40);
-        let ticker = Ticker::start(period, move |elapsed| {
+        let show = Show::Message {
+            label: "test".into(),
+            message: Box::new(String::new),
+        };
+        let ticker = Ticker::start(period, show, move |elapsed| {
             log.lock().map(|mut l| l.push(elapsed)).ok();
         });
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -1,5 +1,6 @@
-//! Tracing setup, called once from `main`: a compact human view on a terminal, plain lines
-//! with timestamps otherwise, or JSON lines; all on stderr, filtered by `RUST_LOG` or -v/-q.
+//! Tracing setup, called once from `main`: a compact human view on a terminal (with live
+//! progress lines for long steps), plain lines with timestamps otherwise, or JSON lines; all
+//! on stderr, filtered by `RUST_LOG` or -v/-q.
 
 use std::io::IsTerminal;
 
@@ -17,9 +18,15 @@ pub fn init(args: &GlobalArgs) {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let tty = std::io::stderr().is_terminal();
+    // On a terminal, long steps are live lines (`progress`), which log lines print above;
+    // with -q there is nothing to show.
+    let live = tty && args.log_format == LogFormat::Auto && !args.quiet;
+    if live {
+        crate::progress::enable_terminal();
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| crate::progress::StderrWriter);
     match (args.log_format, tty) {
         (LogFormat::Json, _) => builder
             .json()

@@ -101,7 +101,14 @@ pub async fn cached<D: Digest>(
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let _progress = {
             let (done, url) = (done.clone(), url.to_string());
-            crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
+            let show = crate::progress::Show::Bytes {
+                label: format!("downloading {}", url.rsplit('/').next().unwrap_or_default()),
+                done: Box::new({
+                    let done = done.clone();
+                    move || (done.load(std::sync::atomic::Ordering::Relaxed), total)
+                }),
+            };
+            crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
                 let got =
                     crate::progress::megabytes(done.load(std::sync::atomic::Ordering::Relaxed));
                 let of = total.map(crate::progress::megabytes);

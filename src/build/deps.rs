@@ -532,9 +532,13 @@ async fn read_output(
     let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let _progress = {
         let (last, secrets) = (last.clone(), secrets.clone());
-        crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
-            let line = last.lock().map(|l| secrets.mask(&l)).unwrap_or_default();
-            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line, "dependency install running");
+        let line = move || last.lock().map(|l| secrets.mask(&l)).unwrap_or_default();
+        let show = crate::progress::Show::Message {
+            label: "installing dependencies".into(),
+            message: Box::new(line.clone()),
+        };
+        crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
+            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line(), "dependency install running");
         })
     };
     // stdout only feeds the last line; stderr is also kept for the error's tail.

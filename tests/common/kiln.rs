@@ -120,6 +120,33 @@ impl Kiln {
         self.run_cmd(self.command().args(args))
     }
 
+    /// Runs `kiln ARGS` on a pseudo-terminal (util-linux `script`) in the terminal's own log
+    /// view: the exit code and what the terminal showed (stdout and stderr together).
+    pub fn run_on_terminal(&self, args: &[&str]) -> (i32, String) {
+        let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+        let line: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_kiln"))
+            .chain(args.iter().copied())
+            .map(quote)
+            .collect();
+        let mut cmd = Command::new("script");
+        cmd.args(["-q", "-e", "-c", &line.join(" "), "/dev/null"]);
+        for (key, value) in self.command().get_envs() {
+            match value {
+                Some(value) => cmd.env(key, value),
+                None => cmd.env_remove(key),
+            };
+        }
+        let out = cmd
+            .env("KILN_LOG_FORMAT", "auto")
+            .env("TERM", "xterm")
+            .env("COLUMNS", "120")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let shown = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.code().unwrap_or(-1), shown)
+    }
+
     /// Runs a prepared command.
     pub fn run_cmd(&self, cmd: &mut Command) -> Run {
         let Output {

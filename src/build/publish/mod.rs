@@ -423,8 +423,16 @@ impl RegistryPublisher {
         let before = client.traffic().bytes_sent;
         let at_most: u64 = input.layers.iter().map(|b| b.descriptor.size).sum();
         let target = self.target.repository_path();
-        crate::progress::Ticker::start(crate::progress::PERIOD, move |elapsed| {
-            let sent = client.traffic().bytes_sent.saturating_sub(before);
+        let sent = move || client.traffic().bytes_sent.saturating_sub(before);
+        let show = crate::progress::Show::Bytes {
+            label: format!("pushing to {target}"),
+            done: Box::new({
+                let sent = sent.clone();
+                move || (sent(), Some(at_most))
+            }),
+        };
+        crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
+            let sent = sent();
             tracing::info!(
                 target,
                 sent = crate::progress::megabytes(sent),
