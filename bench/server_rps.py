@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Requests per second of kiln's function servers against a bare server, side by side.
 
-    python3 bench/server_rps.py            # 5 rounds; ROUNDS=9 REQUESTS=40000 for more
+    python3 bench/server_rps.py            # 5 rounds; ROUNDS=9 REQUESTS=100000 for more
+    CASES=node:hello python3 bench/server_rps.py   # one runtime, or one runtime's Function
 
 For each runtime (Node.js, Python) and each Function — a JSON hello, and a Mandelbrot
 Function in the manner of Kyma's performance scenario (the size in request headers, the escape
@@ -35,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = int(os.environ.get('ROUNDS', 5))
-REQUESTS = int(os.environ.get('REQUESTS', 20000))
+REQUESTS = int(os.environ.get('REQUESTS', 60000))
 CONCURRENCY = int(os.environ.get('CONCURRENCY', 16))
 MANDEL_HEADERS = {'width': '32', 'height': '32', 'iterations': '50', 'zoom': '1'}
 
@@ -262,6 +263,10 @@ def main():
         fixed_port['kyma'] = 8080
     cases = [('node', 'hello', {}), ('node', 'mandel', MANDEL_HEADERS),
              ('python', 'hello', {}), ('python', 'mandel', MANDEL_HEADERS)]
+    # CASES=node,python:hello: only these runtimes or runtime:Function pairs.
+    wanted = [c for c in os.environ.get('CASES', '').split(',') if c]
+    if wanted:
+        cases = [c for c in cases if c[0] in wanted or f'{c[0]}:{c[1]}' in wanted]
     idle = {}
     results = {}
     for rnd in range(ROUNDS):

@@ -1185,7 +1185,8 @@ async fn node_functions_get_expresss_request_and_response_helpers() {
     assert_eq!(
         answer,
         json!({"is": "json", "isWild": "application/json", "isHtml": false, "accepts": "json",
-            "acceptsHtml": "html", "acceptsPng": false, "protocol": "http"})
+            "acceptsHtml": "html", "acceptsPng": false, "protocol": "http",
+            "hostname": "127.0.0.1", "ip": "127.0.0.1"})
     );
 
     let resp = client.get(server.url("/redirect")).send().await.unwrap();
