@@ -297,13 +297,9 @@ impl CommitResolver for GitLsRemote {
         &self,
         url: &str,
         reference: &str,
-        credentials: Option<&crate::git::Credentials>,
+        access: &crate::git::Access,
     ) -> Result<String, String> {
-        let access = crate::git::Access {
-            credentials: credentials.cloned(),
-            ..crate::git::Access::default()
-        };
-        crate::git::resolve_reference(url, reference, &access)
+        crate::git::resolve_reference(url, reference, access)
             .map_err(|e| format!("{:#}", anyhow::Error::new(e)))
     }
 }

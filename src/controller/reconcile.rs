@@ -292,21 +292,29 @@ async fn commit(f: &Function, ctx: &Context) -> Result<String> {
         ),
         None => None,
     };
+    // The build Job's `source` container trusts the CA bundle: so does the resolution.
+    let extra_ca_pem = match &ctx.config.ca_bundle_configmap {
+        Some(cm) => Some(lookup::ca_bundle(&ctx.client, &ctx.config.namespace, cm).await?),
+        None => None,
+    };
+    let access = crate::git::Access {
+        credentials,
+        extra_ca_pem,
+        ..crate::git::Access::default()
+    };
     let (resolver, url, reference) = (ctx.git.clone(), git.url.clone(), git.reference.clone());
-    let commit = tokio::task::spawn_blocking(move || {
-        resolver.resolve(&url, &reference, credentials.as_ref())
-    })
-    .await
-    .map_err(|e| Error::Missing(format!("git resolver task: {e}")))?
-    .map_err(|message| Error::Git {
-        url: crate::registry::redact_url(
-            &git.url
-                .parse()
-                .unwrap_or_else(|_| "http://invalid".parse().expect("valid URL")),
-        ),
-        reference: git.reference.clone(),
-        message,
-    })?;
+    let commit = tokio::task::spawn_blocking(move || resolver.resolve(&url, &reference, &access))
+        .await
+        .map_err(|e| Error::Missing(format!("git resolver task: {e}")))?
+        .map_err(|message| Error::Git {
+            url: crate::registry::redact_url(
+                &git.url
+                    .parse()
+                    .unwrap_or_else(|_| "http://invalid".parse().expect("valid URL")),
+            ),
+            reference: git.reference.clone(),
+            message,
+        })?;
     let mut checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
     checked.insert(id, (wanted, commit.clone(), Instant::now()));
     Ok(commit)
