@@ -50,25 +50,8 @@ fn load_blocking(opts: &Options, scratch: &Path) -> Result<Loaded, Error> {
                 source,
             })?;
             let tree = checkout.path().join("tree");
-            let fetched = crate::git::fetch_tree(source, access, checkout.path(), &tree)?;
-            tracing::info!(
-                url = %source.url,
-                reference = %source.reference,
-                base_dir = %source.base_dir,
-                commit = %fetched.commit,
-                files = fetched.files,
-                "fetched the git source"
-            );
-            let function =
-                function::from_dir(&tree, &opts.runtime, name, namespace).map_err(|e| {
-                    Error::GitFunction {
-                        url: source.url.to_string(),
-                        commit: fetched.commit.clone(),
-                        base_dir: source.base_dir.to_string(),
-                        source: Box::new(e),
-                    }
-                })?;
-            (function, Some(fetched.commit), Some(checkout))
+            let (function, commit) = fetch(opts, source, access, checkout.path(), &tree)?;
+            (function, Some(commit), Some(checkout))
         }
     };
     if !opts.allow_direct_deps
@@ -98,6 +81,68 @@ fn load_blocking(opts: &Options, scratch: &Path) -> Result<Loaded, Error> {
         commit,
         _checkout: checkout,
     })
+}
+
+/// Fetches the git source into `tree` (which must not exist yet), using `scratch` for the
+/// repository, and reads the Function there; also returns the commit.
+fn fetch(
+    opts: &Options,
+    source: &crate::git::Source,
+    access: &crate::git::Access,
+    scratch: &Path,
+    tree: &Path,
+) -> Result<(Function, String), Error> {
+    let fetched = crate::git::fetch_tree(source, access, scratch, tree)?;
+    tracing::info!(
+        url = %source.url,
+        reference = %source.reference,
+        base_dir = %source.base_dir,
+        commit = %fetched.commit,
+        files = fetched.files,
+        "fetched the git source"
+    );
+    let (name, namespace) = (opts.name.clone(), opts.namespace.clone());
+    let function = function::from_dir(tree, &opts.runtime, name, namespace).map_err(|e| {
+        Error::GitFunction {
+            url: source.url.to_string(),
+            commit: fetched.commit.clone(),
+            base_dir: source.base_dir.to_string(),
+            source: Box::new(e),
+        }
+    })?;
+    Ok((function, fetched.commit))
+}
+
+/// `--stage source`: fetches the git `source` into `dest`, which must not exist yet (its
+/// parent must), and checks that a Function of `opts`'s runtime is there. The later stages
+/// build `dest` as a directory, so only this stage needs the git credentials, and it runs no
+/// third-party code. Returns the commit.
+///
+/// # Errors
+/// Git errors; the Function's own errors.
+pub async fn run_source(
+    opts: &Options,
+    source: &crate::git::Source,
+    access: &crate::git::Access,
+    dest: &Path,
+) -> Result<String, Error> {
+    let (opts, source, access, dest) = (
+        opts.clone(),
+        source.clone(),
+        access.clone(),
+        dest.to_path_buf(),
+    );
+    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "source");
+    tokio::task::spawn_blocking(move || {
+        span.in_scope(|| {
+            let scratch = tempfile::tempdir().map_err(|source| Error::Cache {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+            fetch(&opts, &source, &access, scratch.path(), &dest).map(|(_, commit)| commit)
+        })
+    })
+    .await?
 }
 
 /// The runtime's package-registry config files (`.npmrc`, `pip.conf`) found in `dir`. A

@@ -34,6 +34,7 @@ use base::BaseRef;
 use cache::LayerCache;
 use deps::InstallEnv;
 use function::{Function, FunctionManifest};
+pub use load::run_source;
 use publish::Published;
 pub use split::run_lookup;
 use split::{lookup_hit, staged_layer};
@@ -67,6 +68,8 @@ pub enum Stage {
     /// Only the dependency key and its cache repository entry, into this lookup directory
     /// ([`run_lookup`]).
     Lookup(PathBuf),
+    /// Only fetching the git source, into this directory ([`run_source`]).
+    Source(PathBuf),
 }
 
 /// Where the image goes.
@@ -300,7 +303,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let (deps, mut store_in) = match &opts.stage {
             // Before anything is fetched: a bad stage directory should not wait for the network.
             Stage::Publish(dir) => staged_layer(client, opts, &cache, function, dir).await?,
-            Stage::All | Stage::Deps(_) | Stage::Lookup(_) => {
+            Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
                 if function.deps.is_some() {
                     // Before anything is fetched: a usage error should not wait for the network.
                     install::require_builder(opts)?;

@@ -149,8 +149,11 @@ pub struct BuildArgs {
     /// no program at all: give push credentials to this stage only. `lookup`, before `deps`
     /// and with pull credentials for --cache-repo, computes the dependency key, looks it up
     /// in --cache-repo and writes what it found into --lookup-dir (it prints the layer's
-    /// digest, `miss` or `none`); runs no third-party code.
-    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"), requires_if("lookup", "lookup_dir"), requires_if("lookup", "cache_repo"))]
+    /// digest, `miss` or `none`); runs no third-party code. `source`, first, with the git
+    /// credentials, fetches the --git source into --source-dir and prints the commit; the
+    /// later stages then build that directory, so no stage that runs install scripts needs
+    /// the credentials, and the repository is fetched once.
+    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"), requires_if("lookup", "lookup_dir"), requires_if("lookup", "cache_repo"), requires_if("source", "source_dir"))]
     pub stage: StageArg,
     /// The directory `--stage deps` writes and `--stage publish` reads.
     #[arg(long, value_name = "DIR")]
@@ -162,6 +165,10 @@ pub struct BuildArgs {
     /// come from the stage that runs third-party code.
     #[arg(long, value_name = "DIR")]
     pub lookup_dir: Option<PathBuf>,
+    /// Where `--stage source` writes the Function's files: a directory that does not exist
+    /// yet, in one that does.
+    #[arg(long, value_name = "DIR")]
+    pub source_dir: Option<PathBuf>,
     /// Also write the outcome to this file (a Kubernetes termination message, e.g.
     /// /dev/termination-log): on success the line printed on stdout, on failure the error
     /// as printed, with the install's last output lines; at most 4096 bytes.
@@ -189,6 +196,8 @@ pub enum StageArg {
     Publish,
     /// Only the dependency key and its --cache-repo entry, into --lookup-dir.
     Lookup,
+    /// Only fetching the --git source, into --source-dir.
+    Source,
 }
 
 /// The values `kiln build` takes from the environment, read once here.
@@ -269,6 +278,13 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 async fn build(args: BuildArgs) -> Result<String, Failure> {
     let env = Env::read();
     let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    if let (Stage::Source(dir), FunctionSpec::Git { source, access }) =
+        (&opts.stage, &opts.function)
+    {
+        return build::run_source(&opts, source, access, dir)
+            .await
+            .map_err(build_failure);
+    }
     // Manifests and configs by digest (a base or builder named by tag is then one HEAD), and
     // what each registry refuses.
     config.cache_dir = Some(opts.cache_dir.clone());
@@ -502,13 +518,30 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
             Some(dir) => Stage::Lookup(dir.clone()),
             None => return Err(anyhow!("--stage lookup needs --lookup-dir DIR")),
         },
+        (StageArg::Source, _) => match (&args.source_dir, &function) {
+            (Some(dir), FunctionSpec::Git { .. }) => {
+                check_new_dir(dir)?;
+                Stage::Source(dir.clone())
+            }
+            (None, _) => return Err(anyhow!("--stage source needs --source-dir DIR")),
+            (Some(_), _) => {
+                return Err(anyhow!(
+                    "--stage source fetches a git source: give --git URL --git-ref REFERENCE"
+                ));
+            }
+        },
         (_, None) => {
             return Err(anyhow!(
                 "--stage deps and --stage publish need --stage-dir DIR"
             ));
         }
     };
-    if args.lookup_dir.is_some() && matches!(stage, Stage::All) {
+    if args.source_dir.is_some() && !matches!(stage, Stage::Source(_)) {
+        return Err(anyhow!(
+            "--source-dir is where --stage source writes the git source; the later stages take it as the Function's directory"
+        ));
+    }
+    if args.lookup_dir.is_some() && matches!(stage, Stage::All | Stage::Source(_)) {
         return Err(anyhow!(
             "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage publish read it"
         ));
@@ -550,6 +583,24 @@ fn validate(args: &BuildArgs, env: &Env) -> anyhow::Result<(Options, ClientConfi
         store: default_base.then_some(store),
     };
     Ok((opts, config, extra))
+}
+
+/// `--source-dir`: before any network, a new directory in an existing one.
+fn check_new_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.symlink_metadata().is_ok() {
+        return Err(anyhow!(
+            "--source-dir {} already exists: --stage source writes the Function into a new directory; name one that does not exist yet",
+            dir.display()
+        ));
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) {
+        return Err(anyhow!(
+            "--source-dir {}: its parent directory does not exist",
+            dir.display()
+        ));
+    }
+    Ok(())
 }
 
 fn pick_runtime<'a>(

@@ -265,6 +265,125 @@ fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
     );
 }
 
+/// The manifest digest of the one image in a layout.
+fn layout_digest(layout: &Path) -> String {
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+    index["manifests"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn the_source_stage_fetches_with_the_credentials_and_its_directory_builds_the_same_image() {
+    let server = GitServer::start(GitServerKind::BasicTls);
+    let work = tempfile::tempdir().unwrap();
+    let (_, head) = two_commit_repo(work.path(), &server);
+    let kiln = Kiln::new();
+    let url = server.url("fns");
+    let ca = server.ca_pem();
+    let auth = server.auth_dir(GIT_PASSWORD);
+    let git = [
+        "--git-base-dir",
+        "fn",
+        "--git-ca",
+        ca.to_str().unwrap(),
+        "--git-auth-dir",
+        auth.to_str().unwrap(),
+    ];
+    let (run, whole) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &[&git[..], &["--name", "fn"]].concat(),
+    );
+    run.reference();
+
+    let fetched = work.path().join("fetched/function");
+    fs::create_dir(fetched.parent().unwrap()).unwrap();
+    let mut source = vec!["build", "--git", &url, "--runtime", "nodejs22"];
+    source.extend(git);
+    source.extend([
+        "--stage",
+        "source",
+        "--source-dir",
+        fetched.to_str().unwrap(),
+    ]);
+    assert_eq!(kiln.run(&source).reference(), head, "it prints the commit");
+    let mut files: Vec<String> = walkdir(&fetched);
+    files.sort();
+    assert_eq!(
+        files,
+        ["bin", "bin/run.sh", "handler.js", "package.json", "run"]
+    );
+    assert_eq!(
+        fs::read_link(fetched.join("run")).unwrap(),
+        Path::new("bin/run.sh")
+    );
+    // A second fetch into the same place is refused before any network, not mixed in.
+    let fetches = server.access_log().len();
+    let err = kiln.run(&source).failure(2).to_string();
+    assert!(
+        err.contains(&format!(
+            "--source-dir {} already exists",
+            fetched.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(server.access_log().len(), fetches);
+
+    // The directory builds, with no git access at all, the image the git build made.
+    let out = work.path().join("from-dir");
+    let output = format!("oci:{}", out.display());
+    let base = tiny_base();
+    let dir = fetched.to_str().unwrap();
+    let args = [
+        "build",
+        dir,
+        "--runtime",
+        "nodejs22",
+        "--name",
+        "fn",
+        "--base",
+        &base,
+        "--output",
+        &output,
+    ];
+    kiln.run(&args).reference();
+    assert_eq!(layout_digest(&out), layout_digest(&whole.join("layout")));
+
+    // The stage's flags are checked.
+    let mut no_git = vec!["build", dir, "--runtime", "nodejs22", "--stage", "source"];
+    no_git.extend(["--source-dir", "/nonexistent/x"]);
+    let err = kiln.run(&no_git).failure(2).to_string();
+    assert!(err.contains("--stage source fetches a git source"), "{err}");
+    let stray = [&args[..], &["--source-dir", "/tmp/x"]].concat();
+    let err = kiln.run(&stray).failure(2).to_string();
+    assert!(
+        err.contains("--source-dir is where --stage source writes"),
+        "{err}"
+    );
+}
+
+/// The paths under `dir`, relative, `/`-separated, without following symlinks.
+fn walkdir(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if entry.file_type().unwrap().is_dir() {
+            out.extend(
+                walkdir(&entry.path())
+                    .into_iter()
+                    .map(|p| format!("{name}/{p}")),
+            );
+        }
+        out.push(name);
+    }
+    out
+}
+
 #[test]
 fn unknown_references_missing_base_directories_and_unreachable_servers_are_named() {
     let server = GitServer::start(GitServerKind::Plain);

@@ -551,18 +551,29 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
         (status["baseDir"].as_str(), status["reference"].as_str()),
         (Some("/fn"), Some(branch.as_str()))
     );
-    let job: k8s_openapi::api::batch::v1::Job =
-        serde_json::from_value(env.owned("Job", "team", "from-git")[0].clone()).unwrap();
+    // The first init container fetches the commit; the others build what it fetched.
+    let source_arg = |job: &Value, flag: &str| {
+        let inits = job["spec"]["template"]["spec"]["initContainers"]
+            .as_array()
+            .unwrap();
+        assert_eq!(inits[0]["name"], "source");
+        let args = inits[0]["args"].as_array().unwrap();
+        let at = args.iter().position(|a| a == flag)?;
+        args.get(at + 1).and_then(Value::as_str).map(str::to_string)
+    };
+    let job = env.owned("Job", "team", "from-git")[0].clone();
     assert_eq!(
-        job_arg(&job, "--git").as_deref(),
+        source_arg(&job, "--git").as_deref(),
         Some(server.url("fns").as_str())
     );
     assert_eq!(
-        job_arg(&job, "--git-ref").as_deref(),
+        source_arg(&job, "--git-ref").as_deref(),
         Some(first.as_str()),
         "the Job builds the commit, not the branch"
     );
-    assert_eq!(job_arg(&job, "--git-base-dir").as_deref(), Some("/fn"));
+    assert_eq!(source_arg(&job, "--git-base-dir").as_deref(), Some("/fn"));
+    let typed: k8s_openapi::api::batch::v1::Job = serde_json::from_value(job).unwrap();
+    assert_eq!(job_arg(&typed, "--git"), None, "only `source` fetches");
 
     repo.write("fn/handler.js", b"module.exports = { main: () => 'v2' };\n");
     let second = repo.commit("v2");
@@ -577,8 +588,10 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
     });
     env.wait_condition("team", "from-git", "Running", "True", None);
     let jobs = env.owned("Job", "team", "from-git");
-    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(jobs[0].clone()).unwrap();
-    assert_eq!(job_arg(&job, "--git-ref").as_deref(), Some(second.as_str()));
+    assert_eq!(
+        source_arg(&jobs[0], "--git-ref").as_deref(),
+        Some(second.as_str())
+    );
 }
 
 #[test]

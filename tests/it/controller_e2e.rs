@@ -1,6 +1,6 @@
 //! End to end, for real: `kiln controller` against the in-memory API server, the runtime
 //! images made by `kiln base build` in a real registry, and the test kubelet running what the
-//! controller renders with `kiln run` — the build Job's two containers (npm and pip really
+//! controller renders with `kiln run` — the build Job's containers (npm and pip really
 //! install), then the Deployment — until the Function answers over HTTP.
 
 #![allow(clippy::unwrap_used)]
@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::controller_env::{ControllerEnv, SYSTEM};
+use common::git::{GIT_PASSWORD, GIT_USER, GitServer, GitServerKind, Repo};
 use common::kiln::host_ca_bundle;
 use kubelet::{Config, TestKubelet};
 use serde_json::json;
@@ -92,9 +93,11 @@ fn b64(s: &str) -> String {
 }
 
 /// A Function whose npm `preinstall` script searches every file it can read, and every
-/// process's environment and command line, for the push credentials and the service-account
-/// token, and leaves its report in node_modules, which the running Function returns.
-fn scanning_function(sa_token: &str) -> String {
+/// process's environment and command line, for the push credentials, the service-account
+/// token and the git password, and leaves its report in node_modules, which the running
+/// Function returns. Its handler is at `dir`/handler.js in the build; returns (source,
+/// package.json).
+fn scanner(sa_token: &str, dir: &str) -> (String, String) {
     let source = format!(
         r#"// {CANARY}
 const fs = require('fs'), path = require('path');
@@ -129,14 +132,70 @@ module.exports = {{ main: () => require('./node_modules/.kiln-scan/report.json')
     // The token in clear and as the Basic auth string a docker config carries.
     let auth = common::base64(format!("robot:{PUSH_TOKEN}").as_bytes());
     let script = format!(
-        "node /workspace/src/handler.js scan {} {} {} {}",
+        "node {dir}/handler.js scan {} {} {} {} {}",
         b64(PUSH_TOKEN),
         b64(&auth),
         b64(sa_token),
-        b64(CANARY)
+        b64(CANARY),
+        b64(GIT_PASSWORD),
     );
     let deps = json!({"name": "scan", "version": "1.0.0", "scripts": {"preinstall": script}, "dependencies": {"lodash": "4.17.21"}});
-    function_yaml("scan", "nodejs22", &source, &deps.to_string())
+    (source, deps.to_string())
+}
+
+/// Asserts that a scan read the file system, found none of the secrets, and found the
+/// canary in the Function's source at `handler`.
+fn assert_clean_scan(report: &serde_json::Value, handler: &str) {
+    assert!(
+        report["files"].as_u64().unwrap() > 100,
+        "the scan read the file system: {report}"
+    );
+    for (needle, what) in [
+        (0, "the push password"),
+        (1, "the push credentials"),
+        (2, "a service-account token"),
+        (4, "the git password"),
+    ] {
+        assert_eq!(
+            report["found"][needle],
+            json!([]),
+            "{what} readable by the install: {report}"
+        );
+    }
+    let canary = report["found"][3].as_array().unwrap();
+    assert!(
+        canary.iter().any(|p| p == handler),
+        "the scan works: {report}"
+    );
+}
+
+/// The scanner as an inline Kyma Function.
+fn scanning_function(sa_token: &str) -> String {
+    let (source, deps) = scanner(sa_token, "/workspace/src");
+    function_yaml("scan", "nodejs22", &source, &deps)
+}
+
+/// The scanner as a Kyma Function from `server`'s repository `fns`, with the Secret
+/// `git-creds` (the caller creates it) for the repository's credentials.
+fn git_scanning_function(server: &GitServer, work: &Path, sa_token: &str) -> String {
+    let (source, deps) = scanner(sa_token, "/workspace/git/function");
+    let repo = Repo::init(&work.join("git-src"));
+    repo.write("fn/handler.js", source.as_bytes());
+    repo.write("fn/package.json", deps.as_bytes());
+    repo.commit("scan");
+    let branch = repo
+        .git(&["rev-parse", "--abbrev-ref", "HEAD"])
+        .trim()
+        .to_string();
+    repo.publish(&server.root(), "fns");
+    let doc = json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+        "metadata": {"name": "git-scan"},
+        "spec": {"runtime": "nodejs22", "source": {"gitRepository": {
+            "url": server.url("fns"), "baseDir": "/fn", "reference": branch,
+            "auth": {"type": "basic", "secretName": "git-creds"}}}},
+    });
+    serde_yaml::to_string(&doc).unwrap()
 }
 
 fn function_yaml(name: &str, runtime: &str, source: &str, dependencies: &str) -> String {
@@ -160,10 +219,15 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
     let (py_base, py_builder) = runtime_images(&env, "python313", work.path());
     // The build Jobs' CA bundle (package registries are reached through a TLS-intercepting
     // proxy on this machine) and push credentials with a password the install must not see.
-    let ca = std::fs::read_to_string(host_ca_bundle()).unwrap();
+    // A private git repository over HTTPS, whose server's CA the bundle also carries.
+    let git = GitServer::start(GitServerKind::BasicTls);
+    let ca = std::fs::read_to_string(host_ca_bundle()).unwrap()
+        + &std::fs::read_to_string(git.ca_pem()).unwrap();
     env.api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kiln-ca", "namespace": SYSTEM}, "data": {"ca.crt": ca}}));
     let auth = json!({"auths": {"push.example.com": {"username": "robot", "password": PUSH_TOKEN,
         "auth": common::base64(format!("robot:{PUSH_TOKEN}").as_bytes())}}});
+    env.api.insert(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-creds", "namespace": "team"},
+        "data": {"username": b64(GIT_USER), "password": b64(GIT_PASSWORD)}}));
     env.api.insert(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
         "metadata": {"name": "kiln-registry", "namespace": SYSTEM}, "data": {".dockerconfigjson": b64(&auth.to_string())}}));
     env.spawn(&[
@@ -210,10 +274,11 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
         &python,
         &broken,
         &scanning_function(kubelet.service_account_token()),
+        &git_scanning_function(&git, work.path(), kubelet.service_account_token()),
     ] {
         env.create_function("team", yaml);
     }
-    for name in ["words", "yaml", "scan"] {
+    for name in ["words", "yaml", "scan", "git-scan"] {
         env.wait_condition("team", name, "Running", "True", Some("DeploymentReady"));
     }
     let status = env.function("team", "words")["status"].clone();
@@ -283,29 +348,29 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
 
     // The install scripts ran, read everything they could, and found no push credentials
     // and no service-account token — only the canary in the Function's own source.
-    let (code, body) = http(kubelet.port("team", "scan").unwrap(), "GET", "");
-    assert_eq!(code, 200, "{body}");
-    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert!(
-        report["files"].as_u64().unwrap() > 100,
-        "the scan read the file system: {report}"
+    let scan_report = |name: &str| {
+        let (code, body) = http(kubelet.port("team", name).unwrap(), "GET", "");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    assert_clean_scan(&scan_report("scan"), "/workspace/src/handler.js");
+    // From a private repository over HTTPS with a private CA: the `source` container fetched
+    // it once with the credentials, and the install, which built what it fetched, saw none.
+    assert_clean_scan(
+        &scan_report("git-scan"),
+        "/workspace/git/function/handler.js",
     );
-    for (needle, what) in [
-        (0, "the push password"),
-        (1, "the push credentials"),
-        (2, "a service-account token"),
-    ] {
-        assert_eq!(
-            report["found"][needle],
-            json!([]),
-            "{what} readable by the install: {report}"
-        );
-    }
-    let canary = report["found"][3].as_array().unwrap();
-    assert!(
-        canary.iter().any(|p| p == "/workspace/src/handler.js"),
-        "the scan works: {report}"
-    );
+    let pods = work.path().join("kubelet/pods");
+    let git_pod = std::fs::read_dir(&pods)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .find_map(|n| {
+            n.strip_prefix("team_git-scan-build-")
+                .map(|p| format!("git-scan-build-{p}"))
+        })
+        .expect("the git Function's build Pod");
+    let fetch = kubelet.logs("team", &git_pod, "source");
+    assert!(fetch.contains("fetched the git source"), "{fetch}");
 
     env.wait_condition("team", "broken", "BuildReady", "False", Some("JobFailed"));
     let (_, _, message) = env.condition("team", "broken", "BuildReady").unwrap();

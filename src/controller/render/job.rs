@@ -8,7 +8,10 @@
 //! and no third-party code it computes the dependency key and asks the cache repository,
 //! writing what it found into the `lookup` emptyDir, which `deps` and `build` mount
 //! read-only: `deps` then installs nothing on a hit, and `build` mounts the cached layer, or
-//! stores the installed one under the key `lookup` computed. All are unprivileged, with a
+//! stores the installed one under the key `lookup` computed. A git Function is fetched once,
+//! by the first init container `source` (`--stage source`), the only one given the git
+//! credentials, into the `git-source` emptyDir that the others build read-only as a
+//! directory: the install's scripts never see the credentials. All are unprivileged, with a
 //! read-only root filesystem; `backoffLimit: 0` (the controller retries, with backoff).
 
 use std::collections::BTreeMap;
@@ -31,12 +34,17 @@ use crate::controller::plan::{Plan, SourcePlan};
 pub const BUILD_UID: i64 = 1000;
 /// The init container that installs dependencies.
 pub const DEPS_CONTAINER: &str = "deps";
+/// The init container that fetches a git Function.
+pub const SOURCE_CONTAINER: &str = "source";
 /// The init container that looks the dependency layer up in the cache repository.
 pub const LOOKUP_CONTAINER: &str = "lookup";
 /// The container that assembles and pushes the image.
 pub const BUILD_CONTAINER: &str = "build";
 
 const SRC_DIR: &str = "/workspace/src";
+/// Where `source` writes a git Function (the `git-source` emptyDir) and the others read it.
+const GIT_SOURCE_DIR: &str = "/workspace/git";
+const GIT_FUNCTION_DIR: &str = "/workspace/git/function";
 const DEPS_DIR: &str = "/workspace/deps";
 const LOOKUP_DIR: &str = "/workspace/lookup";
 const REGISTRY_DIR: &str = "/kiln/registry";
@@ -85,6 +93,20 @@ fn deadline_seconds(config: &Config) -> i64 {
 
 fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpec {
     let cached = config.cache_repo.is_some();
+    let source = git_source_args(f, plan, config).map(|args| {
+        let mut mounts = vec![
+            mount("git-source", GIT_SOURCE_DIR, false),
+            mount("tmp-source", "/tmp", false),
+        ];
+        if let SourcePlan::Git {
+            auth_secret: Some(_),
+            ..
+        } = &plan.source
+        {
+            mounts.push(mount("git-auth", GIT_DIR, true));
+        }
+        with_shared_mounts(container(SOURCE_CONTAINER, plan, args, mounts), config)
+    });
     let lookup = cached.then(|| {
         let mut mounts = source_mounts(plan);
         mounts.push(mount("lookup", LOOKUP_DIR, false));
@@ -92,7 +114,7 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
         mounts.push(mount("package-registry", PACKAGE_REGISTRY_DIR, true));
         mounts.push(mount("registry-auth", REGISTRY_DIR, true));
         let c = container(LOOKUP_CONTAINER, plan, lookup_args(f, plan, config), mounts);
-        with_shared_mounts(c, plan, config)
+        with_shared_mounts(c, config)
     });
     let deps = container(DEPS_CONTAINER, plan, deps_args(f, plan, config), {
         let mut mounts = source_mounts(plan);
@@ -116,8 +138,8 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
         mounts
     });
     let (deps, build) = (
-        with_shared_mounts(deps, plan, config),
-        with_shared_mounts(build, plan, config),
+        with_shared_mounts(deps, config),
+        with_shared_mounts(build, config),
     );
     PodSpec {
         restart_policy: Some("Never".into()),
@@ -130,27 +152,18 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        init_containers: Some(lookup.into_iter().chain([deps]).collect()),
+        init_containers: Some(source.into_iter().chain(lookup).chain([deps]).collect()),
         containers: vec![build],
         volumes: Some(volumes(plan, config, cm_name)),
         ..PodSpec::default()
     }
 }
 
-/// Mounts every container needs: the CA bundle and the git credentials.
-fn with_shared_mounts(mut c: Container, plan: &Plan, config: &Config) -> Container {
-    let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
+/// The mount every container needs: the CA bundle.
+fn with_shared_mounts(mut c: Container, config: &Config) -> Container {
     if config.ca_bundle_configmap.is_some() {
+        let mounts = c.volume_mounts.get_or_insert_with(Vec::new);
         mounts.push(mount("ca-bundle", CA_DIR, true));
-    }
-    if matches!(
-        &plan.source,
-        SourcePlan::Git {
-            auth_secret: Some(_),
-            ..
-        }
-    ) {
-        mounts.push(mount("git-auth", GIT_DIR, true));
     }
     c
 }
@@ -179,11 +192,12 @@ fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
     }
 }
 
-/// Inline sources: the handler and the dependency manifest, each a file mounted by subPath
-/// (a ConfigMap mounted as a directory is a tree of `..data` symlinks, not a Function).
+/// The Function's files: inline, the handler and the dependency manifest, each a file
+/// mounted by subPath (a ConfigMap mounted as a directory is a tree of `..data` symlinks,
+/// not a Function); from git, what `source` fetched, read-only.
 fn source_mounts(plan: &Plan) -> Vec<VolumeMount> {
-    if !matches!(plan.source, SourcePlan::Inline { .. }) {
-        return Vec::new();
+    if matches!(plan.source, SourcePlan::Git { .. }) {
+        return vec![mount("git-source", GIT_SOURCE_DIR, true)];
     }
     let deps = &plan.runtime.dependencies.manifest;
     [&plan.runtime.source.handler, deps]
@@ -198,47 +212,61 @@ fn source_mounts(plan: &Plan) -> Vec<VolumeMount> {
         .collect()
 }
 
-/// What both stages share: where the code is, the runtime, the names, the base, logs.
-fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
-    let mut args = vec!["build".to_string()];
-    match &plan.source {
-        SourcePlan::Inline { .. } => args.push(SRC_DIR.into()),
-        SourcePlan::Git {
-            url,
-            commit,
-            base_dir,
-            auth_secret,
-        } => {
-            args.extend([
-                "--git".into(),
-                url.clone(),
-                "--git-ref".into(),
-                commit.clone(),
-            ]);
-            args.extend(["--git-base-dir".into(), base_dir.clone()]);
-            if auth_secret.is_some() {
-                args.extend(["--git-auth-dir".into(), GIT_DIR.into()]);
-            }
-            if config.ca_bundle_configmap.is_some() {
-                args.extend(["--git-ca".into(), format!("{CA_DIR}/ca.crt")]);
-            }
-        }
+/// `source`'s arguments, for a git Function: fetch the commit into `git-source`.
+fn git_source_args(f: &Function, plan: &Plan, config: &Config) -> Option<Vec<String>> {
+    let SourcePlan::Git {
+        url,
+        commit,
+        base_dir,
+        auth_secret,
+    } = &plan.source
+    else {
+        return None;
+    };
+    let mut args = vec!["build".to_string(), "--git".into(), url.clone()];
+    args.extend(["--git-ref".into(), commit.clone()]);
+    args.extend(["--git-base-dir".into(), base_dir.clone()]);
+    if auth_secret.is_some() {
+        args.extend(["--git-auth-dir".into(), GIT_DIR.into()]);
     }
-    args.extend([
+    if config.ca_bundle_configmap.is_some() {
+        args.extend(["--git-ca".into(), format!("{CA_DIR}/ca.crt")]);
+    }
+    args.extend(names_args(f, plan));
+    args.extend(["--stage".into(), "source".into()]);
+    args.extend(["--source-dir".into(), GIT_FUNCTION_DIR.into()]);
+    Some(args)
+}
+
+/// The runtime, the Function's names and how to log.
+fn names_args(f: &Function, plan: &Plan) -> [String; 10] {
+    [
         "--runtime".into(),
         plan.runtime.name.clone(),
         "--name".into(),
         f.name_or_empty().into(),
         "--namespace".into(),
         f.namespace_or_default().into(),
-        "--base".into(),
-        plan.base.clone(),
-        "--cache-dir".into(),
-        "/tmp/kiln-cache".into(),
         "--termination-log".into(),
         TERMINATION_LOG.into(),
         "--log-format".into(),
         "json".into(),
+    ]
+}
+
+/// What the later stages share: where the code is, the runtime, the names, the base, logs.
+fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
+    let dir = match &plan.source {
+        SourcePlan::Inline { .. } => SRC_DIR,
+        SourcePlan::Git { .. } => GIT_FUNCTION_DIR,
+    };
+    let mut args = vec!["build".to_string(), dir.into()];
+    args.extend(names_args(f, plan));
+    args.extend([
+        "--base".into(),
+        plan.base.clone(),
+        "--cache-dir".into(),
+        "/tmp/kiln-cache".into(),
     ]);
     if config.insecure_registry {
         args.extend([
@@ -329,6 +357,9 @@ fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
     let mut volumes = vec![empty("deps"), empty("tmp-deps"), empty("tmp-build")];
     if config.cache_repo.is_some() {
         volumes.extend([empty("lookup"), empty("tmp-lookup")]);
+    }
+    if matches!(plan.source, SourcePlan::Git { .. }) {
+        volumes.extend([empty("git-source"), empty("tmp-source")]);
     }
     if matches!(plan.source, SourcePlan::Inline { .. }) {
         let item = |key: &str, path: &str| KeyToPath {

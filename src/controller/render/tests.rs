@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, PodSpec};
 use super::*;
 use crate::controller::config::{Config, RuntimeImages};
 use crate::controller::crd::{
-    Function, FunctionSpec, InlineSource, ScaleConfig, SecretMount, Source,
+    Function, FunctionSpec, GitRepositorySource, InlineSource, RepositoryAuth, ScaleConfig,
+    SecretMount, Source,
 };
 use crate::controller::plan::{self, Lookups, Plan};
 use crate::oci::Digest;
@@ -178,6 +179,84 @@ fn the_build_job_is_unprivileged_and_keeps_push_credentials_from_the_install() {
     assert!(
         plan.push_image
             .starts_with("reg:5000/functions/team-hello:")
+    );
+}
+
+#[test]
+fn a_git_function_is_fetched_once_and_only_the_fetch_sees_the_git_credentials() {
+    let mut f = function();
+    f.spec.source = Source {
+        inline: None,
+        git_repository: Some(GitRepositorySource {
+            url: "https://git.example.com/fns.git".into(),
+            auth: Some(RepositoryAuth {
+                type_: "basic".into(),
+                secret_name: "git-creds".into(),
+            }),
+            base_dir: "/hello".into(),
+            reference: "main".into(),
+        }),
+    };
+    let mut config = config();
+    config.cache_repo = Some("reg:5000/functions/kiln-cache".into());
+    let mut plan = plan_of(&f, &config);
+    if let plan::SourcePlan::Git { commit, .. } = &mut plan.source {
+        *commit = "a".repeat(40);
+    }
+    let job = job::job(&f, &plan, &config);
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let inits = pod.init_containers.unwrap();
+    let names: Vec<&str> = inits.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["source", "lookup", "deps"]);
+    let source = &inits[0];
+    assert_restricted(source);
+    let fetch = format!(
+        "build --git https://git.example.com/fns.git --git-ref {} --git-base-dir /hello --git-auth-dir /kiln/git",
+        "a".repeat(40)
+    );
+    assert!(args(source).starts_with(&fetch), "{}", args(source));
+    assert!(args(source).contains("--stage source --source-dir /workspace/git/function"));
+    assert!(mounts(source).contains(&"/kiln/git".to_string()));
+    assert!(
+        !mounts(source).contains(&"/kiln/registry".to_string()),
+        "the fetch needs no registry credentials"
+    );
+    for c in inits[1..].iter().chain(&pod.containers) {
+        assert!(
+            args(c).starts_with("build /workspace/git/function --runtime nodejs22"),
+            "{}: {}",
+            c.name,
+            args(c)
+        );
+        assert!(!args(c).contains("--git"), "{}: {}", c.name, args(c));
+        assert!(
+            !mounts(c).contains(&"/kiln/git".to_string()),
+            "{} must not see the git credentials",
+            c.name
+        );
+        let fetched = c.volume_mounts.iter().flatten();
+        let fetched = fetched
+            .filter(|m| m.name == "git-source")
+            .collect::<Vec<_>>();
+        assert_eq!(fetched.len(), 1, "{}", c.name);
+        assert_eq!(
+            fetched[0].read_only,
+            Some(true),
+            "{} only reads the source",
+            c.name
+        );
+    }
+    let volumes = pod.volumes.unwrap();
+    let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap();
+    assert!(volume("git-source").empty_dir.is_some());
+    assert_eq!(
+        volume("git-auth")
+            .secret
+            .as_ref()
+            .unwrap()
+            .secret_name
+            .as_deref(),
+        Some("git-creds")
     );
 }
 
