@@ -1,0 +1,277 @@
+//! Checking `kiln build`'s flags and turning them into build [`Options`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, anyhow};
+
+use super::Extra;
+use super::GitArgs;
+use super::{BuildArgs, CompressionArg, Env, StageArg, cache_repo};
+use crate::build::{
+    self, FunctionSpec, Options, Stage, Target,
+    base::BaseRef,
+    deps::{InstallEnv, Isolation},
+    function::FunctionManifest,
+};
+use crate::oci::Platform;
+use crate::registry::{ClientConfig, Reference};
+use crate::runtime::{Catalog, RuntimeSpec};
+
+pub(super) fn validate(
+    args: &BuildArgs,
+    env: &Env,
+) -> anyhow::Result<(Options, ClientConfig, Extra)> {
+    let catalog = Catalog::embedded();
+    let manifest = args
+        .function
+        .as_deref()
+        .map(FunctionManifest::read)
+        .transpose()?;
+    let runtime = pick_runtime(&catalog, args.runtime.as_deref(), manifest.as_ref())?;
+    let git = args.git.source()?;
+    let (function, default_name, default_ns) = match (&manifest, git) {
+        (Some(m), _) => (
+            FunctionSpec::Manifest(m.clone()),
+            m.name.clone(),
+            m.namespace.clone(),
+        ),
+        (None, Some((source, access))) => {
+            let name = GitArgs::default_name(&source);
+            (FunctionSpec::Git { source, access }, name, None)
+        }
+        (None, None) => {
+            let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            if !dir.is_dir() {
+                return Err(anyhow!(
+                    "function directory {} does not exist",
+                    dir.display()
+                ));
+            }
+            let name = dir_name(&dir);
+            (FunctionSpec::Dir(dir), name, None)
+        }
+    };
+    let cache_dir = super::super::cache_dir(args.cache_dir.as_deref())?;
+    let store = cache_dir.join("store");
+    let explicit_base = args
+        .base
+        .clone()
+        .or_else(|| {
+            manifest
+                .as_ref()
+                .and_then(|m| m.runtime_image_override.clone())
+        })
+        .or_else(|| runtime.base.clone());
+    let default_base = explicit_base.is_none();
+    // Without a base, the runtime's own base image from the local store (built on first use).
+    let base_name =
+        explicit_base.unwrap_or_else(|| format!("oci:{}:{}", store.display(), runtime.name));
+    let base =
+        BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
+    if let (false, BaseRef::Layout { dir, .. }) = (default_base, &base)
+        && !dir.join("oci-layout").is_file()
+    {
+        return Err(anyhow!(
+            "--base {base_name:?}: {} is not an OCI image layout (it has no oci-layout file); \
+             name a layout that `kiln base build` or `skopeo copy` wrote, or a registry reference",
+            dir.display()
+        ));
+    }
+    let platform = Platform::parse(&args.platform).ok_or_else(|| {
+        anyhow!(
+            "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",
+            args.platform
+        )
+    })?;
+    let name = args.name.clone().unwrap_or(default_name);
+    let target = target(args, &store, &name)?;
+    let epoch = match &env.source_date_epoch {
+        None => 0,
+        Some(v) => v
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
+    };
+    let install = InstallEnv {
+        path: env.path.clone(),
+        ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
+        proxy: env.proxy.clone(),
+        package_cache: cache_dir.join("packages"),
+        isolation: Isolation::Host,
+    };
+    if let Some(ca) = &install.ca_bundle
+        && !ca.is_file()
+    {
+        return Err(anyhow!("CA bundle {} does not exist", ca.display()));
+    }
+    let config = args.registry.client_config()?;
+    let stage = match (args.stage, &args.stage_dir) {
+        (StageArg::All, None) => Stage::All,
+        (StageArg::All, Some(_)) => {
+            return Err(anyhow!("--stage-dir needs --stage deps or --stage publish"));
+        }
+        (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
+        (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
+        (StageArg::Lookup, _) => match &args.lookup_dir {
+            Some(dir) => Stage::Lookup(dir.clone()),
+            None => return Err(anyhow!("--stage lookup needs --lookup-dir DIR")),
+        },
+        (StageArg::Source, _) => match (&args.source_dir, &function) {
+            (Some(dir), FunctionSpec::Git { .. }) => {
+                check_new_dir(dir)?;
+                Stage::Source(dir.clone())
+            }
+            (None, _) => return Err(anyhow!("--stage source needs --source-dir DIR")),
+            (Some(_), _) => {
+                return Err(anyhow!(
+                    "--stage source fetches a git source: give --git URL --git-ref REFERENCE"
+                ));
+            }
+        },
+        (_, None) => {
+            return Err(anyhow!(
+                "--stage deps and --stage publish need --stage-dir DIR"
+            ));
+        }
+    };
+    if args.source_dir.is_some() && !matches!(stage, Stage::Source(_)) {
+        return Err(anyhow!(
+            "--source-dir is where --stage source writes the git source; the later stages take it as the Function's directory"
+        ));
+    }
+    if args.lookup_dir.is_some() && matches!(stage, Stage::All | Stage::Source(_)) {
+        return Err(anyhow!(
+            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage publish read it"
+        ));
+    }
+    let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
+    let opts = Options {
+        function,
+        runtime: runtime.clone(),
+        name,
+        namespace: args
+            .namespace
+            .clone()
+            .or(default_ns)
+            .unwrap_or_else(|| "default".into()),
+        base,
+        base_name,
+        platform,
+        target,
+        epoch,
+        cache_dir,
+        use_cache: !args.no_cache,
+        jobs: usize::from(args.jobs),
+        install,
+        stage,
+        package_registry_config: args.package_registry_config.clone(),
+        allow_direct_deps: args.allow_direct_deps,
+        tag_by_key: args.tag_by_key,
+        cache_repo,
+        lookup_dir: args.lookup_dir.clone(),
+        compression: match args.compression {
+            CompressionArg::Gzip => crate::oci::Compression::Gzip,
+            CompressionArg::Zstd => crate::oci::Compression::Zstd,
+        },
+    };
+    let extra = Extra {
+        digest_file: args.digest_file.clone(),
+        report: args.report.clone(),
+        verify: args.verify,
+        store: default_base.then_some(store),
+    };
+    Ok((opts, config, extra))
+}
+
+/// `--source-dir`: before any network, a new directory in an existing one.
+fn check_new_dir(dir: &Path) -> anyhow::Result<()> {
+    if dir.symlink_metadata().is_ok() {
+        return Err(anyhow!(
+            "--source-dir {} already exists: --stage source writes the Function into a new directory; name one that does not exist yet",
+            dir.display()
+        ));
+    }
+    let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+    if parent.is_some_and(|p| !p.is_dir()) {
+        return Err(anyhow!(
+            "--source-dir {}: its parent directory does not exist",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+fn pick_runtime<'a>(
+    catalog: &'a Catalog,
+    flag: Option<&str>,
+    manifest: Option<&FunctionManifest>,
+) -> anyhow::Result<&'a RuntimeSpec> {
+    let resolve = |name: &str| -> anyhow::Result<&'a RuntimeSpec> {
+        let (spec, alias) = catalog.resolve(name)?;
+        if let Some(alias) = alias {
+            tracing::warn!("{}", alias.warning());
+        }
+        Ok(spec)
+    };
+    match (flag, manifest) {
+        (Some(f), Some(m)) => {
+            let (flagged, declared) = (resolve(f)?, resolve(&m.runtime)?);
+            if flagged.name != declared.name {
+                return Err(anyhow!(
+                    "--runtime {f} contradicts spec.runtime {} in the Function manifest",
+                    m.runtime
+                ));
+            }
+            Ok(flagged)
+        }
+        (Some(f), None) => resolve(f),
+        (None, Some(m)) => resolve(&m.runtime),
+        (None, None) => Err(anyhow!(
+            "--runtime is required; known runtimes: {}",
+            catalog.names().join(", ")
+        )),
+    }
+}
+
+fn dir_name(dir: &Path) -> String {
+    std::fs::canonicalize(dir)
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "function".into())
+}
+
+fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> {
+    match (&args.image, &args.output) {
+        (Some(image), None) => {
+            let reference: Reference = image
+                .parse()
+                .with_context(|| format!("invalid --image {image:?}"))?;
+            if reference.digest.is_some() {
+                return Err(anyhow!(
+                    "--image {image:?} names a digest; name a repository, optionally with a tag"
+                ));
+            }
+            Ok(Target::Registry(reference))
+        }
+        (None, Some(output)) => {
+            let rest = output
+                .strip_prefix("oci:")
+                .ok_or_else(|| anyhow!("--output {output:?} must start with oci:"))?;
+            let (dir, name) = build::base::split_layout_ref(rest);
+            if dir.is_empty() {
+                return Err(anyhow!(
+                    "--output {output:?} names no directory; expected oci:DIR[:NAME]"
+                ));
+            }
+            Ok(Target::Layout {
+                dir: dir.into(),
+                name: name.unwrap_or_else(|| "latest".into()),
+            })
+        }
+        // No registry named: the local store, where `kiln run` finds it.
+        (None, None) => Ok(Target::Layout {
+            dir: store.to_path_buf(),
+            name: format!("functions/{name}"),
+        }),
+        _ => Err(anyhow!("--image and --output are exclusive")),
+    }
+}
