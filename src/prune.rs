@@ -8,7 +8,12 @@
 //!   install looked them up;
 //! - Function images in the local store (`store`, names `functions/…`), as old as their
 //!   manifest file. The runtime base images in the store stay (they are rebuilt from Debian
-//!   and npm, which takes minutes); so do the download caches of packages.
+//!   and npm, which takes minutes); so do the download caches of packages;
+//! - what the registry client learnt ([`REGISTRY_RECORD`]s): manifests and configs by digest
+//!   (`documents/`), the blobs pushed to each repository (`pushed/`) and what each registry
+//!   refuses (`registries/`), as old as their last write. Removing one costs a later build a
+//!   request, never a wrong answer; a build keeps one file per pushed image, so without this
+//!   `documents/` only grows.
 //!
 //! Safety: a build holds a shared lock on its dependency entry until it has published, a run
 //! or an install on its root file system until it ends ([`crate::inuse`]); prune takes the
@@ -25,6 +30,12 @@ use crate::build::cache::LayerCache;
 use crate::inuse::try_exclusive;
 use crate::oci::Layout;
 use crate::run::cache::RootfsCache;
+
+/// The kind of a file of what the registry client learnt.
+pub const REGISTRY_RECORD: &str = "registry record";
+
+/// Where the registry client keeps what it learnt, under the cache directory.
+const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registries"];
 
 /// Blobs younger than this are never collected.
 pub const GRACE: Duration = Duration::from_secs(600);
@@ -164,6 +175,27 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             what: Removal::Dir(dir),
         });
     }
+    for sub in REGISTRY_RECORD_DIRS {
+        let Ok(entries) = fs::read_dir(cache_dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            out.push(Candidate {
+                kind: REGISTRY_RECORD,
+                name: format!("{sub}/{}", entry.file_name().to_string_lossy()),
+                last_use: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                size: meta.len(),
+                lock: None,
+                what: Removal::Record(entry.path()),
+            });
+        }
+    }
     let store = cache_dir.join("store");
     if store.join("oci-layout").is_file() {
         let layout = Layout::open(&store).map_err(io::Error::other)?;
@@ -278,10 +310,12 @@ fn tree_size(dir: &Path) -> u64 {
         .sum()
 }
 
-/// The size of what prune manages: layer blobs, unpacked root file systems, the store.
+/// The size of what prune manages: layer blobs, unpacked root file systems, the store, what
+/// the registry client learnt.
 pub fn cache_size(cache_dir: &Path) -> u64 {
     ["blobs", "deps", "rootfs/sha256", "store"]
         .iter()
+        .chain(&REGISTRY_RECORD_DIRS)
         .map(|d| tree_size(&cache_dir.join(d)))
         .sum()
 }

@@ -63,8 +63,20 @@ pub(super) fn run(cmd: CacheCommand) -> Result<String, Failure> {
 pub(super) fn summary(report: &crate::prune::Report, dry_run: bool) -> String {
     let verb = if dry_run { "would remove" } else { "removed" };
     let mut out = String::new();
+    // Registry records are many small files: one line for all of them.
+    let (mut records, mut record_bytes) = (0, 0);
     for (kind, name, size) in &report.removed {
-        out.push_str(&format!("{verb} {kind} {name} ({})\n", human(*size)));
+        if *kind == crate::prune::REGISTRY_RECORD {
+            (records, record_bytes) = (records + 1, record_bytes + size);
+        } else {
+            out.push_str(&format!("{verb} {kind} {name} ({})\n", human(*size)));
+        }
+    }
+    if records > 0 {
+        out.push_str(&format!(
+            "{verb} {records} registry records (manifests, configs, pushed-blob and registry notes; {})\n",
+            human(record_bytes)
+        ));
     }
     for (kind, name) in &report.in_use {
         out.push_str(&format!("kept {kind} {name}: in use\n"));

@@ -99,6 +99,16 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     for entry in &unpacked {
         age(&cache.join("rootfs/sha256").join(entry), "3 days ago");
     }
+    // What the registry client learnt: old records of each kind, and a recent document.
+    let records = ["documents/sha256/0a0a", "pushed/0b0b", "registries/0c0c"];
+    for record in records {
+        let path = cache.join(record);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"record").unwrap();
+        age(&path, "3 days ago");
+    }
+    let recent_document = cache.join("documents/sha256/0d0d");
+    fs::write(&recent_document, b"recent").unwrap();
 
     // Dry run: nothing goes.
     let dry = kiln.run(&["cache", "prune", "--older-than", "1d", "--dry-run"]);
@@ -121,6 +131,15 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     );
     assert!(cache.join("deps").join(format!("{new_key}.json")).exists());
     assert!(cache.join("blobs/sha256").join(&new_blob).exists());
+    assert!(
+        pruned.stdout.contains("removed 3 registry records"),
+        "{}",
+        pruned.stdout
+    );
+    for record in records {
+        assert!(!cache.join(record).exists(), "{record}");
+    }
+    assert!(recent_document.exists());
     assert_eq!(rootfs_entries(&cache).len(), 1, "{}", pruned.stdout);
     assert!(
         http_get(port, "/index.html").is_some(),
@@ -131,6 +150,7 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     let pruned = kiln.run(&["cache", "prune", "--max-size", "1"]);
     assert_eq!(pruned.code, 0, "{}", pruned.stderr);
     assert!(!cache.join("deps").join(format!("{new_key}.json")).exists());
+    assert!(!recent_document.exists(), "{}", pruned.stdout);
     assert!(
         pruned
             .stdout
