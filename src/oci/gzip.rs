@@ -31,9 +31,11 @@ pub struct LayerGzip<W: Write> {
     /// The block being filled.
     current: Vec<u8>,
     crc: Crc,
-    /// Until block mode starts: the plain stream, fed the very writes this writer gets
-    /// (zlib's output depends on how its input is split), in memory.
-    plain: Option<flate2::write::GzEncoder<Vec<u8>>>,
+    /// Until block mode starts: the length of each write, so that a small layer's plain
+    /// stream can be made at the end from the very writes this writer got (zlib's output
+    /// depends on how its input is split). Compressing as the writes come would compress a
+    /// large layer's first [`THRESHOLD`] bytes twice, on the writing thread.
+    splits: Option<Vec<usize>>,
     /// Once block mode started (the header is written): where blocks are compressed.
     pool: Option<Pool>,
 }
@@ -166,14 +168,14 @@ impl<W: Write> LayerGzip<W> {
             blocks: Vec::new(),
             current: Vec::with_capacity(BLOCK),
             crc: Crc::new(),
-            plain: Some(GzBuilder::new().write(Vec::new(), Compression::new(level))),
+            splits: Some(Vec::new()),
             pool: None,
         }
     }
 
     /// Starts block mode: the header, then the blocks kept so far.
     fn start_blocks(&mut self) -> io::Result<()> {
-        self.plain = None;
+        self.splits = None;
         self.out.write_all(&HEADER)?;
         let mut pool = Pool::new(Compression::new(self.level), self.threads);
         for block in std::mem::take(&mut self.blocks) {
@@ -189,9 +191,19 @@ impl<W: Write> LayerGzip<W> {
     /// A failing write.
     pub fn finish(mut self) -> io::Result<W> {
         let current = std::mem::take(&mut self.current);
-        if let Some(plain) = self.plain.take() {
+        if let Some(splits) = self.splits.take() {
             // Small: the plain stream, byte for byte what a GzEncoder given these writes
             // makes.
+            let mut plain = GzBuilder::new().write(Vec::new(), Compression::new(self.level));
+            let mut held = std::mem::take(&mut self.blocks);
+            held.push(current);
+            let held = held.concat();
+            let mut rest = &held[..];
+            for len in splits {
+                let (part, tail) = rest.split_at(len.min(rest.len()));
+                plain.write_all(part)?;
+                rest = tail;
+            }
             self.out.write_all(&plain.finish()?)?;
             return Ok(self.out);
         }
@@ -210,8 +222,10 @@ impl<W: Write> LayerGzip<W> {
 
 impl<W: Write> Write for LayerGzip<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        if let Some(plain) = &mut self.plain {
-            plain.write_all(buf)?;
+        if let Some(splits) = &mut self.splits
+            && !buf.is_empty()
+        {
+            splits.push(buf.len());
         }
         self.crc.update(buf);
         let mut rest = buf;
@@ -367,12 +381,26 @@ mod tests {
     fn up_to_the_threshold_the_stream_is_the_plain_one_for_the_same_writes() {
         for len in [0, 1000, THRESHOLD] {
             let data = sample(len);
+            // Writes of uneven sizes, as a tar writer makes them (headers, file bodies).
+            let sizes = [512, 10_000, 1, 70_000, 3];
+            let mut parts = Vec::new();
+            let mut rest = &data[..];
+            for size in sizes.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (part, tail) = rest.split_at((*size).min(rest.len()));
+                parts.push(part);
+                rest = tail;
+            }
             let mut plain = GzBuilder::new().write(Vec::new(), Compression::new(6));
-            for part in data.chunks(10_000) {
+            let mut gz = LayerGzip::new(Vec::new(), 6, 4);
+            for part in &parts {
                 plain.write_all(part).unwrap();
+                gz.write_all(part).unwrap();
             }
             let plain = plain.finish().unwrap();
-            assert_eq!(compress(&data, 4, 10_000), plain, "{len} bytes");
+            assert_eq!(gz.finish().unwrap(), plain, "{len} bytes");
             assert_eq!(gunzip(&plain), data);
         }
     }
