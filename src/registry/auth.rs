@@ -160,7 +160,7 @@ struct TokenResponse {
 /// Everything needed to ask a token service for a token.
 pub(crate) struct TokenRequest<'a> {
     /// The HTTP client.
-    pub http: &'a reqwest::Client,
+    pub http: &'a super::http::Http,
     /// Per-request timeout.
     pub timeout: Duration,
     /// The registry name, for errors.
@@ -182,7 +182,8 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
         problem: "the Bearer challenge realm is not a URL",
     })?;
     let scopes = req.scopes.to_strings();
-    let (method, url, builder) = build_token_request(req, &realm, &scopes);
+    let http = req.http.client_for(&realm)?;
+    let (method, url, builder) = build_token_request(http, req, &realm, &scopes);
     let result = builder.timeout(req.timeout).send().await;
     let resp = match result {
         Ok(r) => r,
@@ -228,6 +229,7 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
 }
 
 fn build_token_request(
+    http: &reqwest::Client,
     req: &TokenRequest<'_>,
     realm: &Url,
     scopes: &[String],
@@ -241,8 +243,7 @@ fn build_token_request(
         }
         form.append_pair("scope", &scopes.join(" "));
         form.append_pair("refresh_token", refresh);
-        let builder = req
-            .http
+        let builder = http
             .post(realm.clone())
             .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
             .body(form.finish());
@@ -258,7 +259,7 @@ fn build_token_request(
             q.append_pair("scope", scope);
         }
     }
-    let mut builder = req.http.get(url.clone());
+    let mut builder = http.get(url.clone());
     if let Some(Credential::Basic { username, password }) = req.credential {
         builder = builder.header(
             reqwest::header::AUTHORIZATION,

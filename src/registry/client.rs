@@ -89,12 +89,11 @@ impl Client {
             }
             certs.extend(bundle);
         }
-        let http = reqwest::Client::builder()
-            .user_agent(config.user_agent.clone())
-            .connect_timeout(config.request_timeout.min(Duration::from_secs(30)))
-            .tls_certs_merge(certs)
-            .build()
-            .map_err(|source| Error::HttpClient { source })?;
+        let http = super::http::Http::new(
+            config.user_agent.clone(),
+            config.request_timeout.min(Duration::from_secs(30)),
+            certs,
+        )?;
         let mut inner = Inner::new(
             http,
             config.retry,

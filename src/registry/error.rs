@@ -204,6 +204,13 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// The TLS client (built on the first https request) could not be built.
+    #[error("setting up TLS (the platform's trusted certificates and --registry-ca)")]
+    TlsSetup {
+        /// The builder error.
+        #[source]
+        source: std::sync::Arc<reqwest::Error>,
+    },
     /// Local file I/O around a transfer.
     #[error("{action} {path}")]
     Io {

@@ -26,6 +26,7 @@ mod documents;
 mod error;
 mod failure;
 mod helper;
+mod http;
 mod manifests;
 mod redact;
 mod reference;

@@ -155,7 +155,7 @@ pub struct Traffic {
 
 /// Shared state behind a [`super::Client`].
 pub(crate) struct Inner {
-    pub http: reqwest::Client,
+    pub http: super::http::Http,
     pub retry: RetryPolicy,
     pub timeout: Duration,
     pub credentials: CredentialStore,
@@ -171,7 +171,7 @@ pub(crate) struct Inner {
 
 impl Inner {
     pub fn new(
-        http: reqwest::Client,
+        http: super::http::Http,
         retry: RetryPolicy,
         timeout: Duration,
         credentials: CredentialStore,
@@ -290,6 +290,7 @@ impl Inner {
     pub async fn exchange(&self, call: &Call, auth: Option<&HeaderValue>) -> Result<Response> {
         let mut req = self
             .http
+            .client_for(&call.url)?
             .request(call.method.clone(), call.url.clone())
             .headers(call.headers.clone());
         if let Some(value) = auth {
@@ -319,7 +320,23 @@ impl Inner {
             Ok(resp) => {
                 let status = resp.status().as_u16();
                 debug!(method = %call.method, url = %call.shown_url(), status, "registry request");
-                Ok(resp)
+                match super::http::https_redirect(&resp) {
+                    // A plain-HTTP registry sends a download to https storage: follow it
+                    // there, without the registry's Authorization (as reqwest would).
+                    Some(next) if matches!(call.method, Method::GET | Method::HEAD) => {
+                        self.stats.request();
+                        let req = self
+                            .http
+                            .tls()?
+                            .request(call.method.clone(), next.clone())
+                            .headers(call.headers.clone())
+                            .timeout(call.timeout.unwrap_or(self.timeout));
+                        req.send()
+                            .await
+                            .map_err(|err| Error::transport(&call.method, &next, err))
+                    }
+                    _ => Ok(resp),
+                }
             }
             Err(err) => {
                 let err = Error::transport(&call.method, &call.url, err);

@@ -17,7 +17,7 @@ use common::registry::{Registry, RegistryKind};
 enum Lie {
     Manifest,
     Blob,
-    /// Blob GETs are redirected to the host:port in [`Proxy::redirect_to`].
+    /// Blob GETs are redirected to the `scheme://host:port` in [`Proxy::redirect_to`].
     Redirect,
 }
 
@@ -40,10 +40,7 @@ async fn forward(State(p): State<Proxy>, req: Request) -> Response {
     if p.lie == Lie::Redirect && method == "GET" && path.contains("/blobs/sha256:") {
         return Response::builder()
             .status(307)
-            .header(
-                "location",
-                format!("http://{}/storage{path}", p.redirect_to),
-            )
+            .header("location", format!("{}/storage{path}", p.redirect_to))
             .body(Body::empty())
             .unwrap();
     }
@@ -213,7 +210,12 @@ fn redirect_to_hostile_storage(kind: RegistryKind) {
     let bases = push_base_images(&reg, "base/busybox");
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (storage, seen) = start_hostile_storage(&rt);
-    let (proxy, _proxy_rt) = start_proxy_to(reg.host(), Lie::Redirect, &storage, reg.ca_pem());
+    let (proxy, _proxy_rt) = start_proxy_to(
+        reg.host(),
+        Lie::Redirect,
+        &format!("http://{storage}"),
+        reg.ca_pem(),
+    );
     let kiln = Kiln::new();
     let (user, password) = reg.credentials().unwrap();
     let auth = common::base64(format!("{user}:{password}").as_bytes());
@@ -250,4 +252,109 @@ fn redirect_to_hostile_storage(kind: RegistryKind) {
         );
     }
     assert!(!err.contains(password), "{err}");
+}
+
+/// An HTTPS storage host (Python, a test CA's certificate): `GET /storage/v2/…` answers what
+/// the registry at `upstream` answers for `/v2/…`; each request's path and Authorization
+/// header is appended to `log`; it writes its port to `portfile` once it listens.
+const HTTPS_STORAGE: &str = r#"
+import http.server, ssl, sys, urllib.request
+cert, key, upstream, log, portfile = sys.argv[1:6]
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open(log, 'a') as f:
+            f.write(f"{self.path} auth={self.headers.get('Authorization', '')}\n")
+        if not self.path.startswith('/storage/'):
+            self.send_error(404); return
+        with urllib.request.urlopen(f"http://{upstream}{self.path[len('/storage'):]}") as r:
+            body = r.read()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); ctx.load_cert_chain(cert, key)
+s.socket = ctx.wrap_socket(s.socket, server_side=True)
+open(portfile + '.tmp', 'w').write(str(s.server_address[1]))
+import os; os.rename(portfile + '.tmp', portfile)
+s.serve_forever()
+"#;
+
+#[test]
+fn a_plain_http_registry_that_sends_blobs_to_https_storage_builds_without_leaking_credentials() {
+    // The registry client keeps no TLS roots for plain-HTTP registries; a redirect to https
+    // storage is followed with the TLS client, trusting --registry-ca.
+    let reg = Registry::start(RegistryKind::Plain);
+    let bases = push_base_images(&reg, "base/busybox");
+    let work = tempfile::tempdir().unwrap();
+    let ca = common::registry::make_test_tls(&work.path().join("tls"));
+    let (log, portfile) = (work.path().join("storage.log"), work.path().join("port"));
+    let tls = work.path().join("tls");
+    let mut storage = std::process::Command::new("python3")
+        .args(["-c", HTTPS_STORAGE])
+        .arg(tls.join("cert.pem"))
+        .arg(tls.join("key.pem"))
+        .arg(reg.host())
+        .arg(&log)
+        .arg(&portfile)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !portfile.exists() {
+        if std::time::Instant::now() >= deadline {
+            let _ = storage.kill();
+            let _ = storage.wait();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the storage host did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let port = std::fs::read_to_string(&portfile).unwrap();
+    let storage_host = format!("127.0.0.1:{port}");
+    let (proxy, _rt) = start_proxy_to(
+        reg.host(),
+        Lie::Redirect,
+        &format!("https://{storage_host}"),
+        None,
+    );
+    let kiln = Kiln::new();
+    // Credentials for the registry (it ignores them): they must not reach the storage host.
+    let auth = common::base64(b"robot:kiln-storage-secret-4e1d");
+    std::fs::write(
+        kiln.home.path().join("docker/config.json"),
+        format!(r#"{{"auths":{{"{proxy}":{{"auth":"{auth}"}}}}}}"#),
+    )
+    .unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &bases.oci.replace(&reg.host(), &proxy),
+        "--output",
+        &format!("oci:{}", work.path().join("out").display()),
+        "--insecure-registry",
+        &proxy,
+        "--registry-ca",
+        ca.to_str().unwrap(),
+    ]);
+    let _ = storage.kill();
+    let _ = storage.wait();
+    run.reference();
+    let seen = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        seen.lines()
+            .any(|l| l.starts_with("/storage/v2/base/busybox/blobs/sha256:")),
+        "the blobs came from the https storage host: {seen:?}"
+    );
+    for line in seen.lines() {
+        assert!(
+            line.ends_with("auth="),
+            "a credential reached the storage host: {line}"
+        );
+    }
 }
