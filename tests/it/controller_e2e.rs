@@ -313,7 +313,8 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
     env.wait_condition("team", "shout", "Running", "True", Some("DeploymentReady"));
     let (code, body) = http(kubelet.port("team", "shout").unwrap(), "POST", "kiln");
     assert_eq!((code, body.as_str()), (200, "KILN"));
-    let deps_log = |function: &str| {
+    // The log of `container` in `function`'s build Pod.
+    let build_log = |function: &str, container: &str| {
         let pods = work.path().join("kubelet/pods");
         let pod = std::fs::read_dir(&pods)
             .unwrap()
@@ -324,11 +325,9 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
                     .map(str::to_string)
             })
             .unwrap_or_else(|| panic!("no build Pod of {function} in {}", pods.display()));
-        (
-            kubelet.logs("team", &pod, "lookup"),
-            kubelet.logs("team", &pod, "deps"),
-        )
+        kubelet.logs("team", &pod, container)
     };
+    let deps_log = |function: &str| (build_log(function, "lookup"), build_log(function, "deps"));
     let (lookup, deps) = deps_log("words");
     assert!(lookup.contains("not in the cache repository"), "{lookup}");
     assert!(deps.contains("installing dependencies"), "{deps}");
@@ -360,16 +359,7 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
         &scan_report("git-scan"),
         "/workspace/git/function/handler.js",
     );
-    let pods = work.path().join("kubelet/pods");
-    let git_pod = std::fs::read_dir(&pods)
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .find_map(|n| {
-            n.strip_prefix("team_git-scan-build-")
-                .map(|p| format!("git-scan-build-{p}"))
-        })
-        .expect("the git Function's build Pod");
-    let fetch = kubelet.logs("team", &git_pod, "source");
+    let fetch = build_log("git-scan", "source");
     assert!(fetch.contains("fetched the git source"), "{fetch}");
 
     env.wait_condition("team", "broken", "BuildReady", "False", Some("JobFailed"));
