@@ -130,14 +130,16 @@ pub(super) async fn staged_layer(
     let Some(layer) = verified.record.dependencies else {
         return Ok((None, None));
     };
+    // Where a mismatch with the lookup is reported.
+    let lookup_file = opts
+        .lookup_dir
+        .clone()
+        .unwrap_or_default()
+        .join(stage::LOOKUP_FILE);
     let lookup_key = lookup.as_ref().and_then(|l| l.key.clone());
     if layer.in_cache_repo && lookup_key.as_ref() != Some(&layer.key) {
         return Err(stage::Error::Mismatch {
-            path: opts
-                .lookup_dir
-                .clone()
-                .unwrap_or_default()
-                .join(stage::LOOKUP_FILE),
+            path: lookup_file.clone(),
             field: "dependency key",
             recorded: lookup_key.map_or_else(|| "none".into(), |k| k.to_string()),
             current: format!("{} (the install stage's record)", layer.key),
@@ -151,11 +153,7 @@ pub(super) async fn staged_layer(
             (Some(found), Some(repo)) if found.digest == layer.digest => (found, repo),
             (found, repo) => {
                 return Err(stage::Error::Mismatch {
-                    path: opts
-                        .lookup_dir
-                        .clone()
-                        .unwrap_or_default()
-                        .join(stage::LOOKUP_FILE),
+                    path: lookup_file,
                     field: "cache repository entry",
                     recorded: found.map_or_else(
                         || "none".into(),
