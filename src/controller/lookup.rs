@@ -162,25 +162,37 @@ pub trait CommitResolver: Send + Sync {
     ) -> std::result::Result<String, String>;
 }
 
-/// The CA certificates (PEM) of the ConfigMap `name`'s key `ca.crt` in `namespace`: what
-/// build Jobs trust besides the system roots, so the controller trusts them too when it
-/// resolves a git reference.
+/// The CA bundle ConfigMap `name` in `namespace` (the controller's `--ca-bundle-configmap`).
 ///
 /// # Errors
-/// The ConfigMap is missing or has no `ca.crt`, or the API request failed.
-pub async fn ca_bundle(client: &kube::Client, namespace: &str, name: &str) -> Result<Vec<u8>> {
+/// The ConfigMap is missing, or the API request failed.
+pub async fn ca_bundle_config_map(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<k8s_openapi::api::core::v1::ConfigMap> {
     let api: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), namespace);
-    let cm = api
-        .get_opt(name)
+    api.get_opt(name)
         .await
         .map_err(Error::kube(format!("reading ConfigMap {namespace}/{name}")))?
         .ok_or_else(|| {
             Error::Missing(format!(
                 "the CA bundle ConfigMap {namespace}/{name} does not exist"
             ))
-        })?;
-    cm.data
+        })
+}
+
+/// The CA certificates (PEM) of the CA bundle ConfigMap's key `ca.crt`: what build Jobs
+/// trust besides the system roots, so the controller trusts them too when it resolves a git
+/// reference.
+///
+/// # Errors
+/// The ConfigMap is missing or has no `ca.crt`, or the API request failed.
+pub async fn ca_bundle(client: &kube::Client, namespace: &str, name: &str) -> Result<Vec<u8>> {
+    ca_bundle_config_map(client, namespace, name)
+        .await?
+        .data
         .and_then(|mut d| d.remove("ca.crt"))
         .map(String::into_bytes)
         .ok_or_else(|| {

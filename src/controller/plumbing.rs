@@ -95,20 +95,8 @@ async fn copy_secret(ctx: &Context, namespace: &str) -> Result<()> {
 }
 
 async fn copy_config_map(ctx: &Context, namespace: &str, name: &str) -> Result<()> {
-    let from: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
-    let original = from
-        .get_opt(name)
-        .await
-        .map_err(Error::kube(format!(
-            "reading ConfigMap {}/{name}",
-            ctx.config.namespace
-        )))?
-        .ok_or_else(|| {
-            Error::Missing(format!(
-                "the CA bundle ConfigMap {}/{name} does not exist",
-                ctx.config.namespace
-            ))
-        })?;
+    let original =
+        super::lookup::ca_bundle_config_map(&ctx.client, &ctx.config.namespace, name).await?;
     let mut copy = ConfigMap {
         metadata: copy_meta(name, namespace),
         data: original.data.clone(),
