@@ -3,7 +3,6 @@
 //! runtime packages, Python bytecode, the function server, the SBOM; the builder adds its
 //! Debian packages, npm tooling and the kiln binary.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -15,11 +14,13 @@ use super::packages;
 use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
 use super::rootfs;
 use crate::build::publish::{BlobPlan, Role};
-use crate::build::{plan, source};
+use crate::build::source;
 use crate::oci::{
-    self, Base, ConfigEdit, Content, Document, EntryKind, Image, LayerBlob, LayerEntry, MediaType,
-    NewLayer,
+    self, ConfigEdit, Content, EntryKind, Image, LayerBlob, LayerEntry, MediaType, NewLayer,
 };
+
+mod config;
+use config::{builder_edit, config_edit, scratch};
 
 /// Where the builder image has the kiln binary; its entrypoint.
 pub const KILN_IN_BUILDER: &str = "/usr/local/bin/kiln";
@@ -544,94 +545,5 @@ impl Stage<'_> {
             image,
             layers: plans,
         })
-    }
-}
-
-fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
-    let created = plan::rfc3339(epoch);
-    let labels = BTreeMap::from([
-        ("dev.kiln.runtime".to_string(), recipe.runtime.clone()),
-        ("dev.kiln.sbom".to_string(), sbom.to_string()),
-        (
-            "org.opencontainers.image.created".to_string(),
-            created.clone(),
-        ),
-        (
-            "org.opencontainers.image.title".to_string(),
-            format!("kiln {} runtime", recipe.runtime),
-        ),
-    ]);
-    ConfigEdit {
-        created,
-        env: recipe
-            .image
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        labels,
-        user: Some(rootfs::IMAGE_UID.to_string()),
-        working_dir: Some(recipe.image.workdir.clone()),
-        entrypoint: Some(recipe.image.entrypoint.clone()),
-        cmd: None,
-        exposed_ports: vec!["8080/tcp".into()],
-        annotations: BTreeMap::new(),
-    }
-}
-
-/// The builder's config: the base's, but running kiln (a build Job runs `kiln build …` in it;
-/// without arguments it prints `kiln build --help`) in `/tmp`, and `KILN_BUILDER` telling
-/// `kiln build --deps-sandbox auto` that the toolchain is right here.
-fn builder_edit(mut edit: ConfigEdit, recipe: &Recipe) -> ConfigEdit {
-    edit.entrypoint = Some(vec![KILN_IN_BUILDER.into()]);
-    edit.cmd = Some(vec!["build".into(), "--help".into()]);
-    // The base's working directory (the Function's) exists only once a Function is built on
-    // it; /tmp exists, is the user's HOME and the one writable place under a read-only root.
-    edit.working_dir = Some("/tmp".into());
-    edit.env
-        .push(("KILN_BUILDER".into(), recipe.runtime.clone()));
-    edit
-}
-
-/// An empty linux/amd64 image to append the first layers to.
-fn scratch() -> Base {
-    let config =
-        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
-            .to_vec();
-    let config = Document::new(MediaType::OciConfig, config);
-    let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"{}","digest":"{}","size":{}}},"layers":[]}}"#,
-        MediaType::OciManifest,
-        MediaType::OciConfig,
-        config.digest,
-        config.bytes.len()
-    );
-    Base {
-        manifest: Document::new(MediaType::OciManifest, manifest.into_bytes()),
-        config,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-
-    #[test]
-    fn the_builder_runs_kiln_while_the_base_keeps_the_function_server() {
-        let (recipe, _) = super::super::recipe::embedded("python313").unwrap();
-        let base = config_edit(&recipe, 0, "");
-        let builder = builder_edit(base.clone(), &recipe);
-        assert_eq!(base.entrypoint, Some(recipe.image.entrypoint.clone()));
-        assert_eq!(base.cmd, None);
-        assert_eq!(builder.entrypoint, Some(vec!["/usr/local/bin/kiln".into()]));
-        assert_eq!(builder.cmd, Some(vec!["build".into(), "--help".into()]));
-        assert_eq!(builder.working_dir.as_deref(), Some("/tmp"));
-        assert!(
-            builder
-                .env
-                .contains(&("KILN_BUILDER".into(), "python313".into()))
-        );
-        assert!(!base.env.iter().any(|(k, _)| k == "KILN_BUILDER"));
     }
 }
