@@ -600,8 +600,10 @@ async fn a_throw_answers_500_and_logs_the_stack(rt: Runtime) {
     );
 }
 
+/// One server thread (Python): the timed-out call still runs on it, so the server must have
+/// put another in its place.
 async fn a_slow_function_times_out_with_408(rt: Runtime) {
-    let server = Server::start(rt, &[("FUNC_TIMEOUT", "1")]);
+    let server = Server::start(rt, &[("FUNC_TIMEOUT", "1"), ("CHERRYPY_NUMTHREADS", "1")]);
     let started = Instant::now();
     let resp = client().get(server.url("/sleep")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
@@ -610,11 +612,59 @@ async fn a_slow_function_times_out_with_408(rt: Runtime) {
         "took {:?}",
         started.elapsed()
     );
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "Timeout while processing the function\n"
+    );
     let page = metrics(&server).await;
     assert_eq!(sample(&page, "function_failures_total"), 1.0, "{page}");
-    // The server still serves while the timed-out call lingers.
+    // The server still serves while the timed-out call lingers (which it does for 5 s).
     let resp = client().get(server.url("/text")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_millis(4500),
+        "waited for the timed-out call: {:?}",
+        started.elapsed()
+    );
+    // The Function returns (after 5 s): its result goes nowhere, nothing breaks, and the
+    // server serves on.
+    tokio::time::sleep(Duration::from_secs(5).saturating_sub(started.elapsed())).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        let resp = client().get(server.url("/text")).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+    }
+    let page = metrics(&server).await;
+    assert_eq!(sample(&page, "function_failures_total"), 1.0, "{page}");
+    assert_eq!(sample(&page, "function_calls_total"), 5.0, "{page}");
+    let stderr = server.stderr();
+    assert!(stderr.contains("Function timed out after 1s"), "{stderr}");
+    assert!(
+        !stderr.contains("Error") && !stderr.contains("Traceback"),
+        "{stderr}"
+    );
+}
+
+/// A call past FUNC_TIMEOUT was answered; that its Function still runs must not hold up the
+/// exit on SIGTERM.
+async fn sigterm_exits_promptly_while_a_timed_out_call_still_runs(rt: Runtime) {
+    let mut server = Server::start(rt, &[("FUNC_TIMEOUT", "1")]);
+    let resp = client().get(server.url("/sleep")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    let started = Instant::now();
+    server.terminate();
+    let status = server.wait_exit(Duration::from_secs(5)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}:\n{}",
+        server.logs()
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "took {:?} to exit:\n{}",
+        started.elapsed(),
+        server.logs()
+    );
 }
 
 async fn a_body_over_the_limit_gets_413(rt: Runtime) {
@@ -785,6 +835,9 @@ for_both_runtimes! {
     sigterm_drains_in_flight_requests_then_exits_zero:
         node_finishes_in_flight_requests_on_sigterm_then_exits_zero,
         python_finishes_in_flight_requests_on_sigterm_then_exits_zero;
+    sigterm_exits_promptly_while_a_timed_out_call_still_runs:
+        node_exits_promptly_on_sigterm_while_a_timed_out_call_still_runs,
+        python_exits_promptly_on_sigterm_while_a_timed_out_call_still_runs;
     emitted_cloud_events_are_valid_with_a_time_and_return_the_publishers_answer:
         node_emits_valid_cloud_events_with_a_time_and_resolves_to_the_publishers_answer,
         python_emits_valid_cloud_events_with_a_time_and_returns_the_publishers_answer;

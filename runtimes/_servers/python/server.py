@@ -8,12 +8,15 @@ Runs as user 1000 on a read-only root filesystem and writes nothing. The contrac
 decisions behind it are in runtimes/_servers/README.md.
 """
 
+import bisect
 import datetime
 import importlib
+import itertools
 import json
 import os
 import re
 import signal
+import socket
 import sys
 import threading
 import time
@@ -41,6 +44,15 @@ FUNCTION_PATH = os.environ.get('FUNCTION_PATH') or '/kubeless'
 ACCESS_LOG = bool(os.environ.get('KYMA_INTERNAL_LOGGER_ENABLED'))
 PUBLISHER = os.environ.get('PUBLISHER_PROXY_ADDRESS') or \
     'http://eventing-publisher-proxy.kyma-system.svc.cluster.local/publish'
+# `context`, a copy per call.
+CONTEXT = {
+    'function-name': os.environ.get('FUNC_NAME'),
+    'namespace': os.environ.get('SERVICE_NAMESPACE'),
+    'runtime': os.environ.get('FUNC_RUNTIME'),
+    'timeout': TIMEOUT,
+    'memory-limit': os.environ.get('FUNC_MEMORY_LIMIT'),
+    'body-size-limit': BODY_LIMIT,
+}
 # Drain on SIGTERM: in-flight calls end by FUNC_TIMEOUT anyway (408); stay under k8s's 30 s.
 GRACE = min(TIMEOUT + 1, 25)
 
@@ -50,17 +62,17 @@ TEXT_TYPE = 'text/plain; charset=utf-8'
 # ---- metrics (Prometheus text format 0.0.4) ----
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _lock = threading.Lock()
-_m = {'calls': 0, 'failures': 0, 'buckets': [0] * len(BUCKETS), 'sum': 0.0, 'count': 0}
+# 'buckets': calls per bucket (the last: over the largest bound); cumulated when rendered.
+_m = {'calls': 0, 'failures': 0, 'buckets': [0] * (len(BUCKETS) + 1), 'sum': 0.0, 'count': 0}
 
 
 def _observe(seconds, failed):
+    i = bisect.bisect_left(BUCKETS, seconds)
     with _lock:
         _m['failures'] += failed
         _m['sum'] += seconds
         _m['count'] += 1
-        for i, le in enumerate(BUCKETS):
-            if seconds <= le:
-                _m['buckets'][i] += 1
+        _m['buckets'][i] += 1
 
 
 def render_metrics():
@@ -74,7 +86,7 @@ def render_metrics():
             '# TYPE function_duration_seconds histogram',
         ]
         out += [f'function_duration_seconds_bucket{{le="{le}"}} {n}'
-                for le, n in zip(BUCKETS, _m['buckets'])]
+                for le, n in zip(BUCKETS, itertools.accumulate(_m['buckets']))]
         out += [f"function_duration_seconds_bucket{{le=\"+Inf\"}} {_m['count']}",
                 f"function_duration_seconds_sum {_m['sum']}",
                 f"function_duration_seconds_count {_m['count']}"]
@@ -181,6 +193,10 @@ def _span_context(trace_id, span_id, sampled):
 
 def start_trace(req):
     """This request's trace; None when there is nothing to continue and nothing to export."""
+    env = req.environ
+    if not COLLECTOR and not ('HTTP_TRACEPARENT' in env or 'HTTP_B3' in env
+                              or 'HTTP_X_B3_TRACEID' in env):
+        return None
     t = incoming_trace(req.headers)
     if t is None and not COLLECTOR:
         return None
@@ -479,69 +495,112 @@ sys.path.append(FUNCTION_PATH)
 _function = None  # set in main()
 
 
-class _Worker:
-    """A thread that runs Function calls one after another; idle workers wait in a stack, so a
-    call takes an existing thread instead of starting one."""
-
-    idle = []
-    idle_lock = threading.Lock()
-
-    def __init__(self):
-        import queue
-        self.inbox = queue.SimpleQueue()
-        threading.Thread(target=self.loop, name='function', daemon=True).start()
-
-    @classmethod
-    def take(cls):
-        with cls.idle_lock:
-            if cls.idle:
-                return cls.idle.pop()
-        return cls()
-
-    def loop(self):
-        while True:
-            job = self.inbox.get()
-            job()
-            with self.idle_lock:
-                self.idle.append(self)
+# A call runs on the server thread that read its request. Handing it to another thread (so
+# that this one could answer 408 while the Function runs on) cost a sixth of a hello's rate:
+# two thread switches per call. FUNC_TIMEOUT is kept by one watchdog thread instead. Calls are
+# kept in start order, which is deadline order (every call has the same timeout), so the
+# watchdog sleeps until the oldest call's deadline and needs no wake-up when a call starts or
+# ends. Whoever takes a call out of `_calls` answers it: the call's own thread when the
+# Function returns in time, else the watchdog, which writes the 408 on the call's connection
+# and closes it (a call cannot be killed), and gives the server a thread in place of the one
+# still running the Function. That thread serves on when the Function returns, and one idle
+# thread then leaves, so the pool keeps its size.
+_calls = {}  # call id -> (deadline, environ, trace, started), in start order
+_calls_lock = threading.Lock()
+_call_ids = itertools.count()
+_hung = set()  # server threads still running a call that timed out
+_server = None  # set in main()
+_state = {'stopping': False}
+_pool_lock = threading.Lock()
+TIMEOUT_BODY = b'Timeout while processing the function\n'
 
 
-def call_function(event, context, environ, trace=None):
-    """Runs the Function on a worker thread with bottle's `request` and `response` bound to this
-    request there, as Kyma's server did; ('ok', result, response), ('error', exc, response) or
-    ('timeout', None, None). `response` is a copy of what the Function set on
-    `bottle.response`. A timed-out call cannot be killed: its worker keeps running it (and only
-    then serves other calls), its result is dropped."""
-    box, done = [], threading.Event()
+def call_function(event, context, environ, trace):
+    """Runs the Function on this thread: ('ok', result), ('error', exc) or ('timeout', None)
+    — the last when the watchdog answered for it while it ran."""
+    started = time.monotonic()
+    key = next(_call_ids)
+    with _calls_lock:
+        _calls[key] = (started + TIMEOUT, environ, trace, started)
+    trace_token = _current_trace.set(trace)
+    otel_token = None
+    if trace is not None and trace.context is not None:
+        otel_token = _otel['context'].attach(trace.context)
+    try:
+        outcome = ('ok', _function(event, context))
+    except bottle.HTTPResponse as res:  # `raise bottle.HTTPError(400, ...)` is an answer
+        outcome = ('ok', res)
+    except BaseException as exc:  # noqa: BLE001 - report every failure as a 500
+        import traceback
+        traceback.print_exc()
+        outcome = ('error', exc)
+    finally:
+        if otel_token is not None:
+            _otel['context'].detach(otel_token)
+        _current_trace.reset(trace_token)
+        with _calls_lock:
+            answered = _calls.pop(key, None) is None
+    if answered:
+        _late_return()
+        return ('timeout', None)
+    return outcome
 
-    def run():
-        bottle.request.bind(environ)
-        bottle.response.bind()
-        _current_trace.set(trace)
-        token = None
-        if trace is not None and trace.context is not None:
-            token = _otel['context'].attach(trace.context)
-        try:
-            result = _function(event, context)
-            box.append(('ok', result, bottle.response.copy()))
-        except bottle.HTTPResponse as res:  # `raise bottle.HTTPError(400, ...)` is an answer
-            box.append(('ok', res, bottle.response.copy()))
-        except BaseException as exc:  # noqa: BLE001 - report every failure as a 500
-            import traceback
-            traceback.print_exc()
-            box.append(('error', exc, None))
-        finally:
-            if token is not None:
-                _otel['context'].detach(token)
-            done.set()
 
-    _Worker.take().inbox.put(run)
-    return box[0] if done.wait(TIMEOUT) else ('timeout', None, None)
+def _watch():
+    while True:
+        now = time.monotonic()
+        wait, due = TIMEOUT, None
+        with _calls_lock:
+            for key, call in _calls.items():  # the oldest only
+                if call[0] <= now:
+                    due = call
+                    del _calls[key]
+                else:
+                    wait = call[0] - now
+                break
+        if due is None:
+            time.sleep(wait)
+        else:
+            _time_out(*due[1:])
+
+
+def _time_out(environ, trace, started):
+    """The watchdog's answer for a call past FUNC_TIMEOUT: 408 on its connection, which then
+    closes; the call's own thread writes nothing more (`_Gateway`)."""
+    req = environ['kiln.request']
+    sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {environ["REQUEST_METHOD"]} '
+                     f'{environ.get("PATH_INFO", "")}\n')
+    _observe(time.monotonic() - started, True)
+    end_trace(trace, 408)
+    head = (f'{req.server.protocol} 408 Request Timeout\r\nContent-Type: {TEXT_TYPE}\r\n'
+            f'Access-Control-Allow-Origin: *\r\nContent-Length: {len(TIMEOUT_BODY)}\r\n'
+            'Connection: close\r\n\r\n').encode('latin-1')
+    environ['kiln.answered'] = True
+    req.sent_headers = req.close_connection = True
+    _hung.add(environ['kiln.thread'])
+    try:
+        req.conn.wfile.write(head if environ['REQUEST_METHOD'] == 'HEAD' else head + TIMEOUT_BODY)
+        req.conn.socket.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # the client is gone
+    if ACCESS_LOG:
+        _access_line(environ, '408')
+    with _pool_lock:
+        if not _state['stopping']:
+            _server.requests.grow(1)
+
+
+def _late_return():
+    """A timed-out call's Function returned: its thread serves on, and one idle thread leaves."""
+    from cheroot.workers.threadpool import _SHUTDOWNREQUEST
+    _hung.discard(threading.current_thread())
+    with _pool_lock:
+        if not _state['stopping']:
+            _server.requests._clear_dead_threads()
+            _server.requests._queue.put(_SHUTDOWNREQUEST)
 
 
 # ---- server: bottle on cheroot's threaded WSGI server, as Kyma's ----
-_state = {'inflight': 0, 'stopping': False}
-_idle = threading.Condition()
 app = bottle.Bottle()
 
 
@@ -557,14 +616,7 @@ app.default_error_handler = lambda res: (
 
 @app.route('/<:re:.*>', method='ANY')
 def handle():
-    with _idle:
-        _state['inflight'] += 1
-    try:
-        return route(bottle.request, bottle.response)
-    finally:
-        with _idle:
-            _state['inflight'] -= 1
-            _idle.notify_all()
+    return route(bottle.request, bottle.response)
 
 
 def route(req, resp):
@@ -586,10 +638,14 @@ def route(req, resp):
             'Access-Control-Allow-Headers': req.get_header('Access-Control-Request-Headers')
             or '*',
             'Access-Control-Max-Age': '86400'})
-    if req.content_length > BODY_LIMIT:
+    env = req.environ
+    if not env.get('CONTENT_LENGTH'):  # no body (Dechunk sized a chunked one)
+        raw = b''
+    elif req.content_length > BODY_LIMIT:
         return too_large(req)
-    raw = req.body.read()
-    ctype = req.get_header('Content-Type') or ''
+    else:
+        raw = req.body.read()
+    ctype = env.get('CONTENT_TYPE') or ''
     mime = ctype.split(';')[0].strip().lower()
     charset = 'utf-8'
     for param in ctype.split(';')[1:]:
@@ -601,27 +657,25 @@ def route(req, resp):
     except ValueError as exc:
         return _plain(400, f'Bad Request: cannot parse the {mime} body: {exc}\n')
     event = Event(data, bottle.request, bottle.response)
-    fill_cloud_event(event, req.headers, mime)
-    context = {
-        'function-name': os.environ.get('FUNC_NAME'),
-        'namespace': os.environ.get('SERVICE_NAMESPACE'),
-        'runtime': os.environ.get('FUNC_RUNTIME'),
-        'timeout': TIMEOUT,
-        'memory-limit': os.environ.get('FUNC_MEMORY_LIMIT'),
-        'body-size-limit': BODY_LIMIT,
-    }
+    if mime == 'application/cloudevents+json' or ('HTTP_CE_TYPE' in env
+                                                   and 'HTTP_CE_SOURCE' in env):
+        fill_cloud_event(event, req.headers, mime)
     with _lock:
         _m['calls'] += 1
     trace = start_trace(req)
-    answer = _call(event, context, req, trace)  # always an HTTPResponse
-    end_trace(trace, answer.status_code)
+    answer = _call(event, dict(CONTEXT), req, trace)
+    if trace is not None and answer is not None:
+        end_trace(trace, getattr(answer, 'status_code', resp.status_code))
     return answer
 
 
 def _call(event, context, req, trace):
-    method = req.method
+    """The Function's answer: the body, with the status and headers on `bottle.response`,
+    or an HTTPResponse; None when the watchdog gave the 408."""
     started = time.monotonic()
-    outcome, value, set_by_function = call_function(event, context, req.environ, trace)
+    outcome, value = call_function(event, context, req.environ, trace)
+    if outcome == 'timeout':
+        return None
     if outcome == 'ok':
         try:
             status, headers, content_type, body = to_body(value)
@@ -629,25 +683,26 @@ def _call(event, context, req, trace):
             sys.stderr.write(f'Cannot serialise the function result: {exc!r}\n')
             outcome = 'error'
     _observe(time.monotonic() - started, outcome != 'ok')
-    if outcome == 'timeout':
-        sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {method} {req.fullpath}\n')
-        return _plain(408, 'Timeout while processing the function\n')
     if outcome == 'error':
         return _plain(500, 'Internal server error')
-    out = set_by_function
+    out = bottle.response  # with what the Function set on it
     if status and out.status_code == 200:
         out.status = status
     for name, value in headers:
         out.add_header(name, value)
-    if content_type and 'Content-Type' not in out:
+    typed = 'Content-Type' in out
+    if content_type and not typed:
         out.content_type = content_type
+        typed = True
     out.set_header('Access-Control-Allow-Origin', '*')
     if out.status_code in (204, 304):
         body = b''
+    if typed:
+        return body
+    # Nothing to describe (no body, no type set): without bottle's default type.
     answer = out.copy(cls=bottle.HTTPResponse)
     answer.body = body
-    if 'Content-Type' not in out:  # nothing to describe: no body, no type set
-        answer.default_content_type = None
+    answer.default_content_type = None
     return answer
 
 
@@ -705,6 +760,12 @@ class Dechunk:
         return self.app(environ, start_response)
 
 
+def _access_line(environ, status):
+    sys.stdout.write('%s - "%s %s %s" %s\n' % (
+        environ.get('REMOTE_ADDR', '-'), environ.get('REQUEST_METHOD'),
+        environ.get('PATH_INFO'), environ.get('SERVER_PROTOCOL'), status))
+
+
 class AccessLog:
     """WSGI middleware: one line per request on stdout (KYMA_INTERNAL_LOGGER_ENABLED)."""
 
@@ -713,15 +774,80 @@ class AccessLog:
 
     def __call__(self, environ, start_response):
         def logged(status, headers, exc_info=None):
-            sys.stdout.write('%s - "%s %s %s" %s\n' % (
-                environ.get('REMOTE_ADDR', '-'), environ.get('REQUEST_METHOD'),
-                environ.get('PATH_INFO'), environ.get('SERVER_PROTOCOL'), status.split()[0]))
+            if not environ.get('kiln.answered'):  # else the watchdog logged its 408
+                _access_line(environ, status.split()[0])
             return start_response(status, headers, exc_info)
         return self.app(environ, logged)
 
 
+def _server_classes():
+    """cheroot's WSGI server, with three changes (cheroot is imported only here)."""
+    import select
+
+    from cheroot import wsgi
+    from cheroot.workers.threadpool import _SHUTDOWNREQUEST
+
+    class Gateway(wsgi.Gateway_10):
+        """Gives the watchdog the request's connection, and writes nothing for a request it
+        answered."""
+
+        def get_environ(self):
+            env = super().get_environ()
+            env['kiln.request'] = self.req
+            env['kiln.thread'] = threading.current_thread()
+            return env
+
+        def start_response(self, status, headers, exc_info=None):
+            if self.env.get('kiln.answered'):
+                self.started_response = True
+                return self.write
+            return super().start_response(status, headers, exc_info)
+
+        def write(self, chunk):
+            if not self.env.get('kiln.answered'):
+                super().write(chunk)
+
+    class Server(wsgi.Server):
+        def put_conn(self, conn):
+            """A keep-alive connection whose next request comes within 2 ms is served on by
+            the same thread, unless connections wait for a thread: cheroot's way (the
+            connection to its selector thread, then back to a worker) costs two thread
+            switches per request."""
+            while self.ready and not self.requests.qsize:
+                if not conn.rfile.has_data():
+                    poll = select.poll()
+                    poll.register(conn.socket.fileno(), select.POLLIN)
+                    if not poll.poll(2):
+                        break
+                try:
+                    keep = conn.communicate()
+                except Exception:  # noqa: BLE001 - as cheroot's worker: drop the connection
+                    keep = False
+                if not keep:
+                    conn.close()
+                    return
+            super().put_conn(conn)
+
+    def stop_pool(timeout):
+        """cheroot's ThreadPool.stop joins a thread for ever once the timeout is spent, and
+        a thread whose call timed out may run its Function for ever: wait for the others, up
+        to the timeout."""
+        pool = _server.requests
+        with _pool_lock:
+            _state['stopping'] = True
+            threads = [t for t in pool._threads if t.is_alive()]
+        for _ in threads:
+            pool._queue.put(_SHUTDOWNREQUEST)
+        deadline = time.monotonic() + timeout
+        for t in threads:
+            if t not in _hung:
+                t.join(max(0, deadline - time.monotonic()))
+
+    return Gateway, Server, stop_pool
+
+
 def main():
-    global _function
+    global _function, _server
     try:
         module = importlib.import_module(MOD_NAME)
         _function = getattr(module, FUNC_HANDLER)
@@ -731,16 +857,20 @@ def main():
         sys.stderr.write(f'Cannot load {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH}\n')
         sys.exit(1)
 
-    from cheroot import wsgi
+    gateway, server_class, stop_pool = _server_classes()
     wsgi_app = Dechunk(app)
     if ACCESS_LOG:
         wsgi_app = AccessLog(wsgi_app)
     # Kyma's CHERRYPY_NUMTHREADS: requests served in parallel (default 50, as Kyma's).
     threads = max(1, int(_num('CHERRYPY_NUMTHREADS', 50)))
-    server = wsgi.Server(('0.0.0.0', PORT), wsgi_app, numthreads=threads,
-                         server_name='kiln-python', request_queue_size=128, timeout=60)
+    server = _server = server_class(('0.0.0.0', PORT), wsgi_app, numthreads=threads,
+                                    server_name='kiln-python', request_queue_size=128,
+                                    timeout=60)
+    server.gateway = gateway
     server.shutdown_timeout = GRACE
+    server.requests.stop = stop_pool
     server.prepare()
+    threading.Thread(target=_watch, name='timeouts', daemon=True).start()
     stop = threading.Event()
     signals = []
 
@@ -760,16 +890,15 @@ def main():
     while not stop.wait(0.2):
         pass
 
-    _state['stopping'] = True
-    print(f"{signals[0]} received: no new connections, draining {_state['inflight']} "
-          'request(s)', flush=True)
-    deadline = time.monotonic() + GRACE
-    server.stop()  # closes the listener and idle connections, waits for in-flight requests
-    with _idle:
-        while _state['inflight'] and time.monotonic() < deadline:
-            _idle.wait(deadline - time.monotonic())
-    if _state['inflight']:
-        sys.stderr.write(f"Drain took over {GRACE:g}s, exiting with {_state['inflight']} "
+    def busy():
+        return [t for t in server.requests._threads
+                if t.is_alive() and t.conn is not None and t not in _hung]
+
+    print(f'{signals[0]} received: no new connections, draining {len(busy())} '
+          'connection(s)', flush=True)
+    server.stop()  # closes the listener and idle connections, waits up to GRACE for the rest
+    if busy():
+        sys.stderr.write(f'Drain took over {GRACE:g}s, exiting with {len(busy())} '
                          'request(s) in flight\n')
     print('Server stopped', flush=True)
     sys.stderr.flush()
