@@ -541,6 +541,8 @@ def call_function(event, context, environ, trace):
         with _calls_lock:
             answered = _calls.pop(key, None) is None
     if answered:
+        # Until the 408 is out: this thread closes the connection when it returns.
+        environ['kiln.answered'].wait()
         _late_return()
         return ('timeout', None)
     return outcome
@@ -555,6 +557,8 @@ def _watch():
                 if call[0] <= now:
                     due = call
                     del _calls[key]
+                    # Before the call's own thread can see that it lost: it writes nothing.
+                    call[1]['kiln.answered'] = threading.Event()
                 else:
                     wait = call[0] - now
                 break
@@ -566,7 +570,7 @@ def _watch():
 
 def _time_out(environ, trace, started):
     """The watchdog's answer for a call past FUNC_TIMEOUT: 408 on its connection, which then
-    closes; the call's own thread writes nothing more (`_Gateway`)."""
+    closes; the call's own thread writes nothing more (see `Gateway` in `_server_classes`)."""
     req = environ['kiln.request']
     sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {environ["REQUEST_METHOD"]} '
                      f'{environ.get("PATH_INFO", "")}\n')
@@ -575,7 +579,6 @@ def _time_out(environ, trace, started):
     head = (f'{req.server.protocol} 408 Request Timeout\r\nContent-Type: {TEXT_TYPE}\r\n'
             f'Access-Control-Allow-Origin: *\r\nContent-Length: {len(TIMEOUT_BODY)}\r\n'
             'Connection: close\r\n\r\n').encode('latin-1')
-    environ['kiln.answered'] = True
     req.sent_headers = req.close_connection = True
     _hung.add(environ['kiln.thread'])
     try:
@@ -585,6 +588,7 @@ def _time_out(environ, trace, started):
         pass  # the client is gone
     if ACCESS_LOG:
         _access_line(environ, '408')
+    environ['kiln.answered'].set()
     with _pool_lock:
         if not _state['stopping']:
             _server.requests.grow(1)
