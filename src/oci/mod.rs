@@ -4,6 +4,7 @@
 //! environment, and nothing here imports from the rest of the crate.
 
 pub mod canonical;
+mod chunks;
 mod config;
 mod descriptor;
 mod digest;
@@ -17,6 +18,7 @@ mod media_type;
 pub mod validate;
 pub mod zstd;
 
+pub use chunks::ChunkReader;
 pub use config::{History, ImageConfig, RootFs, RunConfig};
 pub use descriptor::{Descriptor, Platform};
 pub use digest::{Digest, DigestError, Hasher, HashingReader, HashingWriter};

@@ -3,14 +3,14 @@
 //! encoder pulls its input from a reader, so it runs on a thread of its own, fed the tar
 //! stream through a bounded channel, while the writing thread goes on reading files.
 
-use std::io::{self, Read, Write};
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::io::{self, Write};
+use std::sync::mpsc::{SyncSender, sync_channel};
 use std::thread::JoinHandle;
 
 /// Writes what it is given, zstd-compressed, to the inner writer. [`ZstdWriter::finish`]
 /// ends the frame and returns the inner writer.
 pub struct ZstdWriter<W: Write + Send + 'static> {
-    chunks: Option<SyncSender<Vec<u8>>>,
+    chunks: Option<SyncSender<io::Result<Vec<u8>>>>,
     encoder: Option<JoinHandle<Drain<W>>>,
     pending: Vec<u8>,
 }
@@ -21,16 +21,11 @@ const CHUNK: usize = 256 * 1024;
 impl<W: Write + Send + 'static> ZstdWriter<W> {
     /// A compressor writing to `out`.
     pub fn new(out: W) -> ZstdWriter<W> {
-        let (chunks, queue) = sync_channel::<Vec<u8>>(4);
+        let (chunks, queue) = sync_channel(4);
         let encoder = std::thread::spawn(move || {
             let mut drain = Drain { out, error: None };
-            let source = Source {
-                queue,
-                chunk: Vec::new(),
-                at: 0,
-            };
             ruzstd::encoding::compress(
-                source,
+                super::ChunkReader::new(queue),
                 &mut drain,
                 ruzstd::encoding::CompressionLevel::Fastest,
             );
@@ -46,7 +41,7 @@ impl<W: Write + Send + 'static> ZstdWriter<W> {
     fn send(&mut self) -> io::Result<()> {
         let chunk = std::mem::replace(&mut self.pending, Vec::with_capacity(CHUNK));
         match &self.chunks {
-            Some(chunks) if chunks.send(chunk).is_ok() => Ok(()),
+            Some(chunks) if chunks.send(Ok(chunk)).is_ok() => Ok(()),
             _ => Err(io::Error::other("the zstd encoder stopped")),
         }
     }
@@ -88,28 +83,6 @@ impl<W: Write + Send + 'static> Write for ZstdWriter<W> {
     }
 }
 
-/// The encoder's input: the chunks the writer sends, then end of input when it hangs up.
-struct Source {
-    queue: Receiver<Vec<u8>>,
-    chunk: Vec<u8>,
-    at: usize,
-}
-
-impl Read for Source {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.at == self.chunk.len() {
-            match self.queue.recv() {
-                Ok(chunk) => (self.chunk, self.at) = (chunk, 0),
-                Err(_) => return Ok(0),
-            }
-        }
-        let n = buf.len().min(self.chunk.len() - self.at);
-        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
 /// The encoder's output. The encoder panics on a write error, so the first error is kept
 /// here (and everything after it dropped) for `finish` to return.
 struct Drain<W> {
@@ -134,6 +107,8 @@ impl<W: Write> Write for Drain<W> {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Read;
+
     use super::*;
 
     fn compress(data: &[u8], write_size: usize) -> Vec<u8> {

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use flate2::read::MultiGzDecoder;
 use tar::EntryType;
 
-use crate::oci::{Digest, HashingReader};
+use crate::oci::{ChunkReader, Digest, HashingReader};
 use crate::rootpath::{self, Last, is_missing};
 
 const WHITEOUT: &str = ".wh.";
@@ -180,29 +180,6 @@ fn read_full(from: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
-/// The writing half's view of the decoded stream.
-struct Chunks {
-    from: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
-    chunk: Vec<u8>,
-    at: usize,
-}
-
-impl Read for Chunks {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.at == self.chunk.len() {
-            match self.from.recv() {
-                Ok(Ok(chunk)) => (self.chunk, self.at) = (chunk, 0),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Ok(0), // the decoder is done
-            }
-        }
-        let n = buf.len().min(self.chunk.len() - self.at);
-        buf[..n].copy_from_slice(&self.chunk[self.at..self.at + n]);
-        self.at += n;
-        Ok(n)
-    }
-}
-
 /// The default cap on the bytes a whole image may unpack to (file contents).
 pub const DEFAULT_LIMIT: u64 = 8 << 30;
 
@@ -244,11 +221,7 @@ impl Unpacker {
         std::thread::scope(|scope| {
             let (chunks, plain) = std::sync::mpsc::sync_channel(PIPELINE_CHUNKS);
             let decoder = scope.spawn(move || decompress(blob, &chunks));
-            let mut plain = HashingReader::new(Chunks {
-                from: plain,
-                chunk: Vec::new(),
-                at: 0,
-            });
+            let mut plain = HashingReader::new(ChunkReader::new(plain));
             let applied = self.apply_tar(&mut plain).and_then(|()| {
                 // The diff_id covers the whole stream, padding after the end-of-archive
                 // included.
