@@ -98,6 +98,17 @@ impl Kiln {
         Kiln { home }
     }
 
+    /// Writes kiln's Docker config with credentials for `host` (base64 of `user:password`,
+    /// as `docker login` stores them).
+    pub fn log_in(&self, host: &str, user: &str, password: &str) {
+        let auth = super::base64(format!("{user}:{password}").as_bytes());
+        fs::write(
+            self.home.path().join("docker/config.json"),
+            format!(r#"{{"auths":{{"{host}":{{"auth":"{auth}"}}}}}}"#),
+        )
+        .unwrap();
+    }
+
     /// The cache directory kiln uses.
     pub fn cache_dir(&self) -> PathBuf {
         self.home.path().join("cache")

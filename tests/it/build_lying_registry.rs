@@ -218,12 +218,7 @@ fn redirect_to_hostile_storage(kind: RegistryKind) {
     );
     let kiln = Kiln::new();
     let (user, password) = reg.credentials().unwrap();
-    let auth = common::base64(format!("{user}:{password}").as_bytes());
-    std::fs::write(
-        kiln.home.path().join("docker/config.json"),
-        format!(r#"{{"auths":{{"{proxy}":{{"auth":"{auth}"}}}}}}"#),
-    )
-    .unwrap();
+    kiln.log_in(&proxy, user, password);
     let work = tempfile::tempdir().unwrap();
     let dir = copy_fixture("hello-node", &work.path().join("fn"));
     let run = kiln.run(&[
@@ -322,12 +317,7 @@ fn a_plain_http_registry_that_sends_blobs_to_https_storage_builds_without_leakin
     );
     let kiln = Kiln::new();
     // Credentials for the registry (it ignores them): they must not reach the storage host.
-    let auth = common::base64(b"robot:kiln-storage-secret-4e1d");
-    std::fs::write(
-        kiln.home.path().join("docker/config.json"),
-        format!(r#"{{"auths":{{"{proxy}":{{"auth":"{auth}"}}}}}}"#),
-    )
-    .unwrap();
+    kiln.log_in(&proxy, "robot", "kiln-storage-secret-4e1d");
     let dir = copy_fixture("hello-node", &work.path().join("fn"));
     let run = kiln.run(&[
         "build",
