@@ -3,7 +3,8 @@
 same loopback registry, build + push timed for each builder, interleaved run by run. Medians.
 
     python3 bench/vs_buildah.py [--runs N] [--json FILE] [--kiln PATH] [--only node|python]
-                                [--buildah-cache all|cold-stateless|none] [--keep]
+                                [--buildah-cache all|cold-stateless|none]
+                                [--lockfile-install auto|off] [--keep]
 
 About 4 minutes per Function and run, plus a few minutes of set-up (the first time longer: the
 runtime images are assembled). Run it as root on a quiet machine; it removes each run's state
@@ -52,12 +53,19 @@ What one invocation does:
   `ru_maxrss` from `os.wait4` on the started process, which on Linux is the largest single
   process of its tree (npm/pip inside the sandbox included), not a sum; and whether the
   package manager ran (kiln's log; the install's output in buildah's build log).
+- kiln installs the Node.js Function's lock file itself (`--lockfile-install auto`, kiln's
+  default: no builder image, no npm); `--lockfile-install off` makes it run npm in the builder
+  as buildah does. "pm" counts package-manager runs, so kiln's lock-file installs show as 0
+  there and are counted apart (the stateless target wants neither).
 - for kiln's cold build: how much of it is the package manager's own install. kiln's JSON log
   bounds the install from "installing dependencies" to "wrote dependency layer" (that window
   also holds writing the layer); the install alone is timed again, not as part of any build,
   by running the same command with `bwrap` in the same builder root file system kiln unpacked
   (fresh package cache, no egress proxy). kiln's overhead = its total minus that time; the
-  cold build is also cut into phases at kiln's log lines.
+  cold build is also cut into phases at kiln's log lines. When kiln installed from the lock
+  file, it unpacked no builder: the install alone then runs in a builder root kiln unpacks for
+  it once, untimed (`alone_rootfs`), and the "overhead" compares kiln's whole cold build with
+  npm's install alone (it can be negative).
 
 Writes every raw sample, the medians, the targets, the machine and the tool versions to
 `--json` (default bench/vs_buildah.json). Needs root (buildah, unshare), `buildah`,
@@ -86,6 +94,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_CACHE = os.path.expanduser('~/.cache/kiln-bench/warm')
 CA_BUNDLE = os.environ.get('SSL_CERT_FILE', '/etc/ssl/certs/ca-certificates.crt')
 SCENARIOS = ('cold', 'source', 'nochange', 'depadd', 'stateless')
+# kiln's log line when it installs from the lock file itself (`--lockfile-install auto`).
+LOCKFILE_INSTALL = 'installing dependencies from the lock file, without npm'
 BUILDERS = ('kiln', 'buildah')
 BIC_DIR = '/var/lib/containers/cache'  # buildah's blob-info cache when run as root
 CACHE_MODES = {
@@ -122,7 +132,8 @@ TARGETS = {
     'depadd': [('>=3x buildah', lambda k, b: (b['seconds'] / k['seconds'] >= 3, f"{b['seconds'] / k['seconds']:.1f}x"))],
     'stateless': [
         ('<=300 ms', lambda k, b: (k['seconds'] <= 0.300, f"{k['seconds'] * 1000:.0f} ms")),
-        ('no package manager', lambda k, b: (k['pm_runs'] == 0, f"{k['pm_runs']:.0f} runs")),
+        ('no package manager', lambda k, b: (k['pm_runs'] + k['lockfile_installs'] == 0,
+                                             f"{k['pm_runs'] + k['lockfile_installs']:.0f} installs")),
     ],
 }
 
@@ -440,6 +451,8 @@ class Bench:
         # name ('nodejs22', 'nodejs22-builder', …) -> REG/kiln/NAME@sha256:…, from `kiln warm`
         self.images = {}
         self.notes = []
+        # fn.key -> a builder root file system for the install alone (see `alone_rootfs`)
+        self.alone_rootfs = {}
         self.ca_dir = os.path.join(work, 'ca')
         os.makedirs(self.ca_dir)
         shutil.copyfile(CA_BUNDLE, os.path.join(self.ca_dir, 'ca.crt'))
@@ -485,7 +498,8 @@ class Bench:
                 '--builder-image', self.images[f'{fn.runtime}-builder'],
                 '--image', image, '--insecure-registry', self.reg, '--tag-by-key',
                 '--cache-dir', cache_dir, '--cache-repo', st['cache_repo'],
-                '--report', report, '--log-format', 'json']
+                '--report', report, '--log-format', 'json',
+                '--lockfile-install', self.args.lockfile_install]
         env = dict(os.environ, SSL_CERT_FILE=CA_BUNDLE)
         sample, [(stdout, stderr)] = self.measure([argv], env=env, scratch=st['dir'])
         ref = stdout.strip()
@@ -500,8 +514,12 @@ class Bench:
         sample['log'] = [[round(e['t'] - sample['started'], 4), e['message']]
                          for e in events if e['t'] is not None]
         sample['pm_runs'] = sum(1 for e in events if e['message'] == 'installing dependencies')
-        sample['install_log_s'] = log_window(events, 'installing dependencies',
+        # kiln's own install from the lock file: no package manager runs.
+        sample['lockfile_installs'] = sum(1 for e in events if e['message'] == LOCKFILE_INSTALL)
+        sample['install_log_s'] = (log_window(events, 'installing dependencies',
                                               'wrote dependency layer')
+                                   or log_window(events, LOCKFILE_INSTALL,
+                                                 'wrote dependency layer'))
         sample['builder_rootfs'] = builder_rootfs(events, cache_dir)
         try:
             with open(report) as f:
@@ -609,6 +627,30 @@ def builder_rootfs(events, cache_dir):
 # --- the install alone --------------------------------------------------------------------
 
 
+def alone_rootfs(bench, fn):
+    """A builder root file system for timing the install alone when kiln's cold build unpacked
+    none (it installed from the lock file): kiln unpacks the same builder image once, into a
+    cache of its own, by installing the dependencies with `--lockfile-install off --stage deps`
+    (not timed). The entry's directory, or None."""
+    if fn.key in bench.alone_rootfs:
+        return bench.alone_rootfs[fn.key]
+    scratch = tempfile.mkdtemp(prefix=f'alone-{fn.key}-', dir=bench.work)
+    src, cache = os.path.join(scratch, 'fn'), os.path.join(scratch, 'cache')
+    put_files(src, fn.files('base', 'v1'))
+    argv = [bench.kiln, 'build', src, '--runtime', fn.runtime,
+            '--builder-image', bench.images[f'{fn.runtime}-builder'],
+            '--insecure-registry', bench.reg, '--cache-dir', cache, '--log-format', 'json',
+            '--lockfile-install', 'off', '--stage', 'deps',
+            '--stage-dir', os.path.join(scratch, 'stage')]
+    env = dict(os.environ, SSL_CERT_FILE=CA_BUNDLE)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    entry = builder_rootfs(kiln_log(proc.stderr), cache) if proc.returncode == 0 else None
+    if not entry:
+        log(f'no builder root file system for the install alone:\n{tail(proc.stderr)}')
+    bench.alone_rootfs[fn.key] = entry
+    return entry
+
+
 def install_alone(fn, entry, files, scratch):
     """The install as kiln runs it, but by itself: the same command in the same builder root
     file system, under bwrap as kiln's sandbox sets it up (uid 0, read-only root, tmpfs /tmp,
@@ -679,7 +721,8 @@ def one_run(bench, fn, r, order, results):
                 root = os.path.join(rdir, 'buildah2' if second else 'buildah')
                 sample = bench.buildah_build(fn, st, root, (image2 if second else image)['buildah'],
                                              ctx2 if second else ctx, scenario)
-            if scenario in ('cold', 'depadd') and sample['pm_runs'] != 1:
+            installs = sample['pm_runs'] + sample.get('lockfile_installs', 0)
+            if scenario in ('cold', 'depadd') and installs != 1:
                 # These builds must install: if the log does not show it, the detection (and
                 # the stateless "no package manager" verdict) cannot be trusted.
                 fail(f'{builder} {scenario} build of {fn.key}: no install found in its output '
@@ -690,7 +733,7 @@ def one_run(bench, fn, r, order, results):
                 f'{sample["bytes_up"]} B up, {sample["rss_kib"] // 1024} MiB')
         if scenario == 'cold':
             cold = results[fn.key]['samples']['cold']['kiln'][-1]
-            entry = cold.get('builder_rootfs')
+            entry = cold.get('builder_rootfs') or alone_rootfs(bench, fn)
             if entry:
                 log(f'run {r} {fn.key}: the install alone in the builder root file system')
                 alone = install_alone(fn, entry, fn.deps['base'], rdir)
@@ -801,7 +844,10 @@ def machine():
 
 def medians(samples):
     keys = ('seconds', 'requests', 'bytes_up', 'bytes_down', 'rss_kib', 'pm_runs')
-    return {k: statistics.median(s[k] for s in samples) for k in keys} if samples else None
+    out = {k: statistics.median(s[k] for s in samples) for k in keys} if samples else None
+    if out:
+        out['lockfile_installs'] = statistics.median(s.get('lockfile_installs', 0) for s in samples)
+    return out
 
 
 def summarize(results):
@@ -919,6 +965,10 @@ def parse_args():
                    help="buildah's registry cache: --cache-from/--cache-to on every build "
                         "(all, the default), --cache-to on the cold build and --cache-from on "
                         "the stateless one (cold-stateless), or none")
+    p.add_argument('--lockfile-install', choices=('auto', 'off'), default='auto',
+                   help="kiln build --lockfile-install: auto (the default; kiln installs a "
+                        "Node.js lock file itself when it decides everything) or off (npm in "
+                        "the builder image, as before)")
     p.add_argument('--keep', action='store_true', help='keep the work directory')
     args = p.parse_args()
     args.kiln = os.path.abspath(args.kiln or default_kiln())

@@ -75,7 +75,7 @@ pub async fn cached<D: Digest>(
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(io("creating", dir))?;
-    tracing::info!(url, "downloading");
+    tracing::debug!(url, "downloading");
     // Unique per process and call: parallel builds may share the cache.
     static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

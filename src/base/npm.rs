@@ -159,10 +159,7 @@ impl NpmTarball {
         registry: &url::Url,
         cache_dir: &Path,
     ) -> Result<PathBuf> {
-        let expected = self.expected_hash()?;
-        let dest = cache_dir
-            .join("npm")
-            .join(format!("{}.tgz", hex::encode(&expected)));
+        let (expected, dest) = (self.expected_hash()?, self.cached_path(cache_dir)?);
         let url = join(registry, &self.tarball_path());
         download::cached::<Sha512>(http, &url, &dest, &expected)
             .await
@@ -175,6 +172,17 @@ impl NpmTarball {
                 },
                 other => Error::Download(other),
             })
+    }
+
+    /// Where [`NpmTarball::fetch`] keeps the tarball: named by its integrity.
+    ///
+    /// # Errors
+    /// An integrity that is not sha512.
+    pub fn cached_path(&self, cache_dir: &Path) -> Result<PathBuf> {
+        let expected = self.expected_hash()?;
+        Ok(cache_dir
+            .join("npm")
+            .join(format!("{}.tgz", hex::encode(&expected))))
     }
 
     fn expected_hash(&self) -> Result<Vec<u8>> {

@@ -210,7 +210,7 @@ struct LockEntry {
 }
 
 /// Whether an npm `os`/`cpu` list admits `value` (empty admits all; `!x` excludes).
-fn admits(list: &[String], value: &str) -> bool {
+pub(crate) fn admits(list: &[String], value: &str) -> bool {
     if list.is_empty() {
         return true;
     }

@@ -4,13 +4,17 @@
 
 use super::cache::{self, LayerCache};
 use super::deps::{self, InstallEnv};
-use super::{Error, Options, function, remote_cache, source};
+use super::{Error, Options, function, lockfile, remote_cache, source};
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
 use crate::registry::{Client, Reference};
 
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
 /// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
-pub(super) fn require_builder(opts: &Options) -> Result<(), Error> {
+/// An install from the lock file alone needs no toolchain.
+pub(super) fn require_builder(opts: &Options, inputs: &function::DepInputs) -> Result<(), Error> {
+    if lockfile_plan(opts, inputs).is_ok() {
+        return Ok(());
+    }
     match &opts.install.isolation {
         deps::Isolation::MissingBuilder { sandbox } => Err(Error::NoBuilder {
             sandbox,
@@ -60,10 +64,24 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
     })
 }
 
+/// The install of `inputs` from their lock file alone, without the package manager, when
+/// `--lockfile-install auto` and the lock decides everything; else why not.
+pub(super) fn lockfile_plan(
+    opts: &Options,
+    inputs: &function::DepInputs,
+) -> Result<lockfile::Plan, String> {
+    if !opts.lockfile_install {
+        return Err("--lockfile-install off".into());
+    }
+    lockfile::plan(&opts.runtime, inputs, &opts.platform)
+}
+
 /// A dependency key, computed before anything is installed, and how to install if the
 /// layer is not cached.
 pub(super) struct DepKey {
     pub key: Digest,
+    /// The install from the lock file, when it needs no package manager.
+    lockfile: Option<lockfile::Plan>,
     /// The install environment when it was needed to name the toolchain (the toolchain on
     /// PATH); `None` for a builder image, unpacked only for an install.
     install: Option<InstallEnv>,
@@ -83,7 +101,14 @@ pub(super) async fn dependency_key(
         path: cache.tmp_dir(),
         source,
     })?;
+    let plan = lockfile_plan(opts, inputs);
+    if let Err(why) = &plan
+        && opts.runtime.language == crate::runtime::Language::Nodejs
+    {
+        tracing::info!(reason = %why, "the dependencies need npm: the lock file does not decide them alone");
+    }
     let (toolchain, install) = match &opts.install.isolation {
+        _ if plan.is_ok() => (lockfile::toolchain_id(&opts.platform), None),
         deps::Isolation::Pending(image) => {
             let resolved = crate::run::image::resolve(client, image, &opts.platform)
                 .await
@@ -105,6 +130,7 @@ pub(super) async fn dependency_key(
     );
     Ok(DepKey {
         key,
+        lockfile: plan.ok(),
         install,
         scratch,
     })
@@ -137,6 +163,7 @@ pub(super) async fn dependency_layer(
 ) -> Result<Layer, Error> {
     let DepKey {
         key,
+        lockfile: plan,
         install,
         scratch,
     } = key;
@@ -169,11 +196,23 @@ pub(super) async fn dependency_layer(
             }
         }
     }
-    let install = match install {
-        Some(install) => install,
-        None => resolve_builder(client, opts).await?,
+    let output = match (plan, install) {
+        (Some(plan), _) => {
+            tracing::info!(
+                packages = plan.len(),
+                "installing dependencies from the lock file, without npm"
+            );
+            let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
+            lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?
+        }
+        (None, Some(install)) => {
+            deps::install(&opts.runtime, inputs, &install, scratch.path()).await?
+        }
+        (None, None) => {
+            let install = resolve_builder(client, opts).await?;
+            deps::install(&opts.runtime, inputs, &install, scratch.path()).await?
+        }
     };
-    let output = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
     let (dest, tmp, epoch, media_type) = (
         opts.runtime.dependencies.dir.clone(),
         cache.tmp_dir(),

@@ -12,6 +12,7 @@ pub mod existing;
 pub mod function;
 mod install;
 mod load;
+pub mod lockfile;
 pub mod mask;
 pub mod plan;
 pub mod publish;
@@ -132,6 +133,9 @@ pub struct Options {
     pub lookup_dir: Option<PathBuf>,
     /// `--compression`: how the dependency and source layers are compressed.
     pub compression: oci::Compression,
+    /// `--lockfile-install auto`: install from the lock file without the package manager
+    /// when the lock decides everything (see [`lockfile`]).
+    pub lockfile_install: bool,
 }
 
 /// The media type a dependency layer is written, cached and staged with. In the image it
@@ -207,6 +211,9 @@ pub enum Error {
     /// The dependency install.
     #[error("installing dependencies")]
     Install(#[from] deps::Error),
+    /// The dependency install from the lock file, without the package manager.
+    #[error("installing dependencies from the lock file")]
+    Lockfile(#[from] lockfile::Error),
     /// Writing a layer.
     #[error("writing the {what} layer")]
     Layer {
@@ -304,9 +311,9 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             // Before anything is fetched: a bad stage directory should not wait for the network.
             Stage::Publish(dir) => staged_layer(client, opts, &cache, function, dir).await?,
             Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
-                if function.deps.is_some() {
+                if let Some(inputs) = &function.deps {
                     // Before anything is fetched: a usage error should not wait for the network.
-                    install::require_builder(opts)?;
+                    install::require_builder(opts, inputs)?;
                 }
                 (None, None)
             }
@@ -381,7 +388,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         };
         let mut blob = None;
         if let Some(inputs) = &function.deps {
-            install::require_builder(opts)?;
+            install::require_builder(opts, inputs)?;
             let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
             let created_by = stage::created_by(&install_command(opts, function), &dep_key.key);
             let media_type = dependency_media_type(opts.compression);
@@ -479,6 +486,15 @@ pub(super) fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
 
 /// The install command line, as the history text names it.
 pub(super) fn install_command(opts: &Options, function: &Function) -> String {
-    let locked = function.deps.as_ref().is_some_and(|d| d.lock.is_some());
-    opts.runtime.install_command(locked).join(" ")
+    let Some(inputs) = &function.deps else {
+        return opts.runtime.install_command(false).join(" ");
+    };
+    let command = opts
+        .runtime
+        .install_command(inputs.lock.is_some())
+        .join(" ");
+    match install::lockfile_plan(opts, inputs) {
+        Ok(_) => format!("{command} (by kiln from the lock file, without npm)"),
+        Err(_) => command,
+    }
 }

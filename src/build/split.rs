@@ -34,7 +34,7 @@ pub async fn run_lookup(
         let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
         let (mut key, mut found) = (None, None);
         if let (Some(inputs), Some(repo)) = (inputs, &repo) {
-            install::require_builder(opts)?;
+            install::require_builder(opts, inputs)?;
             let dep_key = install::dependency_key(client, opts, &cache, inputs).await?.key;
             found = match remote_cache::lookup(client, repo, &dep_key).await {
                 Ok(Some(entry)) => {

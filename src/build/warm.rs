@@ -48,7 +48,7 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
         let Some(inputs) = &function.deps else {
             return Ok(Warmed::NoDependencies);
         };
-        install::require_builder(opts)?;
+        install::require_builder(opts, inputs)?;
         let lookup_err = |e| Error::Lookup {
             target: repo.to_string(),
             source: Box::new(e),

@@ -138,6 +138,15 @@ pub struct BuildArgs {
     /// OCI base). Part of the build key and the dependency cache key.
     #[arg(long, value_enum, default_value_t = CompressionArg::Gzip, env = "KILN_COMPRESSION")]
     pub compression: CompressionArg,
+    /// How a Node.js Function with a package-lock.json gets its dependencies. `auto`: when
+    /// the lock decides everything `npm ci --omit=dev` would write (no .npmrc, no install
+    /// script, every package a tarball of registry.npmjs.org with its integrity, the lock in
+    /// step with package.json), kiln downloads and unpacks the tarballs itself and links
+    /// their bins as npm does: no builder image, no npm run, and a changed lock downloads
+    /// only what it adds. Otherwise, and with `off`, npm runs in the builder image. The
+    /// build's log says which and why. Part of the dependency cache key.
+    #[arg(long, value_enum, default_value_t = LockfileInstallArg::Auto, env = "KILN_LOCKFILE_INSTALL")]
+    pub lockfile_install: LockfileInstallArg,
     /// Which part of the build to run. `deps` only installs the dependencies (running the
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
     /// no base image, no registry, no --image or --output needed, and it prints the layer's
@@ -170,6 +179,15 @@ pub struct BuildArgs {
     /// as printed, with the install's last output lines; at most 4096 bytes.
     #[arg(long, value_name = "PATH")]
     pub termination_log: Option<PathBuf>,
+}
+
+/// `--lockfile-install`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LockfileInstallArg {
+    /// From the lock file when it decides everything, else the package manager.
+    Auto,
+    /// Always the package manager.
+    Off,
 }
 
 /// `--compression`.

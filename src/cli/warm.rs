@@ -83,6 +83,9 @@ pub struct WarmArgs {
     /// dependency key.
     #[arg(long, value_enum, default_value_t = super::build::CompressionArg::Gzip, env = "KILN_COMPRESSION")]
     pub compression: super::build::CompressionArg,
+    /// As `kiln build --lockfile-install`: part of the dependency key.
+    #[arg(long, value_enum, default_value_t = super::build::LockfileInstallArg::Auto, env = "KILN_LOCKFILE_INSTALL")]
+    pub lockfile_install: super::build::LockfileInstallArg,
     /// Registry access.
     #[command(flatten)]
     pub registry_args: RegistryArgs,
@@ -193,6 +196,9 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
     }
     if args.compression == super::build::CompressionArg::Zstd {
         shared.extend(["--compression".into(), "zstd".into()]);
+    }
+    if args.lockfile_install == super::build::LockfileInstallArg::Off {
+        shared.extend(["--lockfile-install".into(), "off".into()]);
     }
     for (_, flags) in &mut functions {
         flags.extend(shared.iter().cloned());

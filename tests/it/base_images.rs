@@ -481,8 +481,8 @@ fn a_package_whose_bytes_differ_from_the_lock_fails_the_base_build() {
 }
 
 /// Builds `fixture` with its dependencies installed inside `runtime`'s kiln-built builder image
-/// (in `sandbox`: `bwrap` or `builtin`), runs the result and returns the body of `GET /` plus
-/// the layout path.
+/// (in `sandbox`: `bwrap` or `builtin`; never from the lock file by kiln alone), runs the
+/// result and returns the body of `GET /` plus the layout path.
 fn build_in_builder_and_call(
     sandbox: &str,
     runtime: &str,
@@ -527,6 +527,8 @@ fn build_in_builder_and_call_with(
                 &builder,
                 "--deps-sandbox",
                 "bwrap",
+                "--lockfile-install",
+                "off",
                 "--output",
                 &format!("oci:{}", out.display()),
             ])
@@ -741,25 +743,39 @@ fn with_no_base_or_destination_the_runtime_images_are_built_into_the_local_store
         (200, true),
         "{body}"
     );
-    // A Function with dependencies installs them in the store's builder image by default.
+    // A Function with dependencies installs them in the store's builder image by default;
+    // with a lock file that decides everything, kiln installs it alone, and the Function
+    // finds its packages.
     let work = tempfile::tempdir().unwrap();
     let dir = work.path().join("words");
     copy_tree(&example("node-words"), &dir);
-    let built = k.run_cmd(kiln(&k).args([
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        "nodejs22",
-        "--no-cache",
-    ]));
-    built.reference();
-    assert!(
-        built
-            .stderr
-            .contains("dependencies install inside the builder image"),
-        "{}",
-        built.stderr
-    );
+    for (lockfile, used) in [
+        ("off", "dependencies install inside the builder image"),
+        (
+            "auto",
+            "installing dependencies from the lock file, without npm",
+        ),
+    ] {
+        let built = k.run_cmd(kiln(&k).args([
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--no-cache",
+            "--lockfile-install",
+            lockfile,
+        ]));
+        let reference = built.reference();
+        assert!(built.stderr.contains(used), "{}", built.stderr);
+        let (port, _running) = serve(&k, &reference, &[]);
+        let text = [("Content-Type", "text/plain")];
+        let (status, answer) = http(port, "POST", "/", &text, b"to be or not to be");
+        assert_eq!(
+            (status, answer.contains(r#""be":2"#)),
+            (200, true),
+            "{answer}"
+        );
+    }
 }
 
 /// `--env K=V` for every proxy variable set here, for the package downloads in the sandbox.

@@ -19,6 +19,7 @@ mod build_deps;
 mod build_errors;
 mod build_git;
 mod build_layout;
+mod build_lockfile;
 mod build_lying_registry;
 mod build_registry;
 mod build_stages;

@@ -6,7 +6,7 @@ use anyhow::{Context, anyhow};
 
 use super::Extra;
 use super::GitArgs;
-use super::{BuildArgs, CompressionArg, Env, StageArg, cache_repo};
+use super::{BuildArgs, CompressionArg, Env, LockfileInstallArg, StageArg, cache_repo};
 use crate::build::{
     self, FunctionSpec, Options, Stage, Target,
     base::BaseRef,
@@ -172,6 +172,7 @@ pub(super) fn validate(
             CompressionArg::Gzip => crate::oci::Compression::Gzip,
             CompressionArg::Zstd => crate::oci::Compression::Zstd,
         },
+        lockfile_install: args.lockfile_install == LockfileInstallArg::Auto,
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),
