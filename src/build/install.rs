@@ -203,14 +203,14 @@ pub(super) async fn dependency_layer(
                 "installing dependencies from the lock file, without npm"
             );
             let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
-            lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?
+            Installed::Tree(lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?)
         }
         (None, Some(install)) => {
-            deps::install(&opts.runtime, inputs, &install, scratch.path()).await?
+            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
         }
         (None, None) => {
             let install = resolve_builder(client, opts).await?;
-            deps::install(&opts.runtime, inputs, &install, scratch.path()).await?
+            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
         }
     };
     let (dest, tmp, epoch, media_type) = (
@@ -220,8 +220,12 @@ pub(super) async fn dependency_layer(
         super::dependency_media_type(opts.compression),
     );
     let blob = tokio::task::spawn_blocking(move || -> Result<LayerBlob, Error> {
-        let tree =
-            source::walk(&output, &source::WalkRules::default()).map_err(function::Error::from)?;
+        let tree = match output {
+            Installed::Dir(dir) => {
+                source::walk(&dir, &source::WalkRules::default()).map_err(function::Error::from)?
+            }
+            Installed::Tree(tree) => tree,
+        };
         write_layer(tree.to_layer_entries(&dest), epoch, media_type, &tmp).map_err(|source| {
             Error::Layer {
                 what: "dependency",
@@ -236,6 +240,13 @@ pub(super) async fn dependency_layer(
         source,
     })?;
     Ok(layer(cached, None, store_in, false))
+}
+
+/// What an install produced: the package manager's output directory, or the tree kiln
+/// built from the lock file.
+enum Installed {
+    Dir(std::path::PathBuf),
+    Tree(source::Tree),
 }
 
 /// The layer of `key` from the cache repository: mounted later when the target is on its

@@ -224,15 +224,45 @@ fn tgz(members: &[Member<'_>]) -> tempfile::NamedTempFile {
     file
 }
 
-fn mode(path: &Path) -> u32 {
-    use std::os::unix::fs::PermissionsExt as _;
-    path.symlink_metadata().unwrap().permissions().mode() & 0o777
+fn building(spill: &Path) -> Building {
+    Building {
+        entries: BTreeMap::new(),
+        in_memory: 0,
+        spill: spill.to_path_buf(),
+        spilled: 0,
+    }
+}
+
+/// Path → (executable, bytes) of the files, and path → target of the links.
+fn files_and_links(
+    tree: &Building,
+) -> (BTreeMap<String, (bool, Vec<u8>)>, BTreeMap<String, String>) {
+    let (mut files, mut links) = (BTreeMap::new(), BTreeMap::new());
+    for (path, kind) in &tree.entries {
+        match kind {
+            EntryKind::File {
+                content,
+                executable,
+            } => {
+                let bytes = match content {
+                    Content::Bytes(b) => b.clone(),
+                    Content::Path(p) => std::fs::read(p).unwrap(),
+                    Content::Beneath { .. } => unreachable!(),
+                };
+                files.insert(path.clone(), (*executable, bytes));
+            }
+            EntryKind::Symlink(target) => {
+                links.insert(path.clone(), target.clone());
+            }
+            other => panic!("{path} is a {other:?}"),
+        }
+    }
+    (files, links)
 }
 
 #[test]
 fn a_tarball_unpacks_as_pacote_extracts_it_and_nothing_leaves_the_package() {
     use tar::EntryType::{Directory, Link, Regular, Symlink};
-    let outside = tempfile::tempdir().unwrap();
     let t = tgz(&[
         ("package/", Directory, b"", 0o755),
         ("package/empty/", Directory, b"", 0o755),
@@ -245,117 +275,119 @@ fn a_tarball_unpacks_as_pacote_extracts_it_and_nothing_leaves_the_package() {
         ("package/evil/planted", Regular, b"z", 0o644),
         ("package/hard", Link, b"", 0o644),
         ("package/../../planted", Regular, b"z", 0o644),
+        ("/abs/planted", Regular, b"z", 0o644),
         ("top.js", Regular, b"t", 0o644),
+        ("package/index.js", Regular, b"again", 0o600),
     ]);
-    let dest = outside.path().join("pkg");
-    unpack(t.path(), &dest).unwrap();
-    let mut found: Vec<String> = walkdir(&dest);
-    found.sort();
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = building(spill.path());
+    unpack(t.path(), "p", &mut tree).unwrap();
+    let (files, links) = files_and_links(&tree);
+    let got: Vec<(&str, bool, &[u8])> = files
+        .iter()
+        .map(|(k, (x, b))| (k.as_str(), *x, b.as_slice()))
+        .collect();
     assert_eq!(
-        found,
+        got,
         [
-            "doc/",
-            "doc/.npmignore",
-            "evil/",
-            "evil/planted",
-            "index.js",
-            "lib/",
-            "lib/.npmignore",
-            "run.sh"
+            ("p/doc/.npmignore", false, &b"n"[..]),
+            ("p/evil/planted", false, b"z"),
+            ("p/index.js", false, b"again"),
+            ("p/lib/.npmignore", false, b"g"),
+            ("p/run.sh", true, b"y"),
         ]
     );
-    assert_eq!(std::fs::read(dest.join("doc/.npmignore")).unwrap(), b"n");
-    assert_eq!(std::fs::read(dest.join("lib/.npmignore")).unwrap(), b"g");
-    assert_eq!(mode(&dest.join("index.js")), 0o644);
-    assert_eq!(mode(&dest.join("run.sh")), 0o755);
-    assert!(dest.join("evil").is_dir(), "the link was never made");
-    assert!(!outside.path().join("planted").exists());
+    assert!(links.is_empty());
+    // Nothing was written anywhere: the tree is in memory.
+    assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
 }
 
-fn walkdir(root: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for e in std::fs::read_dir(&dir).unwrap() {
-            let e = e.unwrap();
-            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
-            if e.file_type().unwrap().is_dir() {
-                out.push(format!("{rel}/"));
-                todo.push(e.path());
-            } else {
-                out.push(rel);
-            }
+#[test]
+fn past_the_memory_budget_files_go_to_the_scratch_directory_with_the_same_bytes() {
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = building(&spill.path().join("spill"));
+    tree.in_memory = IN_MEMORY - 1;
+    tree.put_file("p/a".into(), b"x".to_vec(), false).unwrap();
+    tree.put_file("p/b".into(), b"yz".to_vec(), true).unwrap();
+    assert!(matches!(
+        &tree.entries["p/a"],
+        EntryKind::File {
+            content: Content::Bytes(_),
+            ..
         }
-    }
-    out
+    ));
+    assert!(matches!(
+        &tree.entries["p/b"],
+        EntryKind::File {
+            content: Content::Path(_),
+            ..
+        }
+    ));
+    let (files, _) = files_and_links(&tree);
+    assert_eq!(files["p/b"], (true, b"yz".to_vec()));
 }
 
 #[test]
 fn bins_are_linked_relative_from_their_node_modules_and_fixed_as_bin_links_does() {
-    let root = tempfile::tempdir().unwrap();
-    let root = root.path();
-    for (dir, file, text) in [
-        (
-            "a",
-            "bin/cli.js",
-            &b"#!/usr/bin/env node\r\nconsole.log(1)\r\n"[..],
-        ),
-        ("a/node_modules/c", "c.js", b"#!/bin/sh\r\r\nx\r\n"),
-    ] {
-        std::fs::create_dir_all(root.join(dir).join(file).parent().unwrap()).unwrap();
-        std::fs::write(root.join(dir).join(file), text).unwrap();
-    }
-    let bins = |pairs: &[(&str, &str)]| {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    };
-    let plan = Plan {
-        packages: vec![
-            Package {
-                path: "a".into(),
-                tarball: NpmTarball {
-                    package: "a".into(),
-                    version: "1".into(),
-                    integrity: String::new(),
-                },
-                bins: bins(&[("a-cli", "bin/cli.js"), ("gone", "missing.js")]),
-            },
-            Package {
-                path: "a/node_modules/c".into(),
-                tarball: NpmTarball {
-                    package: "c".into(),
-                    version: "1".into(),
-                    integrity: String::new(),
-                },
-                bins: bins(&[("c", "c.js")]),
-            },
-        ],
-    };
-    for p in &plan.packages {
-        let dir = root.join(bin_dir(&p.path)).join(".bin");
-        for (name, target) in &p.bins {
-            link_bin(&root.join(&p.path), &dir, name, target).unwrap();
-        }
-    }
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = building(spill.path());
+    let crlf = b"#!/usr/bin/env node\r\nconsole.log(1)\r\n".to_vec();
+    tree.put_file("a/bin/cli.js".into(), crlf, false).unwrap();
+    tree.put_file("a/lib/x.js".into(), b"x".to_vec(), false)
+        .unwrap();
+    tree.put_file(
+        "a/node_modules/c/c.js".into(),
+        b"#!/bin/sh\r\r\nx\r\n".to_vec(),
+        false,
+    )
+    .unwrap();
+    tree.link_bin("a", ".bin", "a-cli", "bin/cli.js").unwrap();
+    tree.link_bin("a", ".bin", "gone", "missing.js").unwrap();
+    tree.link_bin("a", ".bin", "libdir", "lib").unwrap();
+    tree.link_bin("a/node_modules/c", "a/node_modules/.bin", "c", "c.js")
+        .unwrap();
+    let (files, links) = files_and_links(&tree);
     assert_eq!(
-        std::fs::read_link(root.join(".bin/a-cli")).unwrap(),
-        Path::new("../a/bin/cli.js")
+        links,
+        BTreeMap::from([
+            (".bin/a-cli".to_string(), "../a/bin/cli.js".to_string()),
+            (".bin/libdir".to_string(), "../a/lib".to_string()),
+            ("a/node_modules/.bin/c".to_string(), "../c/c.js".to_string()),
+        ])
     );
     assert_eq!(
-        std::fs::read_link(root.join("a/node_modules/.bin/c")).unwrap(),
-        Path::new("../c/c.js")
-    );
-    assert!(!root.join(".bin/gone").exists());
-    assert_eq!(
-        std::fs::read(root.join("a/bin/cli.js")).unwrap(),
-        b"#!/usr/bin/env node\nconsole.log(1)\r\n"
+        files["a/bin/cli.js"],
+        (true, b"#!/usr/bin/env node\nconsole.log(1)\r\n".to_vec())
     );
     // Only the last CR of the line goes, as npm's pattern takes it.
     assert_eq!(
-        std::fs::read(root.join("a/node_modules/c/c.js")).unwrap(),
-        b"#!/bin/sh\r\nx\r\n"
+        files["a/node_modules/c/c.js"],
+        (true, b"#!/bin/sh\r\nx\r\n".to_vec())
     );
-    assert_eq!(mode(&root.join("a/bin/cli.js")), 0o755);
+    assert_eq!(files["a/lib/x.js"].0, false);
+    // A link where the tree already has a file is an error, as npm's is.
+    let e = tree.link_bin("a", ".bin", "a-cli", "lib/x.js").unwrap_err();
+    assert!(format!("{e}").contains(".bin/a-cli"), "{e}");
+}
+
+#[test]
+fn a_file_where_a_directory_must_be_is_refused() {
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = building(spill.path());
+    tree.put_file("a/x".into(), b"1".to_vec(), false).unwrap();
+    tree.put_file("a/x/y".into(), b"2".to_vec(), false).unwrap();
+    let e = tree.check_parents().unwrap_err();
+    assert!(format!("{e:#}").contains("node_modules/a/x/y"), "{e:?}");
+}
+
+#[test]
+fn relative_links_climb_only_as_far_as_needed() {
+    assert_eq!(
+        relative("semver/bin/semver.js", ".bin"),
+        "../semver/bin/semver.js"
+    );
+    assert_eq!(
+        relative("a/node_modules/@s/b/x.js", "a/node_modules/.bin"),
+        "../@s/b/x.js"
+    );
 }
