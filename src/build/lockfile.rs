@@ -459,7 +459,7 @@ pub fn client(ca_bundle: Option<&Path>) -> Result<reqwest::Client, Error> {
 
 /// File bytes an install keeps in memory; past this, files are written to the scratch
 /// directory and read back by the layer writer.
-const IN_MEMORY: u64 = 128 << 20;
+const IN_MEMORY: u64 = 64 << 20;
 
 /// Downloads (or takes from `cache_dir/npm/`) every tarball of `plan`, verified against its
 /// integrity, and returns the tree npm would write into `node_modules`, ready to layer. The
