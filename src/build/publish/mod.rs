@@ -458,21 +458,29 @@ impl Publisher for RegistryPublisher {
             })?;
         let mut known = self.pushed.as_ref().map(|p| p.load()).unwrap_or_default();
         let _progress = self.progress(input);
-        let mut blobs = self.push_layers(input, &known).await?;
         let config = &input.image.config;
-        // A config is new in every build that gets this far: no HEAD first.
-        let outcome = self
-            .client
-            .push_new_blob(
-                &self.target,
-                &config.descriptor(),
-                BlobSource::Bytes(config.bytes.clone().into()),
-            )
-            .await
-            .map_err(registry_err(
-                format!("config {}", config.digest),
-                target.clone(),
-            ))?;
+        // A config is new in every build that gets this far: no HEAD first. It goes up
+        // alongside the layers (a source-only build waits for one upload instead of two),
+        // unless `--jobs 1` asks for one transfer at a time; only the manifest must wait
+        // for all of them.
+        let config_push = async {
+            self.client
+                .push_new_blob(
+                    &self.target,
+                    &config.descriptor(),
+                    BlobSource::Bytes(config.bytes.clone().into()),
+                )
+                .await
+                .map_err(registry_err(
+                    format!("config {}", config.digest),
+                    target.clone(),
+                ))
+        };
+        let (mut blobs, outcome) = if self.jobs > 1 {
+            futures_util::try_join!(self.push_layers(input, &known), config_push)?
+        } else {
+            (self.push_layers(input, &known).await?, config_push.await?)
+        };
         let (outcome, bytes_sent) = match outcome {
             BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
             _ => (Outcome::Existed, 0),
