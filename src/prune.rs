@@ -8,7 +8,10 @@
 //!   install looked them up;
 //! - Function images in the local store (`store`, names `functions/…`), as old as their
 //!   manifest file. The runtime base images in the store stay (they are rebuilt from Debian
-//!   and npm, which takes minutes); so do the download caches of packages;
+//!   and npm, which takes minutes); so do the Debian package and wheel downloads;
+//! - npm tarballs (`npm/<sha512>.tgz`: lock-file installs and base images), by last use (a
+//!   build touches each tarball it takes from the cache), never one used in the last
+//!   [`GRACE`], so none goes between a build's download and its unpack;
 //! - what the registry client learnt ([`REGISTRY_RECORD`]s): manifests and configs by digest
 //!   (`documents/`), the blobs pushed to each repository (`pushed/`) and what each registry
 //!   refuses (`registries/`), as old as their last write. Removing one costs a later build a
@@ -33,6 +36,9 @@ use crate::run::cache::RootfsCache;
 
 /// The kind of a file of what the registry client learnt.
 pub const REGISTRY_RECORD: &str = "registry record";
+
+/// The kind of a cached npm tarball.
+pub const NPM_TARBALL: &str = "npm tarball";
 
 /// Where the registry client keeps what it learnt, under the cache directory.
 const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registries"];
@@ -190,6 +196,28 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 kind: REGISTRY_RECORD,
                 name: format!("{sub}/{}", entry.file_name().to_string_lossy()),
                 last_use: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                size: meta.len(),
+                lock: None,
+                what: Removal::Record(entry.path()),
+            });
+        }
+    }
+    if let Ok(entries) = fs::read_dir(cache_dir.join("npm")) {
+        let now = SystemTime::now();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            let last_use = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            let recent = now.duration_since(last_use).unwrap_or_default() < GRACE;
+            if !meta.is_file() || !name.ends_with(".tgz") || recent {
+                continue;
+            }
+            out.push(Candidate {
+                kind: NPM_TARBALL,
+                name,
+                last_use,
                 size: meta.len(),
                 lock: None,
                 what: Removal::Record(entry.path()),

@@ -61,6 +61,10 @@ pub async fn cached<D: Digest>(
     expected: &[u8],
 ) -> Result<PathBuf, Error> {
     if dest.is_file() {
+        // The last use, for `kiln cache prune`: it keeps what was used lately.
+        if let Ok(file) = std::fs::File::options().append(true).open(dest) {
+            let _ = file.set_modified(std::time::SystemTime::now());
+        }
         return Ok(dest.to_path_buf());
     }
     let io = |action, path: &Path| {
@@ -197,5 +201,15 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(left, ["good"], "no partial or wrong file is left");
+
+        // A hit is a use: `kiln cache prune` goes by it.
+        let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
+        let file = std::fs::File::options().append(true).open(&dest).unwrap();
+        file.set_modified(long_ago).unwrap();
+        cached::<Sha256>(&http, "http://127.0.0.1:9/unused", &dest, &good)
+            .await
+            .unwrap();
+        let used = std::fs::metadata(&dest).unwrap().modified().unwrap();
+        assert!(used.elapsed().unwrap() < std::time::Duration::from_secs(60));
     }
 }

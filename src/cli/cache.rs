@@ -63,20 +63,25 @@ pub(super) fn run(cmd: CacheCommand) -> Result<String, Failure> {
 pub(super) fn summary(report: &crate::prune::Report, dry_run: bool) -> String {
     let verb = if dry_run { "would remove" } else { "removed" };
     let mut out = String::new();
-    // Registry records are many small files: one line for all of them.
-    let (mut records, mut record_bytes) = (0, 0);
+    // Registry records and npm tarballs are many small files: one line for each kind.
+    let grouped = [
+        (
+            crate::prune::REGISTRY_RECORD,
+            "registry records (manifests, configs, pushed-blob and registry notes",
+        ),
+        (crate::prune::NPM_TARBALL, "npm tarballs (package downloads"),
+    ];
+    let mut counts = [(0, 0); 2];
     for (kind, name, size) in &report.removed {
-        if *kind == crate::prune::REGISTRY_RECORD {
-            (records, record_bytes) = (records + 1, record_bytes + size);
-        } else {
-            out.push_str(&format!("{verb} {kind} {name} ({})\n", human(*size)));
+        match grouped.iter().position(|(k, _)| k == kind) {
+            Some(i) => counts[i] = (counts[i].0 + 1, counts[i].1 + size),
+            None => out.push_str(&format!("{verb} {kind} {name} ({})\n", human(*size))),
         }
     }
-    if records > 0 {
-        out.push_str(&format!(
-            "{verb} {records} registry records (manifests, configs, pushed-blob and registry notes; {})\n",
-            human(record_bytes)
-        ));
+    for ((_, what), (n, bytes)) in grouped.iter().zip(counts) {
+        if n > 0 {
+            out.push_str(&format!("{verb} {n} {what}; {})\n", human(bytes)));
+        }
     }
     for (kind, name) in &report.in_use {
         out.push_str(&format!("kept {kind} {name}: in use\n"));

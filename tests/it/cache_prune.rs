@@ -109,6 +109,16 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     }
     let recent_document = cache.join("documents/sha256/0d0d");
     fs::write(&recent_document, b"recent").unwrap();
+    // npm tarballs: one unused for days, one a build took minutes ago (inside the grace).
+    fs::create_dir_all(cache.join("npm")).unwrap();
+    let (old_tarball, recent_tarball) = (cache.join("npm/0e0e.tgz"), cache.join("npm/0f0f.tgz"));
+    for (path, when) in [
+        (&old_tarball, "3 days ago"),
+        (&recent_tarball, "2 minutes ago"),
+    ] {
+        fs::write(path, b"tarball").unwrap();
+        age(path, when);
+    }
 
     // Dry run: nothing goes.
     let dry = kiln.run(&["cache", "prune", "--older-than", "1d", "--dry-run"]);
@@ -140,6 +150,13 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
         assert!(!cache.join(record).exists(), "{record}");
     }
     assert!(recent_document.exists());
+    assert!(
+        pruned.stdout.contains("removed 1 npm tarballs"),
+        "{}",
+        pruned.stdout
+    );
+    assert!(!old_tarball.exists());
+    assert!(recent_tarball.exists(), "used inside the grace period");
     assert_eq!(rootfs_entries(&cache).len(), 1, "{}", pruned.stdout);
     assert!(
         http_get(port, "/index.html").is_some(),
@@ -151,6 +168,10 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     assert_eq!(pruned.code, 0, "{}", pruned.stderr);
     assert!(!cache.join("deps").join(format!("{new_key}.json")).exists());
     assert!(!recent_document.exists(), "{}", pruned.stdout);
+    assert!(
+        recent_tarball.exists(),
+        "a tarball used inside the grace stays, whatever the size"
+    );
     assert!(
         pruned
             .stdout
