@@ -83,6 +83,18 @@ fn build(
         "{}",
         run.stderr
     );
+    // A Node.js Function here has an .npmrc (and maybe no lock): npm must run, and the log
+    // says why.
+    if runtime.starts_with("nodejs") {
+        let why = [".npmrc may name another registry", "no package-lock.json"];
+        assert!(
+            run.stderr
+                .contains("the dependencies need npm: the lock file does not decide them alone")
+                && why.iter().any(|w| run.stderr.contains(w)),
+            "{}",
+            run.stderr
+        );
+    }
     assert!(
         !run.stderr.contains("on PATH is"),
         "the toolchain on PATH is never consulted: {}",
