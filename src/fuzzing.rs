@@ -99,6 +99,61 @@ pub fn unpack(layer: &[u8]) {
     make_writable(&root);
 }
 
+/// A Function's `package.json` and `package-lock.json`, and an npm tarball, as kiln's own
+/// lock-file install meets them: whatever the lock says, a planned package's place and its
+/// bins stay inside `node_modules`; whatever the tarball holds, its files land below the
+/// package and nowhere else on disk but the scratch directory.
+pub fn npm_lock(manifest: &[u8], lock: &[u8], tarball: &[u8]) {
+    use crate::build::function::{DepInputs, NamedBytes};
+    let named = |name: &str, bytes: &[u8]| NamedBytes {
+        name: name.into(),
+        bytes: bytes.to_vec(),
+    };
+    let inputs = DepInputs {
+        manifest: named("package.json", manifest),
+        lock: Some(named("package-lock.json", lock)),
+        configs: vec![],
+    };
+    let runtime = crate::runtime::Catalog::embedded()
+        .get("nodejs22")
+        .expect("the nodejs22 runtime")
+        .clone();
+    let clean =
+        |p: &str| !p.is_empty() && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    let platform = crate::oci::Platform::linux_amd64();
+    if let Ok(plan) = crate::build::lockfile::plan(&runtime, &inputs, &platform) {
+        for (path, bins) in plan.paths() {
+            assert!(clean(path), "package path {path:?}");
+            for (name, target) in bins {
+                assert!(clean(name) && !name.contains('/'), "bin name {name:?}");
+                assert!(clean(target), "bin target {target:?}");
+            }
+        }
+    }
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let tgz = scratch.path().join("package.tgz");
+    std::fs::write(&tgz, tarball).expect("the tarball");
+    let spill = scratch.path().join("spill");
+    if let Ok(paths) = crate::build::lockfile::unpack_for_checks(&tgz, &spill) {
+        for path in paths {
+            assert!(
+                path.starts_with("p/") && clean(&path),
+                "unpacked to {path:?}"
+            );
+        }
+    }
+    let outside: Vec<_> = std::fs::read_dir(scratch.path())
+        .expect("the scratch directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n != "package.tgz" && n != "spill")
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "written outside the scratch files: {outside:?}"
+    );
+}
+
 /// Unpacked directories may be read-only; the scratch directory must still be removable.
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
@@ -128,6 +183,16 @@ pub fn run(target: &str, data: &[u8]) {
         "reference" => text().map_or((), reference),
         "debian" => text().map_or((), debian),
         "dependency_manifest" => text().map_or((), dependency_manifest),
+        "npm_lock" => {
+            // package.json, NUL, package-lock.json, NUL, the tarball.
+            let mut parts = data.splitn(3, |&b| b == 0);
+            let (manifest, lock) = (parts.next().unwrap_or_default(), parts.next());
+            npm_lock(
+                manifest,
+                lock.unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
+        }
         other => panic!("no fuzz target {other}"),
     }
 }

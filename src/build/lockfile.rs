@@ -79,6 +79,26 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.packages.is_empty()
     }
+
+    /// Each package's path below `node_modules` and its bins (name to file), for checks.
+    pub(crate) fn paths(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>)> {
+        self.packages.iter().map(|p| (p.path.as_str(), &p.bins))
+    }
+}
+
+/// The entries one tarball gives below `p/` (file or link paths), every file with bytes
+/// going to `spill` (none kept in memory, so the disk path is exercised): for the fuzz
+/// target.
+pub(crate) fn unpack_for_checks(tgz: &Path, spill: &Path) -> Result<Vec<String>, Error> {
+    let mut tree = Building {
+        entries: BTreeMap::new(),
+        in_memory: IN_MEMORY,
+        spill: spill.to_path_buf(),
+        spilled: 0,
+    };
+    unpack(tgz, "p", &mut tree)?;
+    tree.check_parents()?;
+    Ok(tree.entries.into_keys().collect())
 }
 
 #[derive(Clone, Debug)]
