@@ -8,10 +8,11 @@
 //!   install looked them up;
 //! - Function images in the local store (`store`, names `functions/…`), as old as their
 //!   manifest file. The runtime base images in the store stay (they are rebuilt from Debian
-//!   and npm, which takes minutes); so do the Debian package and wheel downloads;
-//! - npm tarballs (`npm/<sha512>.tgz`: lock-file installs and base images), by last use (a
-//!   build touches each tarball it takes from the cache), never one used in the last
-//!   [`GRACE`], so none goes between a build's download and its unpack;
+//!   and npm, which takes minutes); so do the Debian package downloads;
+//! - npm tarballs (`npm/<sha512>.tgz`) and Python wheels (`wheels/<sha256>.whl`), the
+//!   downloads of kiln's own installs and of base images, by last use (a build touches each
+//!   one it takes from the cache), never one used in the last [`GRACE`], so none goes between
+//!   a build's download and its unpack;
 //! - what the registry client learnt ([`REGISTRY_RECORD`]s): manifests and configs by digest
 //!   (`documents/`), the blobs pushed to each repository (`pushed/`) and what each registry
 //!   refuses (`registries/`), as old as their last write. Removing one costs a later build a
@@ -39,6 +40,9 @@ pub const REGISTRY_RECORD: &str = "registry record";
 
 /// The kind of a cached npm tarball.
 pub const NPM_TARBALL: &str = "npm tarball";
+
+/// The kind of a cached Python wheel.
+pub const WHEEL: &str = "wheel";
 
 /// Where the registry client keeps what it learnt, under the cache directory.
 const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registries"];
@@ -202,7 +206,10 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             });
         }
     }
-    if let Ok(entries) = fs::read_dir(cache_dir.join("npm")) {
+    for (dir, suffix, kind) in [("npm", ".tgz", NPM_TARBALL), ("wheels", ".whl", WHEEL)] {
+        let Ok(entries) = fs::read_dir(cache_dir.join(dir)) else {
+            continue;
+        };
         let now = SystemTime::now();
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -211,11 +218,11 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             };
             let last_use = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let recent = now.duration_since(last_use).unwrap_or_default() < GRACE;
-            if !meta.is_file() || !name.ends_with(".tgz") || recent {
+            if !meta.is_file() || !name.ends_with(suffix) || recent {
                 continue;
             }
             out.push(Candidate {
-                kind: NPM_TARBALL,
+                kind,
                 name,
                 last_use,
                 size: meta.len(),

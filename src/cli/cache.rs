@@ -63,15 +63,16 @@ pub(super) fn run(cmd: CacheCommand) -> Result<String, Failure> {
 pub(super) fn summary(report: &crate::prune::Report, dry_run: bool) -> String {
     let verb = if dry_run { "would remove" } else { "removed" };
     let mut out = String::new();
-    // Registry records and npm tarballs are many small files: one line for each kind.
+    // Registry records and package downloads are many small files: one line for each kind.
     let grouped = [
         (
             crate::prune::REGISTRY_RECORD,
             "registry records (manifests, configs, pushed-blob and registry notes",
         ),
         (crate::prune::NPM_TARBALL, "npm tarballs (package downloads"),
+        (crate::prune::WHEEL, "wheels (package downloads"),
     ];
-    let mut counts = [(0, 0); 2];
+    let mut counts = [(0, 0); 3];
     for (kind, name, size) in &report.removed {
         match grouped.iter().position(|(k, _)| k == kind) {
             Some(i) => counts[i] = (counts[i].0 + 1, counts[i].1 + size),

@@ -109,12 +109,17 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     }
     let recent_document = cache.join("documents/sha256/0d0d");
     fs::write(&recent_document, b"recent").unwrap();
-    // npm tarballs: one unused for days, one a build took minutes ago (inside the grace).
+    // npm tarballs and wheels: one of each unused for days, one a build took minutes ago
+    // (inside the grace).
     fs::create_dir_all(cache.join("npm")).unwrap();
+    fs::create_dir_all(cache.join("wheels")).unwrap();
     let (old_tarball, recent_tarball) = (cache.join("npm/0e0e.tgz"), cache.join("npm/0f0f.tgz"));
+    let (old_wheel, recent_wheel) = (cache.join("wheels/0a0a.whl"), cache.join("wheels/0b0b.whl"));
     for (path, when) in [
         (&old_tarball, "3 days ago"),
         (&recent_tarball, "2 minutes ago"),
+        (&old_wheel, "3 days ago"),
+        (&recent_wheel, "2 minutes ago"),
     ] {
         fs::write(path, b"tarball").unwrap();
         age(path, when);
@@ -157,6 +162,12 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     );
     assert!(!old_tarball.exists());
     assert!(recent_tarball.exists(), "used inside the grace period");
+    assert!(
+        pruned.stdout.contains("removed 1 wheels"),
+        "{}",
+        pruned.stdout
+    );
+    assert!(!old_wheel.exists() && recent_wheel.exists());
     assert_eq!(rootfs_entries(&cache).len(), 1, "{}", pruned.stdout);
     assert!(
         http_get(port, "/index.html").is_some(),
