@@ -54,8 +54,9 @@ What one invocation does:
   process of its tree (npm/pip inside the sandbox included), not a sum; and whether the
   package manager ran (kiln's log; the install's output in buildah's build log).
 - kiln installs the Node.js Function's lock file itself (`--lockfile-install auto`, kiln's
-  default: no builder image, no npm); `--lockfile-install off` makes it run npm in the builder
-  as buildah does. "pm" counts package-manager runs, so kiln's lock-file installs show as 0
+  default: no builder image, no npm), and the Python Function's requirements.txt, which pins
+  every package, likewise (no pip); `--lockfile-install off` makes it run npm and pip in the
+  builder as buildah does. "pm" counts package-manager runs, so kiln's lock-file installs show as 0
   there and are counted apart (the stateless target wants neither).
 - for kiln's cold build: how much of it is the package manager's own install. kiln's JSON log
   bounds the install from "installing dependencies" to "wrote dependency layer" (that window
@@ -94,8 +95,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_CACHE = os.path.expanduser('~/.cache/kiln-bench/warm')
 CA_BUNDLE = os.environ.get('SSL_CERT_FILE', '/etc/ssl/certs/ca-certificates.crt')
 SCENARIOS = ('cold', 'source', 'nochange', 'depadd', 'stateless')
-# kiln's log line when it installs from the lock file itself (`--lockfile-install auto`).
-LOCKFILE_INSTALL = 'installing dependencies from the lock file, without npm'
+# kiln's log lines when it installs from the lock file itself (`--lockfile-install auto`):
+# Node.js's lock, Python's fully pinned requirements; and when the pinned wheels turn out to
+# need pip after all (then pip runs and "installing dependencies" follows).
+LOCKFILE_INSTALLS = ('installing dependencies from the lock file, without npm',
+                     'installing the pinned requirements, without pip')
+PINNED_FALLBACK = 'the dependencies need pip: the pinned wheels do not decide them alone'
 BUILDERS = ('kiln', 'buildah')
 BIC_DIR = '/var/lib/containers/cache'  # buildah's blob-info cache when run as root
 CACHE_MODES = {
@@ -515,11 +520,15 @@ class Bench:
                          for e in events if e['t'] is not None]
         sample['pm_runs'] = sum(1 for e in events if e['message'] == 'installing dependencies')
         # kiln's own install from the lock file: no package manager runs.
-        sample['lockfile_installs'] = sum(1 for e in events if e['message'] == LOCKFILE_INSTALL)
+        sample['lockfile_installs'] = (
+            sum(1 for e in events if e['message'] in LOCKFILE_INSTALLS)
+            - sum(1 for e in events if e['message'] == PINNED_FALLBACK))
         sample['install_log_s'] = (log_window(events, 'installing dependencies',
                                               'wrote dependency layer')
-                                   or log_window(events, LOCKFILE_INSTALL,
-                                                 'wrote dependency layer'))
+                                   or next((w for m in LOCKFILE_INSTALLS
+                                            if (w := log_window(events, m,
+                                                                'wrote dependency layer'))),
+                                           None))
         sample['builder_rootfs'] = builder_rootfs(events, cache_dir)
         try:
             with open(report) as f:
