@@ -247,7 +247,7 @@ fn unpack_wheel(file: &Path, url: &str, dest: &Path) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
@@ -272,7 +272,8 @@ mod tests {
         );
     }
 
-    fn wheel(members: &[(&str, &[u8], u32)]) -> tempfile::NamedTempFile {
+    /// A wheel file of `members` (name, bytes, mode).
+    pub(crate) fn wheel(members: &[(&str, &[u8], u32)]) -> tempfile::NamedTempFile {
         let file = tempfile::NamedTempFile::new().unwrap();
         let mut zip = zip::ZipWriter::new(file.reopen().unwrap());
         for (name, bytes, mode) in members {

@@ -4,15 +4,16 @@
 
 use super::cache::{self, LayerCache};
 use super::deps::{self, InstallEnv};
-use super::{Error, Options, function, lockfile, remote_cache, source};
+use super::{Error, Options, function, lockfile, pinned, remote_cache, source};
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
 use crate::registry::{Client, Reference};
 
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
 /// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
-/// An install from the lock file alone needs no toolchain.
+/// An install from an npm lock file alone needs no toolchain; one from pinned Python
+/// requirements may still need pip.
 pub(super) fn require_builder(opts: &Options, inputs: &function::DepInputs) -> Result<(), Error> {
-    if lockfile_plan(opts, inputs).is_ok() {
+    if let Ok(Direct::Npm(_)) = lockfile_plan(opts, inputs) {
         return Ok(());
     }
     match &opts.install.isolation {
@@ -64,24 +65,59 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
     })
 }
 
-/// The install of `inputs` from their lock file alone, without the package manager, when
-/// `--lockfile-install auto` and the lock decides everything; else why not.
+/// An install by kiln itself, without the package manager.
+#[derive(Clone, Debug)]
+pub(super) enum Direct {
+    /// From an npm lock file that decides everything.
+    Npm(lockfile::Plan),
+    /// From a requirements.txt that pins every line, if the wheels need nothing else.
+    Wheels(pinned::Plan),
+}
+
+impl Direct {
+    /// How the image history names the install.
+    pub(super) fn history(&self) -> &'static str {
+        match self {
+            Direct::Npm(_) => "(by kiln from the lock file, without npm)",
+            Direct::Wheels(_) => {
+                "(by kiln from the pinned wheels, without pip, when they pin every dependency)"
+            }
+        }
+    }
+}
+
+/// The install of `inputs` by kiln itself, without the package manager, when
+/// `--lockfile-install auto` and the lock (or a fully pinned requirements.txt) may decide
+/// everything; else why not.
 pub(super) fn lockfile_plan(
     opts: &Options,
     inputs: &function::DepInputs,
-) -> Result<lockfile::Plan, String> {
+) -> Result<Direct, String> {
     if !opts.lockfile_install {
         return Err("--lockfile-install off".into());
     }
-    lockfile::plan(&opts.runtime, inputs, &opts.platform)
+    match opts.runtime.language {
+        crate::runtime::Language::Python => {
+            pinned::plan(&opts.runtime, inputs, &opts.platform).map(Direct::Wheels)
+        }
+        _ => lockfile::plan(&opts.runtime, inputs, &opts.platform).map(Direct::Npm),
+    }
+}
+
+/// The package manager a runtime's install falls back to, for log lines.
+fn tool(opts: &Options) -> &'static str {
+    match opts.runtime.language {
+        crate::runtime::Language::Python => "pip",
+        _ => "npm",
+    }
 }
 
 /// A dependency key, computed before anything is installed, and how to install if the
 /// layer is not cached.
 pub(super) struct DepKey {
     pub key: Digest,
-    /// The install from the lock file, when it needs no package manager.
-    lockfile: Option<lockfile::Plan>,
+    /// The install by kiln itself, when the package manager may not be needed.
+    direct: Option<Direct>,
     /// The install environment when it was needed to name the toolchain (the toolchain on
     /// PATH); `None` for a builder image, unpacked only for an install.
     install: Option<InstallEnv>,
@@ -102,13 +138,29 @@ pub(super) async fn dependency_key(
         source,
     })?;
     let plan = lockfile_plan(opts, inputs);
-    if let Err(why) = &plan
-        && opts.runtime.language == crate::runtime::Language::Nodejs
-    {
-        tracing::info!(reason = %why, "the dependencies need npm: the lock file does not decide them alone");
+    match &plan {
+        Err(why) => {
+            let tool = tool(opts);
+            tracing::info!(reason = %why, "the dependencies need {tool}: the lock file does not decide them alone");
+        }
+        Ok(Direct::Npm(_)) => {
+            let key = deps::cache_key(
+                &opts.runtime,
+                &lockfile::toolchain_id(&opts.platform),
+                inputs,
+                opts.epoch,
+                opts.compression,
+            );
+            return Ok(DepKey {
+                key,
+                direct: plan.ok(),
+                install: None,
+                scratch,
+            });
+        }
+        Ok(Direct::Wheels(_)) => {}
     }
     let (toolchain, install) = match &opts.install.isolation {
-        _ if plan.is_ok() => (lockfile::toolchain_id(&opts.platform), None),
         deps::Isolation::Pending(image) => {
             let resolved = crate::run::image::resolve(client, image, &opts.platform)
                 .await
@@ -121,6 +173,12 @@ pub(super) async fn dependency_key(
             (id, Some(install))
         }
     };
+    // Pinned wheels, else pip: the key names both ways, since which one runs shows only in
+    // the wheels.
+    let toolchain = match &plan {
+        Ok(Direct::Wheels(p)) => format!("{} else {toolchain}", pinned::toolchain_id(p)),
+        _ => toolchain,
+    };
     let key = deps::cache_key(
         &opts.runtime,
         &toolchain,
@@ -130,7 +188,7 @@ pub(super) async fn dependency_key(
     );
     Ok(DepKey {
         key,
-        lockfile: plan.ok(),
+        direct: plan.ok(),
         install,
         scratch,
     })
@@ -163,7 +221,7 @@ pub(super) async fn dependency_layer(
 ) -> Result<Layer, Error> {
     let DepKey {
         key,
-        lockfile: plan,
+        direct,
         install,
         scratch,
     } = key;
@@ -196,15 +254,35 @@ pub(super) async fn dependency_layer(
             }
         }
     }
-    let output = match (plan, install) {
-        (Some(plan), _) => {
+    let output = match direct {
+        Some(Direct::Npm(plan)) => {
             tracing::info!(
                 packages = plan.len(),
                 "installing dependencies from the lock file, without npm"
             );
             let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
-            Installed::Tree(lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?)
+            Some(Installed::Tree(
+                lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?,
+            ))
         }
+        Some(Direct::Wheels(plan)) => {
+            tracing::info!(
+                packages = plan.len(),
+                "installing the pinned requirements, without pip"
+            );
+            let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
+            match pinned::install(&plan, &http, &opts.cache_dir, scratch.path()).await? {
+                pinned::Outcome::Installed(tree) => Some(Installed::Tree(tree)),
+                pinned::Outcome::NeedsPip(why) => {
+                    tracing::info!(reason = %why, "the dependencies need pip: the pinned wheels do not decide them alone");
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let output = match (output, install) {
+        (Some(done), _) => done,
         (None, Some(install)) => {
             Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
         }

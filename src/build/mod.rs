@@ -14,6 +14,8 @@ mod install;
 mod load;
 pub mod lockfile;
 pub mod mask;
+mod pep440;
+pub mod pinned;
 pub mod plan;
 pub mod publish;
 pub mod pushed;
@@ -214,6 +216,9 @@ pub enum Error {
     /// The dependency install from the lock file, without the package manager.
     #[error("installing dependencies from the lock file")]
     Lockfile(#[from] lockfile::Error),
+    /// kiln's own install of pinned Python requirements failed.
+    #[error("installing the pinned requirements")]
+    Pinned(#[from] pinned::Error),
     /// Writing a layer.
     #[error("writing the {what} layer")]
     Layer {
@@ -494,7 +499,7 @@ pub(super) fn install_command(opts: &Options, function: &Function) -> String {
         .install_command(inputs.lock.is_some())
         .join(" ");
     match install::lockfile_plan(opts, inputs) {
-        Ok(_) => format!("{command} (by kiln from the lock file, without npm)"),
+        Ok(direct) => format!("{command} {}", direct.history()),
         Err(_) => command,
     }
 }

@@ -143,8 +143,12 @@ pub struct BuildArgs {
     /// script, every package a tarball of registry.npmjs.org with its integrity, the lock in
     /// step with package.json), kiln downloads and unpacks the tarballs itself and links
     /// their bins as npm does: no builder image, no npm run, and a changed lock downloads
-    /// only what it adds. Otherwise, and with `off`, npm runs in the builder image. The
-    /// build's log says which and why. Part of the dependency cache key.
+    /// only what it adds. Otherwise, and with `off`, npm runs in the builder image. A Python
+    /// Function's requirements.txt is its lock when every line pins `name==version` (extras
+    /// and `--hash` allowed; no pip.conf): kiln takes from PyPI the wheel pip would take for
+    /// each, and installs them as pip does if their metadata needs no other package;
+    /// otherwise pip runs. The build's log says which and why. Part of the dependency cache
+    /// key.
     #[arg(long, value_enum, default_value_t = LockfileInstallArg::Auto, env = "KILN_LOCKFILE_INSTALL")]
     pub lockfile_install: LockfileInstallArg,
     /// Which part of the build to run. `deps` only installs the dependencies (running the

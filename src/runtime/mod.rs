@@ -122,6 +122,23 @@ pub struct DependencySpec {
     /// not read it from the working directory.
     #[serde(default)]
     pub config_env: Option<String>,
+    /// The wheels that fit the base image, for installs without pip ([`crate::build::pinned`]).
+    #[serde(default)]
+    pub wheels: Option<WheelSpec>,
+}
+
+/// What decides which Python wheels fit a runtime's base image and how pip would install
+/// them there.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WheelSpec {
+    /// The CPython minor release (`3.13`).
+    pub python: String,
+    /// The base image's glibc (`2.41`): the newest manylinux tag that fits.
+    pub glibc: String,
+    /// The interpreter pip runs as in the builder image (`sys.executable`): the `#!` line of
+    /// the scripts it writes.
+    pub executable: String,
 }
 
 /// Config for the built image.

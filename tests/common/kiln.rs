@@ -287,3 +287,41 @@ pub fn host_ca_bundle() -> PathBuf {
             PathBuf::from,
         )
 }
+
+/// Path → (kind and mode, link target, sha256 of the content) of every member of a layer.
+pub type Members = std::collections::BTreeMap<String, (String, String, String)>;
+
+/// The members of a gzip layer.
+pub fn layer_members(layer: &[u8]) -> Members {
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(layer));
+    let mut out = std::collections::BTreeMap::new();
+    for entry in tar.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().display().to_string();
+        let header = entry.header();
+        let kind = format!("{:?} {:o}", header.entry_type(), header.mode().unwrap());
+        let link = entry
+            .link_name()
+            .unwrap()
+            .map(|l| l.display().to_string())
+            .unwrap_or_default();
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+        let sha = kiln::oci::Digest::of(&bytes).hex().to_string();
+        out.insert(path, (kind, link, sha));
+    }
+    out
+}
+
+/// The dependency layer of the image a build wrote into the layout `out`.
+pub fn dependency_layer(out: &Path, report: &Path) -> Members {
+    let report = read_report(report);
+    let digest = blobs_with_role(&report, "dependencies")[0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let blob = out
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"));
+    layer_members(&fs::read(blob).unwrap())
+}

@@ -856,7 +856,10 @@ fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
                 "/tmp/host-ca.crt",
                 "--cache-dir",
                 "/tmp/kiln-cache",
-            ]),
+            ])
+            // PyYAML==6.0.2 pins everything, so kiln would install the wheel itself
+            // (tests/it/build_pinned.rs): this test is about pip in the Job.
+            .args(["--lockfile-install", "off"]),
     );
     let reference = job.reference();
     // Natively: pip from the builder's own PATH, no nested sandbox.
@@ -1065,5 +1068,49 @@ fn python313_functions_import_kymas_packages_undeclared_and_their_own_win() {
         "requests",
         ("requirements.txt", "requests==2.31.0\n"),
         "2.31.0",
+    );
+}
+
+/// A Python Function whose requirements.txt pins every package gets its wheels from kiln,
+/// without pip or the builder image, and they load in the base: compiled extensions
+/// (PyYAML's libyaml binding, charset-normalizer) and pure packages alike.
+#[test]
+fn pinned_wheels_installed_by_kiln_run_in_the_python_base() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, "python313", &bases);
+    let dir = work.path().join("fn");
+    copy_tree(&functions("python-pinned"), &dir);
+    let out = work.path().join("out");
+    let built = k.run_cmd(kiln(&k).args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "python313",
+        "--base",
+        &format!("oci:{}:python313", bases.display()),
+        "--builder-image",
+        &format!("oci:{}:python313-builder", bases.display()),
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let reference = built.reference();
+    assert!(
+        built
+            .stderr
+            .contains("installing the pinned requirements, without pip")
+            && !built
+                .stderr
+                .contains("dependencies install inside the builder image"),
+        "{}",
+        built.stderr
+    );
+    let (port, _running) = serve(&k, &reference, &[]);
+    let (status, answer) = http(port, "GET", "/", &[], b"");
+    assert_eq!(
+        (status, answer.as_str()),
+        (200, "2024 {'a': [1, 2]} 2.32.3 3.4.1"),
+        "{answer}"
     );
 }

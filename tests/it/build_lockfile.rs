@@ -7,51 +7,9 @@
 
 use crate::common;
 
-use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
-use std::path::Path;
 
-use common::kiln::{
-    Kiln, blobs_with_role, copy_fixture, kiln_built_builder, read_report, tiny_base,
-};
-
-/// Path → (kind and mode, link target, sha256 of the content) of every member of a layer.
-type Members = BTreeMap<String, (String, String, String)>;
-
-fn members(layer: &[u8]) -> Members {
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(layer));
-    let mut out = BTreeMap::new();
-    for entry in tar.entries().unwrap() {
-        let mut entry = entry.unwrap();
-        let path = entry.path().unwrap().display().to_string();
-        let header = entry.header();
-        let kind = format!("{:?} {:o}", header.entry_type(), header.mode().unwrap());
-        let link = entry
-            .link_name()
-            .unwrap()
-            .map(|l| l.display().to_string())
-            .unwrap_or_default();
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).unwrap();
-        let sha = kiln::oci::Digest::of(&bytes).hex().to_string();
-        out.insert(path, (kind, link, sha));
-    }
-    out
-}
-
-/// The dependency layer of the image a build wrote into the layout `out`.
-fn dependency_layer(out: &Path, report: &Path) -> Members {
-    let report = read_report(report);
-    let digest = blobs_with_role(&report, "dependencies")[0]["digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let blob = out
-        .join("blobs/sha256")
-        .join(digest.trim_start_matches("sha256:"));
-    members(&fs::read(blob).unwrap())
-}
+use common::kiln::{Kiln, copy_fixture, dependency_layer, kiln_built_builder, tiny_base};
 
 #[test]
 fn kiln_installs_a_lock_file_as_npm_ci_does_without_the_builder() {

@@ -21,6 +21,7 @@ mod build_git;
 mod build_layout;
 mod build_lockfile;
 mod build_lying_registry;
+mod build_pinned;
 mod build_registry;
 mod build_stages;
 mod build_termination_log;

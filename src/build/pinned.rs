@@ -1,0 +1,1106 @@
+//! `pip install -r requirements.txt` without pip, when requirements.txt pins every package.
+//!
+//! A requirements.txt whose every line is `name==version` (with extras and `--hash` options
+//! allowed, nothing else) is Python's lock file when it also pins every dependency of what it
+//! names. Then pip has nothing to decide but which file of each release to take, and kiln
+//! takes the same one: the wheel with the best tag for the runtime's CPython on its glibc, in
+//! pip's order of preference. The wheels download in parallel (verified against PyPI's
+//! SHA-256 and any `--hash`, cached by it) and are unpacked as pip unpacks them into
+//! `--target`, with the console scripts and the `RECORD` pip writes; no builder image is
+//! unpacked and no pip starts.
+//!
+//! Whether every dependency is pinned shows only in the wheels' own metadata, so it is
+//! decided after the download: [`install`] then answers [`Outcome::NeedsPip`] (a package
+//! pinned nowhere, a pin its dependent does not accept, a release without a fitting wheel, a
+//! marker kiln cannot evaluate, a wheel with headers or data files), and pip runs in the
+//! builder image as before. The dependency key names both (`… else` the builder's), so one
+//! key always means one way of installing. Anything that fails [`plan`] (an option line, a
+//! range, a `pip.conf`, `--lockfile-install off`) runs pip straight away.
+//!
+//! What is written is what pip writes (`tests/it/build_pinned.rs` compares the two), with
+//! `--no-compile` as the runtime runs it: no bytecode.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read as _;
+use std::path::{Component, Path, PathBuf};
+
+use base64::Engine as _;
+use futures_util::{StreamExt as _, TryStreamExt as _};
+use serde::Deserialize;
+use sha2::{Digest as _, Sha256};
+
+use super::function::DepInputs;
+use super::pep440::{self, Environment, Version};
+use super::source::Tree;
+use crate::base::download;
+use crate::oci::Platform;
+use crate::oci::layer::{Content, EntryKind};
+use crate::runtime::{Language, RuntimeSpec};
+
+/// The index kiln asks for a project's files, as pip does (its default; a `pip.conf` makes
+/// pip run): PEP 691's JSON form of the simple API.
+const INDEX: &str = "https://pypi.org/simple/";
+
+/// Requests at once.
+const PARALLEL: usize = 16;
+
+/// File bytes kept in memory; past this, files go to the scratch directory.
+const IN_MEMORY: u64 = 64 << 20;
+
+/// The two ends of the runtime's CPython minor release: a marker or `Requires-Python` must
+/// give one answer for both, since the exact patch release is the builder's.
+const PATCH_ENDS: [&str; 2] = ["0", "999"];
+
+/// One `name==version` line of requirements.txt.
+#[derive(Clone, Debug)]
+struct Requirement {
+    /// As written.
+    name: String,
+    /// Normalized.
+    key: String,
+    version: String,
+    extras: Vec<String>,
+    /// `--hash=sha256:` values, lower-case hex.
+    hashes: BTreeSet<String>,
+}
+
+/// Which wheels fit: the runtime's CPython and glibc, and the platform's machine.
+#[derive(Clone, Debug)]
+struct Target {
+    /// `(3, 13)`.
+    python: (u32, u32),
+    /// `(2, 41)`.
+    glibc: (u32, u32),
+    /// `x86_64`, `aarch64`.
+    machine: String,
+    /// The interpreter pip runs as (`sys.executable`), for the scripts' `#!` line.
+    executable: String,
+}
+
+impl Target {
+    /// The tags pip accepts, best first (`packaging.tags.sys_tags` for CPython on
+    /// manylinux).
+    fn tags(&self) -> Vec<String> {
+        let (major, minor) = self.python;
+        let cp = format!("cp{major}{minor}");
+        let mut platforms = Vec::new();
+        for m in (5..=self.glibc.1).rev() {
+            platforms.push(format!("manylinux_2_{m}_{}", self.machine));
+            let legacy = match m {
+                17 => Some("manylinux2014"),
+                12 => Some("manylinux2010"),
+                5 => Some("manylinux1"),
+                _ => None,
+            };
+            if let Some(legacy) = legacy {
+                platforms.push(format!("{legacy}_{}", self.machine));
+            }
+        }
+        platforms.push(format!("linux_{}", self.machine));
+        let mut tags = Vec::new();
+        for abi in [cp.as_str(), "abi3", "none"] {
+            tags.extend(platforms.iter().map(|p| format!("{cp}-{abi}-{p}")));
+        }
+        for older in (2..minor).rev() {
+            tags.extend(
+                platforms
+                    .iter()
+                    .map(|p| format!("cp{major}{older}-abi3-{p}")),
+            );
+        }
+        let py: Vec<String> = [format!("py{major}{minor}"), format!("py{major}")]
+            .into_iter()
+            .chain((0..minor).rev().map(|m| format!("py{major}{m}")))
+            .collect();
+        for v in &py {
+            tags.extend(platforms.iter().map(|p| format!("{v}-none-{p}")));
+        }
+        tags.push(format!("{cp}-none-any"));
+        tags.extend(py.iter().map(|v| format!("{v}-none-any")));
+        tags
+    }
+
+    fn environments(&self, extra: &str) -> [Environment; 2] {
+        PATCH_ENDS.map(|patch| Environment {
+            python_full_version: format!("{}.{}.{patch}", self.python.0, self.python.1),
+            machine: self.machine.clone(),
+            extra: extra.to_string(),
+        })
+    }
+}
+
+/// What a pinned-requirements install fetches and unpacks.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    requirements: Vec<Requirement>,
+    target: Target,
+}
+
+impl Plan {
+    /// How many packages requirements.txt pins.
+    pub fn len(&self) -> usize {
+        self.requirements.len()
+    }
+
+    /// Whether it pins none.
+    pub fn is_empty(&self) -> bool {
+        self.requirements.is_empty()
+    }
+}
+
+/// The toolchain of a pinned install in the dependency key: this module's rules (bump the
+/// version when what they write changes) and the wheels it takes. The key also names pip's
+/// toolchain, which runs when the wheels do not pin every dependency.
+pub fn toolchain_id(plan: &Plan) -> String {
+    let t = &plan.target;
+    format!(
+        "kiln pinned-wheel install v1 for cp{}{} on manylinux_{}_{}_{} as {}",
+        t.python.0, t.python.1, t.glibc.0, t.glibc.1, t.machine, t.executable
+    )
+}
+
+/// The install of `inputs` when requirements.txt pins every line to one version; else why
+/// pip must run.
+///
+/// # Errors
+/// The reason, one line, for the build's log.
+pub fn plan(
+    runtime: &RuntimeSpec,
+    inputs: &DepInputs,
+    platform: &Platform,
+) -> Result<Plan, String> {
+    if runtime.language != Language::Python {
+        return Err(format!(
+            "the {} runtime installs with its tool",
+            runtime.name
+        ));
+    }
+    let Some(wheels) = &runtime.dependencies.wheels else {
+        return Err(format!(
+            "the {} runtime names no wheel platform",
+            runtime.name
+        ));
+    };
+    if let Some(config) = inputs.configs.first() {
+        return Err(format!(
+            "{} may name another index or credentials",
+            config.name
+        ));
+    }
+    let machine = match (platform.os.as_str(), platform.architecture.as_str()) {
+        ("linux", "amd64") => "x86_64",
+        ("linux", "arm64") => "aarch64",
+        (os, arch) => return Err(format!("no wheels are chosen for {os}/{arch}")),
+    };
+    let number = |text: &str, what: &str| -> Result<(u32, u32), String> {
+        let (a, b) = text
+            .split_once('.')
+            .ok_or_else(|| format!("the runtime's {what} {text:?}"))?;
+        Ok((
+            a.parse()
+                .map_err(|_| format!("the runtime's {what} {text:?}"))?,
+            b.parse()
+                .map_err(|_| format!("the runtime's {what} {text:?}"))?,
+        ))
+    };
+    let text = std::str::from_utf8(&inputs.manifest.bytes)
+        .map_err(|_| format!("{} is not UTF-8", inputs.manifest.name))?;
+    let requirements =
+        parse_requirements(text).map_err(|why| format!("{}: {why}", inputs.manifest.name))?;
+    Ok(Plan {
+        requirements,
+        target: Target {
+            python: number(&wheels.python, "Python version")?,
+            glibc: number(&wheels.glibc, "glibc version")?,
+            machine: machine.into(),
+            executable: wheels.executable.clone(),
+        },
+    })
+}
+
+/// The lines of a requirements.txt that pins everything: `name[extras]==version`, each
+/// with `--hash=sha256:…` options or none.
+fn parse_requirements(text: &str) -> Result<Vec<Requirement>, String> {
+    let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
+    let mut out: Vec<Requirement> = Vec::new();
+    for raw in joined.lines() {
+        // pip's comments: `#` at the start or after whitespace.
+        let line = match raw.find('#') {
+            Some(0) => "",
+            Some(i) if raw[..i].ends_with([' ', '\t']) => &raw[..i],
+            _ => raw,
+        }
+        .trim();
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with('-') {
+            let option = line.split([' ', '=']).next().unwrap_or(line);
+            return Err(format!("the option {option} is for pip"));
+        }
+        let mut words = line.split_whitespace();
+        let spec = words.next().unwrap_or_default();
+        let mut hashes = BTreeSet::new();
+        for word in words {
+            let Some(hex) = word.strip_prefix("--hash=sha256:") else {
+                return Err(format!("{spec} has {word:?}, which is for pip"));
+            };
+            if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("{spec} has the hash {word:?}"));
+            }
+            hashes.insert(hex.to_ascii_lowercase());
+        }
+        let Some((name_part, version)) = spec.split_once("==") else {
+            return Err(format!("{spec} is not pinned with =="));
+        };
+        if version.starts_with('=') || version.ends_with(".*") || version.contains(['$', ';', ','])
+        {
+            return Err(format!("{spec} is not pinned to one version"));
+        }
+        Version::parse(version)?;
+        let dep = pep440::dependency(name_part)?;
+        if !dep.specifiers.is_empty() || dep.marker.is_some() {
+            return Err(format!("{spec} is not a plain pin"));
+        }
+        if out.iter().any(|r| r.key == dep.name) {
+            return Err(format!("{} is named twice", dep.name));
+        }
+        let name = name_part.split('[').next().unwrap_or(name_part).to_string();
+        out.push(Requirement {
+            name,
+            key: dep.name,
+            version: version.to_string(),
+            extras: dep.extras,
+            hashes,
+        });
+    }
+    if out.is_empty() {
+        return Err("nothing is named".into());
+    }
+    if out.iter().any(|r| r.hashes.is_empty()) && out.iter().any(|r| !r.hashes.is_empty()) {
+        return Err("some lines have hashes and some not".into());
+    }
+    Ok(out)
+}
+
+/// What [`install`] did.
+pub enum Outcome {
+    /// The tree pip would write into `--target`.
+    Installed(Tree),
+    /// pip must decide: why.
+    NeedsPip(String),
+}
+
+/// Why a pinned install failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The index or a wheel could not be fetched, or a wheel is not the one the index names.
+    #[error("fetching the wheels requirements.txt pins")]
+    Fetch(#[from] download::Error),
+    /// The index answered with something else than a release.
+    #[error("reading {url}")]
+    Index {
+        /// What was fetched.
+        url: String,
+        /// The cause.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// A wheel that cannot be installed.
+    #[error("installing {wheel}: {detail}")]
+    Wheel {
+        /// The wheel's file name.
+        wheel: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Local files.
+    #[error("{action} {path}")]
+    Io {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A worker thread died.
+    #[error("internal task failed")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+#[derive(Deserialize)]
+struct Project {
+    files: Vec<ProjectFile>,
+}
+
+#[derive(Deserialize)]
+struct ProjectFile {
+    filename: String,
+    url: String,
+    hashes: BTreeMap<String, String>,
+    #[serde(default, rename = "requires-python")]
+    requires_python: Option<String>,
+    /// `false` or why it was yanked.
+    #[serde(default)]
+    yanked: serde_json::Value,
+}
+
+/// A wheel of the pinned release.
+#[derive(Clone, Debug)]
+struct IndexFile {
+    filename: String,
+    url: String,
+    /// Lower-case hex.
+    sha256: String,
+    requires_python: Option<String>,
+    yanked: bool,
+}
+
+/// The wheel kiln takes for a requirement.
+struct Chosen {
+    file: IndexFile,
+}
+
+/// Fetches each pinned release's wheel (or takes it from `cache_dir/wheels/`), checks that
+/// the wheels pin every dependency, and returns the tree pip would write, or why pip must
+/// decide.
+///
+/// # Errors
+/// The index or a download failing, a wheel that is not PyPI's or cannot be read.
+pub async fn install(
+    plan: &Plan,
+    http: &reqwest::Client,
+    cache_dir: &Path,
+    scratch: &Path,
+) -> Result<Outcome, Error> {
+    let started = std::time::Instant::now();
+    let tags: BTreeMap<String, usize> = plan
+        .target
+        .tags()
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t, i))
+        .collect();
+    let releases: Vec<Option<Vec<IndexFile>>> = futures_util::stream::iter(&plan.requirements)
+        .map(|r| release(http, r))
+        .buffered(PARALLEL)
+        .try_collect()
+        .await?;
+    let mut chosen = Vec::new();
+    for (r, release) in plan.requirements.iter().zip(releases) {
+        let Some(files) = release else {
+            return Ok(Outcome::NeedsPip(format!("PyPI has no project {}", r.name)));
+        };
+        let versions: BTreeSet<&str> = files
+            .iter()
+            .filter_map(|f| f.filename.split('-').nth(1))
+            .collect();
+        if versions.len() > 1 {
+            return Ok(Outcome::NeedsPip(format!(
+                "{}=={} matches the versions {versions:?}",
+                r.name, r.version
+            )));
+        }
+        match choose(r, &files, &tags, &plan.target) {
+            Ok(file) => chosen.push(Chosen { file }),
+            Err(why) => return Ok(Outcome::NeedsPip(why)),
+        }
+    }
+    let files: Vec<PathBuf> = futures_util::stream::iter(&chosen)
+        .map(|c| {
+            let expected = hex::decode(&c.file.sha256).unwrap_or_default();
+            let dest = cache_dir
+                .join("wheels")
+                .join(format!("{}.whl", c.file.sha256));
+            async move { download::cached::<Sha256>(http, &c.file.url, &dest, &expected).await }
+        })
+        .buffered(PARALLEL)
+        .try_collect()
+        .await?;
+    tracing::info!(
+        wheels = files.len(),
+        seconds = started.elapsed().as_secs_f32(),
+        "fetched the wheels requirements.txt pins"
+    );
+    let (plan, spill) = (plan.clone(), scratch.join("spill"));
+    let names: Vec<String> = chosen.into_iter().map(|c| c.file.filename).collect();
+    tokio::task::spawn_blocking(move || build(&plan, &names, &files, &spill)).await?
+}
+
+/// The wheels of `r`'s release from the index (PEP 691 JSON); `None` when it has no such
+/// project.
+///
+/// A file belongs to the release when its version is the pinned one by PEP 440 (`1.0` and
+/// `1.0.0` are one); more than one version string matching is for pip to decide.
+async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<IndexFile>>, Error> {
+    let url = format!("{INDEX}{}/", r.key);
+    let index_error = |source| Error::Index {
+        url: url.clone(),
+        source,
+    };
+    let resp = http
+        .get(&url)
+        .header(
+            reqwest::header::ACCEPT,
+            "application/vnd.pypi.simple.v1+json",
+        )
+        .send()
+        .await
+        .map_err(index_error)?;
+    if resp.status() == reqwest::StatusCode::NOT_FOUND {
+        return Ok(None);
+    }
+    if !resp.status().is_success() {
+        return Err(download::Error::Status {
+            url,
+            status: resp.status().as_u16(),
+        }
+        .into());
+    }
+    let project: Project = resp.json().await.map_err(index_error)?;
+    let pinned = Version::parse(&r.version).ok();
+    let mut files = Vec::new();
+    for f in project.files {
+        let Some(version) = f
+            .filename
+            .strip_suffix(".whl")
+            .and_then(|n| n.split('-').nth(1))
+        else {
+            continue;
+        };
+        let same = Version::parse(version)
+            .ok()
+            .zip(pinned.as_ref())
+            .is_some_and(|(v, p)| v == *p);
+        if !same {
+            continue;
+        }
+        files.push(IndexFile {
+            filename: f.filename,
+            url: f.url,
+            sha256: f
+                .hashes
+                .get("sha256")
+                .cloned()
+                .unwrap_or_default()
+                .to_ascii_lowercase(),
+            requires_python: f.requires_python,
+            yanked: !matches!(
+                f.yanked,
+                serde_json::Value::Bool(false) | serde_json::Value::Null
+            ),
+        });
+    }
+    Ok(Some(files))
+}
+
+/// pip's choice among a release's files: wheels whose tags fit, whose `Requires-Python`
+/// admits the runtime and whose hash requirements.txt allows; not yanked first, then the
+/// best tag, then the highest build number.
+fn choose(
+    r: &Requirement,
+    files: &[IndexFile],
+    tags: &BTreeMap<String, usize>,
+    target: &Target,
+) -> Result<IndexFile, String> {
+    // (yanked, tag rank, build number highest first): the least is pip's choice.
+    type Rank = (bool, usize, std::cmp::Reverse<(u64, String)>);
+    let mut best: Option<(Rank, &IndexFile)> = None;
+    for f in files {
+        let Some((build, file_tags)) = wheel_tags(&f.filename) else {
+            continue;
+        };
+        let Some(rank) = file_tags.iter().filter_map(|t| tags.get(t)).min() else {
+            continue;
+        };
+        if let Some(spec) = f
+            .requires_python
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+            && !python_admits(target, spec, &f.filename)?
+        {
+            continue;
+        }
+        if !r.hashes.is_empty() && !r.hashes.contains(&f.sha256) {
+            continue;
+        }
+        let key = (f.yanked, *rank, std::cmp::Reverse(build));
+        if best.as_ref().is_none_or(|(k, _)| key < *k) {
+            best = Some((key, f));
+        }
+    }
+    match best {
+        Some((_, f)) if f.sha256.len() == 64 && f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            Ok(f.clone())
+        }
+        Some((_, f)) => Err(format!("{} has no SHA-256 on the index", f.filename)),
+        None => Err(format!(
+            "{} {} has no wheel for CPython {}.{} on manylinux {} (pip would build it from source or report it)",
+            r.name, r.version, target.python.0, target.python.1, target.machine
+        )),
+    }
+}
+
+/// A wheel file name's build number and tags (`name-ver[-build]-py-abi-plat.whl`).
+fn wheel_tags(filename: &str) -> Option<((u64, String), Vec<String>)> {
+    let parts: Vec<&str> = filename.strip_suffix(".whl")?.split('-').collect();
+    let (build, py, abi, plat) = match parts.as_slice() {
+        [_, _, py, abi, plat] => ("", *py, *abi, *plat),
+        [_, _, build, py, abi, plat] => (*build, *py, *abi, *plat),
+        _ => return None,
+    };
+    let digits = build.chars().take_while(char::is_ascii_digit).count();
+    let build = (
+        build[..digits].parse().unwrap_or(0),
+        build[digits..].to_string(),
+    );
+    let mut tags = Vec::new();
+    for p in py.split('.') {
+        for a in abi.split('.') {
+            for l in plat.split('.') {
+                tags.push(format!("{p}-{a}-{l}"));
+            }
+        }
+    }
+    Some((build, tags))
+}
+
+/// Whether `spec` (a `Requires-Python`) admits the runtime's Python, the same for every
+/// patch release of it.
+fn python_admits(target: &Target, spec: &str, what: &str) -> Result<bool, String> {
+    let mut answers = BTreeSet::new();
+    for env in target.environments("") {
+        let v = Version::parse(&env.python_full_version)?;
+        answers.insert(
+            pep440::satisfies(&v, spec)
+                .map_err(|why| format!("{what} requires Python {spec:?}: {why}"))?,
+        );
+    }
+    match answers.len() {
+        1 => Ok(answers.contains(&true)),
+        _ => Err(format!(
+            "{what} requires Python {spec:?}, which depends on the patch release"
+        )),
+    }
+}
+
+/// A wheel's metadata, as read from its `.dist-info`.
+struct Wheel {
+    /// The file name.
+    filename: String,
+    dist_info: String,
+    name: String,
+    version: String,
+    requires: Vec<pep440::Dependency>,
+    requires_python: Option<String>,
+}
+
+/// Reads the wheels, checks that they pin every dependency, and builds the tree.
+fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Result<Outcome, Error> {
+    let mut archives = Vec::new();
+    let mut wheels = BTreeMap::new();
+    for ((r, name), file) in plan.requirements.iter().zip(names).zip(files) {
+        let bad = |detail: String| Error::Wheel {
+            wheel: name.clone(),
+            detail,
+        };
+        let f = std::fs::File::open(file).map_err(io("opening", file))?;
+        let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(e.to_string()))?;
+        let wheel = match read_wheel(&mut zip, name, r) {
+            Ok(w) => w,
+            Err(Skip::Pip(why)) => return Ok(Outcome::NeedsPip(why)),
+            Err(Skip::Bad(detail)) => return Err(bad(detail)),
+        };
+        wheels.insert(r.key.clone(), (r, wheel));
+        archives.push(zip);
+    }
+    if let Err(why) = closed(plan, &wheels) {
+        return Ok(Outcome::NeedsPip(why));
+    }
+    let mut tree = Building {
+        entries: BTreeMap::new(),
+        in_memory: 0,
+        spill: spill.to_path_buf(),
+        spilled: 0,
+    };
+    for (r, mut zip) in plan.requirements.iter().zip(archives) {
+        let wheel = &wheels[&r.key].1;
+        match unpack(&mut zip, wheel, &plan.target, &mut tree) {
+            Ok(()) => {}
+            Err(Skip::Pip(why)) => return Ok(Outcome::NeedsPip(why)),
+            Err(Skip::Bad(detail)) => {
+                return Err(Error::Wheel {
+                    wheel: wheel.filename.clone(),
+                    detail,
+                });
+            }
+        }
+    }
+    Ok(Outcome::Installed(Tree {
+        entries: tree.entries,
+    }))
+}
+
+/// Why a wheel is not installed by kiln: pip decides, or it is broken.
+enum Skip {
+    Pip(String),
+    Bad(String),
+}
+
+impl From<std::io::Error> for Skip {
+    fn from(e: std::io::Error) -> Self {
+        Skip::Bad(e.to_string())
+    }
+}
+
+fn read_member(
+    zip: &mut zip::ZipArchive<std::fs::File>,
+    name: &str,
+) -> Result<Option<Vec<u8>>, Skip> {
+    let mut member = match zip.by_name(name) {
+        Ok(m) => m,
+        Err(zip::result::ZipError::FileNotFound) => return Ok(None),
+        Err(e) => return Err(Skip::Bad(e.to_string())),
+    };
+    let mut bytes = Vec::new();
+    member.read_to_end(&mut bytes)?;
+    Ok(Some(bytes))
+}
+
+/// The wheel's one `.dist-info` directory and what its `WHEEL` and `METADATA` say.
+fn read_wheel(
+    zip: &mut zip::ZipArchive<std::fs::File>,
+    filename: &str,
+    r: &Requirement,
+) -> Result<Wheel, Skip> {
+    let mut dist_infos = BTreeSet::new();
+    for name in zip.file_names().filter_map(Result::ok) {
+        if let Some((top, _)) = name.split_once('/')
+            && top.ends_with(".dist-info")
+        {
+            dist_infos.insert(top.to_string());
+        }
+    }
+    let dist_info = match dist_infos.into_iter().collect::<Vec<_>>().as_slice() {
+        [one] => one.clone(),
+        _ => {
+            return Err(Skip::Pip(format!(
+                "{filename} has not exactly one .dist-info"
+            )));
+        }
+    };
+    let text = |bytes: Option<Vec<u8>>, what: &str| -> Result<String, Skip> {
+        let bytes = bytes.ok_or_else(|| Skip::Pip(format!("{filename} has no {what}")))?;
+        String::from_utf8(bytes).map_err(|_| Skip::Pip(format!("{filename}'s {what} is not UTF-8")))
+    };
+    let wheel_file = text(read_member(zip, &format!("{dist_info}/WHEEL"))?, "WHEEL")?;
+    let version_ok = headers(&wheel_file)
+        .iter()
+        .any(|(k, v)| k == "wheel-version" && v.split('.').next() == Some("1"));
+    if !version_ok {
+        return Err(Skip::Pip(format!("{filename} is not a version 1 wheel")));
+    }
+    let metadata = text(
+        read_member(zip, &format!("{dist_info}/METADATA"))?,
+        "METADATA",
+    )?;
+    let (mut name, mut version, mut requires, mut requires_python) =
+        (String::new(), String::new(), Vec::new(), None);
+    for (key, value) in headers(&metadata) {
+        match key.as_str() {
+            "name" => name = value,
+            "version" => version = value,
+            "requires-dist" => requires.push(pep440::dependency(&value).map_err(Skip::Pip)?),
+            "requires-python" => requires_python = Some(value),
+            _ => {}
+        }
+    }
+    if pep440::normalize(&name) != r.key {
+        return Err(Skip::Pip(format!("{filename} is the package {name:?}")));
+    }
+    let same = Version::parse(&version)
+        .ok()
+        .zip(Version::parse(&r.version).ok())
+        .is_some_and(|(a, b)| a == b);
+    if !same {
+        return Err(Skip::Pip(format!("{filename} is version {version:?}")));
+    }
+    for installer_file in ["INSTALLER", "REQUESTED", "direct_url.json"] {
+        if zip
+            .index_for_name(&format!("{dist_info}/{installer_file}"))
+            .is_some()
+        {
+            return Err(Skip::Pip(format!("{filename} carries {installer_file}")));
+        }
+    }
+    Ok(Wheel {
+        filename: filename.to_string(),
+        dist_info,
+        name,
+        version,
+        requires,
+        requires_python,
+    })
+}
+
+/// The header fields of an email-style metadata file (names lower-cased, continuation lines
+/// joined), up to the first empty line.
+fn headers(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.lines() {
+        if line.trim().is_empty() {
+            break;
+        }
+        if line.starts_with([' ', '\t']) {
+            if let Some((_, v)) = out.last_mut() {
+                v.push(' ');
+                v.push_str(line.trim());
+            }
+            continue;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            out.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
+/// Whether the pinned wheels need nothing else: every dependency their markers select (for
+/// the extras asked for) is pinned to a version its specifiers accept, and every wheel's
+/// `Requires-Python` admits the runtime.
+fn closed(plan: &Plan, wheels: &BTreeMap<String, (&Requirement, Wheel)>) -> Result<(), String> {
+    let mut todo: Vec<(String, String)> = Vec::new();
+    for r in &plan.requirements {
+        todo.push((r.key.clone(), String::new()));
+        todo.extend(r.extras.iter().map(|e| (r.key.clone(), e.clone())));
+    }
+    let mut seen = BTreeSet::new();
+    while let Some((key, extra)) = todo.pop() {
+        if !seen.insert((key.clone(), extra.clone())) {
+            continue;
+        }
+        let (_, wheel) = &wheels[&key];
+        if let Some(spec) = &wheel.requires_python
+            && !python_admits(&plan.target, spec, &wheel.filename)?
+        {
+            return Err(format!("{} does not run on this Python", wheel.filename));
+        }
+        for dep in &wheel.requires {
+            let mut answers = BTreeSet::new();
+            for env in plan.target.environments(&extra) {
+                let holds = match &dep.marker {
+                    Some(m) => pep440::marker_holds(m, &env)
+                        .map_err(|why| format!("{} {}: {why}", wheel.name, wheel.version))?,
+                    None => true,
+                };
+                answers.insert(holds);
+            }
+            if answers.len() != 1 {
+                return Err(format!(
+                    "{} {} needs {} on some patch releases only",
+                    wheel.name, wheel.version, dep.name
+                ));
+            }
+            if answers.contains(&false) {
+                continue;
+            }
+            let Some((pinned, _)) = wheels.get(&dep.name) else {
+                return Err(format!(
+                    "{} {} needs {}, which requirements.txt does not pin: pip resolves it",
+                    wheel.name, wheel.version, dep.name
+                ));
+            };
+            let version = Version::parse(&pinned.version)?;
+            if !pep440::satisfies(&version, &dep.specifiers)? {
+                return Err(format!(
+                    "{} {} needs {} {}, and requirements.txt pins {}: pip reports it",
+                    wheel.name, wheel.version, dep.name, dep.specifiers, pinned.version
+                ));
+            }
+            todo.push((dep.name.clone(), String::new()));
+            todo.extend(dep.extras.iter().map(|e| (dep.name.clone(), e.clone())));
+        }
+    }
+    Ok(())
+}
+
+/// A tree being built: `/`-separated paths below `--target`.
+struct Building {
+    entries: BTreeMap<String, EntryKind>,
+    in_memory: u64,
+    spill: PathBuf,
+    spilled: u64,
+}
+
+impl Building {
+    fn put_file(&mut self, path: String, bytes: Vec<u8>, executable: bool) -> Result<(), Skip> {
+        let content = if self.in_memory + bytes.len() as u64 <= IN_MEMORY {
+            self.in_memory += bytes.len() as u64;
+            Content::Bytes(bytes)
+        } else {
+            std::fs::create_dir_all(&self.spill)?;
+            let file = self.spill.join(self.spilled.to_string());
+            self.spilled += 1;
+            std::fs::write(&file, &bytes)?;
+            Content::Path(file)
+        };
+        let clash = self.entries.insert(
+            path.clone(),
+            EntryKind::File {
+                content,
+                executable,
+            },
+        );
+        if clash.is_some() {
+            return Err(Skip::Pip(format!("two files would be {path}")));
+        }
+        Ok(())
+    }
+}
+
+/// pip's `RECORD` hash: `sha256=` and the URL-safe Base64 digest without padding.
+fn record_hash(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    format!(
+        "sha256={}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(digest)
+    )
+}
+
+/// The script pip (distlib's `ScriptMaker`, as pip configures it) writes for an entry point.
+fn entry_point_script(executable: &str, module: &str, func: &str) -> String {
+    let import_name = func.split('.').next().unwrap_or(func);
+    format!(
+        "#!{executable}\n\
+         # -*- coding: utf-8 -*-\n\
+         import re\n\
+         import sys\n\
+         from {module} import {import_name}\n\
+         if __name__ == '__main__':\n\
+         \x20   sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n\
+         \x20   sys.exit({func}())\n"
+    )
+}
+
+/// The console and GUI scripts of an `entry_points.txt`: name → (module, function).
+fn entry_points(text: &str, filename: &str) -> Result<BTreeMap<String, (String, String)>, Skip> {
+    let mut out = BTreeMap::new();
+    let mut wanted = false;
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with(['#', ';']) {
+            continue;
+        }
+        if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            wanted = matches!(section.trim(), "console_scripts" | "gui_scripts");
+            continue;
+        }
+        if !wanted {
+            continue;
+        }
+        let (name, value) = line
+            .split_once('=')
+            .ok_or_else(|| Skip::Pip(format!("{filename}'s entry point {line:?}")))?;
+        let (name, value) = (name.trim(), value.trim());
+        let value = value.split('[').next().unwrap_or(value).trim();
+        let word = |s: &str| {
+            !s.is_empty()
+                && s.split('.')
+                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        };
+        let Some((module, func)) = value.split_once(':').map(|(m, f)| (m.trim(), f.trim())) else {
+            return Err(Skip::Pip(format!("{filename}'s entry point {line:?}")));
+        };
+        let plain_name =
+            !name.is_empty() && !name.contains(['/', '\0']) && name != "." && name != "..";
+        if !word(module) || !word(func) || !plain_name {
+            return Err(Skip::Pip(format!("{filename}'s entry point {line:?}")));
+        }
+        if matches!(name, "pip" | "easy_install") || name.starts_with("pip3") {
+            return Err(Skip::Pip(format!("{filename} has pip's own scripts")));
+        }
+        out.insert(name.to_string(), (module.to_string(), func.to_string()));
+    }
+    Ok(out)
+}
+
+/// A `RECORD` row's fields (Python's `csv` reader, default dialect).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut field = String::new();
+    let mut chars = line.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            '"' if quoted => quoted = false,
+            '"' if field.is_empty() => quoted = true,
+            ',' if !quoted => out.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    out.push(field);
+    out
+}
+
+/// A `RECORD` row as Python's `csv` writer writes it (minimal quoting, CRLF).
+fn csv_row(fields: &[&str]) -> String {
+    let quoted: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            if f.contains([',', '"', '\r', '\n']) {
+                format!("\"{}\"", f.replace('"', "\"\""))
+            } else {
+                (*f).to_string()
+            }
+        })
+        .collect();
+    quoted.join(",") + "\r\n"
+}
+
+/// Installs one wheel into `tree` as pip does into `--target`: the archive root and
+/// `<dist>.data/purelib|platlib` at the top, `<dist>.data/scripts` (a `#!python` line made
+/// the interpreter's) and the entry points' scripts in `bin/`, `INSTALLER` and `REQUESTED`
+/// added and `RECORD` rewritten with the installed paths. Executable when the archive marks
+/// a member so.
+fn unpack(
+    zip: &mut zip::ZipArchive<std::fs::File>,
+    wheel: &Wheel,
+    target: &Target,
+    tree: &mut Building,
+) -> Result<(), Skip> {
+    let name = &wheel.filename;
+    let dist_info = &wheel.dist_info;
+    // Record path in the wheel → record path installed (relative to the library directory,
+    // as pip's home scheme puts it: scripts at `../../bin/`).
+    let mut installed: BTreeMap<String, String> = BTreeMap::new();
+    // Record path → (hash, size) of the files pip rewrites (a `#!python` script).
+    let mut changed: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let (mut old_record, mut entry_points_txt) = (None, None);
+    let record_of = |path: &str| match path.strip_prefix("bin/") {
+        Some(script) => format!("../../bin/{script}"),
+        None => path.to_string(),
+    };
+    let record_path = format!("{dist_info}/RECORD");
+    for i in 0..zip.len() {
+        let mut member = zip.by_index(i).map_err(|e| Skip::Bad(e.to_string()))?;
+        let zip_name = member
+            .name()
+            .map_err(|e| Skip::Bad(e.to_string()))?
+            .into_owned();
+        if zip_name.ends_with('/') {
+            continue;
+        }
+        let rel = Path::new(&zip_name);
+        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+            return Err(Skip::Bad(format!(
+                "member {zip_name:?} leaves its directory"
+            )));
+        }
+        if member.is_symlink() {
+            return Err(Skip::Pip(format!("{name} has the symlink {zip_name:?}")));
+        }
+        let steps: Vec<&str> = zip_name.split('/').collect();
+        let dest = match steps.as_slice() {
+            [top, scheme, rest @ ..] if top.ends_with(".data") && !rest.is_empty() => match *scheme
+            {
+                "purelib" | "platlib" => rest.join("/"),
+                "scripts" => format!("bin/{}", rest.join("/")),
+                other => {
+                    return Err(Skip::Pip(format!("{name} installs {other} files")));
+                }
+            },
+            [top, ..] if top.ends_with(".data") => {
+                return Err(Skip::Pip(format!("{name} has {zip_name:?}")));
+            }
+            _ => zip_name.clone(),
+        };
+        let executable = member.unix_mode().is_some_and(|m| m & 0o111 != 0);
+        let mut bytes = Vec::with_capacity(member.size().try_into().unwrap_or(0));
+        member.read_to_end(&mut bytes)?;
+        installed.insert(zip_name, record_of(&dest));
+        if dest.starts_with("bin/") && bytes.starts_with(b"#!python") {
+            let end = bytes
+                .iter()
+                .position(|&b| b == b'\n')
+                .map_or(bytes.len(), |i| i + 1);
+            let mut fixed = format!("#!{}\n", target.executable).into_bytes();
+            fixed.extend_from_slice(&bytes[end..]);
+            bytes = fixed;
+            changed.insert(
+                record_of(&dest),
+                (record_hash(&bytes), bytes.len().to_string()),
+            );
+        }
+        if dest == record_path {
+            // Replaced by the RECORD written below.
+            old_record = Some(bytes);
+            continue;
+        }
+        if dest == format!("{dist_info}/entry_points.txt") {
+            entry_points_txt = Some(bytes.clone());
+        }
+        tree.put_file(dest, bytes, executable)?;
+    }
+    let old_record = old_record.ok_or_else(|| Skip::Pip(format!("{name} has no RECORD")))?;
+    let old_record = String::from_utf8(old_record)
+        .map_err(|_| Skip::Pip(format!("{name}'s RECORD is not UTF-8")))?;
+    // What pip generates: the entry points' scripts, INSTALLER and REQUESTED.
+    let mut generated: Vec<(String, Vec<u8>)> = Vec::new();
+    if let Some(text) = entry_points_txt {
+        let text = String::from_utf8_lossy(&text);
+        for (script, (module, func)) in entry_points(&text, name)? {
+            let body = entry_point_script(&target.executable, &module, &func);
+            generated.push((format!("bin/{script}"), body.into_bytes()));
+        }
+    }
+    generated.push((format!("{dist_info}/INSTALLER"), b"pip\n".to_vec()));
+    generated.push((format!("{dist_info}/REQUESTED"), Vec::new()));
+    let mut rows: Vec<(String, String, String)> = Vec::new();
+    for line in old_record.lines().filter(|l| !l.trim().is_empty()) {
+        let fields = csv_fields(line.trim_end_matches('\r'));
+        let old = fields[0].clone();
+        let new = installed.remove(&old).unwrap_or(old);
+        let (hash, size) = match changed.get(&new) {
+            Some(fixed) => fixed.clone(),
+            None => (
+                fields.get(1).cloned().unwrap_or_default(),
+                fields.get(2).cloned().unwrap_or_default(),
+            ),
+        };
+        rows.push((new, hash, size));
+    }
+    for (path, bytes) in &generated {
+        rows.push((record_of(path), record_hash(bytes), bytes.len().to_string()));
+    }
+    rows.extend(
+        installed
+            .into_values()
+            .map(|p| (p, String::new(), String::new())),
+    );
+    rows.sort();
+    let record: String = rows.iter().map(|(p, h, s)| csv_row(&[p, h, s])).collect();
+    for (path, bytes) in generated {
+        let executable = path.starts_with("bin/");
+        tree.put_file(path, bytes, executable)?;
+    }
+    tree.put_file(record_path, record.into_bytes(), false)?;
+    Ok(())
+}
+
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+#[cfg(test)]
+#[path = "pinned_tests.rs"]
+mod tests;
