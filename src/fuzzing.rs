@@ -154,6 +154,77 @@ pub fn npm_lock(manifest: &[u8], lock: &[u8], tarball: &[u8]) {
     );
 }
 
+/// A Function's requirements.txt, a wheel's `METADATA` and a wheel, as kiln's own install of
+/// pinned requirements meets them: parsing a requirements file, PEP 440 versions, specifiers
+/// and markers never panics and versions order consistently; whatever the wheel holds, its
+/// files land below the target directory and nowhere else on disk but the scratch files.
+pub fn pinned_wheel(requirements: &[u8], metadata: &[u8], wheel: &[u8]) {
+    use crate::build::function::{DepInputs, NamedBytes};
+    use crate::build::pep440;
+    let inputs = DepInputs {
+        manifest: NamedBytes {
+            name: "requirements.txt".into(),
+            bytes: requirements.to_vec(),
+        },
+        lock: None,
+        configs: vec![],
+    };
+    let runtime = crate::runtime::Catalog::embedded()
+        .get("python313")
+        .expect("the python313 runtime")
+        .clone();
+    let _ = crate::build::pinned::plan(&runtime, &inputs, &crate::oci::Platform::linux_amd64());
+    let text = String::from_utf8_lossy(metadata);
+    let env = pep440::Environment {
+        python_full_version: "3.13.5".into(),
+        machine: "x86_64".into(),
+        extra: "socks".into(),
+    };
+    let mut versions = Vec::new();
+    for (_, value) in crate::build::pinned::headers(&text) {
+        if let Ok(dep) = pep440::dependency(&value)
+            && let Some(marker) = &dep.marker
+        {
+            let _ = pep440::marker_holds(marker, &env);
+        }
+        let _ = pep440::marker_holds(&value, &env);
+        if let Ok(v) = pep440::Version::parse(&value) {
+            let _ = pep440::satisfies(&v, &value);
+            versions.push(v);
+        }
+    }
+    for a in &versions {
+        for b in &versions {
+            assert_eq!(
+                a.partial_cmp(b),
+                b.partial_cmp(a).map(std::cmp::Ordering::reverse),
+                "{a:?} and {b:?} order both ways"
+            );
+        }
+    }
+    let clean =
+        |p: &str| !p.is_empty() && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    let scratch = tempfile::tempdir().expect("a scratch directory");
+    let whl = scratch.path().join("fuzz.whl");
+    std::fs::write(&whl, wheel).expect("the wheel");
+    let spill = scratch.path().join("spill");
+    if let Ok(paths) = crate::build::pinned::unpack_for_checks(&whl, &spill) {
+        for path in paths {
+            assert!(clean(&path), "installed as {path:?}");
+        }
+    }
+    let outside: Vec<_> = std::fs::read_dir(scratch.path())
+        .expect("the scratch directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|n| n != "fuzz.whl" && n != "spill")
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "written outside the scratch files: {outside:?}"
+    );
+}
+
 /// Unpacked directories may be read-only; the scratch directory must still be removable.
 fn make_writable(dir: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
@@ -190,6 +261,16 @@ pub fn run(target: &str, data: &[u8]) {
             npm_lock(
                 manifest,
                 lock.unwrap_or_default(),
+                parts.next().unwrap_or_default(),
+            );
+        }
+        "pinned_wheel" => {
+            // requirements.txt, NUL, METADATA, NUL, the wheel.
+            let mut parts = data.splitn(3, |&b| b == 0);
+            let (requirements, metadata) = (parts.next().unwrap_or_default(), parts.next());
+            pinned_wheel(
+                requirements,
+                metadata.unwrap_or_default(),
                 parts.next().unwrap_or_default(),
             );
         }

@@ -14,7 +14,7 @@ mod install;
 mod load;
 pub mod lockfile;
 pub mod mask;
-mod pep440;
+pub(crate) mod pep440;
 pub mod pinned;
 pub mod plan;
 pub mod publish;

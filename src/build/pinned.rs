@@ -675,22 +675,7 @@ fn read_wheel(
     filename: &str,
     r: &Requirement,
 ) -> Result<Wheel, Skip> {
-    let mut dist_infos = BTreeSet::new();
-    for name in zip.file_names().filter_map(Result::ok) {
-        if let Some((top, _)) = name.split_once('/')
-            && top.ends_with(".dist-info")
-        {
-            dist_infos.insert(top.to_string());
-        }
-    }
-    let dist_info = match dist_infos.into_iter().collect::<Vec<_>>().as_slice() {
-        [one] => one.clone(),
-        _ => {
-            return Err(Skip::Pip(format!(
-                "{filename} has not exactly one .dist-info"
-            )));
-        }
-    };
+    let dist_info = dist_info_dir(zip, filename)?;
     let text = |bytes: Option<Vec<u8>>, what: &str| -> Result<String, Skip> {
         let bytes = bytes.ok_or_else(|| Skip::Pip(format!("{filename} has no {what}")))?;
         String::from_utf8(bytes).map_err(|_| Skip::Pip(format!("{filename}'s {what} is not UTF-8")))
@@ -745,9 +730,61 @@ fn read_wheel(
     })
 }
 
+/// The wheel's one top-level `.dist-info` directory (pip refuses a wheel with none or more).
+fn dist_info_dir(zip: &zip::ZipArchive<std::fs::File>, filename: &str) -> Result<String, Skip> {
+    let mut dist_infos = BTreeSet::new();
+    for name in zip.file_names().filter_map(Result::ok) {
+        if let Some((top, _)) = name.split_once('/')
+            && top.ends_with(".dist-info")
+        {
+            dist_infos.insert(top.to_string());
+        }
+    }
+    match dist_infos.into_iter().collect::<Vec<_>>().as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(Skip::Pip(format!(
+            "{filename} has not exactly one .dist-info"
+        ))),
+    }
+}
+
+/// The paths one wheel installs into `--target` (every file with bytes going to `spill`,
+/// none kept in memory, so the disk path is exercised): for the fuzz target. `Err` is why
+/// kiln would not install it.
+pub(crate) fn unpack_for_checks(whl: &Path, spill: &Path) -> Result<Vec<String>, String> {
+    let f = std::fs::File::open(whl).map_err(|e| e.to_string())?;
+    let mut zip = zip::ZipArchive::new(f).map_err(|e| e.to_string())?;
+    let why = |s: Skip| match s {
+        Skip::Pip(w) | Skip::Bad(w) => w,
+    };
+    let dist_info = dist_info_dir(&zip, "fuzz.whl").map_err(why)?;
+    let wheel = Wheel {
+        filename: "fuzz.whl".into(),
+        dist_info,
+        name: String::new(),
+        version: String::new(),
+        requires: Vec::new(),
+        requires_python: None,
+    };
+    let target = Target {
+        python: (3, 13),
+        glibc: (2, 41),
+        machine: "x86_64".into(),
+        executable: "/usr/bin/python3".into(),
+    };
+    let mut tree = Building {
+        entries: BTreeMap::new(),
+        in_memory: IN_MEMORY,
+        spill: spill.to_path_buf(),
+        spilled: 0,
+    };
+    unpack(&mut zip, &wheel, &target, &mut tree).map_err(why)?;
+    Ok(tree.entries.into_keys().collect())
+}
+
 /// The header fields of an email-style metadata file (names lower-cased, continuation lines
 /// joined), up to the first empty line.
-fn headers(text: &str) -> Vec<(String, String)> {
+pub(crate) fn headers(text: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for line in text.lines() {
         if line.trim().is_empty() {
