@@ -938,7 +938,8 @@ def print_table(fn, res, runs, notes):
             line += '; phases: ' + ', '.join(f'{k} {v:.2f} s' for k, v in share['phases_s'].items())
         if 'install_alone_s' in share and share['overhead_s'] < 0:
             # kiln installed from the lock file: no package manager in its build at all.
-            line += (f"; npm's install alone (same command, in the builder root, bwrap) "
+            tool = 'pip' if res.get('runtime', '').startswith('python') else 'npm'
+            line += (f"; {tool}'s install alone (same command, in the builder root, bwrap) "
                      f"{share['install_alone_s']:.2f} s: kiln's whole cold build is "
                      f"{share['kiln_cold_s'] / share['install_alone_s'] * 100:.0f}% of it")
         elif 'install_alone_s' in share:
