@@ -477,9 +477,13 @@ async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<I
         if !same {
             continue;
         }
+        // PEP 691 allows a URL relative to the project's page.
+        let Ok(file_url) = url::Url::parse(&url).and_then(|page| page.join(&f.url)) else {
+            continue;
+        };
         files.push(IndexFile {
             filename: f.filename,
-            url: f.url,
+            url: file_url.to_string(),
             sha256: f
                 .hashes
                 .get("sha256")
