@@ -118,8 +118,7 @@ pub fn npm_lock(manifest: &[u8], lock: &[u8], tarball: &[u8]) {
         .get("nodejs22")
         .expect("the nodejs22 runtime")
         .clone();
-    let clean =
-        |p: &str| !p.is_empty() && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+    let clean = clean_path;
     let platform = crate::oci::Platform::linux_amd64();
     if let Ok(plan) = crate::build::lockfile::plan(&runtime, &inputs, &platform) {
         for (path, bins) in plan.paths() {
@@ -142,16 +141,7 @@ pub fn npm_lock(manifest: &[u8], lock: &[u8], tarball: &[u8]) {
             );
         }
     }
-    let outside: Vec<_> = std::fs::read_dir(scratch.path())
-        .expect("the scratch directory")
-        .filter_map(Result::ok)
-        .map(|e| e.file_name())
-        .filter(|n| n != "package.tgz" && n != "spill")
-        .collect();
-    assert!(
-        outside.is_empty(),
-        "written outside the scratch files: {outside:?}"
-    );
+    nothing_else_in(scratch.path(), &["package.tgz", "spill"]);
 }
 
 /// A Function's requirements.txt, a wheel's `METADATA` and a wheel, as kiln's own install of
@@ -202,22 +192,30 @@ pub fn pinned_wheel(requirements: &[u8], metadata: &[u8], wheel: &[u8]) {
             );
         }
     }
-    let clean =
-        |p: &str| !p.is_empty() && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
     let scratch = tempfile::tempdir().expect("a scratch directory");
     let whl = scratch.path().join("fuzz.whl");
     std::fs::write(&whl, wheel).expect("the wheel");
     let spill = scratch.path().join("spill");
     if let Ok(paths) = crate::build::pinned::unpack_for_checks(&whl, &spill) {
         for path in paths {
-            assert!(clean(&path), "installed as {path:?}");
+            assert!(clean_path(&path), "installed as {path:?}");
         }
     }
-    let outside: Vec<_> = std::fs::read_dir(scratch.path())
+    nothing_else_in(scratch.path(), &["fuzz.whl", "spill"]);
+}
+
+/// A relative `/`-separated path of plain steps (no empty, `.` or `..` step).
+fn clean_path(p: &str) -> bool {
+    !p.is_empty() && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..")
+}
+
+/// Asserts that `dir` holds only the entries named `expected`.
+fn nothing_else_in(dir: &Path, expected: &[&str]) {
+    let outside: Vec<_> = std::fs::read_dir(dir)
         .expect("the scratch directory")
         .filter_map(Result::ok)
         .map(|e| e.file_name())
-        .filter(|n| n != "fuzz.whl" && n != "spill")
+        .filter(|n| !expected.iter().any(|x| n == x))
         .collect();
     assert!(
         outside.is_empty(),

@@ -90,12 +90,7 @@ impl Plan {
 /// going to `spill` (none kept in memory, so the disk path is exercised): for the fuzz
 /// target.
 pub(crate) fn unpack_for_checks(tgz: &Path, spill: &Path) -> Result<Vec<String>, Error> {
-    let mut tree = Building {
-        entries: BTreeMap::new(),
-        in_memory: IN_MEMORY,
-        spill: spill.to_path_buf(),
-        spilled: 0,
-    };
+    let mut tree = Building::new(spill, 0);
     unpack(tgz, "p", &mut tree)?;
     tree.check_parents()?;
     Ok(tree.entries.into_keys().collect())
@@ -479,7 +474,7 @@ pub fn client(ca_bundle: Option<&Path>) -> Result<reqwest::Client, Error> {
 
 /// File bytes an install keeps in memory; past this, files are written to the scratch
 /// directory and read back by the layer writer.
-const IN_MEMORY: u64 = 64 << 20;
+pub(super) const IN_MEMORY: u64 = 64 << 20;
 
 /// Downloads (or takes from `cache_dir/npm/`) every tarball of `plan`, verified against its
 /// integrity, and returns the tree npm would write into `node_modules`, ready to layer. The
@@ -520,12 +515,7 @@ pub async fn install(
 
 /// The tree below `node_modules`: every package unpacked (parents first), then the bins.
 fn build_tree(plan: &Plan, tarballs: &[PathBuf], spill: &Path) -> Result<Tree, Error> {
-    let mut tree = Building {
-        entries: BTreeMap::new(),
-        in_memory: 0,
-        spill: spill.to_path_buf(),
-        spilled: 0,
-    };
+    let mut tree = Building::new(spill, IN_MEMORY);
     for (p, tgz) in plan.packages.iter().zip(tarballs) {
         unpack(tgz, &p.path, &mut tree).map_err(|source| Error::Tarball {
             package: p.tarball.package.clone(),
@@ -543,26 +533,43 @@ fn build_tree(plan: &Plan, tarballs: &[PathBuf], spill: &Path) -> Result<Tree, E
         }
     }
     tree.check_parents()?;
-    Ok(Tree {
-        entries: tree.entries,
-    })
+    Ok(tree.into_tree())
 }
 
-/// A tree being built: `/`-separated paths below `node_modules` (files and links; the layer
-/// writer adds their directories).
-struct Building {
-    entries: BTreeMap<String, EntryKind>,
+/// A tree being built in memory by kiln's own installs (this one and
+/// [`super::pinned`]): `/`-separated paths below the install's directory (files and links;
+/// the layer writer adds their directories).
+pub(super) struct Building {
+    pub(super) entries: BTreeMap<String, EntryKind>,
     /// File bytes held in memory so far.
     in_memory: u64,
-    /// Where files go past [`IN_MEMORY`].
+    /// How many may be; past this, files go to `spill`.
+    budget: u64,
     spill: PathBuf,
     spilled: u64,
 }
 
 impl Building {
-    /// Adds (or replaces, as a later tar member does) a file.
-    fn put_file(&mut self, path: String, bytes: Vec<u8>, executable: bool) -> Result<(), Error> {
-        let content = if self.in_memory + bytes.len() as u64 <= IN_MEMORY {
+    /// An empty tree keeping up to `budget` bytes of files in memory, the rest in `spill`.
+    pub(super) fn new(spill: &Path, budget: u64) -> Building {
+        Building {
+            entries: BTreeMap::new(),
+            in_memory: 0,
+            budget,
+            spill: spill.to_path_buf(),
+            spilled: 0,
+        }
+    }
+
+    /// Adds a file, or replaces the entry at `path` (as a later tar member does), which it
+    /// returns.
+    pub(super) fn put_file(
+        &mut self,
+        path: String,
+        bytes: Vec<u8>,
+        executable: bool,
+    ) -> Result<Option<EntryKind>, Error> {
+        let content = if self.in_memory + bytes.len() as u64 <= self.budget {
             self.in_memory += bytes.len() as u64;
             Content::Bytes(bytes)
         } else {
@@ -572,14 +579,20 @@ impl Building {
             std::fs::write(&file, &bytes).map_err(io("writing", &file))?;
             Content::Path(file)
         };
-        self.entries.insert(
+        Ok(self.entries.insert(
             path,
             EntryKind::File {
                 content,
                 executable,
             },
-        );
-        Ok(())
+        ))
+    }
+
+    /// The finished tree.
+    pub(super) fn into_tree(self) -> Tree {
+        Tree {
+            entries: self.entries,
+        }
     }
 
     /// Links `dir/name` to the package's `target` if the package has it, and fixes the

@@ -225,12 +225,7 @@ fn tgz(members: &[Member<'_>]) -> tempfile::NamedTempFile {
 }
 
 fn building(spill: &Path) -> Building {
-    Building {
-        entries: BTreeMap::new(),
-        in_memory: 0,
-        spill: spill.to_path_buf(),
-        spilled: 0,
-    }
+    Building::new(spill, IN_MEMORY)
 }
 
 /// Path → (executable, bytes) of the files.

@@ -30,11 +30,11 @@ use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
 use super::function::DepInputs;
+use super::lockfile::{Building, IN_MEMORY};
 use super::pep440::{self, Environment, Version};
 use super::source::Tree;
 use crate::base::download;
 use crate::oci::Platform;
-use crate::oci::layer::{Content, EntryKind};
 use crate::runtime::{Language, RuntimeSpec};
 
 /// The index kiln asks for a project's files, as pip does (its default; a `pip.conf` makes
@@ -43,9 +43,6 @@ const INDEX: &str = "https://pypi.org/simple/";
 
 /// Requests at once.
 const PARALLEL: usize = 16;
-
-/// File bytes kept in memory; past this, files go to the scratch directory.
-const IN_MEMORY: u64 = 64 << 20;
 
 /// The two ends of the runtime's CPython minor release: a marker or `Requires-Python` must
 /// give one answer for both, since the exact patch release is the builder's.
@@ -623,12 +620,7 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
     if let Err(why) = closed(plan, &wheels) {
         return Ok(Outcome::NeedsPip(why));
     }
-    let mut tree = Building {
-        entries: BTreeMap::new(),
-        in_memory: 0,
-        spill: spill.to_path_buf(),
-        spilled: 0,
-    };
+    let mut tree = Building::new(spill, IN_MEMORY);
     for (r, mut zip) in plan.requirements.iter().zip(archives) {
         let wheel = &wheels[&r.key].1;
         match unpack(&mut zip, wheel, &plan.target, &mut tree) {
@@ -642,9 +634,7 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
             }
         }
     }
-    Ok(Outcome::Installed(Tree {
-        entries: tree.entries,
-    }))
+    Ok(Outcome::Installed(tree.into_tree()))
 }
 
 /// Why a wheel is not installed by kiln: pip decides, or it is broken.
@@ -776,12 +766,7 @@ pub(crate) fn unpack_for_checks(whl: &Path, spill: &Path) -> Result<Vec<String>,
         machine: "x86_64".into(),
         executable: "/usr/bin/python3".into(),
     };
-    let mut tree = Building {
-        entries: BTreeMap::new(),
-        in_memory: IN_MEMORY,
-        spill: spill.to_path_buf(),
-        spilled: 0,
-    };
+    let mut tree = Building::new(spill, 0);
     unpack(&mut zip, &wheel, &target, &mut tree).map_err(why)?;
     Ok(tree.entries.into_keys().collect())
 }
@@ -867,37 +852,17 @@ fn closed(plan: &Plan, wheels: &BTreeMap<String, (&Requirement, Wheel)>) -> Resu
     Ok(())
 }
 
-/// A tree being built: `/`-separated paths below `--target`.
-struct Building {
-    entries: BTreeMap<String, EntryKind>,
-    in_memory: u64,
-    spill: PathBuf,
-    spilled: u64,
-}
-
-impl Building {
-    fn put_file(&mut self, path: String, bytes: Vec<u8>, executable: bool) -> Result<(), Skip> {
-        let content = if self.in_memory + bytes.len() as u64 <= IN_MEMORY {
-            self.in_memory += bytes.len() as u64;
-            Content::Bytes(bytes)
-        } else {
-            std::fs::create_dir_all(&self.spill)?;
-            let file = self.spill.join(self.spilled.to_string());
-            self.spilled += 1;
-            std::fs::write(&file, &bytes)?;
-            Content::Path(file)
-        };
-        let clash = self.entries.insert(
-            path.clone(),
-            EntryKind::File {
-                content,
-                executable,
-            },
-        );
-        if clash.is_some() {
-            return Err(Skip::Pip(format!("two files would be {path}")));
-        }
-        Ok(())
+/// Adds a file to the tree; a second file at one path is for pip to decide.
+fn put_file(
+    tree: &mut Building,
+    path: String,
+    bytes: Vec<u8>,
+    executable: bool,
+) -> Result<(), Skip> {
+    match tree.put_file(path.clone(), bytes, executable) {
+        Ok(None) => Ok(()),
+        Ok(Some(_)) => Err(Skip::Pip(format!("two files would be {path}"))),
+        Err(e) => Err(Skip::Bad(format!("{:#}", anyhow::Error::new(e)))),
     }
 }
 
@@ -1085,7 +1050,7 @@ fn unpack(
         if dest == format!("{dist_info}/entry_points.txt") {
             entry_points_txt = Some(bytes.clone());
         }
-        tree.put_file(dest, bytes, executable)?;
+        put_file(tree, dest, bytes, executable)?;
     }
     let old_record = old_record.ok_or_else(|| Skip::Pip(format!("{name} has no RECORD")))?;
     let old_record = String::from_utf8(old_record)
@@ -1127,9 +1092,9 @@ fn unpack(
     let record: String = rows.iter().map(|(p, h, s)| csv_row(&[p, h, s])).collect();
     for (path, bytes) in generated {
         let executable = path.starts_with("bin/");
-        tree.put_file(path, bytes, executable)?;
+        put_file(tree, path, bytes, executable)?;
     }
-    tree.put_file(record_path, record.into_bytes(), false)?;
+    put_file(tree, record_path, record.into_bytes(), false)?;
     Ok(())
 }
 

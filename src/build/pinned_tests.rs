@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::build::function::NamedBytes;
+use crate::oci::layer::{Content, EntryKind};
 use crate::runtime::Catalog;
 
 fn inputs(requirements: &str) -> DepInputs {
