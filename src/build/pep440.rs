@@ -54,15 +54,19 @@ impl Version {
             }
         }
         let mut tail = &rest[end..];
+        // PEP 440's normalisation allows one separator before each part and its number.
+        fn one_separator(t: &str) -> &str {
+            t.strip_prefix(['.', '-', '_']).unwrap_or(t)
+        }
         let take_number = |tail: &mut &str| -> u64 {
-            let t = tail.trim_start_matches(['.', '-', '_']);
+            let t = tail.strip_prefix(['.', '-', '_']).unwrap_or(tail);
             let digits = t.chars().take_while(char::is_ascii_digit).count();
             let n = t[..digits].parse().unwrap_or(0);
             *tail = &t[digits..];
             n
         };
         let mut pre = None;
-        let t = tail.trim_start_matches(['.', '-', '_']);
+        let t = one_separator(tail);
         for (word, kind) in [
             ("alpha", 0),
             ("beta", 1),
@@ -80,7 +84,7 @@ impl Version {
             }
         }
         let mut post = None;
-        let t = tail.trim_start_matches(['.', '-', '_']);
+        let t = one_separator(tail);
         for word in ["post", "rev", "r"] {
             if let Some(after) = t.strip_prefix(word) {
                 tail = after;
@@ -96,7 +100,7 @@ impl Version {
             post = Some(take_number(&mut tail));
         }
         let mut dev = None;
-        let t = tail.trim_start_matches(['.', '-', '_']);
+        let t = one_separator(tail);
         if let Some(after) = t.strip_prefix("dev") {
             tail = after;
             dev = Some(take_number(&mut tail));
@@ -106,6 +110,13 @@ impl Version {
         }
         let local = match local {
             Some("") => return Err(bad()),
+            Some(l)
+                if !l
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-_".contains(c)) =>
+            {
+                return Err(bad());
+            }
             Some(l) => l.split(['.', '-', '_']).map(str::to_string).collect(),
             None => Vec::new(),
         };
@@ -389,6 +400,7 @@ pub fn marker_holds(marker: &str, env: &Environment) -> Result<bool, String> {
         tokens: &tokens,
         at: 0,
         env,
+        depth: 0,
     };
     let value = p.or()?;
     if p.at != tokens.len() {
@@ -460,7 +472,12 @@ struct MarkerParser<'a> {
     tokens: &'a [Token],
     at: usize,
     env: &'a Environment,
+    /// Parentheses open around the current position.
+    depth: usize,
 }
+
+/// Parentheses a marker may nest: more is refused (a stack that cannot overflow).
+const MAX_DEPTH: usize = 32;
 
 impl MarkerParser<'_> {
     fn word(&self, w: &str) -> bool {
@@ -490,7 +507,12 @@ impl MarkerParser<'_> {
     fn atom(&mut self) -> Result<bool, String> {
         if self.tokens.get(self.at) == Some(&Token::Open) {
             self.at += 1;
+            self.depth += 1;
+            if self.depth > MAX_DEPTH {
+                return Err("a marker nested too deep".into());
+            }
             let value = self.or()?;
+            self.depth -= 1;
             if self.tokens.get(self.at) != Some(&Token::Close) {
                 return Err("an unclosed marker".into());
             }
@@ -542,9 +564,18 @@ fn compare(lhs: &str, op: &str, rhs: &str) -> Result<bool, String> {
         "===" => return Err("the marker operator ===".into()),
         _ => {}
     }
-    if Version::parse(rhs).is_ok()
-        && let Ok(l) = Version::parse(lhs)
-    {
+    // `Specifier(op + rhs)` in packaging: a version, or a `.*` prefix after == and !=.
+    let is_spec = Version::parse(rhs).is_ok()
+        || (matches!(op, "==" | "!=")
+            && rhs
+                .strip_suffix(".*")
+                .is_some_and(|p| Version::parse(p).is_ok()));
+    if is_spec {
+        let Ok(l) = Version::parse(lhs) else {
+            return Err(format!(
+                "the marker compares {lhs:?}, not a version, with {rhs:?}"
+            ));
+        };
         return satisfies(&l, &format!("{op}{rhs}"));
     }
     Ok(match op {
@@ -675,6 +706,17 @@ mod tests {
         };
         assert!(marker_holds("extra == \"SOCKS\"", &socks).unwrap());
         assert!(marker_holds("platform_release >= '5'", &env).is_err());
+        // A `.*` right side is a specifier, as packaging reads it.
+        assert!(marker_holds("python_version == '3.*'", &env).unwrap());
+        assert!(!marker_holds("python_version != '3.13.*'", &env).unwrap());
+        // A version specifier against what is no version: packaging fails, so must kiln.
+        assert!(marker_holds("platform_machine == '1'", &env).is_err());
+        let deep = format!(
+            "{}os_name == 'posix'{}",
+            "(".repeat(10_000),
+            ")".repeat(10_000)
+        );
+        assert!(marker_holds(&deep, &env).is_err());
         assert!(marker_holds("python_version <", &env).is_err());
     }
 }

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use futures_util::{StreamExt as _, TryStreamExt as _};
@@ -44,9 +44,14 @@ const INDEX: &str = "https://pypi.org/simple/";
 /// Requests at once.
 const PARALLEL: usize = 16;
 
-/// The two ends of the runtime's CPython minor release: a marker or `Requires-Python` must
-/// give one answer for both, since the exact patch release is the builder's.
-const PATCH_ENDS: [&str; 2] = ["0", "999"];
+/// The largest wheel member kiln reads (into memory); a bigger one is left to pip, which
+/// streams it to disk.
+const MEMBER_LIMIT: u64 = 256 << 20;
+
+/// The patch releases of the runtime's CPython minor release a marker or `Requires-Python`
+/// is evaluated for: it must give one answer for all of them, since the exact patch release
+/// is the builder's (and changes when the base is locked again).
+const PATCHES: std::ops::RangeInclusive<u32> = 0..=40;
 
 /// One `name==version` line of requirements.txt.
 #[derive(Clone, Debug)]
@@ -81,7 +86,13 @@ impl Target {
         let (major, minor) = self.python;
         let cp = format!("cp{major}{minor}");
         let mut platforms = Vec::new();
-        for m in (5..=self.glibc.1).rev() {
+        // packaging's oldest glibc: 2.5 on x86 (manylinux1), 2.17 elsewhere.
+        let oldest = if matches!(self.machine.as_str(), "x86_64" | "i686") {
+            5
+        } else {
+            17
+        };
+        for m in (oldest..=self.glibc.1).rev() {
             platforms.push(format!("manylinux_2_{m}_{}", self.machine));
             let legacy = match m {
                 17 => Some("manylinux2014"),
@@ -117,12 +128,14 @@ impl Target {
         tags
     }
 
-    fn environments(&self, extra: &str) -> [Environment; 2] {
-        PATCH_ENDS.map(|patch| Environment {
-            python_full_version: format!("{}.{}.{patch}", self.python.0, self.python.1),
-            machine: self.machine.clone(),
-            extra: extra.to_string(),
-        })
+    fn environments(&self, extra: &str) -> Vec<Environment> {
+        PATCHES
+            .map(|patch| Environment {
+                python_full_version: format!("{}.{}.{patch}", self.python.0, self.python.1),
+                machine: self.machine.clone(),
+                extra: extra.to_string(),
+            })
+            .collect()
     }
 }
 
@@ -200,6 +213,13 @@ pub fn plan(
                 .map_err(|_| format!("the runtime's {what} {text:?}"))?,
         ))
     };
+    // distlib writes another `#!` form for an interpreter path with a space or a long one.
+    if wheels.executable.contains(char::is_whitespace) || wheels.executable.len() > 120 {
+        return Err(format!(
+            "the runtime's interpreter {:?} needs pip's own #! line",
+            wheels.executable
+        ));
+    }
     let text = std::str::from_utf8(&inputs.manifest.bytes)
         .map_err(|_| format!("{} is not UTF-8", inputs.manifest.name))?;
     let requirements =
@@ -218,6 +238,13 @@ pub fn plan(
 /// The lines of a requirements.txt that pins everything: `name[extras]==version`, each
 /// with `--hash=sha256:…` options or none.
 fn parse_requirements(text: &str) -> Result<Vec<Requirement>, String> {
+    // pip never joins a comment line to the next; kiln's joining below would.
+    if text
+        .lines()
+        .any(|l| l.trim_start().starts_with('#') && l.trim_end_matches('\r').ends_with('\\'))
+    {
+        return Err("a comment line ends in a backslash".into());
+    }
     let joined = text.replace("\\\r\n", " ").replace("\\\n", " ");
     let mut out: Vec<Requirement> = Vec::new();
     for raw in joined.lines() {
@@ -499,7 +526,8 @@ async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<I
 
 /// pip's choice among a release's files: wheels whose tags fit, whose `Requires-Python`
 /// admits the runtime and whose hash requirements.txt allows; not yanked first, then the
-/// best tag, then the highest build number.
+/// best tag, then the highest build number (none below any). Two files that rank the same
+/// are for pip to decide.
 fn choose(
     r: &Requirement,
     files: &[IndexFile],
@@ -507,8 +535,9 @@ fn choose(
     target: &Target,
 ) -> Result<IndexFile, String> {
     // (yanked, tag rank, build number highest first): the least is pip's choice.
-    type Rank = (bool, usize, std::cmp::Reverse<(u64, String)>);
+    type Rank = (bool, usize, std::cmp::Reverse<Option<(u64, String)>>);
     let mut best: Option<(Rank, &IndexFile)> = None;
+    let mut tied = false;
     for f in files {
         let Some((build, file_tags)) = wheel_tags(&f.filename) else {
             continue;
@@ -528,11 +557,20 @@ fn choose(
             continue;
         }
         let key = (f.yanked, *rank, std::cmp::Reverse(build));
-        if best.as_ref().is_none_or(|(k, _)| key < *k) {
-            best = Some((key, f));
+        match &best {
+            Some((k, _)) if key == *k => tied = true,
+            Some((k, _)) if key > *k => {}
+            _ => {
+                best = Some((key, f));
+                tied = false;
+            }
         }
     }
     match best {
+        Some((_, f)) if tied => Err(format!(
+            "{} and another file of {} {} rank the same",
+            f.filename, r.name, r.version
+        )),
         Some((_, f)) if f.sha256.len() == 64 && f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) => {
             Ok(f.clone())
         }
@@ -544,24 +582,29 @@ fn choose(
     }
 }
 
-/// A wheel file name's build number and tags (`name-ver[-build]-py-abi-plat.whl`).
-fn wheel_tags(filename: &str) -> Option<((u64, String), Vec<String>)> {
+/// A wheel file name's build tag (`None` without one, which ranks below any) and its tags,
+/// lower-cased as `packaging` reads them (`name-ver[-build]-py-abi-plat.whl`). `None` for a
+/// name `packaging` refuses (a build tag not starting with a digit).
+#[allow(clippy::type_complexity)]
+fn wheel_tags(filename: &str) -> Option<(Option<(u64, String)>, Vec<String>)> {
     let parts: Vec<&str> = filename.strip_suffix(".whl")?.split('-').collect();
     let (build, py, abi, plat) = match parts.as_slice() {
-        [_, _, py, abi, plat] => ("", *py, *abi, *plat),
-        [_, _, build, py, abi, plat] => (*build, *py, *abi, *plat),
+        [_, _, py, abi, plat] => (None, *py, *abi, *plat),
+        [_, _, build, py, abi, plat] => (Some(*build), *py, *abi, *plat),
         _ => return None,
     };
-    let digits = build.chars().take_while(char::is_ascii_digit).count();
-    let build = (
-        build[..digits].parse().unwrap_or(0),
-        build[digits..].to_string(),
-    );
+    let build = match build {
+        None => None,
+        Some(b) => {
+            let digits = b.chars().take_while(char::is_ascii_digit).count();
+            Some((b[..digits].parse().ok()?, b[digits..].to_string()))
+        }
+    };
     let mut tags = Vec::new();
     for p in py.split('.') {
         for a in abi.split('.') {
             for l in plat.split('.') {
-                tags.push(format!("{p}-{a}-{l}"));
+                tags.push(format!("{p}-{a}-{l}").to_ascii_lowercase());
             }
         }
     }
@@ -634,6 +677,18 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
             }
         }
     }
+    // `a` a file and `a/b` another: pip fails on it.
+    for path in tree.entries.keys() {
+        if let Some((i, _)) = path
+            .match_indices('/')
+            .find(|(i, _)| tree.entries.contains_key(&path[..*i]))
+        {
+            let file = &path[..i];
+            return Ok(Outcome::NeedsPip(format!(
+                "{file} would be a file and a directory"
+            )));
+        }
+    }
     Ok(Outcome::Installed(tree.into_tree()))
 }
 
@@ -659,7 +714,12 @@ fn read_member(
         Err(e) => return Err(Skip::Bad(e.to_string())),
     };
     let mut bytes = Vec::new();
-    member.read_to_end(&mut bytes)?;
+    (&mut member)
+        .take(MEMBER_LIMIT + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MEMBER_LIMIT {
+        return Err(Skip::Pip(format!("{name} is over 256 MiB")));
+    }
     Ok(Some(bytes))
 }
 
@@ -670,14 +730,26 @@ fn read_wheel(
     r: &Requirement,
 ) -> Result<Wheel, Skip> {
     let dist_info = dist_info_dir(zip, filename)?;
+    if !pep440::normalize(&dist_info).starts_with(&r.key) {
+        return Err(Skip::Pip(format!(
+            "{filename}'s {dist_info} is not named for {}",
+            r.name
+        )));
+    }
     let text = |bytes: Option<Vec<u8>>, what: &str| -> Result<String, Skip> {
         let bytes = bytes.ok_or_else(|| Skip::Pip(format!("{filename} has no {what}")))?;
         String::from_utf8(bytes).map_err(|_| Skip::Pip(format!("{filename}'s {what} is not UTF-8")))
     };
     let wheel_file = text(read_member(zip, &format!("{dist_info}/WHEEL"))?, "WHEEL")?;
-    let version_ok = headers(&wheel_file)
-        .iter()
-        .any(|(k, v)| k == "wheel-version" && v.split('.').next() == Some("1"));
+    let wheel_version = headers(&wheel_file)
+        .into_iter()
+        .find(|(k, _)| k == "wheel-version")
+        .map(|(_, v)| v);
+    let parts: Option<Vec<u64>> = wheel_version
+        .as_deref()
+        .map(|v| v.split('.').map(|p| p.parse().ok()).collect())
+        .unwrap_or_default();
+    let version_ok = parts.is_some_and(|p| p.first() == Some(&1));
     if !version_ok {
         return Err(Skip::Pip(format!("{filename} is not a version 1 wheel")));
     }
@@ -772,11 +844,13 @@ pub(crate) fn unpack_for_checks(whl: &Path, spill: &Path) -> Result<Vec<String>,
 }
 
 /// The header fields of an email-style metadata file (names lower-cased, continuation lines
-/// joined), up to the first empty line.
+/// joined), as Python's email parser reads them: up to the first empty line, or the first
+/// line that is neither `name:` nor a continuation (a line starting with a space or tab,
+/// blank ones included).
 pub(crate) fn headers(text: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
-    for line in text.lines() {
-        if line.trim().is_empty() {
+    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        if line.is_empty() {
             break;
         }
         if line.starts_with([' ', '\t']) {
@@ -786,9 +860,13 @@ pub(crate) fn headers(text: &str) -> Vec<(String, String)> {
             }
             continue;
         }
-        if let Some((k, v)) = line.split_once(':') {
-            out.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+        let Some((k, v)) = line.split_once(':') else {
+            break;
+        };
+        if !k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            break;
         }
+        out.push((k.to_ascii_lowercase(), v.trim().to_string()));
     }
     out
 }
@@ -892,41 +970,69 @@ fn entry_point_script(executable: &str, module: &str, func: &str) -> String {
 
 /// The console and GUI scripts of an `entry_points.txt`: name → (module, function).
 fn entry_points(text: &str, filename: &str) -> Result<BTreeMap<String, (String, String)>, Skip> {
+    let odd = |line: &str| Skip::Pip(format!("{filename}'s entry point {line:?}"));
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'))
+    };
     let mut out = BTreeMap::new();
     let mut wanted = false;
-    for line in text.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with(['#', ';']) {
+    for line in text.split('\n').map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
             continue;
         }
         if let Some(section) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
-            wanted = matches!(section.trim(), "console_scripts" | "gui_scripts");
+            wanted = matches!(section, "console_scripts" | "gui_scripts");
+            if !wanted && matches!(section.trim(), "console_scripts" | "gui_scripts") {
+                return Err(odd(line));
+            }
             continue;
         }
         if !wanted {
             continue;
         }
-        let (name, value) = line
-            .split_once('=')
-            .ok_or_else(|| Skip::Pip(format!("{filename}'s entry point {line:?}")))?;
-        let (name, value) = (name.trim(), value.trim());
-        let value = value.split('[').next().unwrap_or(value).trim();
-        let word = |s: &str| {
-            !s.is_empty()
-                && s.split('.')
-                    .all(|p| !p.is_empty() && p.chars().all(|c| c.is_alphanumeric() || c == '_'))
+        // Only `name = module:attr`: distlib and importlib read anything else apart.
+        let (name, value) = line.split_once('=').ok_or_else(|| odd(line))?;
+        let (name, mut value) = (name.trim(), value.trim());
+        // Extras (`[a, b]`), which the script ignores.
+        if let Some(i) = value.find('[') {
+            let flags = value[i..]
+                .strip_prefix('[')
+                .and_then(|f| f.strip_suffix(']'));
+            let well_formed = flags.is_some_and(|f| {
+                f.split(',').all(|x| {
+                    let x = x.trim();
+                    !x.is_empty() && x.chars().all(|c| c.is_alphanumeric() || "_-".contains(c))
+                })
+            });
+            if !well_formed {
+                return Err(odd(line));
+            }
+            value = value[..i].trim_end();
+        }
+        let plain_name = !name.is_empty()
+            && !name.starts_with('[')
+            && !name.contains(|c: char| c.is_whitespace() || c == '/' || c == '\0')
+            && name != "."
+            && name != "..";
+        let Some((module, func)) = value.split_once(':') else {
+            return Err(odd(line));
         };
-        let Some((module, func)) = value.split_once(':').map(|(m, f)| (m.trim(), f.trim())) else {
-            return Err(Skip::Pip(format!("{filename}'s entry point {line:?}")));
-        };
-        let plain_name =
-            !name.is_empty() && !name.contains(['/', '\0']) && name != "." && name != "..";
-        if !word(module) || !word(func) || !plain_name {
-            return Err(Skip::Pip(format!("{filename}'s entry point {line:?}")));
+        if !plain_name || !word(module) || !word(func) {
+            return Err(odd(line));
         }
         if matches!(name, "pip" | "easy_install") || name.starts_with("pip3") {
             return Err(Skip::Pip(format!("{filename} has pip's own scripts")));
         }
-        out.insert(name.to_string(), (module.to_string(), func.to_string()));
+        if out
+            .insert(name.to_string(), (module.to_string(), func.to_string()))
+            .is_some()
+        {
+            return Err(Skip::Pip(format!(
+                "{filename} has two scripts named {name}"
+            )));
+        }
     }
     Ok(out)
 }
@@ -987,11 +1093,17 @@ fn unpack(
     // Record path → (hash, size) of the files pip rewrites (a `#!python` script).
     let mut changed: BTreeMap<String, (String, String)> = BTreeMap::new();
     let (mut old_record, mut entry_points_txt) = (None, None);
-    let record_of = |path: &str| match path.strip_prefix("bin/") {
-        Some(script) => format!("../../bin/{script}"),
-        None => path.to_string(),
+    // A script's record path: pip's home scheme puts scripts at `../../bin/` from the
+    // library directory; everything else is relative to it.
+    let record_of = |dest: &str, script: bool| {
+        if script {
+            format!("../../{dest}")
+        } else {
+            dest.to_string()
+        }
     };
     let record_path = format!("{dist_info}/RECORD");
+    let mut scripts = Vec::new();
     for i in 0..zip.len() {
         let mut member = zip.by_index(i).map_err(|e| Skip::Bad(e.to_string()))?;
         let zip_name = member
@@ -1001,21 +1113,24 @@ fn unpack(
         if zip_name.ends_with('/') {
             continue;
         }
-        let rel = Path::new(&zip_name);
-        if !rel.components().all(|c| matches!(c, Component::Normal(_))) {
+        let steps: Vec<&str> = zip_name.split('/').collect();
+        if zip_name.starts_with('/') || steps.contains(&"..") {
             return Err(Skip::Bad(format!(
                 "member {zip_name:?} leaves its directory"
             )));
         }
+        // pip normalises `a//b` and `a/./b`; kiln leaves such names to it.
+        if steps.iter().any(|s| s.is_empty() || *s == ".") {
+            return Err(Skip::Pip(format!("{name} has the member {zip_name:?}")));
+        }
         if member.is_symlink() {
             return Err(Skip::Pip(format!("{name} has the symlink {zip_name:?}")));
         }
-        let steps: Vec<&str> = zip_name.split('/').collect();
-        let dest = match steps.as_slice() {
+        let (dest, script) = match steps.as_slice() {
             [top, scheme, rest @ ..] if top.ends_with(".data") && !rest.is_empty() => match *scheme
             {
-                "purelib" | "platlib" => rest.join("/"),
-                "scripts" => format!("bin/{}", rest.join("/")),
+                "purelib" | "platlib" => (rest.join("/"), false),
+                "scripts" => (format!("bin/{}", rest.join("/")), true),
                 other => {
                     return Err(Skip::Pip(format!("{name} installs {other} files")));
                 }
@@ -1023,13 +1138,31 @@ fn unpack(
             [top, ..] if top.ends_with(".data") => {
                 return Err(Skip::Pip(format!("{name} has {zip_name:?}")));
             }
-            _ => zip_name.clone(),
+            _ => (zip_name.clone(), false),
         };
-        let executable = member.unix_mode().is_some_and(|m| m & 0o111 != 0);
+        // pip's `--target` moves the library's top level first: a `bin` there takes the
+        // place of the scripts directory.
+        if !script && dest.split('/').next() == Some("bin") {
+            return Err(Skip::Pip(format!("{name} installs a top-level bin/")));
+        }
+        // pip's test: a regular file with an execute bit, whatever system made the zip.
+        let mode = member.external_attributes() >> 16;
+        let executable = mode != 0 && mode & 0o170000 == 0o100000 && mode & 0o111 != 0;
+        if member.size() > MEMBER_LIMIT {
+            return Err(Skip::Pip(format!("{name} has a member over 256 MiB")));
+        }
         let mut bytes = Vec::with_capacity(member.size().try_into().unwrap_or(0));
-        member.read_to_end(&mut bytes)?;
-        installed.insert(zip_name, record_of(&dest));
-        if dest.starts_with("bin/") && bytes.starts_with(b"#!python") {
+        (&mut member)
+            .take(MEMBER_LIMIT + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > MEMBER_LIMIT {
+            return Err(Skip::Pip(format!("{name} has a member over 256 MiB")));
+        }
+        installed.insert(zip_name, record_of(&dest, script));
+        if script {
+            scripts.push(dest.clone());
+        }
+        if script && bytes.starts_with(b"#!python") {
             let end = bytes
                 .iter()
                 .position(|&b| b == b'\n')
@@ -1038,7 +1171,7 @@ fn unpack(
             fixed.extend_from_slice(&bytes[end..]);
             bytes = fixed;
             changed.insert(
-                record_of(&dest),
+                record_of(&dest, true),
                 (record_hash(&bytes), bytes.len().to_string()),
             );
         }
@@ -1058,17 +1191,53 @@ fn unpack(
     // What pip generates: the entry points' scripts, INSTALLER and REQUESTED.
     let mut generated: Vec<(String, Vec<u8>)> = Vec::new();
     if let Some(text) = entry_points_txt {
-        let text = String::from_utf8_lossy(&text);
-        for (script, (module, func)) in entry_points(&text, name)? {
-            let body = entry_point_script(&target.executable, &module, &func);
-            generated.push((format!("bin/{script}"), body.into_bytes()));
+        let text = String::from_utf8(text)
+            .map_err(|_| Skip::Pip(format!("{name}'s entry_points.txt is not UTF-8")))?;
+        let points = entry_points(&text, name)?;
+        // pip leaves out a script that wraps an entry point (setuptools' `NAME-script.py`,
+        // `NAME.exe`, `NAME.pya`, or `NAME` itself).
+        for script in &scripts {
+            let base = script.rsplit('/').next().unwrap_or(script);
+            let lower = base.to_ascii_lowercase();
+            let stem = [".exe", "-script.py", ".pya"]
+                .iter()
+                .find(|s| lower.ends_with(*s))
+                .map_or(base, |s| &base[..base.len() - s.len()]);
+            if points.contains_key(stem) {
+                return Err(Skip::Pip(format!(
+                    "{name}'s script {base} wraps an entry point"
+                )));
+            }
+        }
+        for (name_, (module, func)) in points {
+            let script = entry_point_script(&target.executable, &module, &func);
+            generated.push((format!("bin/{name_}"), script.into_bytes()));
         }
     }
     generated.push((format!("{dist_info}/INSTALLER"), b"pip\n".to_vec()));
     generated.push((format!("{dist_info}/REQUESTED"), Vec::new()));
     let mut rows: Vec<(String, String, String)> = Vec::new();
-    for line in old_record.lines().filter(|l| !l.trim().is_empty()) {
-        let fields = csv_fields(line.trim_end_matches('\r'));
+    // Python's `splitlines` breaks at more than `\n`; and pip fails on a blank row.
+    let odd_break = |c: char| {
+        matches!(
+            c,
+            '\x0b' | '\x0c' | '\x1c'..='\x1e' | '\u{85}' | '\u{2028}' | '\u{2029}'
+        )
+    };
+    let body = old_record.strip_suffix('\n').unwrap_or(&old_record);
+    let lines: Vec<&str> = body
+        .split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .collect();
+    if old_record.contains(odd_break)
+        || lines
+            .iter()
+            .any(|l| l.contains('\r') || l.trim().is_empty())
+    {
+        return Err(Skip::Pip(format!("{name}'s RECORD has blank or odd lines")));
+    }
+    for line in lines {
+        let fields = csv_fields(line);
         let old = fields[0].clone();
         let new = installed.remove(&old).unwrap_or(old);
         let (hash, size) = match changed.get(&new) {
@@ -1081,7 +1250,12 @@ fn unpack(
         rows.push((new, hash, size));
     }
     for (path, bytes) in &generated {
-        rows.push((record_of(path), record_hash(bytes), bytes.len().to_string()));
+        let script = path.starts_with("bin/");
+        rows.push((
+            record_of(path, script),
+            record_hash(bytes),
+            bytes.len().to_string(),
+        ));
     }
     rows.extend(
         installed

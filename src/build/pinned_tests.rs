@@ -54,6 +54,10 @@ fn only_a_requirements_file_of_plain_pins_is_planned() {
         ("six==1.17.0 --no-binary=:all:\n", "which is for pip"),
         ("six==1.17.0\nSix==1.16.0\n", "named twice"),
         ("\n# nothing\n", "nothing is named"),
+        (
+            "# a comment \\\nsix==1.17.0\n",
+            "comment line ends in a backslash",
+        ),
         ("pkg @ https://example.com/p.whl\n", "for pip"),
         ("pkg@https://example.com/p.whl\n", "not pinned"),
         (
@@ -190,6 +194,19 @@ fn the_wheel_pip_would_take_is_chosen() {
     // Only wheels for other systems: pip builds the sdist.
     let why = choose(&r, &files[1..4], &tags, &t).unwrap_err();
     assert!(why.contains("no wheel"), "{why}");
+    // No build tag ranks below build 0; tags are read lower-cased.
+    let untagged = file("PyYAML-6.0.2-py3-none-any.whl", '3', None, false);
+    let zero = file("PyYAML-6.0.2-0-PY3-none-any.whl", '4', None, false);
+    assert_eq!(
+        choose(&r, &[untagged.clone(), zero], &tags, &t)
+            .unwrap()
+            .sha256,
+        "4".repeat(64)
+    );
+    // Two files that rank the same: pip's order among them is its own.
+    let twin = file("PyYAML-6.0.2-py2.py3-none-any.whl", '5', None, false);
+    let why = choose(&r, &[untagged, twin], &tags, &t).unwrap_err();
+    assert!(why.contains("rank the same"), "{why}");
     // A Requires-Python that depends on the patch release is for pip to decide.
     let patchy = [file(
         "PyYAML-6.0.2-py3-none-any.whl",
@@ -440,6 +457,32 @@ fn wheels_that_leave_a_choice_go_to_pip_and_a_bad_one_fails() {
     headers.1.push(("pkg-1.0.data/headers/pkg.h", b"", 0o644));
     let why = needs_pip("pkg==1.0\ndep==2.1\n", &[headers, dep("2.1")]);
     assert!(why.contains("installs headers files"), "{why}");
+    let why = needs_pip(
+        "pkg==1.0\ndep==2.1\n",
+        &[
+            pkg("Requires-Dist: odd ; python_full_version == '3.13.5'"),
+            dep("2.1"),
+        ],
+    );
+    assert!(why.contains("some patch releases"), "{why}");
+    let mut top_bin = dep("2.1");
+    top_bin.1.push(("bin/tool", b"", 0o755));
+    let why = needs_pip("dep==2.1\n", &[top_bin]);
+    assert!(why.contains("top-level bin/"), "{why}");
+    let mut wrapper = pkg("");
+    wrapper
+        .1
+        .push(("pkg-1.0.data/scripts/pkg-cli-script.py", b"", 0o644));
+    let why = needs_pip("pkg==1.0\ndep==2.1\n", &[wrapper, dep("2.1")]);
+    assert!(why.contains("wraps an entry point"), "{why}");
+    let mut clash = dep("2.1");
+    clash.1.push(("dep/__init__.py/x", b"", 0o644));
+    let why = needs_pip("dep==2.1\n", &[clash]);
+    assert!(why.contains("a file and a directory"), "{why}");
+    let mut odd_name = dep("2.1");
+    odd_name.1.push(("dep//x.py", b"", 0o644));
+    let why = needs_pip("dep==2.1\n", &[odd_name]);
+    assert!(why.contains("dep//x.py"), "{why}");
     // A member that climbs out is an error, not a fallback.
     let mut evil = dep("2.1");
     evil.1.push(("../../etc/evil.py", b"x", 0o644));
@@ -452,4 +495,16 @@ fn wheels_that_leave_a_choice_go_to_pip_and_a_bad_one_fails() {
         err.contains("dep-2.1-py3-none-any.whl") && err.contains("leaves"),
         "{err}"
     );
+}
+
+#[test]
+fn metadata_headers_end_where_pythons_email_parser_ends_them() {
+    // A blank line of spaces continues the description; a line without a colon ends the
+    // headers.
+    let text = "Name: a\nDescription: x\n        \n        more\nRequires-Dist: b\n\
+                not a header\nRequires-Dist: c\n";
+    let found = headers(text);
+    assert!(found.iter().any(|(k, v)| k == "requires-dist" && v == "b"));
+    assert!(!found.iter().any(|(_, v)| v == "c"), "{found:?}");
+    assert_eq!(headers("Name: a\n\nRequires-Dist: b\n").len(), 1);
 }
