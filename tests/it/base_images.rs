@@ -1094,6 +1094,8 @@ fn pinned_wheels_installed_by_kiln_run_in_the_python_base() {
         &format!("oci:{}:python313-builder", bases.display()),
         "--output",
         &format!("oci:{}", out.display()),
+        // The cache is shared with other tests: install here, whatever they left.
+        "--no-cache",
     ]));
     let reference = built.reference();
     assert!(
