@@ -1,4 +1,5 @@
 #![allow(clippy::unwrap_used)]
+use super::wheel::{csv_fields, csv_row, entry_point_script, entry_points, record_hash};
 use super::*;
 use crate::build::function::NamedBytes;
 use crate::oci::layer::{Content, EntryKind};
