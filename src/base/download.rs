@@ -1,8 +1,15 @@
-//! Content-addressed downloads into kiln's cache: the body streams into a temporary file,
-//! hashed on the way, and is renamed into place only when its hash is the pinned one, so a
-//! cached file is always a verified one and parallel builds never see a partial file.
+//! Fetching from package servers (npm, PyPI, Debian mirrors), which kiln does not trust:
+//! - content-addressed downloads into kiln's cache: the body streams into a temporary file,
+//!   hashed on the way, and is renamed into place only when its hash is the pinned one, so a
+//!   cached file is always a verified one and parallel builds never see a partial file;
+//! - documents (indexes, package metadata) read into memory.
+//!
+//! Every body has a size limit and every client a stall limit, so a server that sends without
+//! end, or stops sending, fails the fetch instead of filling the memory or the disk, or
+//! hanging the build.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use sha2::Digest;
@@ -36,6 +43,26 @@ pub enum Error {
         /// The hash of what arrived.
         actual: Vec<u8>,
     },
+    /// The body is longer than kiln takes for it (or says it will be).
+    #[error(
+        "{url} sends more than {limit} bytes, the most kiln takes from it; a server that does \
+         is faulty or hostile: check the registry or mirror it names"
+    )]
+    TooLarge {
+        /// What was fetched.
+        url: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// A document that is not the JSON expected.
+    #[error("reading {url}")]
+    Json {
+        /// What was fetched.
+        url: String,
+        /// The cause.
+        #[source]
+        source: serde_json::Error,
+    },
     /// Local file trouble.
     #[error("{action} {path}")]
     Io {
@@ -49,16 +76,84 @@ pub enum Error {
     },
 }
 
-/// `dest` if it is there, else `url` downloaded into it when its `D` hash is `expected`.
-/// `dest` must be named by that hash (the cache is content-addressed).
+/// The most a download may be when nothing names its size: above any package on PyPI or
+/// npm, and the bound on what a server can write into the cache.
+pub const LIMIT: u64 = 4 << 30;
+
+/// How long a package server may keep kiln waiting, to connect or for the next bytes of an
+/// answer, before the fetch fails.
+pub const STALL: Duration = Duration::from_secs(60);
+
+/// A client for package servers: kiln's user agent and the [`STALL`] limit.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    builder_with(STALL)
+}
+
+fn builder_with(stall: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(stall)
+        .read_timeout(stall)
+}
+
+/// The body of `resp` (from `url`), at most `limit` bytes: a declared length above it fails
+/// before anything is read, a longer body as soon as it passes the limit.
 ///
 /// # Errors
-/// HTTP failures, [`Error::Mismatch`], file errors.
+/// HTTP failures, [`Error::TooLarge`].
+pub async fn document(
+    mut resp: reqwest::Response,
+    url: &str,
+    limit: u64,
+) -> Result<Vec<u8>, Error> {
+    let too_large = || Error::TooLarge {
+        url: url.to_string(),
+        limit,
+    };
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|source| Error::Http {
+        url: url.to_string(),
+        source,
+    })? {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// [`document`] parsed as JSON.
+///
+/// # Errors
+/// Those of [`document`], and [`Error::Json`].
+pub async fn json<T: serde::de::DeserializeOwned>(
+    resp: reqwest::Response,
+    url: &str,
+    limit: u64,
+) -> Result<T, Error> {
+    let body = document(resp, url, limit).await?;
+    serde_json::from_slice(&body).map_err(|source| Error::Json {
+        url: url.to_string(),
+        source,
+    })
+}
+
+/// `dest` if it is there, else `url` downloaded into it when its `D` hash is `expected` and it
+/// is at most `limit` bytes ([`LIMIT`], or the size the index names). `dest` must be named by
+/// that hash (the cache is content-addressed).
+///
+/// # Errors
+/// HTTP failures, [`Error::Mismatch`], [`Error::TooLarge`], file errors.
 pub async fn cached<D: Digest>(
     http: &reqwest::Client,
     url: &str,
     dest: &Path,
     expected: &[u8],
+    limit: u64,
 ) -> Result<PathBuf, Error> {
     if dest.is_file() {
         // The last use, for `kiln cache prune`: it keeps what was used lately.
@@ -97,11 +192,18 @@ pub async fn cached<D: Digest>(
                 status: resp.status().as_u16(),
             });
         }
+        let too_large = || Error::TooLarge {
+            url: url.to_string(),
+            limit,
+        };
+        let total = resp.content_length();
+        if total.is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
         let mut file = tokio::fs::File::create(&part)
             .await
             .map_err(io("creating", &part))?;
         let mut hasher = D::new();
-        let total = resp.content_length();
         let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let _progress = {
             let (done, url) = (done.clone(), url.to_string());
@@ -126,8 +228,13 @@ pub async fn cached<D: Digest>(
             })
         };
         let mut body = resp.bytes_stream();
+        let mut received = 0u64;
         while let Some(chunk) = body.next().await {
             let chunk = chunk.map_err(http_error)?;
+            received += chunk.len() as u64;
+            if received > limit {
+                return Err(too_large());
+            }
             hasher.update(&chunk);
             file.write_all(&chunk).await.map_err(io("writing", &part))?;
             done.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -153,29 +260,66 @@ pub async fn cached<D: Digest>(
     Ok(dest.to_path_buf())
 }
 
+/// A test server for hostile answers.
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use sha2::Sha256;
+#[allow(clippy::unwrap_used)]
+pub(crate) mod test_server {
+    use tokio::io::AsyncWriteExt as _;
 
-    /// A one-connection-at-a-time server answering every request with `body`.
-    async fn serve(body: &'static [u8]) -> String {
+    /// How the test server answers.
+    #[derive(Clone, Copy)]
+    pub(crate) enum Answer {
+        /// `body`, with its length.
+        Body(&'static [u8]),
+        /// Bytes without end, no length given.
+        Endless,
+        /// A head promising 100 bytes, then nothing.
+        Stall,
+    }
+
+    /// A one-connection-at-a-time server answering every request with `answer`.
+    pub(crate) async fn serve_with(answer: Answer) -> String {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/file", listener.local_addr().unwrap());
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
                 let mut buf = [0u8; 4096];
                 let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
-                let head = format!(
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
+                let head = match answer {
+                    Answer::Body(body) => format!("Content-Length: {}\r\n", body.len()),
+                    Answer::Endless => String::new(),
+                    Answer::Stall => "Content-Length: 100\r\n".into(),
+                };
+                let head = format!("HTTP/1.1 200 OK\r\n{head}Connection: close\r\n\r\n");
                 let _ = conn.write_all(head.as_bytes()).await;
-                let _ = conn.write_all(body).await;
+                match answer {
+                    Answer::Body(body) => {
+                        let _ = conn.write_all(body).await;
+                    }
+                    Answer::Endless => {
+                        let chunk = vec![b'x'; 1 << 16];
+                        while conn.write_all(&chunk).await.is_ok() {}
+                    }
+                    Answer::Stall => {
+                        // Held open until the client gives up.
+                        let _ = tokio::io::AsyncReadExt::read(&mut conn, &mut buf).await;
+                    }
+                }
             }
         });
         url
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::test_server::{Answer, serve_with};
+    use super::*;
+    use sha2::Sha256;
+
+    async fn serve(body: &'static [u8]) -> String {
+        serve_with(Answer::Body(body)).await
     }
 
     #[tokio::test]
@@ -185,11 +329,13 @@ mod tests {
         let http = reqwest::Client::new();
         let good = Sha256::digest(b"the bytes").to_vec();
         let dest = dir.path().join("cache/good");
-        let got = cached::<Sha256>(&http, &url, &dest, &good).await.unwrap();
+        let got = cached::<Sha256>(&http, &url, &dest, &good, LIMIT)
+            .await
+            .unwrap();
         assert_eq!(std::fs::read(got).unwrap(), b"the bytes");
 
         let bad = dir.path().join("cache/bad");
-        let e = cached::<Sha256>(&http, &url, &bad, &[0; 32])
+        let e = cached::<Sha256>(&http, &url, &bad, &[0; 32], LIMIT)
             .await
             .unwrap_err();
         assert!(
@@ -206,10 +352,73 @@ mod tests {
         let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(86_400);
         let file = std::fs::File::options().append(true).open(&dest).unwrap();
         file.set_modified(long_ago).unwrap();
-        cached::<Sha256>(&http, "http://127.0.0.1:9/unused", &dest, &good)
+        cached::<Sha256>(&http, "http://127.0.0.1:9/unused", &dest, &good, LIMIT)
             .await
             .unwrap();
         let used = std::fs::metadata(&dest).unwrap().modified().unwrap();
         assert!(used.elapsed().unwrap() < std::time::Duration::from_secs(60));
+    }
+
+    #[tokio::test]
+    async fn a_body_past_its_limit_fails_the_fetch_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let http = reqwest::Client::new();
+        let endless = serve_with(Answer::Endless).await;
+        let dest = dir.path().join("cache/endless");
+        let e = cached::<Sha256>(&http, &endless, &dest, &[0; 32], 1 << 20)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge { limit, .. } if limit == 1 << 20),
+            "{e:?}"
+        );
+        assert!(
+            std::fs::read_dir(dir.path().join("cache"))
+                .unwrap()
+                .next()
+                .is_none(),
+            "no partial file is left"
+        );
+        let resp = http.get(&endless).send().await.unwrap();
+        let e = document(resp, &endless, 1 << 20).await.unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }), "{e:?}");
+        assert!(e.to_string().contains("more than 1048576 bytes"), "{e}");
+
+        // A declared length over the limit fails before a byte is read.
+        let small = serve(b"the bytes").await;
+        let e = cached::<Sha256>(&http, &small, &dest, &[0; 32], 4)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::TooLarge { limit: 4, .. }), "{e:?}");
+        let resp = http.get(&small).send().await.unwrap();
+        assert!(matches!(
+            document(resp, &small, 4).await,
+            Err(Error::TooLarge { limit: 4, .. })
+        ));
+        let resp = http.get(&small).send().await.unwrap();
+        assert_eq!(document(resp, &small, 9).await.unwrap(), b"the bytes");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_stops_sending_fails_the_fetch() {
+        let url = serve_with(Answer::Stall).await;
+        let http = builder_with(Duration::from_millis(300)).build().unwrap();
+        let started = std::time::Instant::now();
+        let resp = http.get(&url).send().await.unwrap();
+        let e = document(resp, &url, LIMIT).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Http { source, .. } if source.is_timeout()),
+            "{e:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("stalled");
+        let e = cached::<Sha256>(&http, &url, &dest, &[0; 32], LIMIT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Http { source, .. } if source.is_timeout()),
+            "{e:?}"
+        );
     }
 }

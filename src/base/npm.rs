@@ -11,6 +11,9 @@ use sha2::Sha512;
 
 use super::download;
 
+/// The most one version's metadata may be (a few kB in practice).
+const PACKUMENT_LIMIT: u64 = 4 << 20;
+
 /// A pinned npm package tarball.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NpmTarball {
@@ -137,10 +140,9 @@ impl NpmTarball {
                 status: resp.status().as_u16(),
             });
         }
-        let doc: Packument = resp
-            .json()
+        let doc: Packument = download::json(resp, &url, PACKUMENT_LIMIT)
             .await
-            .map_err(|source| Error::Http { url, source })?;
+            .map_err(Error::Download)?;
         Ok(NpmTarball {
             package: package.into(),
             version: version.into(),
@@ -161,7 +163,7 @@ impl NpmTarball {
     ) -> Result<PathBuf> {
         let (expected, dest) = (self.expected_hash()?, self.cached_path(cache_dir)?);
         let url = join(registry, &self.tarball_path());
-        download::cached::<Sha512>(http, &url, &dest, &expected)
+        download::cached::<Sha512>(http, &url, &dest, &expected, download::LIMIT)
             .await
             .map_err(|e| match e {
                 download::Error::Mismatch { actual, .. } => Error::Integrity {

@@ -172,7 +172,7 @@ async fn fetch_wheel(http: &reqwest::Client, cache_dir: &Path, w: &LockedWheel) 
     }
     let dest = cache_dir.join("wheels").join(format!("{}.whl", w.sha256));
     let expected = hex::decode(&w.sha256).unwrap_or_default();
-    download::cached::<Sha256>(http, &w.url, &dest, &expected)
+    download::cached::<Sha256>(http, &w.url, &dest, &expected, download::LIMIT)
         .await
         .map_err(|e| match e {
             download::Error::Mismatch { url, actual } => Error::Hash {

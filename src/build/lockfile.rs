@@ -29,6 +29,7 @@ use serde::Deserialize;
 
 use super::function::DepInputs;
 use super::source::Tree;
+use crate::base::download;
 use crate::base::npm::{self, NpmTarball};
 use crate::base::packages::admits;
 use crate::oci::Platform;
@@ -451,13 +452,13 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error
 }
 
 /// An HTTP client for the npm registry: the system's roots plus `ca_bundle` (a corporate TLS
-/// proxy's); proxies from the environment, as npm takes them.
+/// proxy's); proxies from the environment, as npm takes them; the stall limit of
+/// [`download::client_builder`].
 ///
 /// # Errors
 /// An unreadable or invalid bundle.
 pub fn client(ca_bundle: Option<&Path>) -> Result<reqwest::Client, Error> {
-    let mut builder =
-        reqwest::Client::builder().user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")));
+    let mut builder = download::client_builder();
     if let Some(path) = ca_bundle {
         let pem = std::fs::read(path).map_err(|source| Error::Ca {
             path: path.to_path_buf(),

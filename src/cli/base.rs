@@ -101,9 +101,7 @@ pub(super) fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
         None => npm_registry().context("finding the npm registry; pass --npm-registry URL")?,
     };
     let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
-    let http = reqwest::Client::builder()
-        .user_agent(concat!("kiln/", env!("CARGO_PKG_VERSION")))
-        .build()?;
+    let http = crate::base::download::client_builder().build()?;
     Ok(Sources {
         http,
         mirror,

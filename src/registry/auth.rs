@@ -19,12 +19,15 @@ use url::Url;
 use super::challenge::BearerChallenge;
 use super::credentials::Credential;
 use super::error::{Error, Result};
-use super::failure::{is_retryable_status, parse_envelope};
+use super::failure::is_retryable_status;
 use super::redact::redact_url;
+use super::transport::{error_body, read_capped};
 
 /// Token lifetime the spec tells clients to assume when the server does not say.
 const DEFAULT_TOKEN_SECONDS: u64 = 60;
 const CLIENT_ID: &str = "kiln";
+/// The most a token response may be: a JSON object with a token (a JWT of a few kB) or two.
+const TOKEN_LIMIT: u64 = 1 << 20;
 
 /// One access request: `type:name:actions`, e.g. `repository:team/app:pull,push`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -192,7 +195,7 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
     let status = resp.status();
     debug!(method = %method, url = %redact_url(&url), status = status.as_u16(), "token request");
     if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-        let errors = parse_envelope(&resp.bytes().await.unwrap_or_default());
+        let errors = error_body(resp).await;
         return Err(Error::Unauthorized {
             registry: req.registry.to_string(),
             method,
@@ -206,7 +209,7 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
         let errors = if is_retryable_status(status.as_u16()) {
             Vec::new()
         } else {
-            parse_envelope(&resp.bytes().await.unwrap_or_default())
+            error_body(resp).await
         };
         let url = redact_url(&url);
         return Err(Error::Status {
@@ -217,10 +220,7 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
             retry_after: None,
         });
     }
-    let body = resp
-        .bytes()
-        .await
-        .map_err(|e| Error::transport(&method, &url, e))?;
+    let body = read_capped(resp, TOKEN_LIMIT, "the token response", (&method, &url)).await?;
     token_from_body(&body, req.scopes).ok_or_else(|| Error::Protocol {
         method,
         url: redact_url(&url),

@@ -3,14 +3,14 @@
 //! exactly as received.
 
 use reqwest::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
-use reqwest::{Method, Response, StatusCode};
+use reqwest::{Method, StatusCode};
 
 use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::retry;
-use super::transport::{Call, Payload, header, not_found, status_error};
+use super::transport::{Call, Payload, header, not_found, read_capped, status_error};
 use tracing::debug;
 
 use crate::oci::{Descriptor, Digest, Document, MediaType, sniff_media_type};
@@ -98,7 +98,8 @@ impl Client {
         let content_type = header(&resp, &CONTENT_TYPE).map(str::to_string);
         let header_digest =
             header(&resp, &DOCKER_CONTENT_DIGEST).and_then(|d| d.parse::<Digest>().ok());
-        let bytes = read_capped(&call, resp, &what(reference)).await?;
+        let target = (&call.method, &call.url);
+        let bytes = read_capped(resp, MANIFEST_LIMIT, &what(reference), target).await?;
         let actual = Digest::of(&bytes);
         if let Some(expected) = reference.digest.clone().or(header_digest)
             && expected != actual
@@ -311,29 +312,6 @@ fn media_type(content_type: Option<&str>, bytes: &[u8]) -> Option<MediaType> {
         }
         _ => sniff_media_type(bytes).or_else(|| declared.map(MediaType::from)),
     }
-}
-
-/// Reads a body of at most [`MANIFEST_LIMIT`] bytes.
-async fn read_capped(call: &Call, mut resp: Response, what: &str) -> Result<Vec<u8>> {
-    let too_large = || Error::TooLarge {
-        what: what.to_string(),
-        limit: MANIFEST_LIMIT,
-    };
-    if resp.content_length().is_some_and(|n| n > MANIFEST_LIMIT) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
-        .await
-        .map_err(|e| Error::transport(&call.method, &call.url, e))?
-    {
-        if body.len() as u64 + chunk.len() as u64 > MANIFEST_LIMIT {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 #[cfg(test)]

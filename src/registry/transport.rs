@@ -402,6 +402,39 @@ fn is_origin(url: &Url, reg: &Registry) -> bool {
     host_port(url) == reg.host && url.scheme() == reg.base.scheme()
 }
 
+/// The body of `resp` (the answer to `method` `url`), at most `limit` bytes: a declared
+/// length above it fails before anything is read, a longer body as soon as it passes the
+/// limit.
+///
+/// # Errors
+/// [`Error::TooLarge`] naming `what`, and transport errors.
+pub(crate) async fn read_capped(
+    mut resp: Response,
+    limit: u64,
+    what: &str,
+    (method, url): (&Method, &Url),
+) -> Result<Vec<u8>> {
+    let too_large = || Error::TooLarge {
+        what: what.to_string(),
+        limit,
+    };
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| Error::transport(method, url, e))?
+    {
+        if (body.len() + chunk.len()) as u64 > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 /// Reads an error body (capped) and parses its OCI error envelope.
 pub(crate) async fn error_body(mut resp: Response) -> Vec<ErrorInfo> {
     let mut body = Vec::new();

@@ -1,6 +1,7 @@
 //! A registry that lies: a proxy in front of the real one that changes manifest or blob bytes
-//! but keeps the digests. kiln must notice, fail, and write or push nothing. And a registry
-//! whose blob redirect ends on a hostile host: no registry credential may reach it.
+//! but keeps the digests. kiln must notice, fail, and write or push nothing. A registry
+//! whose blob redirect ends on a hostile host: no registry credential may reach it. And a
+//! token realm that answers without end: kiln stops reading at its limit.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,6 +13,7 @@ use axum::response::Response;
 use common::images::push_base_images;
 use common::kiln::{Kiln, copy_fixture};
 use common::registry::{Registry, RegistryKind};
+use futures_util::StreamExt as _;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Lie {
@@ -196,6 +198,74 @@ fn start_hostile_storage(
     });
     rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
     (host, seen)
+}
+
+#[test]
+fn a_token_response_without_end_fails_the_build_at_its_limit() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const SENT: u64 = 256 << 20;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let host = listener.local_addr().unwrap().to_string();
+    let realm = format!("http://{host}/token");
+    let produced = std::sync::Arc::new(AtomicU64::new(0));
+    let counter = produced.clone();
+    let token = move || {
+        let counter = counter.clone();
+        async move {
+            // 256 MiB of a JSON string that never closes.
+            let chunks = futures_util::stream::iter(0..SENT >> 16).map(move |i| {
+                counter.fetch_add(1 << 16, Ordering::Relaxed);
+                let mut chunk = vec![b'a'; 1 << 16];
+                if i == 0 {
+                    chunk[..10].copy_from_slice(b"{\"token\":\"");
+                }
+                Ok::<_, std::io::Error>(bytes::Bytes::from(chunk))
+            });
+            Response::new(Body::from_stream(chunks))
+        }
+    };
+    let app = axum::Router::new()
+        .route("/token", axum::routing::get(token))
+        .fallback(move || {
+            let realm = realm.clone();
+            async move {
+                Response::builder()
+                    .status(401)
+                    .header(
+                        "www-authenticate",
+                        format!("Bearer realm=\"{realm}\",service=\"reg\""),
+                    )
+                    .body(Body::empty())
+                    .unwrap()
+            }
+        });
+    rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("hello-node", &work.path().join("fn"));
+    let run = kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime=nodejs22",
+        "--base",
+        &format!("{host}/base/busybox:1"),
+        "--output",
+        &format!("oci:{}", work.path().join("out").display()),
+        "--insecure-registry",
+        &host,
+    ]);
+    let err = run.failure(1);
+    assert!(
+        err.contains("the token response is larger than the 1048576-byte limit"),
+        "{err}"
+    );
+    // What the server produced: the limit, plus what the sockets buffered.
+    let produced = produced.load(Ordering::Relaxed);
+    assert!(produced < 32 << 20, "{produced} bytes were produced");
 }
 
 #[test]

@@ -50,6 +50,17 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
+    /// The mirror sent more than kiln takes for the file (or said it would).
+    #[error(
+        "{url} sends more than {limit} bytes, the most kiln takes for it; check the mirror \
+         (--debian-mirror)"
+    )]
+    TooLarge {
+        /// The URL requested.
+        url: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// The mirror answered with a non-success status.
     #[error("fetching {url}: HTTP status {status}")]
     HttpStatus {

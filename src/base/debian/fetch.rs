@@ -17,7 +17,12 @@ use super::keyring::Keyring;
 use super::packages::{LockedPackage, PackageIndex};
 use super::release::{IndexEntry, Release, verify_release};
 use super::{Error, Mirror, Result};
+use crate::base::download;
 use crate::oci::{Digest, Hasher};
+
+/// The most an `InRelease` file may be (Debian's are about 140 kB); the `Packages` index is
+/// held to the size that file signs.
+const RELEASE_LIMIT: u64 = 16 << 20;
 
 /// `base/path`, keeping the last segment of `base` (`http://h/debian` + `dists` → `…/debian/dists`).
 pub(crate) fn join(base: &Url, path: &str) -> Result<Url> {
@@ -48,12 +53,18 @@ async fn get(http: &reqwest::Client, url: &Url) -> Result<reqwest::Response> {
     Ok(response)
 }
 
-async fn get_bytes(http: &reqwest::Client, url: &Url) -> Result<bytes::Bytes> {
+/// The body at `url`, at most `limit` bytes.
+async fn get_bytes(http: &reqwest::Client, url: &Url, limit: u64) -> Result<Vec<u8>> {
     let response = get(http, url).await?;
-    response.bytes().await.map_err(|source| Error::Http {
-        url: url.to_string(),
-        source,
-    })
+    download::document(response, url.as_str(), limit)
+        .await
+        .map_err(|e| match e {
+            download::Error::Http { url, source } => Error::Http { url, source },
+            _ => Error::TooLarge {
+                url: url.to_string(),
+                limit,
+            },
+        })
 }
 
 /// Fetches `dists/SUITE/InRelease`, verifies its signature with `keyring` at the current time
@@ -67,7 +78,7 @@ pub async fn fetch_release(
     keyring: &Keyring,
 ) -> Result<Release> {
     let url = join(&mirror.url, &format!("dists/{}/InRelease", mirror.suite))?;
-    let bytes = get_bytes(http, &url).await?;
+    let bytes = get_bytes(http, &url, RELEASE_LIMIT).await?;
     let release = verify_release(&bytes, keyring, SystemTime::now())?;
     release.check_suite(&mirror.suite)?;
     info!(%url, suite = %release.suite, codename = %release.codename, date = %release.date,
@@ -99,13 +110,15 @@ pub async fn fetch_packages(
             &mirror.url,
             &format!("{dists}/{dir}/by-hash/SHA256/{}", entry.sha256),
         )?;
-        match get_bytes(http, &by_hash).await {
+        match get_bytes(http, &by_hash, entry.size).await {
             // A mirror may lag in publishing by-hash files; the hash check below still holds.
-            Err(Error::HttpStatus { status: 404, .. }) => get_bytes(http, &plain).await?,
+            Err(Error::HttpStatus { status: 404, .. }) => {
+                get_bytes(http, &plain, entry.size).await?
+            }
             other => other?,
         }
     } else {
-        get_bytes(http, &plain).await?
+        get_bytes(http, &plain, entry.size).await?
     };
     check_bytes(&path, &plain, &bytes, entry)?;
     let index = tokio::task::spawn_blocking(move || decode_index(&path, &bytes))
@@ -281,8 +294,27 @@ pub async fn fetch_debs(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::base::download::test_server::{Answer, serve_with};
+
+    #[tokio::test]
+    async fn a_mirror_that_sends_without_end_fails_at_the_limit() {
+        let url = serve_with(Answer::Endless).await;
+        let mirror = Mirror::new(Url::parse(&url).unwrap(), "trixie");
+        let keyring = Keyring::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("src/base/debian/testdata/signing-key.asc"),
+        )
+        .unwrap();
+        let http = reqwest::Client::new();
+        let e = fetch_release(&http, &mirror, &keyring).await.unwrap_err();
+        assert!(
+            matches!(e, Error::TooLarge { limit, .. } if limit == RELEASE_LIMIT),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("--debian-mirror"), "{e}");
+    }
 
     #[test]
     fn joining_keeps_the_mirror_path() {

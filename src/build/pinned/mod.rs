@@ -47,6 +47,10 @@ const INDEX: &str = "https://pypi.org/simple/";
 /// Requests at once.
 const PARALLEL: usize = 16;
 
+/// The most a project's index page may be. Pages list every file of every release: 1.2 MB
+/// for charset-normalizer, 2 MB for botocore or numpy (2026-11).
+const INDEX_LIMIT: u64 = 64 << 20;
+
 /// The patch releases of the runtime's CPython minor release a marker or `Requires-Python`
 /// is evaluated for: it must give one answer for all of them, since the exact patch release
 /// is the builder's (and changes when the base is locked again).
@@ -368,6 +372,9 @@ struct ProjectFile {
     /// `false` or why it was yanked.
     #[serde(default)]
     yanked: serde_json::Value,
+    /// In bytes (PEP 700).
+    #[serde(default)]
+    size: Option<u64>,
 }
 
 /// A wheel of the pinned release.
@@ -379,6 +386,8 @@ struct IndexFile {
     sha256: String,
     requires_python: Option<String>,
     yanked: bool,
+    /// The download's limit: the size the index gives, else [`download::LIMIT`].
+    limit: u64,
 }
 
 /// The wheel kiln takes for a requirement.
@@ -437,7 +446,8 @@ pub async fn install(
             let dest = cache_dir
                 .join("wheels")
                 .join(format!("{}.whl", c.file.sha256));
-            async move { download::cached::<Sha256>(http, &c.file.url, &dest, &expected).await }
+            let (url, limit) = (&c.file.url, c.file.limit);
+            async move { download::cached::<Sha256>(http, url, &dest, &expected, limit).await }
         })
         .buffered(PARALLEL)
         .try_collect()
@@ -482,7 +492,7 @@ async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<I
         }
         .into());
     }
-    let project: Project = resp.json().await.map_err(index_error)?;
+    let project: Project = download::json(resp, &url, INDEX_LIMIT).await?;
     let pinned = Version::parse(&r.version).ok();
     let mut files = Vec::new();
     for f in project.files {
@@ -518,6 +528,7 @@ async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<I
                 f.yanked,
                 serde_json::Value::Bool(false) | serde_json::Value::Null
             ),
+            limit: f.size.unwrap_or(download::LIMIT),
         });
     }
     Ok(Some(files))

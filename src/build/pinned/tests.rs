@@ -120,6 +120,7 @@ fn file(name: &str, sha: char, requires_python: Option<&str>, yanked: bool) -> I
         sha256: sha.to_string().repeat(64),
         requires_python: requires_python.map(str::to_string),
         yanked,
+        limit: 1 << 20,
     }
 }
 
