@@ -14,6 +14,7 @@ mod install;
 mod load;
 pub mod lockfile;
 pub mod mask;
+pub mod memtree;
 pub(crate) mod pep440;
 pub mod pinned;
 pub mod plan;

@@ -33,7 +33,7 @@ use wheel::{Skip, Wheel, read_wheel, unpack};
 pub(crate) use wheel::{headers, unpack_for_checks};
 
 use super::function::DepInputs;
-use super::lockfile::{Building, IN_MEMORY};
+use super::memtree::{Building, IN_MEMORY};
 use super::pep440::{self, Environment, Version};
 use super::source::Tree;
 use crate::base::download;
@@ -677,16 +677,10 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
         }
     }
     // `a` a file and `a/b` another: pip fails on it.
-    for path in tree.entries.keys() {
-        if let Some((i, _)) = path
-            .match_indices('/')
-            .find(|(i, _)| tree.entries.contains_key(&path[..*i]))
-        {
-            let file = &path[..i];
-            return Ok(Outcome::NeedsPip(format!(
-                "{file} would be a file and a directory"
-            )));
-        }
+    if let Some((_, file)) = tree.file_as_parent() {
+        return Ok(Outcome::NeedsPip(format!(
+            "{file} would be a file and a directory"
+        )));
     }
     Ok(Outcome::Installed(tree.into_tree()))
 }

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use sha2::{Digest as _, Sha256};
 
 use super::{Requirement, Target};
-use crate::build::lockfile::Building;
+use crate::build::memtree::Building;
 use crate::build::pep440::{self, Version};
 
 /// The largest wheel member kiln reads (into memory); a bigger one is left to pip, which

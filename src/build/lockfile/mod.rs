@@ -24,16 +24,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Component, Path, PathBuf};
 
-use futures_util::{StreamExt as _, TryStreamExt as _};
 use serde::Deserialize;
 
 use super::function::DepInputs;
-use super::source::Tree;
 use crate::base::download;
 use crate::base::npm::{self, NpmTarball};
 use crate::base::packages::admits;
 use crate::oci::Platform;
-use crate::oci::layer::{Content, EntryKind};
 use crate::runtime::{Language, RuntimeSpec};
 
 /// The registry whose tarballs kiln fetches itself (npm's default; a `.npmrc` naming
@@ -85,16 +82,6 @@ impl Plan {
     pub(crate) fn paths(&self) -> impl Iterator<Item = (&str, &BTreeMap<String, String>)> {
         self.packages.iter().map(|p| (p.path.as_str(), &p.bins))
     }
-}
-
-/// The entries one tarball gives below `p/` (file or link paths), every file with bytes
-/// going to `spill` (none kept in memory, so the disk path is exercised): for the fuzz
-/// target.
-pub(crate) fn unpack_for_checks(tgz: &Path, spill: &Path) -> Result<Vec<String>, Error> {
-    let mut tree = Building::new(spill, 0);
-    unpack(tgz, "p", &mut tree)?;
-    tree.check_parents()?;
-    Ok(tree.entries.into_keys().collect())
 }
 
 #[derive(Clone, Debug)]
@@ -414,6 +401,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file of the tree could not be written to the scratch directory.
+    #[error(transparent)]
+    Spill(#[from] crate::build::memtree::SpillError),
     /// A tarball that cannot be read.
     #[error("unpacking {package}@{version}")]
     Tarball {
@@ -473,289 +463,12 @@ pub fn client(ca_bundle: Option<&Path>) -> Result<reqwest::Client, Error> {
     builder.build().map_err(Error::Client)
 }
 
-/// File bytes an install keeps in memory; past this, files are written to the scratch
-/// directory and read back by the layer writer.
-pub(super) const IN_MEMORY: u64 = 64 << 20;
+mod install;
 
-/// Downloads (or takes from `cache_dir/npm/`) every tarball of `plan`, verified against its
-/// integrity, and returns the tree npm would write into `node_modules`, ready to layer. The
-/// tree is built in memory (up to [`IN_MEMORY`] of file bytes, the rest in files in
-/// `scratch`), not on disk: creating and reading back thousands of small files cost seconds
-/// on an ext4 disk, far more than the decompression itself.
-///
-/// # Errors
-/// A download that fails or does not match the lock, an unreadable tarball, I/O.
-pub async fn install(
-    plan: &Plan,
-    http: &reqwest::Client,
-    cache_dir: &Path,
-    scratch: &Path,
-) -> Result<Tree, Error> {
-    let registry = url::Url::parse(REGISTRY).expect("a valid URL");
-    let started = std::time::Instant::now();
-    let cached = plan
-        .packages
-        .iter()
-        .filter(|p| p.tarball.cached_path(cache_dir).is_ok_and(|f| f.is_file()))
-        .count();
-    let files: Vec<PathBuf> = futures_util::stream::iter(&plan.packages)
-        .map(|p| p.tarball.fetch(http, &registry, cache_dir))
-        .buffered(PARALLEL_DOWNLOADS)
-        .try_collect()
-        .await?;
-    tracing::info!(
-        downloaded = plan.packages.len() - cached,
-        cached,
-        seconds = started.elapsed().as_secs_f32(),
-        "fetched the tarballs the lock file names"
-    );
-    let (plan, spill) = (plan.clone(), scratch.join("spill"));
-    let tree = tokio::task::spawn_blocking(move || build_tree(&plan, &files, &spill));
-    tree.await?
-}
-
-/// The tree below `node_modules`: every package unpacked (parents first), then the bins.
-fn build_tree(plan: &Plan, tarballs: &[PathBuf], spill: &Path) -> Result<Tree, Error> {
-    let mut tree = Building::new(spill, IN_MEMORY);
-    for (p, tgz) in plan.packages.iter().zip(tarballs) {
-        unpack(tgz, &p.path, &mut tree).map_err(|source| Error::Tarball {
-            package: p.tarball.package.clone(),
-            version: p.tarball.version.clone(),
-            source: Box::new(source),
-        })?;
-    }
-    for p in &plan.packages {
-        let dir = match bin_dir(&p.path) {
-            top if top.is_empty() => ".bin".to_string(),
-            nested => format!("{nested}/.bin"),
-        };
-        for (name, target) in &p.bins {
-            tree.link_bin(&p.path, &dir, name, target)?;
-        }
-    }
-    tree.check_parents()?;
-    Ok(tree.into_tree())
-}
-
-/// A tree being built in memory by kiln's own installs (this one and
-/// [`super::pinned`]): `/`-separated paths below the install's directory (files and links;
-/// the layer writer adds their directories).
-pub(super) struct Building {
-    pub(super) entries: BTreeMap<String, EntryKind>,
-    /// File bytes held in memory so far.
-    in_memory: u64,
-    /// How many may be; past this, files go to `spill`.
-    budget: u64,
-    spill: PathBuf,
-    spilled: u64,
-}
-
-impl Building {
-    /// An empty tree keeping up to `budget` bytes of files in memory, the rest in `spill`.
-    pub(super) fn new(spill: &Path, budget: u64) -> Building {
-        Building {
-            entries: BTreeMap::new(),
-            in_memory: 0,
-            budget,
-            spill: spill.to_path_buf(),
-            spilled: 0,
-        }
-    }
-
-    /// Adds a file, or replaces the entry at `path` (as a later tar member does), which it
-    /// returns.
-    pub(super) fn put_file(
-        &mut self,
-        path: String,
-        bytes: Vec<u8>,
-        executable: bool,
-    ) -> Result<Option<EntryKind>, Error> {
-        let content = if self.in_memory + bytes.len() as u64 <= self.budget {
-            self.in_memory += bytes.len() as u64;
-            Content::Bytes(bytes)
-        } else {
-            std::fs::create_dir_all(&self.spill).map_err(io("creating", &self.spill))?;
-            let file = self.spill.join(self.spilled.to_string());
-            self.spilled += 1;
-            std::fs::write(&file, &bytes).map_err(io("writing", &file))?;
-            Content::Path(file)
-        };
-        Ok(self.entries.insert(
-            path,
-            EntryKind::File {
-                content,
-                executable,
-            },
-        ))
-    }
-
-    /// The finished tree.
-    pub(super) fn into_tree(self) -> Tree {
-        Tree {
-            entries: self.entries,
-        }
-    }
-
-    /// Links `dir/name` to the package's `target` if the package has it, and fixes the
-    /// target as bin-links does: executable, and LF at the end of a file's `#!` line.
-    fn link_bin(
-        &mut self,
-        package: &str,
-        dir: &str,
-        name: &str,
-        target: &str,
-    ) -> Result<(), Error> {
-        let path = format!("{package}/{target}");
-        let below = format!("{path}/");
-        let is_dir = self
-            .entries
-            .range(below.clone()..)
-            .next()
-            .is_some_and(|(k, _)| k.starts_with(&below));
-        let file = match self.entries.get_mut(&path) {
-            Some(EntryKind::File {
-                content,
-                executable,
-            }) => Some((content, executable)),
-            // npm links nothing for a missing target.
-            None if !is_dir => return Ok(()),
-            _ => None,
-        };
-        if let Some((content, executable)) = file {
-            *executable = true;
-            let bytes = match content {
-                Content::Bytes(bytes) => unix_hashbang(bytes),
-                Content::Path(file) => {
-                    unix_hashbang(&std::fs::read(&*file).map_err(io("reading", file))?)
-                }
-                Content::Beneath { .. } => None,
-            };
-            if let Some(fixed) = bytes {
-                *content = Content::Bytes(fixed);
-            }
-        }
-        let link = format!("{dir}/{name}");
-        if self.entries.contains_key(&link) {
-            return Err(Error::Io {
-                action: "linking the bin",
-                path: PathBuf::from("node_modules").join(&link),
-                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-            });
-        }
-        self.entries
-            .insert(link, EntryKind::Symlink(relative(&path, dir)));
-        Ok(())
-    }
-
-    /// Refuses a file where another entry needs a directory (`a` and `a/b`), which no file
-    /// system holds.
-    fn check_parents(&self) -> Result<(), Error> {
-        for path in self.entries.keys() {
-            for (i, _) in path.match_indices('/') {
-                if self.entries.contains_key(&path[..i]) {
-                    return Err(Error::Io {
-                        action: "unpacking",
-                        path: PathBuf::from("node_modules").join(path),
-                        source: std::io::Error::other(format!(
-                            "node_modules/{} is a file, not a directory",
-                            &path[..i]
-                        )),
-                    });
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The `/`-separated path `to` relative to the directory `from`, both below one root.
-fn relative(to: &str, from: &str) -> String {
-    let (to, from): (Vec<&str>, Vec<&str>) = (to.split('/').collect(), from.split('/').collect());
-    let common = to.iter().zip(&from).take_while(|(a, b)| a == b).count();
-    let ups = std::iter::repeat_n("..", from.len() - common);
-    ups.chain(to[common..].iter().copied())
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-/// The file with its `#!` line's CRLF made LF, when it has one within its first 2048 bytes,
-/// as bin-links' `dos2Unix` does: it reads and writes the file as UTF-8, so invalid bytes
-/// become U+FFFD there too.
-fn unix_hashbang(bytes: &[u8]) -> Option<Vec<u8>> {
-    if !bytes.starts_with(b"#!") {
-        return None;
-    }
-    let end = bytes.iter().position(|&b| b == b'\n')?;
-    if !(4..2048).contains(&end) || bytes[end - 1] != b'\r' {
-        return None;
-    }
-    let mut fixed = String::from_utf8_lossy(bytes).into_owned().into_bytes();
-    // The lossy text keeps the ASCII first line where it was.
-    let end = fixed.iter().position(|&b| b == b'\n')?;
-    fixed.remove(end - 1);
-    Some(fixed)
-}
-
-/// Unpacks a package tarball below `prefix` as pacote does: the top directory of each member
-/// dropped; only regular files kept (links, devices and directories skipped: the layer gets
-/// the directories its files need); a member whose path is absolute or climbs is skipped; a
-/// `.gitignore` becomes `.npmignore` unless one was seen; executable when the mode has any
-/// execute bit. Names must be UTF-8, as the layer's are.
-fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<(), Error> {
-    let bad = |e: std::io::Error| Error::Io {
-        action: "reading",
-        path: tgz.to_path_buf(),
-        source: e,
-    };
-    let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    let mut npmignores = BTreeSet::new();
-    for entry in archive.entries().map_err(bad)? {
-        let mut entry = entry.map_err(bad)?;
-        let kind = entry.header().entry_type();
-        if !(kind.is_file() || kind == tar::EntryType::Continuous) {
-            continue;
-        }
-        let path = entry.path().map_err(bad)?.into_owned();
-        let mut steps = Vec::new();
-        let mut plain = true;
-        for c in path.components() {
-            match c {
-                Component::Normal(n) => match n.to_str() {
-                    Some(n) => steps.push(n.to_string()),
-                    None => {
-                        return Err(bad(std::io::Error::other(format!(
-                            "{} is not a UTF-8 name",
-                            path.display()
-                        ))));
-                    }
-                },
-                Component::CurDir => {}
-                _ => plain = false,
-            }
-        }
-        if !plain || steps.len() < 2 {
-            continue;
-        }
-        let name = steps.last().map(String::as_str);
-        let mut rel = steps[1..].join("/");
-        if name == Some(".npmignore") {
-            npmignores.insert(rel.clone());
-        } else if name == Some(".gitignore") {
-            let renamed = format!("{}npmignore", rel.trim_end_matches("gitignore"));
-            if npmignores.contains(&renamed) {
-                continue;
-            }
-            rel = renamed;
-        }
-        let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
-        let mut bytes = Vec::with_capacity(entry.size().try_into().unwrap_or(0));
-        std::io::Read::read_to_end(&mut entry, &mut bytes).map_err(bad)?;
-        tree.put_file(format!("{prefix}/{rel}"), bytes, executable)?;
-    }
-    Ok(())
-}
+pub use install::install;
+pub(crate) use install::unpack_for_checks;
+#[cfg(test)]
+use install::{check_parents, link_bin, relative, unpack};
 
 #[cfg(test)]
-#[path = "lockfile_tests.rs"]
 mod tests;

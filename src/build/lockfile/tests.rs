@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used)]
 use super::*;
 use crate::build::function::NamedBytes;
+use crate::build::memtree::{Building, IN_MEMORY};
+use crate::oci::layer::{Content, EntryKind};
 use crate::runtime::Catalog;
 
 fn nb(name: &str, text: &str) -> NamedBytes {
@@ -299,31 +301,6 @@ fn a_tarball_unpacks_as_pacote_extracts_it_and_nothing_leaves_the_package() {
 }
 
 #[test]
-fn past_the_memory_budget_files_go_to_the_scratch_directory_with_the_same_bytes() {
-    let spill = tempfile::tempdir().unwrap();
-    let mut tree = building(&spill.path().join("spill"));
-    tree.in_memory = IN_MEMORY - 1;
-    tree.put_file("p/a".into(), b"x".to_vec(), false).unwrap();
-    tree.put_file("p/b".into(), b"yz".to_vec(), true).unwrap();
-    assert!(matches!(
-        &tree.entries["p/a"],
-        EntryKind::File {
-            content: Content::Bytes(_),
-            ..
-        }
-    ));
-    assert!(matches!(
-        &tree.entries["p/b"],
-        EntryKind::File {
-            content: Content::Path(_),
-            ..
-        }
-    ));
-    let (files, _) = files_and_links(&tree);
-    assert_eq!(files["p/b"], (true, b"yz".to_vec()));
-}
-
-#[test]
 fn bins_are_linked_relative_from_their_node_modules_and_fixed_as_bin_links_does() {
     let spill = tempfile::tempdir().unwrap();
     let mut tree = building(spill.path());
@@ -337,11 +314,17 @@ fn bins_are_linked_relative_from_their_node_modules_and_fixed_as_bin_links_does(
         false,
     )
     .unwrap();
-    tree.link_bin("a", ".bin", "a-cli", "bin/cli.js").unwrap();
-    tree.link_bin("a", ".bin", "gone", "missing.js").unwrap();
-    tree.link_bin("a", ".bin", "libdir", "lib").unwrap();
-    tree.link_bin("a/node_modules/c", "a/node_modules/.bin", "c", "c.js")
-        .unwrap();
+    link_bin(&mut tree, "a", ".bin", "a-cli", "bin/cli.js").unwrap();
+    link_bin(&mut tree, "a", ".bin", "gone", "missing.js").unwrap();
+    link_bin(&mut tree, "a", ".bin", "libdir", "lib").unwrap();
+    link_bin(
+        &mut tree,
+        "a/node_modules/c",
+        "a/node_modules/.bin",
+        "c",
+        "c.js",
+    )
+    .unwrap();
     let (files, links) = files_and_links(&tree);
     assert_eq!(
         links,
@@ -362,7 +345,7 @@ fn bins_are_linked_relative_from_their_node_modules_and_fixed_as_bin_links_does(
     );
     assert!(!files["a/lib/x.js"].0, "not a bin");
     // A link where the tree already has a file is an error, as npm's is.
-    let e = tree.link_bin("a", ".bin", "a-cli", "lib/x.js").unwrap_err();
+    let e = link_bin(&mut tree, "a", ".bin", "a-cli", "lib/x.js").unwrap_err();
     assert!(format!("{e}").contains(".bin/a-cli"), "{e}");
 }
 
@@ -372,7 +355,7 @@ fn a_file_where_a_directory_must_be_is_refused() {
     let mut tree = building(spill.path());
     tree.put_file("a/x".into(), b"1".to_vec(), false).unwrap();
     tree.put_file("a/x/y".into(), b"2".to_vec(), false).unwrap();
-    let e = tree.check_parents().unwrap_err();
+    let e = check_parents(&tree).unwrap_err();
     assert!(format!("{e:#}").contains("node_modules/a/x/y"), "{e:?}");
 }
 
