@@ -24,11 +24,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
-use serde::Deserialize;
 use sha2::Sha256;
 
+mod index;
 mod wheel;
 
+use index::{IndexFile, choose, release};
 use wheel::{Skip, Wheel, read_wheel, unpack};
 pub(crate) use wheel::{headers, unpack_for_checks};
 
@@ -40,16 +41,8 @@ use crate::base::download;
 use crate::oci::Platform;
 use crate::runtime::{Language, RuntimeSpec};
 
-/// The index kiln asks for a project's files, as pip does (its default; a `pip.conf` makes
-/// pip run): PEP 691's JSON form of the simple API.
-const INDEX: &str = "https://pypi.org/simple/";
-
 /// Requests at once.
 const PARALLEL: usize = 16;
-
-/// The most a project's index page may be. Pages list every file of every release: 1.2 MB
-/// for charset-normalizer, 2 MB for botocore or numpy (2026-11).
-const INDEX_LIMIT: u64 = 64 << 20;
 
 /// The patch releases of the runtime's CPython minor release a marker or `Requires-Python`
 /// is evaluated for: it must give one answer for all of them, since the exact patch release
@@ -83,54 +76,6 @@ struct Target {
 }
 
 impl Target {
-    /// The tags pip accepts, best first (`packaging.tags.sys_tags` for CPython on
-    /// manylinux).
-    fn tags(&self) -> Vec<String> {
-        let (major, minor) = self.python;
-        let cp = format!("cp{major}{minor}");
-        let mut platforms = Vec::new();
-        // packaging's oldest glibc: 2.5 on x86 (manylinux1), 2.17 elsewhere.
-        let oldest = if matches!(self.machine.as_str(), "x86_64" | "i686") {
-            5
-        } else {
-            17
-        };
-        for m in (oldest..=self.glibc.1).rev() {
-            platforms.push(format!("manylinux_2_{m}_{}", self.machine));
-            let legacy = match m {
-                17 => Some("manylinux2014"),
-                12 => Some("manylinux2010"),
-                5 => Some("manylinux1"),
-                _ => None,
-            };
-            if let Some(legacy) = legacy {
-                platforms.push(format!("{legacy}_{}", self.machine));
-            }
-        }
-        platforms.push(format!("linux_{}", self.machine));
-        let mut tags = Vec::new();
-        for abi in [cp.as_str(), "abi3", "none"] {
-            tags.extend(platforms.iter().map(|p| format!("{cp}-{abi}-{p}")));
-        }
-        for older in (2..minor).rev() {
-            tags.extend(
-                platforms
-                    .iter()
-                    .map(|p| format!("cp{major}{older}-abi3-{p}")),
-            );
-        }
-        let py: Vec<String> = [format!("py{major}{minor}"), format!("py{major}")]
-            .into_iter()
-            .chain((0..minor).rev().map(|m| format!("py{major}{m}")))
-            .collect();
-        for v in &py {
-            tags.extend(platforms.iter().map(|p| format!("{v}-none-{p}")));
-        }
-        tags.push(format!("{cp}-none-any"));
-        tags.extend(py.iter().map(|v| format!("{v}-none-any")));
-        tags
-    }
-
     fn environments(&self, extra: &str) -> Vec<Environment> {
         PATCHES
             .map(|patch| Environment {
@@ -357,39 +302,6 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
 }
 
-#[derive(Deserialize)]
-struct Project {
-    files: Vec<ProjectFile>,
-}
-
-#[derive(Deserialize)]
-struct ProjectFile {
-    filename: String,
-    url: String,
-    hashes: BTreeMap<String, String>,
-    #[serde(default, rename = "requires-python")]
-    requires_python: Option<String>,
-    /// `false` or why it was yanked.
-    #[serde(default)]
-    yanked: serde_json::Value,
-    /// In bytes (PEP 700).
-    #[serde(default)]
-    size: Option<u64>,
-}
-
-/// A wheel of the pinned release.
-#[derive(Clone, Debug)]
-struct IndexFile {
-    filename: String,
-    url: String,
-    /// Lower-case hex.
-    sha256: String,
-    requires_python: Option<String>,
-    yanked: bool,
-    /// The download's limit: the size the index gives, else [`download::LIMIT`].
-    limit: u64,
-}
-
 /// The wheel kiln takes for a requirement.
 struct Chosen {
     file: IndexFile,
@@ -460,165 +372,6 @@ pub async fn install(
     let (plan, spill) = (plan.clone(), scratch.join("spill"));
     let names: Vec<String> = chosen.into_iter().map(|c| c.file.filename).collect();
     tokio::task::spawn_blocking(move || build(&plan, &names, &files, &spill)).await?
-}
-
-/// The wheels of `r`'s release from the index (PEP 691 JSON); `None` when it has no such
-/// project.
-///
-/// A file belongs to the release when its version is the pinned one by PEP 440 (`1.0` and
-/// `1.0.0` are one); more than one version string matching is for pip to decide.
-async fn release(http: &reqwest::Client, r: &Requirement) -> Result<Option<Vec<IndexFile>>, Error> {
-    let url = format!("{INDEX}{}/", r.key);
-    let index_error = |source| Error::Index {
-        url: url.clone(),
-        source,
-    };
-    let resp = http
-        .get(&url)
-        .header(
-            reqwest::header::ACCEPT,
-            "application/vnd.pypi.simple.v1+json",
-        )
-        .send()
-        .await
-        .map_err(index_error)?;
-    if resp.status() == reqwest::StatusCode::NOT_FOUND {
-        return Ok(None);
-    }
-    if !resp.status().is_success() {
-        return Err(download::Error::Status {
-            url,
-            status: resp.status().as_u16(),
-        }
-        .into());
-    }
-    let project: Project = download::json(resp, &url, INDEX_LIMIT).await?;
-    let pinned = Version::parse(&r.version).ok();
-    let mut files = Vec::new();
-    for f in project.files {
-        let Some(version) = f
-            .filename
-            .strip_suffix(".whl")
-            .and_then(|n| n.split('-').nth(1))
-        else {
-            continue;
-        };
-        let same = Version::parse(version)
-            .ok()
-            .zip(pinned.as_ref())
-            .is_some_and(|(v, p)| v == *p);
-        if !same {
-            continue;
-        }
-        // PEP 691 allows a URL relative to the project's page.
-        let Ok(file_url) = url::Url::parse(&url).and_then(|page| page.join(&f.url)) else {
-            continue;
-        };
-        files.push(IndexFile {
-            filename: f.filename,
-            url: file_url.to_string(),
-            sha256: f
-                .hashes
-                .get("sha256")
-                .cloned()
-                .unwrap_or_default()
-                .to_ascii_lowercase(),
-            requires_python: f.requires_python,
-            yanked: !matches!(
-                f.yanked,
-                serde_json::Value::Bool(false) | serde_json::Value::Null
-            ),
-            limit: f.size.unwrap_or(download::LIMIT),
-        });
-    }
-    Ok(Some(files))
-}
-
-/// pip's choice among a release's files: wheels whose tags fit, whose `Requires-Python`
-/// admits the runtime and whose hash requirements.txt allows; not yanked first, then the
-/// best tag, then the highest build number (none below any). Two files that rank the same
-/// are for pip to decide.
-fn choose(
-    r: &Requirement,
-    files: &[IndexFile],
-    tags: &BTreeMap<String, usize>,
-    target: &Target,
-) -> Result<IndexFile, String> {
-    // (yanked, tag rank, build number highest first): the least is pip's choice.
-    type Rank = (bool, usize, std::cmp::Reverse<Option<(u64, String)>>);
-    let mut best: Option<(Rank, &IndexFile)> = None;
-    let mut tied = false;
-    for f in files {
-        let Some((build, file_tags)) = wheel_tags(&f.filename) else {
-            continue;
-        };
-        let Some(rank) = file_tags.iter().filter_map(|t| tags.get(t)).min() else {
-            continue;
-        };
-        if let Some(spec) = f
-            .requires_python
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-            && !python_admits(target, spec, &f.filename)?
-        {
-            continue;
-        }
-        if !r.hashes.is_empty() && !r.hashes.contains(&f.sha256) {
-            continue;
-        }
-        let key = (f.yanked, *rank, std::cmp::Reverse(build));
-        match &best {
-            Some((k, _)) if key == *k => tied = true,
-            Some((k, _)) if key > *k => {}
-            _ => {
-                best = Some((key, f));
-                tied = false;
-            }
-        }
-    }
-    match best {
-        Some((_, f)) if tied => Err(format!(
-            "{} and another file of {} {} rank the same",
-            f.filename, r.name, r.version
-        )),
-        Some((_, f)) if f.sha256.len() == 64 && f.sha256.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(f.clone())
-        }
-        Some((_, f)) => Err(format!("{} has no SHA-256 on the index", f.filename)),
-        None => Err(format!(
-            "{} {} has no wheel for CPython {}.{} on manylinux {} (pip would build it from source or report it)",
-            r.name, r.version, target.python.0, target.python.1, target.machine
-        )),
-    }
-}
-
-/// A wheel file name's build tag (`None` without one, which ranks below any) and its tags,
-/// lower-cased as `packaging` reads them (`name-ver[-build]-py-abi-plat.whl`). `None` for a
-/// name `packaging` refuses (a build tag not starting with a digit).
-#[allow(clippy::type_complexity)]
-fn wheel_tags(filename: &str) -> Option<(Option<(u64, String)>, Vec<String>)> {
-    let parts: Vec<&str> = filename.strip_suffix(".whl")?.split('-').collect();
-    let (build, py, abi, plat) = match parts.as_slice() {
-        [_, _, py, abi, plat] => (None, *py, *abi, *plat),
-        [_, _, build, py, abi, plat] => (Some(*build), *py, *abi, *plat),
-        _ => return None,
-    };
-    let build = match build {
-        None => None,
-        Some(b) => {
-            let digits = b.chars().take_while(char::is_ascii_digit).count();
-            Some((b[..digits].parse().ok()?, b[digits..].to_string()))
-        }
-    };
-    let mut tags = Vec::new();
-    for p in py.split('.') {
-        for a in abi.split('.') {
-            for l in plat.split('.') {
-                tags.push(format!("{p}-{a}-{l}").to_ascii_lowercase());
-            }
-        }
-    }
-    Some((build, tags))
 }
 
 /// Whether `spec` (a `Requires-Python`) admits the runtime's Python, the same for every
