@@ -6,6 +6,7 @@
 
 pub mod base;
 pub mod build;
+pub mod capped;
 pub mod cli;
 pub mod controller;
 #[doc(hidden)]

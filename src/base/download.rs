@@ -101,29 +101,19 @@ fn builder_with(stall: Duration) -> reqwest::ClientBuilder {
 ///
 /// # Errors
 /// HTTP failures, [`Error::TooLarge`].
-pub async fn document(
-    mut resp: reqwest::Response,
-    url: &str,
-    limit: u64,
-) -> Result<Vec<u8>, Error> {
-    let too_large = || Error::TooLarge {
-        url: url.to_string(),
-        limit,
-    };
-    if resp.content_length().is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|source| Error::Http {
-        url: url.to_string(),
-        source,
-    })? {
-        if (body.len() + chunk.len()) as u64 > limit {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+pub async fn document(resp: reqwest::Response, url: &str, limit: u64) -> Result<Vec<u8>, Error> {
+    crate::capped::read(resp, limit)
+        .await
+        .map_err(|failure| match failure {
+            crate::capped::Failure::TooLarge => Error::TooLarge {
+                url: url.to_string(),
+                limit,
+            },
+            crate::capped::Failure::Http(source) => Error::Http {
+                url: url.to_string(),
+                source,
+            },
+        })
 }
 
 /// [`document`] parsed as JSON.

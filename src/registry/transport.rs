@@ -409,30 +409,20 @@ fn is_origin(url: &Url, reg: &Registry) -> bool {
 /// # Errors
 /// [`Error::TooLarge`] naming `what`, and transport errors.
 pub(crate) async fn read_capped(
-    mut resp: Response,
+    resp: Response,
     limit: u64,
     what: &str,
     (method, url): (&Method, &Url),
 ) -> Result<Vec<u8>> {
-    let too_large = || Error::TooLarge {
-        what: what.to_string(),
-        limit,
-    };
-    if resp.content_length().is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = resp
-        .chunk()
+    crate::capped::read(resp, limit)
         .await
-        .map_err(|e| Error::transport(method, url, e))?
-    {
-        if (body.len() + chunk.len()) as u64 > limit {
-            return Err(too_large());
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
+        .map_err(|failure| match failure {
+            crate::capped::Failure::TooLarge => Error::TooLarge {
+                what: what.to_string(),
+                limit,
+            },
+            crate::capped::Failure::Http(e) => Error::transport(method, url, e),
+        })
 }
 
 /// Reads an error body (capped) and parses its OCI error envelope.

@@ -165,6 +165,15 @@ fn a_base_layer_that_does_not_match_its_digest_fails_the_build_and_leaves_no_ima
     );
 }
 
+/// A 401 with a Bearer challenge of `params`.
+fn bearer_challenge(params: &str) -> Response {
+    Response::builder()
+        .status(401)
+        .header("www-authenticate", format!("Bearer {params}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
 /// A storage host that refuses everything with a Bearer challenge naming its own token realm,
 /// and records each request's path and Authorization header.
 fn start_hostile_storage(
@@ -185,15 +194,12 @@ fn start_hostile_storage(
                 .get("authorization")
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
                 .unwrap_or_default();
-            log.lock().unwrap().push(format!("{} auth={auth}", req.uri()));
-            Response::builder()
-                .status(401)
-                .header(
-                    "www-authenticate",
-                    format!("Bearer realm=\"{realm}\",service=\"storage\",scope=\"repository:base/busybox:pull\""),
-                )
-                .body(Body::empty())
+            log.lock()
                 .unwrap()
+                .push(format!("{} auth={auth}", req.uri()));
+            bearer_challenge(&format!(
+                "realm=\"{realm}\",service=\"storage\",scope=\"repository:base/busybox:pull\""
+            ))
         }
     });
     rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -230,17 +236,8 @@ fn a_token_response_without_end_fails_the_build_at_its_limit() {
     let app = axum::Router::new()
         .route("/token", axum::routing::get(token))
         .fallback(move || {
-            let realm = realm.clone();
-            async move {
-                Response::builder()
-                    .status(401)
-                    .header(
-                        "www-authenticate",
-                        format!("Bearer realm=\"{realm}\",service=\"reg\""),
-                    )
-                    .body(Body::empty())
-                    .unwrap()
-            }
+            let challenge = format!("realm=\"{realm}\",service=\"reg\"");
+            async move { bearer_challenge(&challenge) }
         });
     rt.spawn(async move { axum::serve(listener, app).await.unwrap() });
 

@@ -17,7 +17,6 @@ use super::keyring::Keyring;
 use super::packages::{LockedPackage, PackageIndex};
 use super::release::{IndexEntry, Release, verify_release};
 use super::{Error, Mirror, Result};
-use crate::base::download;
 use crate::oci::{Digest, Hasher};
 
 /// The most an `InRelease` file may be (Debian's are about 140 kB); the `Packages` index is
@@ -56,13 +55,16 @@ async fn get(http: &reqwest::Client, url: &Url) -> Result<reqwest::Response> {
 /// The body at `url`, at most `limit` bytes.
 async fn get_bytes(http: &reqwest::Client, url: &Url, limit: u64) -> Result<Vec<u8>> {
     let response = get(http, url).await?;
-    download::document(response, url.as_str(), limit)
+    crate::capped::read(response, limit)
         .await
-        .map_err(|e| match e {
-            download::Error::Http { url, source } => Error::Http { url, source },
-            _ => Error::TooLarge {
+        .map_err(|failure| match failure {
+            crate::capped::Failure::TooLarge => Error::TooLarge {
                 url: url.to_string(),
                 limit,
+            },
+            crate::capped::Failure::Http(source) => Error::Http {
+                url: url.to_string(),
+                source,
             },
         })
 }
