@@ -102,16 +102,18 @@ impl LayerCache {
         &self.root
     }
 
-    /// Moves a freshly written layer into the cache under `key`.
+    /// Moves a freshly written layer into the cache under `key`, its bytes on the disk before
+    /// the name that says what they are (after a crash, a blob is whole or absent).
     ///
     /// # Errors
-    /// When the blob cannot be moved or the record written.
+    /// When the blob cannot be synced or moved, or the record written.
     pub fn put(&self, key: &Digest, blob: LayerBlob) -> std::io::Result<CachedLayer> {
         let layer = CachedLayer {
             digest: blob.descriptor.digest.clone(),
             diff_id: blob.diff_id.clone(),
             size: blob.descriptor.size,
         };
+        fs::File::open(&blob.file)?.sync_data()?;
         blob.file
             .persist(self.blob_path(&layer.digest))
             .map_err(|e| e.error)?;

@@ -189,10 +189,11 @@ pub fn write_layer_with_threads(
     let (gzip, diff_id, _) = tarred.finish();
     let compressed = gzip.finish().map_err(write_err)?;
     let (buffered, digest, size) = compressed.finish();
-    let file = buffered
+    // Not synced: most layers (the source layer of every build) are pushed and deleted; the
+    // one place a layer is kept, the dependency cache, syncs it before it names it.
+    buffered
         .into_inner()
         .map_err(|e| write_err(e.into_error()))?;
-    file.sync_data().map_err(write_err)?;
     Ok(LayerBlob {
         descriptor: Descriptor::new(media_type, digest, size),
         diff_id,
