@@ -18,8 +18,8 @@ use tokio::io::AsyncWriteExt as _;
 /// Why a download failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The request failed.
-    #[error("fetching {url}")]
+    /// The request failed (or the server sent nothing for [`STALL`]).
+    #[error("fetching {url}{}", stalled(source))]
     Http {
         /// What was fetched.
         url: String,
@@ -43,10 +43,12 @@ pub enum Error {
         /// The hash of what arrived.
         actual: Vec<u8>,
     },
-    /// The body is longer than kiln takes for it (or says it will be).
+    /// The body is longer than kiln takes for it (or says it will be): the size its index
+    /// lists, or kiln's limit for what it is.
     #[error(
-        "{url} sends more than {limit} bytes, the most kiln takes from it; a server that does \
-         is faulty or hostile: check the registry or mirror it names"
+        "{url} sends more than {limit} bytes, the most kiln takes for it (the size its index \
+         lists, or kiln's limit); a server that does is faulty or hostile: check the registry \
+         or mirror it names"
     )]
     TooLarge {
         /// What was fetched.
@@ -83,6 +85,14 @@ pub const LIMIT: u64 = 4 << 30;
 /// How long a package server may keep kiln waiting, to connect or for the next bytes of an
 /// answer, before the fetch fails.
 pub const STALL: Duration = Duration::from_secs(60);
+
+/// What an HTTP error adds to its message: that the server kept kiln waiting too long.
+fn stalled(e: &reqwest::Error) -> String {
+    match e.is_timeout() {
+        true => format!(" (nothing came for {} s, kiln's limit)", STALL.as_secs()),
+        false => String::new(),
+    }
+}
 
 /// A client for package servers: kiln's user agent and the [`STALL`] limit.
 pub fn client_builder() -> reqwest::ClientBuilder {
@@ -230,6 +240,9 @@ pub async fn cached<D: Digest>(
             done.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
         file.flush().await.map_err(io("writing", &part))?;
+        // On the disk before the name that says what it is: after a crash, a cached file is
+        // whole or absent (a hit is trusted by its name).
+        file.sync_data().await.map_err(io("syncing", &part))?;
         let actual = hasher.finalize().to_vec();
         if actual != expected {
             return Err(Error::Mismatch {
@@ -261,7 +274,8 @@ pub(crate) mod test_server {
     pub(crate) enum Answer {
         /// `body`, with its length.
         Body(&'static [u8]),
-        /// Bytes without end, no length given.
+        /// 256 MiB, no length given: past any limit a test sets, but finite, so a test
+        /// whose limit is gone fails instead of filling memory or the disk.
         Endless,
         /// A head promising 100 bytes, then nothing.
         Stall,
@@ -288,7 +302,11 @@ pub(crate) mod test_server {
                     }
                     Answer::Endless => {
                         let chunk = vec![b'x'; 1 << 16];
-                        while conn.write_all(&chunk).await.is_ok() {}
+                        for _ in 0..(256 << 20) / chunk.len() {
+                            if conn.write_all(&chunk).await.is_err() {
+                                break;
+                            }
+                        }
                     }
                     Answer::Stall => {
                         // Held open until the client gives up.

@@ -125,6 +125,21 @@ impl LayerCache {
         tmp.persist(self.entry_path(key)).map_err(|e| e.error)?;
         Ok(layer)
     }
+
+    /// [`LayerCache::put`] on the blocking pool (it waits for the disk), for async callers.
+    ///
+    /// # Errors
+    /// Those of [`LayerCache::put`].
+    pub async fn put_blocking(
+        &self,
+        key: &Digest,
+        blob: LayerBlob,
+    ) -> std::io::Result<CachedLayer> {
+        let (cache, key) = (self.clone(), key.clone());
+        tokio::task::spawn_blocking(move || cache.put(&key, blob))
+            .await
+            .map_err(std::io::Error::other)?
+    }
 }
 
 #[cfg(test)]

@@ -313,10 +313,13 @@ pub(super) async fn dependency_layer(
     });
     let blob = blob.await??;
     tracing::info!(%key, digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote dependency layer");
-    let cached = cache.put(&key, blob).map_err(|source| Error::Cache {
-        path: cache.tmp_dir(),
-        source,
-    })?;
+    let cached = cache
+        .put_blocking(&key, blob)
+        .await
+        .map_err(|source| Error::Cache {
+            path: cache.tmp_dir(),
+            source,
+        })?;
     Ok(layer(cached, None, store_in, false))
 }
 
@@ -384,7 +387,7 @@ pub(super) async fn from_cache_repo(
         diff_id: entry.diff_id,
         file,
     };
-    match cache.put(key, blob) {
+    match cache.put_blocking(key, blob).await {
         Ok(cached) => Ok(Some((cached, None))),
         Err(e) => {
             tracing::warn!(error = %e, "could not keep the downloaded dependency layer; installing");

@@ -220,7 +220,12 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
             retry_after: None,
         });
     }
-    let body = read_capped(resp, TOKEN_LIMIT, "the token response", (&method, &url)).await?;
+    // The realm may be any host the registry names: say which.
+    let what = format!(
+        "the token response of {} (the registry's token realm)",
+        redact_url(&url)
+    );
+    let body = read_capped(resp, TOKEN_LIMIT, &what, (&method, &url)).await?;
     token_from_body(&body, req.scopes).ok_or_else(|| Error::Protocol {
         method,
         url: redact_url(&url),

@@ -257,7 +257,11 @@ fn a_token_response_without_end_fails_the_build_at_its_limit() {
     ]);
     let err = run.failure(1);
     assert!(
-        err.contains("the token response is larger than the 1048576-byte limit"),
+        err.contains(&format!("the token response of http://{host}/token")),
+        "{err}"
+    );
+    assert!(
+        err.contains("is larger than the 1048576-byte limit"),
         "{err}"
     );
     // What the server produced: the limit, plus what the sockets buffered.

@@ -69,7 +69,7 @@ impl Target {
 }
 
 #[derive(Deserialize)]
-struct Project {
+pub(super) struct Project {
     files: Vec<ProjectFile>,
 }
 
@@ -111,10 +111,6 @@ pub(super) async fn release(
     r: &Requirement,
 ) -> Result<Option<Vec<IndexFile>>, Error> {
     let url = format!("{INDEX}{}/", r.key);
-    let index_error = |source| Error::Index {
-        url: url.clone(),
-        source,
-    };
     let resp = http
         .get(&url)
         .header(
@@ -123,7 +119,10 @@ pub(super) async fn release(
         )
         .send()
         .await
-        .map_err(index_error)?;
+        .map_err(|source| download::Error::Http {
+            url: url.clone(),
+            source,
+        })?;
     if resp.status() == reqwest::StatusCode::NOT_FOUND {
         return Ok(None);
     }
@@ -135,6 +134,11 @@ pub(super) async fn release(
         .into());
     }
     let project: Project = download::json(resp, &url, INDEX_LIMIT).await?;
+    Ok(Some(release_files(project, &url, r)))
+}
+
+/// The wheels of `r`'s release on the project page at `url`.
+pub(super) fn release_files(project: Project, url: &str, r: &Requirement) -> Vec<IndexFile> {
     let pinned = Version::parse(&r.version).ok();
     let mut files = Vec::new();
     for f in project.files {
@@ -153,7 +157,7 @@ pub(super) async fn release(
             continue;
         }
         // PEP 691 allows a URL relative to the project's page.
-        let Ok(file_url) = url::Url::parse(&url).and_then(|page| page.join(&f.url)) else {
+        let Ok(file_url) = url::Url::parse(url).and_then(|page| page.join(&f.url)) else {
             continue;
         };
         files.push(IndexFile {
@@ -170,10 +174,11 @@ pub(super) async fn release(
                 f.yanked,
                 serde_json::Value::Bool(false) | serde_json::Value::Null
             ),
-            limit: f.size.unwrap_or(download::LIMIT),
+            // A size of 0 is no size (no wheel is empty).
+            limit: f.size.filter(|&n| n > 0).unwrap_or(download::LIMIT),
         });
     }
-    Ok(Some(files))
+    files
 }
 
 /// pip's choice among a release's files: wheels whose tags fit, whose `Requires-Python`

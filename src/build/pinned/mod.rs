@@ -30,6 +30,8 @@ mod index;
 mod wheel;
 
 use index::{IndexFile, choose, release};
+#[cfg(test)]
+use index::{Project, release_files};
 use wheel::{Skip, Wheel, read_wheel, unpack};
 pub(crate) use wheel::{headers, unpack_for_checks};
 
@@ -269,15 +271,6 @@ pub enum Error {
     /// The index or a wheel could not be fetched, or a wheel is not the one the index names.
     #[error("fetching the wheels requirements.txt pins")]
     Fetch(#[from] download::Error),
-    /// The index answered with something else than a release.
-    #[error("reading {url}")]
-    Index {
-        /// What was fetched.
-        url: String,
-        /// The cause.
-        #[source]
-        source: reqwest::Error,
-    },
     /// A wheel that cannot be installed.
     #[error("installing {wheel}: {detail}")]
     Wheel {

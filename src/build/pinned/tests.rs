@@ -125,6 +125,60 @@ fn file(name: &str, sha: char, requires_python: Option<&str>, yanked: bool) -> I
 }
 
 #[test]
+fn a_release_is_its_wheels_on_the_project_page_with_their_sizes() {
+    let r = plan_of("pyyaml==6.0.2\n").unwrap().requirements.remove(0);
+    let page = serde_json::json!({
+        "meta": {"api-version": "1.1"},
+        "files": [
+            {"filename": "PyYAML-6.0.2-cp313-cp313-manylinux_2_17_x86_64.whl",
+             "url": "../../packages/a/PyYAML-6.0.2-cp313-cp313-manylinux_2_17_x86_64.whl",
+             "hashes": {"sha256": "AB".repeat(32)}, "size": 759_457, "yanked": false},
+            {"filename": "PyYAML-6.0.2-py3-none-any.whl", "url": "https://files.example/b.whl",
+             "hashes": {"sha256": "cd".repeat(32)}, "yanked": "broken"},
+            {"filename": "PyYAML-6.0.2.0-py3-none-any.whl", "url": "https://files.example/c.whl",
+             "hashes": {"sha256": "ef".repeat(32)}, "size": null, "requires-python": ">=3.8"},
+            {"filename": "PyYAML-6.0.2-py2-none-any.whl", "url": "https://files.example/d.whl",
+             "hashes": {"sha256": "01".repeat(32)}, "size": 0},
+            {"filename": "PyYAML-6.0.1-py3-none-any.whl", "url": "https://files.example/e.whl",
+             "hashes": {"sha256": "23".repeat(32)}, "size": 10},
+            {"filename": "PyYAML-6.0.2.tar.gz", "url": "https://files.example/f.tar.gz",
+             "hashes": {"sha256": "45".repeat(32)}, "size": 10}
+        ]
+    });
+    let project: Project = serde_json::from_value(page).unwrap();
+    let files = release_files(project, "https://pypi.org/simple/pyyaml/", &r);
+    let got: Vec<(&str, &str, u64, bool)> = files
+        .iter()
+        .map(|f| (f.url.as_str(), &f.sha256[..4], f.limit, f.yanked))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "https://pypi.org/packages/a/PyYAML-6.0.2-cp313-cp313-manylinux_2_17_x86_64.whl",
+                "abab",
+                759_457,
+                false
+            ),
+            ("https://files.example/b.whl", "cdcd", download::LIMIT, true),
+            (
+                "https://files.example/c.whl",
+                "efef",
+                download::LIMIT,
+                false
+            ),
+            (
+                "https://files.example/d.whl",
+                "0101",
+                download::LIMIT,
+                false
+            ),
+        ]
+    );
+    assert_eq!(files[2].requires_python.as_deref(), Some(">=3.8"));
+}
+
+#[test]
 fn the_wheel_pip_would_take_is_chosen() {
     let t = target();
     let tags: BTreeMap<String, usize> = t
