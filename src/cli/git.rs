@@ -32,6 +32,10 @@ pub struct GitArgs {
     /// A CA bundle (PEM) trusted for the git server in addition to the system's roots.
     #[arg(long, value_name = "FILE", requires = "git")]
     pub git_ca: Option<PathBuf>,
+    /// The most the fetch may write (the commit's objects, as the server sends them): past
+    /// it the build stops, so a server cannot fill the disk [default: 2GiB].
+    #[arg(long, value_name = "SIZE", requires = "git", value_parser = super::run::parse_size)]
+    pub git_max_size: Option<u64>,
 }
 
 impl GitArgs {
@@ -68,6 +72,7 @@ impl GitArgs {
             credentials,
             extra_ca_pem,
             timeout: git::DEFAULT_TIMEOUT,
+            max_fetch: self.git_max_size.unwrap_or(git::DEFAULT_MAX_FETCH),
         };
         Ok(Some((source, access)))
     }

@@ -23,6 +23,10 @@ pub use url::{BaseDir, Reference, RemoteUrl};
 /// How long one network operation (connect, or a pause in a transfer) may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How much a fetch may write by default: far above a Function's repository at depth 1, and
+/// the bound on what a git server can write into the scratch directory.
+pub const DEFAULT_MAX_FETCH: u64 = 2 << 30;
+
 /// HTTP Basic credentials: the keys `username` and `password` of a Kyma git auth Secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
@@ -74,6 +78,8 @@ pub struct Access {
     pub extra_ca_pem: Option<Vec<u8>>,
     /// Time allowed to connect, and for any pause while waiting for or reading a response.
     pub timeout: Duration,
+    /// The most a fetch may write (the pack, as it arrives); past it, the fetch stops.
+    pub max_fetch: u64,
 }
 
 impl Default for Access {
@@ -82,6 +88,7 @@ impl Default for Access {
             credentials: None,
             extra_ca_pem: None,
             timeout: DEFAULT_TIMEOUT,
+            max_fetch: DEFAULT_MAX_FETCH,
         }
     }
 }
@@ -224,6 +231,17 @@ pub enum Error {
         /// The cause, when the PEM did not parse.
         #[source]
         source: Option<reqwest::Error>,
+    },
+    /// The server sent more than the fetch may write.
+    #[error(
+        "fetching from {url} wrote more than {limit} bytes, the limit (--git-max-size): a \
+         Function's commit at depth 1 should not need that much; raise the limit if it does"
+    )]
+    TooLarge {
+        /// The repository.
+        url: String,
+        /// The limit in bytes.
+        limit: u64,
     },
     /// Connecting failed (DNS, refused, TLS, timeout).
     #[error("cannot reach the git server of {url}")]

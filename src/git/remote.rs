@@ -5,7 +5,7 @@
 
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gix::ObjectId;
@@ -137,14 +137,26 @@ pub(super) fn fetch_commit(
         .connect(Direction::Fetch)
         .map_err(|e| classify(url, access, "connecting to", e))?;
     configure(&mut connection, access)?;
-    let interrupt = AtomicBool::new(false);
-    let fetched = connection
-        .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
-        .and_then(|prepare| {
-            prepare
-                .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
-                .receive(gix::progress::Discard, &interrupt)
+    let (interrupt, done) = (AtomicBool::new(false), AtomicBool::new(false));
+    let objects = repo.git_dir().join("objects");
+    let (fetched, exceeded) = std::thread::scope(|scope| {
+        let watchdog = scope.spawn(|| watch_size(&objects, access.max_fetch, &done, &interrupt));
+        let fetched = connection
+            .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
+            .and_then(|prepare| {
+                prepare
+                    .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
+                    .receive(gix::progress::Discard, &interrupt)
+            });
+        done.store(true, Ordering::Relaxed);
+        (fetched, watchdog.join().unwrap_or(false))
+    });
+    if exceeded {
+        return Err(Error::TooLarge {
+            url: url.to_string(),
+            limit: access.max_fetch,
         });
+    }
     if let Err(e) = fetched {
         return Err(match classify(url, access, "fetching from", e) {
             Error::Remote { source, .. } if matches!(reference, Reference::Commit(_)) => {
@@ -170,6 +182,34 @@ pub(super) fn fetch_commit(
         });
     }
     Ok(())
+}
+
+/// Until `done`, sums the files below `objects` (where gix writes the pack as it arrives)
+/// every 20 ms; past `limit` it sets `interrupt`, which stops the fetch, and answers `true`.
+fn watch_size(objects: &Path, limit: u64, done: &AtomicBool, interrupt: &AtomicBool) -> bool {
+    while !done.load(Ordering::Relaxed) {
+        if size_below(objects) > limit {
+            interrupt.store(true, Ordering::Relaxed);
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
+}
+
+/// The bytes of the files below `dir` (what can be read of them).
+fn size_below(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => size_below(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Sends only our credentials (never a helper's, never a prompt) and sets up TLS and

@@ -1,7 +1,8 @@
 //! Git sources against a real git server (`git http-backend` behind `gitsrv.py`, plain HTTP
 //! and HTTPS with a test CA and Basic auth): a Function builds from a branch, a tag and a
 //! commit SHA at a base directory, the fetch is shallow, bad credentials, unknown references
-//! and SSH URLs fail clearly, and a tree that escapes its base directory is refused.
+//! and SSH URLs fail clearly, a tree that escapes its base directory is refused, and a fetch
+//! past its size limit stops.
 
 #![allow(clippy::unwrap_used)]
 
@@ -382,6 +383,41 @@ fn walkdir(dir: &Path) -> Vec<String> {
         out.push(name);
     }
     out
+}
+
+#[test]
+fn a_fetch_past_its_size_limit_stops_and_says_so() {
+    let server = GitServer::start(GitServerKind::Plain);
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write("handler.js", b"module.exports = { main: () => 'big' };\n");
+    repo.write("package.json", b"{}\n");
+    // 24 MiB that do not compress: the pack is as large.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let noise: Vec<u8> = (0..24 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    repo.write("assets/noise.bin", &noise);
+    repo.commit("big");
+    repo.publish(&server.root(), "big");
+    let kiln = Kiln::new();
+    let url = server.url("big");
+    let (run, _) = build_git(&kiln, work.path(), &url, &["--git-max-size", "4MiB"]);
+    let err = run.failure(1);
+    assert!(
+        err.contains(&format!(
+            "fetching from {url} wrote more than 4194304 bytes"
+        )),
+        "{err}"
+    );
+    // Under the default limit the same commit builds.
+    let (run, _) = build_git(&kiln, work.path(), &url, &[]);
+    run.reference();
 }
 
 #[test]
