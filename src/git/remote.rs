@@ -188,28 +188,13 @@ pub(super) fn fetch_commit(
 /// every 20 ms; past `limit` it sets `interrupt`, which stops the fetch, and answers `true`.
 fn watch_size(objects: &Path, limit: u64, done: &AtomicBool, interrupt: &AtomicBool) -> bool {
     while !done.load(Ordering::Relaxed) {
-        if size_below(objects) > limit {
+        if crate::prune::tree_size(objects) > limit {
             interrupt.store(true, Ordering::Relaxed);
             return true;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     false
-}
-
-/// The bytes of the files below `dir` (what can be read of them).
-fn size_below(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => size_below(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
-            _ => 0,
-        })
-        .sum()
 }
 
 /// Sends only our credentials (never a helper's, never a prompt) and sets up TLS and
