@@ -11,9 +11,9 @@ use crate::registry::{Client, Reference};
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
 /// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
 /// An install from an npm lock file alone needs no toolchain; one from pinned Python
-/// requirements may still need pip.
-pub(super) fn require_builder(opts: &Options, inputs: &function::DepInputs) -> Result<(), Error> {
-    if let Ok(Direct::Npm(_)) = lockfile_plan(opts, inputs) {
+/// requirements may still need pip. `direct` is [`lockfile_plan`]'s answer.
+pub(super) fn require_builder(opts: &Options, direct: &Planned) -> Result<(), Error> {
+    if let Ok(Direct::Npm(_)) = direct {
         return Ok(());
     }
     match &opts.install.isolation {
@@ -74,6 +74,11 @@ pub(super) enum Direct {
     Wheels(pinned::Plan),
 }
 
+/// How the image history names the install `direct` plans, if kiln does it.
+pub(super) fn history(direct: &Planned) -> Option<&'static str> {
+    direct.as_ref().ok().map(Direct::history)
+}
+
 impl Direct {
     /// How the image history names the install.
     pub(super) fn history(&self) -> &'static str {
@@ -86,13 +91,14 @@ impl Direct {
     }
 }
 
+/// [`lockfile_plan`]'s answer: the install by kiln itself, or why the package manager runs.
+pub(super) type Planned = Result<Direct, String>;
+
 /// The install of `inputs` by kiln itself, without the package manager, when
 /// `--lockfile-install auto` and the lock (or a fully pinned requirements.txt) may decide
-/// everything; else why not.
-pub(super) fn lockfile_plan(
-    opts: &Options,
-    inputs: &function::DepInputs,
-) -> Result<Direct, String> {
+/// everything; else why not. Worked out once per build (it parses the lock file) and
+/// handed to [`require_builder`], [`dependency_key`] and the history text.
+pub(super) fn lockfile_plan(opts: &Options, inputs: &function::DepInputs) -> Planned {
     if !opts.lockfile_install {
         return Err("--lockfile-install off".into());
     }
@@ -132,12 +138,12 @@ pub(super) async fn dependency_key(
     opts: &Options,
     cache: &LayerCache,
     inputs: &function::DepInputs,
+    plan: Planned,
 ) -> Result<DepKey, Error> {
     let scratch = tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
         path: cache.tmp_dir(),
         source,
     })?;
-    let plan = lockfile_plan(opts, inputs);
     match &plan {
         Err(why) => {
             let tool = tool(opts);

@@ -313,13 +313,15 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         tracing::info!(files = function.tree.file_count(), "collected source");
+        let mut planned = function.deps.as_ref().map(|inputs| install::lockfile_plan(opts, inputs));
+        let history = planned.as_ref().and_then(install::history);
         let (deps, mut store_in) = match &opts.stage {
             // Before anything is fetched: a bad stage directory should not wait for the network.
-            Stage::Publish(dir) => staged_layer(client, opts, &cache, function, dir).await?,
+            Stage::Publish(dir) => staged_layer(client, opts, &cache, function, history, dir).await?,
             Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
-                if let Some(inputs) = &function.deps {
+                if let Some(planned) = &planned {
                     // Before anything is fetched: a usage error should not wait for the network.
-                    install::require_builder(opts, inputs)?;
+                    install::require_builder(opts, planned)?;
                 }
                 (None, None)
             }
@@ -329,9 +331,9 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
         // The dependency key, not the layer: enough for the build key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
-        let dep_key = match (&deps, &function.deps, &opts.stage) {
-            (None, Some(inputs), Stage::All | Stage::Deps(_) | Stage::Lookup(_)) => {
-                Some(install::dependency_key(client, opts, &cache, inputs).await?)
+        let dep_key = match (&deps, function.deps.as_ref().zip(planned.take()), &opts.stage) {
+            (None, Some((inputs, planned)), Stage::All | Stage::Deps(_) | Stage::Lookup(_)) => {
+                Some(install::dependency_key(client, opts, &cache, inputs, planned).await?)
             }
             _ => None,
         };
@@ -354,7 +356,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             (None, Some(inputs), Some(dep_key)) => {
                 let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, opts.cache_repo.as_ref()).await?;
                 let local = layer.remote.is_none().then(|| cache.blob_path(&layer.cached.digest));
-                let created_by = stage::created_by(&install_command(opts, function), &layer.key);
+                let created_by = stage::created_by(&install_command(opts, function, history), &layer.key);
                 store_in = layer.store_in;
                 Some(DepLayer { key: layer.key, digest: layer.cached.digest, diff_id: layer.cached.diff_id, size: layer.cached.size, created_by, local, remote: layer.remote, _copy: None, _in_use: layer.in_use })
             }
@@ -365,7 +367,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans, &build_key).await?;
         tracing::info!(reference = %published.reference, "built");
         if let (Some(repo), Some(dep), Some(inputs)) = (store_in, &deps, &function.deps) {
-            store_in_cache_repo(client, opts, &repo, dep, inputs, &install_command(opts, function)).await;
+            store_in_cache_repo(client, opts, &repo, dep, inputs, &install_command(opts, function, history)).await;
         }
         Ok(Output { published, build_key, image: Some(assembled.image), unchanged: false, commit: loaded.commit })
     }
@@ -394,9 +396,11 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         };
         let mut blob = None;
         if let Some(inputs) = &function.deps {
-            install::require_builder(opts, inputs)?;
-            let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
-            let created_by = stage::created_by(&install_command(opts, function), &dep_key.key);
+            let planned = install::lockfile_plan(opts, inputs);
+            let history = install::history(&planned);
+            install::require_builder(opts, &planned)?;
+            let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?;
+            let created_by = stage::created_by(&install_command(opts, function, history), &dep_key.key);
             let media_type = dependency_media_type(opts.compression);
             match lookup_hit(opts, inputs, &dep_key.key).await? {
                 Some(found) => {
@@ -490,8 +494,13 @@ pub(super) fn open_cache(opts: &Options) -> Result<LayerCache, Error> {
     })
 }
 
-/// The install command line, as the history text names it.
-pub(super) fn install_command(opts: &Options, function: &Function) -> String {
+/// The install command line, as the history text names it; `history` says how kiln installs
+/// without the package manager, when it does ([`install::history`]).
+pub(super) fn install_command(
+    opts: &Options,
+    function: &Function,
+    history: Option<&'static str>,
+) -> String {
     let Some(inputs) = &function.deps else {
         return opts.runtime.install_command(false).join(" ");
     };
@@ -499,8 +508,8 @@ pub(super) fn install_command(opts: &Options, function: &Function) -> String {
         .runtime
         .install_command(inputs.lock.is_some())
         .join(" ");
-    match install::lockfile_plan(opts, inputs) {
-        Ok(direct) => format!("{command} {}", direct.history()),
-        Err(_) => command,
+    match history {
+        Some(history) => format!("{command} {history}"),
+        None => command,
     }
 }

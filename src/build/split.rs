@@ -34,8 +34,9 @@ pub async fn run_lookup(
         let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
         let (mut key, mut found) = (None, None);
         if let (Some(inputs), Some(repo)) = (inputs, &repo) {
-            install::require_builder(opts, inputs)?;
-            let dep_key = install::dependency_key(client, opts, &cache, inputs).await?.key;
+            let planned = install::lockfile_plan(opts, inputs);
+            install::require_builder(opts, &planned)?;
+            let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?.key;
             found = match remote_cache::lookup(client, repo, &dep_key).await {
                 Ok(Some(entry)) => {
                     tracing::info!(key = %dep_key, digest = %entry.digest, cache_repo = %repo, "the cache repository has the dependency layer");
@@ -104,6 +105,7 @@ pub(super) async fn staged_layer(
     opts: &Options,
     cache: &LayerCache,
     function: &Function,
+    history: Option<&'static str>,
     dir: &Path,
 ) -> Result<(Option<DepLayer>, Option<Reference>), Error> {
     let (dir, scratch, runtime, epoch) = (
@@ -113,7 +115,7 @@ pub(super) async fn staged_layer(
         opts.epoch,
     );
     let inputs = function.deps.clone();
-    let install_command = install_command(opts, function);
+    let install_command = install_command(opts, function, history);
     let compression = opts.compression;
     let verified = tokio::task::spawn_blocking(move || {
         let expected = stage::Expected {

@@ -48,12 +48,14 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
         let Some(inputs) = &function.deps else {
             return Ok(Warmed::NoDependencies);
         };
-        install::require_builder(opts, inputs)?;
+        let planned = install::lockfile_plan(opts, inputs);
+        let history = install::history(&planned);
+        install::require_builder(opts, &planned)?;
         let lookup_err = |e| Error::Lookup {
             target: repo.to_string(),
             source: Box::new(e),
         };
-        let dep_key = install::dependency_key(client, opts, &cache, inputs).await?;
+        let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?;
         let key = dep_key.key.clone();
         let entry = repo
             .with_tag(&remote_cache::tag(&key))
@@ -67,7 +69,7 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
             tracing::info!(%key, %entry, "the cache repository holds this dependency layer");
             return Ok(Warmed::Present { key, entry });
         }
-        let install = install_command(opts, function);
+        let install = install_command(opts, function, history);
         let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
         let installed = !layer.from_local_cache;
         let local = cache.blob_path(&layer.cached.digest);
