@@ -38,8 +38,8 @@ fn main() -> ExitCode {
             e.exit()
         }
     };
-    match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(run(cli)),
+    match cli.command.runtime() {
+        Ok(runtime) => cli::run_to_end(runtime, run(cli)),
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
             Exit::Failed.into()

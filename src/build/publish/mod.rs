@@ -457,7 +457,7 @@ impl Publisher for RegistryPublisher {
                 source: Box::new(source),
             })?;
         let mut known = self.pushed.as_ref().map(|p| p.load()).unwrap_or_default();
-        let _progress = self.progress(input);
+        let progress = self.progress(input);
         let config = &input.image.config;
         // A config is new in every build that gets this far: no HEAD first. It goes up
         // alongside the layers (a source-only build waits for one upload instead of two),
@@ -481,6 +481,8 @@ impl Publisher for RegistryPublisher {
         } else {
             (self.push_layers(input, &known).await?, config_push.await?)
         };
+        // The blobs are up: a slow manifest PUT is not "pushing blobs".
+        drop(progress);
         let (outcome, bytes_sent) = match outcome {
             BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
             _ => (Outcome::Existed, 0),
