@@ -127,8 +127,17 @@ pub(super) struct DepKey {
     /// The install environment when it was needed to name the toolchain (the toolchain on
     /// PATH); `None` for a builder image, unpacked only for an install.
     install: Option<InstallEnv>,
-    /// Where the toolchain was probed and the install runs.
-    scratch: tempfile::TempDir,
+    /// Where the toolchain was probed, when it was (the install runs there too); else made
+    /// only when something is installed, so a build that finds its image makes no directory.
+    scratch: Option<tempfile::TempDir>,
+}
+
+/// A new scratch directory for probing the toolchain and installing, in the cache's `tmp`.
+fn scratch_dir(cache: &LayerCache) -> Result<tempfile::TempDir, Error> {
+    tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
+        path: cache.tmp_dir(),
+        source,
+    })
 }
 
 /// The dependency key of `inputs` for this build: the builder image's digest names the
@@ -140,10 +149,6 @@ pub(super) async fn dependency_key(
     inputs: &function::DepInputs,
     plan: Planned,
 ) -> Result<DepKey, Error> {
-    let scratch = tempfile::tempdir_in(cache.tmp_dir()).map_err(|source| Error::Cache {
-        path: cache.tmp_dir(),
-        source,
-    })?;
     match &plan {
         Err(why) => {
             let tool = tool(opts);
@@ -161,22 +166,23 @@ pub(super) async fn dependency_key(
                 key,
                 direct: plan.ok(),
                 install: None,
-                scratch,
+                scratch: None,
             });
         }
         Ok(Direct::Wheels(_)) => {}
     }
-    let (toolchain, install) = match &opts.install.isolation {
+    let (toolchain, install, scratch) = match &opts.install.isolation {
         deps::Isolation::Pending(image) => {
             let resolved = crate::run::image::resolve(client, image, &opts.platform)
                 .await
                 .map_err(Box::new)?;
-            (deps::builder_toolchain_id(&resolved.digest), None)
+            (deps::builder_toolchain_id(&resolved.digest), None, None)
         }
         _ => {
             let install = opts.install.clone();
+            let scratch = scratch_dir(cache)?;
             let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
-            (id, Some(install))
+            (id, Some(install), Some(scratch))
         }
     };
     // Pinned wheels, else pip: the key names both ways, since which one runs shows only in
@@ -260,6 +266,10 @@ pub(super) async fn dependency_layer(
             }
         }
     }
+    let scratch = match scratch {
+        Some(dir) => dir,
+        None => scratch_dir(cache)?,
+    };
     let output = match direct {
         Some(Direct::Npm(plan)) => {
             tracing::info!(

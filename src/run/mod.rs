@@ -18,6 +18,7 @@
 //!     entrypoint: None,
 //!     user: None,
 //!     jobs: 4,
+//!     max_unpacked: kiln::run::unpack::DEFAULT_LIMIT,
 //! };
 //! let code: u8 = kiln::run::run(&client, &opts, &[]).await?;
 //! # let _ = code; Ok(()) }
