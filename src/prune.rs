@@ -331,7 +331,7 @@ fn make_writable(dir: &Path) {
 }
 
 /// Bytes of regular files under `dir` (not following links).
-pub(crate) fn tree_size(dir: &Path) -> u64 {
+fn tree_size(dir: &Path) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
     };

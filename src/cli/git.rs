@@ -32,8 +32,9 @@ pub struct GitArgs {
     /// A CA bundle (PEM) trusted for the git server in addition to the system's roots.
     #[arg(long, value_name = "FILE", requires = "git")]
     pub git_ca: Option<PathBuf>,
-    /// The most the fetch may write (the commit's objects, as the server sends them): past
-    /// it the build stops, so a server cannot fill the disk [default: 2GiB].
+    /// The most the fetch may receive from the git server (mostly the commit's objects,
+    /// written as they arrive): past it the build stops, so a server cannot fill the disk
+    /// [default: 2GiB].
     #[arg(long, value_name = "SIZE", requires = "git", value_parser = super::run::parse_size)]
     pub git_max_size: Option<u64>,
 }

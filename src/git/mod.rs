@@ -11,6 +11,7 @@
 //! # let _ = commit; Ok(()) }
 //! ```
 
+mod capped;
 mod remote;
 mod tree;
 mod url;
@@ -23,9 +24,15 @@ pub use url::{BaseDir, Reference, RemoteUrl};
 /// How long one network operation (connect, or a pause in a transfer) may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How much a fetch may write by default: far above a Function's repository at depth 1, and
-/// the bound on what a git server can write into the scratch directory.
+/// How much a fetch may receive by default: far above a Function's repository at depth 1,
+/// and the bound on what a git server can write into the scratch directory.
 pub const DEFAULT_MAX_FETCH: u64 = 2 << 30;
+
+/// The most a reference listing may bring, held in memory (by the controller too, which
+/// resolves every git Function's reference). With protocol v2 a server lists only the
+/// references asked for; a v0 server lists all of them, a few megabytes for the largest
+/// repositories.
+pub const REFS_LIMIT: u64 = 64 << 20;
 
 /// HTTP Basic credentials: the keys `username` and `password` of a Kyma git auth Secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -78,7 +85,8 @@ pub struct Access {
     pub extra_ca_pem: Option<Vec<u8>>,
     /// Time allowed to connect, and for any pause while waiting for or reading a response.
     pub timeout: Duration,
-    /// The most a fetch may write (the pack, as it arrives); past it, the fetch stops.
+    /// The most a fetch may receive from the server (mostly the pack, which is written to
+    /// disk as it arrives); past it, the fetch stops.
     pub max_fetch: u64,
 }
 
@@ -232,12 +240,24 @@ pub enum Error {
         #[source]
         source: Option<reqwest::Error>,
     },
-    /// The server sent more than the fetch may write.
+    /// The server sent more than the fetch may receive.
     #[error(
-        "fetching from {url} wrote more than {limit} bytes, the limit (--git-max-size): a \
-         Function's commit at depth 1 should not need that much; raise the limit if it does"
+        "fetching from {url} received more than {limit} bytes, the limit (--git-max-size): \
+         a Function's commit at depth 1 should not need that much; raise the limit if it does"
     )]
     TooLarge {
+        /// The repository.
+        url: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
+    /// The server's reference listing was larger than kiln reads.
+    #[error(
+        "the git server of {url} sent more than {limit} bytes while listing its references, \
+         the most kiln reads before fetching (a repository's listing of one branch or tag is \
+         a few kilobytes): is {url} a git repository?"
+    )]
+    RefsTooLarge {
         /// The repository.
         url: String,
         /// The limit in bytes.

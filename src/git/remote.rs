@@ -1,11 +1,12 @@
 //! Talking to the git server with gix: a scratch bare repository with isolated configuration
 //! (no system or user git config, no credential helpers, no prompts), one connection to list
 //! references, one to fetch a single commit at depth 1. HTTP goes through gix's reqwest
-//! backend, configured here with the system roots plus any extra CA and kiln's timeouts.
+//! backend, configured here with the system roots plus any extra CA and kiln's timeouts, and
+//! held to a limit on what each connection may receive ([`super::capped`]).
 
 use std::num::NonZeroU32;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use gix::ObjectId;
@@ -14,6 +15,7 @@ use gix::protocol::handshake::Ref;
 use gix::protocol::transport::client::blocking_io::{Transport, http};
 use gix::remote::{Direction, fetch::Shallow, fetch::Tags, ref_map};
 
+use super::capped::{Budget, Capped};
 use super::{Access, Error, Reference, RemoteUrl};
 
 type Connection<'a, 'repo> = gix::remote::Connection<'a, 'static, 'repo, Box<dyn Transport + Send>>;
@@ -92,10 +94,7 @@ fn list_refs(
         .remote_at(url.as_str())
         .map_err(|e| remote_error(url, "configuring the remote", e))?
         .with_fetch_tags(Tags::None);
-    let mut connection = remote
-        .connect(Direction::Fetch)
-        .map_err(|e| classify(url, access, "connecting to", e))?;
-    configure(&mut connection, access)?;
+    let (connection, budget) = connect(&remote, url, access, super::REFS_LIMIT)?;
     let extra_refspecs = specs
         .iter()
         .map(|spec| {
@@ -113,7 +112,13 @@ fn list_refs(
     };
     let (map, _handshake) = connection
         .ref_map(gix::progress::Discard, options)
-        .map_err(|e| classify(url, access, "listing the references of", e))?;
+        .map_err(|e| match budget.exceeded() {
+            true => Error::RefsTooLarge {
+                url: url.to_string(),
+                limit: super::REFS_LIMIT,
+            },
+            false => classify(url, access, "listing the references of", e),
+        })?;
     Ok(map.remote_refs)
 }
 
@@ -133,25 +138,15 @@ pub(super) fn fetch_commit(
         .with_fetch_tags(Tags::None)
         .with_refspecs([hex.as_str()], Direction::Fetch)
         .map_err(|e| remote_error(url, "configuring the remote", e))?;
-    let mut connection = remote
-        .connect(Direction::Fetch)
-        .map_err(|e| classify(url, access, "connecting to", e))?;
-    configure(&mut connection, access)?;
-    let (interrupt, done) = (AtomicBool::new(false), AtomicBool::new(false));
-    let objects = repo.git_dir().join("objects");
-    let (fetched, exceeded) = std::thread::scope(|scope| {
-        let watchdog = scope.spawn(|| watch_size(&objects, access.max_fetch, &done, &interrupt));
-        let fetched = connection
-            .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
-            .and_then(|prepare| {
-                prepare
-                    .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
-                    .receive(gix::progress::Discard, &interrupt)
-            });
-        done.store(true, Ordering::Relaxed);
-        (fetched, watchdog.join().unwrap_or(false))
-    });
-    if exceeded {
+    let (connection, budget) = connect(&remote, url, access, access.max_fetch)?;
+    let fetched = connection
+        .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
+        .and_then(|prepare| {
+            prepare
+                .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
+                .receive(gix::progress::Discard, &AtomicBool::new(false))
+        });
+    if budget.exceeded() {
         return Err(Error::TooLarge {
             url: url.to_string(),
             limit: access.max_fetch,
@@ -184,17 +179,24 @@ pub(super) fn fetch_commit(
     Ok(())
 }
 
-/// Until `done`, sums the files below `objects` (where gix writes the pack as it arrives)
-/// every 20 ms; past `limit` it sets `interrupt`, which stops the fetch, and answers `true`.
-fn watch_size(objects: &Path, limit: u64, done: &AtomicBool, interrupt: &AtomicBool) -> bool {
-    while !done.load(Ordering::Relaxed) {
-        if crate::prune::tree_size(objects) > limit {
-            interrupt.store(true, Ordering::Relaxed);
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    false
+/// A connection to `remote` over gix's reqwest backend, configured by [`configure`], whose
+/// responses may bring at most `limit` bytes; the budget tells whether a failure was the limit.
+fn connect<'a, 'repo>(
+    remote: &'a gix::Remote<'repo>,
+    url: &RemoteUrl,
+    access: &Access,
+    limit: u64,
+) -> Result<(Connection<'a, 'repo>, Arc<Budget>), Error> {
+    let (gix_url, version) = remote
+        .sanitized_url_and_version(Direction::Fetch)
+        .map_err(|e| classify(url, access, "connecting to", e))?;
+    let budget = Budget::new(limit);
+    let backend = Capped::new(http::reqwest::Remote::default(), Arc::clone(&budget));
+    let transport: Box<dyn Transport + Send> =
+        Box::new(http::Transport::new_http(backend, gix_url, version, false));
+    let mut connection = remote.to_connection_with_transport(transport);
+    configure(&mut connection, access)?;
+    Ok((connection, budget))
 }
 
 /// Sends only our credentials (never a helper's, never a prompt) and sets up TLS and

@@ -2,7 +2,7 @@
 //! and HTTPS with a test CA and Basic auth): a Function builds from a branch, a tag and a
 //! commit SHA at a base directory, the fetch is shallow, bad credentials, unknown references
 //! and SSH URLs fail clearly, a tree that escapes its base directory is refused, and a fetch
-//! past its size limit stops.
+//! past its size limit and a reference listing without end stop.
 
 #![allow(clippy::unwrap_used)]
 
@@ -411,7 +411,7 @@ fn a_fetch_past_its_size_limit_stops_and_says_so() {
     let err = run.failure(1);
     assert!(
         err.contains(&format!(
-            "fetching from {url} wrote more than 4194304 bytes"
+            "fetching from {url} received more than 4194304 bytes"
         )),
         "{err}"
     );
@@ -564,5 +564,78 @@ fn the_library_resolves_references_without_fetching_objects() {
         !server.upload_pack_log().contains("command=fetch"),
         "no objects were fetched: {}",
         server.upload_pack_log()
+    );
+}
+
+/// A git server whose reference listing never ends (a v0 advertisement of ever more
+/// branches, until the client hangs up or 256 MiB): kiln stops reading at its limit, before
+/// the listing fills memory (the controller resolves every git Function's reference).
+#[test]
+fn a_reference_listing_without_end_stops_at_its_limit() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let sent = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&sent);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let counter = Arc::clone(&counter);
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let pkt = |s: &str| format!("{:04x}{s}", s.len() + 4);
+                let id = "1".repeat(40);
+                let mut head = String::from(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n\
+                     Cache-Control: no-cache\r\nConnection: close\r\n\r\n",
+                );
+                head += &pkt("# service=git-upload-pack\n");
+                head += "0000";
+                head += &pkt(&format!(
+                    "{id} HEAD\0multi_ack thin-pack side-band-64k ofs-delta shallow\n"
+                ));
+                if conn.write_all(head.as_bytes()).is_err() {
+                    return;
+                }
+                let mut n: u64 = 0;
+                while counter.load(Ordering::Relaxed) < 256 << 20 {
+                    let mut chunk = String::with_capacity(65 * 1024);
+                    for _ in 0..1024 {
+                        chunk += &pkt(&format!("{id} refs/heads/b{n:08}\n"));
+                        n += 1;
+                    }
+                    if conn.write_all(chunk.as_bytes()).is_err() {
+                        return;
+                    }
+                    counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    let url = format!("http://127.0.0.1:{port}/fns.git");
+    let err = kiln::git::resolve_reference(&url, "main", &kiln::git::Access::default())
+        .expect_err("an endless listing");
+    assert!(
+        matches!(err, kiln::git::Error::RefsTooLarge { limit, .. } if limit == kiln::git::REFS_LIMIT),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!(
+            "the git server of {url} sent more than 67108864 bytes"
+        )),
+        "{message}"
+    );
+    let sent = sent.load(Ordering::Relaxed);
+    assert!(
+        sent < kiln::git::REFS_LIMIT + (32 << 20),
+        "the server got {sent} bytes out before kiln stopped"
     );
 }
