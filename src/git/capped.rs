@@ -12,24 +12,30 @@ use gix::protocol::transport::client::blocking_io::http::{
     GetResponse, Http, PostBodyDataKind, PostResponse,
 };
 
-/// What one connection has received, and its limit.
+/// What one connection has received since its last [`Budget::restart`], and its limit.
 #[derive(Debug)]
 pub(super) struct Budget {
     received: AtomicU64,
-    limit: u64,
+    limit: AtomicU64,
 }
 
 impl Budget {
     pub(super) fn new(limit: u64) -> Arc<Budget> {
         Arc::new(Budget {
             received: AtomicU64::new(0),
-            limit,
+            limit: AtomicU64::new(limit),
         })
+    }
+
+    /// Counts from zero again against `limit`: the next phase of the connection has its own.
+    pub(super) fn restart(&self, limit: u64) {
+        self.limit.store(limit, Ordering::Relaxed);
+        self.received.store(0, Ordering::Relaxed);
     }
 
     /// Whether the server has sent more than the limit.
     pub(super) fn exceeded(&self) -> bool {
-        self.received.load(Ordering::Relaxed) > self.limit
+        self.received.load(Ordering::Relaxed) > self.limit.load(Ordering::Relaxed)
     }
 }
 
@@ -120,7 +126,7 @@ impl<R: BufRead> BufRead for Reader<R> {
         if self.budget.exceeded() {
             return Err(io::Error::other(format!(
                 "the git server sent more than {} bytes",
-                self.budget.limit
+                self.budget.limit.load(Ordering::Relaxed)
             )));
         }
         self.inner.fill_buf()
@@ -159,5 +165,8 @@ mod tests {
         let err = io::copy(&mut second, &mut io::sink()).expect_err("past the limit");
         assert!(err.to_string().contains("more than 10 bytes"), "{err}");
         assert!(budget.exceeded());
+        budget.restart(1 << 20);
+        assert!(!budget.exceeded(), "a new phase counts from zero");
+        second.read_exact(&mut buf).expect("within the new limit");
     }
 }

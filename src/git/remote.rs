@@ -113,10 +113,7 @@ fn list_refs(
     let (map, _handshake) = connection
         .ref_map(gix::progress::Discard, options)
         .map_err(|e| match budget.exceeded() {
-            true => Error::RefsTooLarge {
-                url: url.to_string(),
-                limit: super::REFS_LIMIT,
-            },
+            true => refs_too_large(url),
             false => classify(url, access, "listing the references of", e),
         })?;
     Ok(map.remote_refs)
@@ -138,14 +135,19 @@ pub(super) fn fetch_commit(
         .with_fetch_tags(Tags::None)
         .with_refspecs([hex.as_str()], Direction::Fetch)
         .map_err(|e| remote_error(url, "configuring the remote", e))?;
-    let (connection, budget) = connect(&remote, url, access, access.max_fetch)?;
-    let fetched = connection
-        .prepare_fetch(gix::progress::Discard, ref_map::Options::default())
-        .and_then(|prepare| {
-            prepare
-                .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
-                .receive(gix::progress::Discard, &AtomicBool::new(false))
-        });
+    // The listing first, held in memory and to the listing's limit; then the pack.
+    let (connection, budget) = connect(&remote, url, access, super::REFS_LIMIT)?;
+    let fetched =
+        match connection.prepare_fetch(gix::progress::Discard, ref_map::Options::default()) {
+            Err(_) if budget.exceeded() => return Err(refs_too_large(url)),
+            Err(e) => Err(e),
+            Ok(prepare) => {
+                budget.restart(access.max_fetch);
+                prepare
+                    .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
+                    .receive(gix::progress::Discard, &AtomicBool::new(false))
+            }
+        };
     if budget.exceeded() {
         return Err(Error::TooLarge {
             url: url.to_string(),
@@ -177,6 +179,13 @@ pub(super) fn fetch_commit(
         });
     }
     Ok(())
+}
+
+fn refs_too_large(url: &RemoteUrl) -> Error {
+    Error::RefsTooLarge {
+        url: url.to_string(),
+        limit: super::REFS_LIMIT,
+    }
 }
 
 /// A connection to `remote` over gix's reqwest backend, configured by [`configure`], whose

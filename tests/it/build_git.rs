@@ -567,11 +567,11 @@ fn the_library_resolves_references_without_fetching_objects() {
     );
 }
 
-/// A git server whose reference listing never ends (a v0 advertisement of ever more
-/// branches, until the client hangs up or 256 MiB): kiln stops reading at its limit, before
-/// the listing fills memory (the controller resolves every git Function's reference).
-#[test]
-fn a_reference_listing_without_end_stops_at_its_limit() {
+/// A git server whose reference listing never ends: a v0 advertisement of ever more
+/// branches, until the client hangs up or 256 MiB are out. The first `finite` connections
+/// get a proper listing of `refs/heads/main` instead. Returns the repository URL and the
+/// bytes sent by the endless answers.
+fn endless_listing_server(finite: usize) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
     use std::io::{BufRead, BufReader, Write};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
@@ -581,7 +581,7 @@ fn a_reference_listing_without_end_stops_at_its_limit() {
     let sent = Arc::new(AtomicU64::new(0));
     let counter = Arc::clone(&sent);
     std::thread::spawn(move || {
-        for conn in listener.incoming() {
+        for (i, conn) in listener.incoming().enumerate() {
             let Ok(mut conn) = conn else { return };
             let counter = Arc::clone(&counter);
             std::thread::spawn(move || {
@@ -601,6 +601,12 @@ fn a_reference_listing_without_end_stops_at_its_limit() {
                 head += &pkt(&format!(
                     "{id} HEAD\0multi_ack thin-pack side-band-64k ofs-delta shallow\n"
                 ));
+                if i < finite {
+                    head += &pkt(&format!("{id} refs/heads/main\n"));
+                    head += "0000";
+                    let _ = conn.write_all(head.as_bytes());
+                    return;
+                }
                 if conn.write_all(head.as_bytes()).is_err() {
                     return;
                 }
@@ -619,23 +625,49 @@ fn a_reference_listing_without_end_stops_at_its_limit() {
             });
         }
     });
-    let url = format!("http://127.0.0.1:{port}/fns.git");
-    let err = kiln::git::resolve_reference(&url, "main", &kiln::git::Access::default())
+    (format!("http://127.0.0.1:{port}/fns.git"), sent)
+}
+
+/// kiln stops reading an endless listing at its limit, before it fills memory: when it
+/// resolves a reference (as the controller does for every git Function), and when the
+/// fetch lists the references again.
+#[test]
+fn a_reference_listing_without_end_stops_at_its_limit() {
+    let refs_too_large = |err: kiln::git::Error, url: &str| {
+        assert!(
+            matches!(err, kiln::git::Error::RefsTooLarge { limit, .. } if limit == kiln::git::REFS_LIMIT),
+            "{err:?}"
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!(
+                "the git server of {url} sent more than 67108864 bytes"
+            )),
+            "{message}"
+        );
+    };
+    let at_most = kiln::git::REFS_LIMIT + (32 << 20);
+    let access = kiln::git::Access::default();
+
+    let (url, sent) = endless_listing_server(0);
+    let err = kiln::git::resolve_reference(&url, "main", &access).expect_err("an endless listing");
+    refs_too_large(err, &url);
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        sent < at_most,
+        "the server got {sent} bytes out before kiln stopped"
+    );
+
+    // The reference resolves; the fetch's own listing is the endless one.
+    let (url, sent) = endless_listing_server(1);
+    let source = kiln::git::Source::parse(&url, Some("main"), None).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let err = kiln::git::fetch_tree(&source, &access, work.path(), &work.path().join("tree"))
         .expect_err("an endless listing");
+    refs_too_large(err, &url);
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        matches!(err, kiln::git::Error::RefsTooLarge { limit, .. } if limit == kiln::git::REFS_LIMIT),
-        "{err:?}"
-    );
-    let message = err.to_string();
-    assert!(
-        message.contains(&format!(
-            "the git server of {url} sent more than 67108864 bytes"
-        )),
-        "{message}"
-    );
-    let sent = sent.load(Ordering::Relaxed);
-    assert!(
-        sent < kiln::git::REFS_LIMIT + (32 << 20),
+        sent < at_most,
         "the server got {sent} bytes out before kiln stopped"
     );
 }
