@@ -113,6 +113,9 @@ pub(super) struct Reader<R> {
 
 impl<R: BufRead> Read for Reader<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
         let available = self.fill_buf()?;
         let n = available.len().min(buf.len());
         buf[..n].copy_from_slice(&available[..n]);

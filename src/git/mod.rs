@@ -25,13 +25,14 @@ pub use url::{BaseDir, Reference, RemoteUrl};
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How much a fetch may receive by default: far above a Function's repository at depth 1,
-/// and the bound on what a git server can write into the scratch directory.
+/// and the bound on the pack a git server can write into the scratch directory (gix adds
+/// its index of the pack, some 30 bytes per object).
 pub const DEFAULT_MAX_FETCH: u64 = 2 << 30;
 
 /// The most a reference listing may bring, held in memory (by the controller too, which
 /// resolves every git Function's reference). With protocol v2 a server lists only the
-/// references asked for; a v0 server lists all of them, a few megabytes for the largest
-/// repositories.
+/// references asked for; a v0 server lists all of them, some megabytes for repositories
+/// with many thousands of branches, tags and pull requests.
 pub const REFS_LIMIT: u64 = 64 << 20;
 
 /// HTTP Basic credentials: the keys `username` and `password` of a Kyma git auth Secret.
@@ -254,8 +255,8 @@ pub enum Error {
     /// The server's reference listing was larger than kiln reads.
     #[error(
         "the git server of {url} sent more than {limit} bytes while listing its references, \
-         the most kiln reads before fetching (a repository's listing of one branch or tag is \
-         a few kilobytes): is {url} a git repository?"
+         the most kiln reads: the listing does not end, or the repository has far more \
+         references than a Function's repository needs"
     )]
     RefsTooLarge {
         /// The repository.

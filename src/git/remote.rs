@@ -135,19 +135,31 @@ pub(super) fn fetch_commit(
         .with_fetch_tags(Tags::None)
         .with_refspecs([hex.as_str()], Direction::Fetch)
         .map_err(|e| remote_error(url, "configuring the remote", e))?;
-    // The listing first, held in memory and to the listing's limit; then the pack.
+    // The listing first, held in memory and to the listing's limit; then the pack. The
+    // commit is wanted by its id, which gives gix no prefix to ask the server to list (it
+    // would list every reference, pull requests and all): a prefix no reference has keeps
+    // an honest server's listing empty.
+    let nothing = gix::refspec::parse(
+        "refs/kiln/none".into(),
+        gix::refspec::parse::Operation::Fetch,
+    )
+    .map(|s| s.to_owned())
+    .map_err(|e| remote_error(url, "configuring the remote", gix::Error::from_error(e)))?;
+    let options = ref_map::Options {
+        extra_refspecs: vec![nothing],
+        ..ref_map::Options::default()
+    };
     let (connection, budget) = connect(&remote, url, access, super::REFS_LIMIT)?;
-    let fetched =
-        match connection.prepare_fetch(gix::progress::Discard, ref_map::Options::default()) {
-            Err(_) if budget.exceeded() => return Err(refs_too_large(url)),
-            Err(e) => Err(e),
-            Ok(prepare) => {
-                budget.restart(access.max_fetch);
-                prepare
-                    .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
-                    .receive(gix::progress::Discard, &AtomicBool::new(false))
-            }
-        };
+    let fetched = match connection.prepare_fetch(gix::progress::Discard, options) {
+        Err(_) if budget.exceeded() => return Err(refs_too_large(url)),
+        Err(e) => Err(e),
+        Ok(prepare) => {
+            budget.restart(access.max_fetch);
+            prepare
+                .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
+                .receive(gix::progress::Discard, &AtomicBool::new(false))
+        }
+    };
     if budget.exceeded() {
         return Err(Error::TooLarge {
             url: url.to_string(),

@@ -183,6 +183,12 @@ fn the_fetch_is_shallow_one_commit_without_its_history() {
         asked.contains("deepen 1") && asked.contains(&format!("want {head}")),
         "{asked}"
     );
+    // The fetch wants the commit by its id and asks for no reference listing but an empty
+    // one (the resolve before it asked for HEAD).
+    assert!(
+        asked.contains("ref-prefix refs/kiln/none") && !asked.contains("refs/heads/main"),
+        "{asked}"
+    );
     let sent = server.bytes_sent();
     assert!(
         sent < 200 * 1024,
@@ -646,7 +652,9 @@ fn a_reference_listing_without_end_stops_at_its_limit() {
             "{message}"
         );
     };
-    let at_most = kiln::git::REFS_LIMIT + (32 << 20);
+    // The limit, plus what the socket buffers and the reader can hold; the server stops at
+    // 256 MiB anyway.
+    let at_most = 2 * kiln::git::REFS_LIMIT;
     let access = kiln::git::Access::default();
 
     let (url, sent) = endless_listing_server(0);
