@@ -39,7 +39,13 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.runtime() {
-        Ok(runtime) => cli::run_to_end(runtime, run(cli)),
+        // Interrupted, the command's blocking work may clean up for a while.
+        Ok(runtime) => ExitCode::from(cli::run_to_end(runtime, run(cli), |&code| {
+            match code == Exit::Interrupted as u8 {
+                true => std::time::Duration::from_secs(10),
+                false => std::time::Duration::ZERO,
+            }
+        })),
         Err(e) => {
             eprintln!("error: starting the async runtime: {e}");
             Exit::Failed.into()
@@ -47,7 +53,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> ExitCode {
+async fn run(cli: Cli) -> u8 {
     kiln::telemetry::init(&cli.global);
     // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code;
     // `kiln webhook` shuts down gracefully on them.
@@ -58,7 +64,7 @@ async fn run(cli: Cli) -> ExitCode {
             outcome = cli::run(cli) => outcome,
             _ = tokio::signal::ctrl_c() => {
                 eprintln!("kiln: interrupted");
-                return Exit::Interrupted.into();
+                return Exit::Interrupted as u8;
             }
         }
     };
@@ -67,16 +73,16 @@ async fn run(cli: Cli) -> ExitCode {
             if !stdout.is_empty() {
                 println!("{stdout}");
             }
-            Exit::Success.into()
+            Exit::Success as u8
         }
         Err(Failure::Usage(e)) => {
             eprintln!("error: {e:#}");
-            Exit::Usage.into()
+            Exit::Usage as u8
         }
         Err(Failure::Build(e)) => {
             eprintln!("error: {e:#}");
-            Exit::Failed.into()
+            Exit::Failed as u8
         }
-        Err(Failure::Exit(code)) => ExitCode::from(code),
+        Err(Failure::Exit(code)) => code,
     }
 }

@@ -127,8 +127,9 @@ pub(super) struct DepKey {
     /// The install environment when it was needed to name the toolchain (the toolchain on
     /// PATH); `None` for a builder image, unpacked only for an install.
     install: Option<InstallEnv>,
-    /// Where the toolchain was probed, when it was (the install runs there too); else made
-    /// only when something is installed, so a build that finds its image makes no directory.
+    /// Where the toolchain on `PATH` was asked for its version (the install runs there too);
+    /// else made only when something is installed, so a build that finds its image or its
+    /// dependency layer makes no directory.
     scratch: Option<tempfile::TempDir>,
 }
 
@@ -178,12 +179,21 @@ pub(super) async fn dependency_key(
                 .map_err(Box::new)?;
             (deps::builder_toolchain_id(&resolved.digest), None, None)
         }
-        _ => {
+        deps::Isolation::Host | deps::Isolation::MissingBuilder { .. } => {
             let install = opts.install.clone();
             let scratch = scratch_dir(cache)?;
             let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
             (id, Some(install), Some(scratch))
         }
+        // The builder image's digest names the toolchain; nothing is asked.
+        deps::Isolation::Native { builder }
+        | deps::Isolation::Builder {
+            digest: builder, ..
+        } => (
+            deps::builder_toolchain_id(builder),
+            Some(opts.install.clone()),
+            None,
+        ),
     };
     // Pinned wheels, else pip: the key names both ways, since which one runs shows only in
     // the wheels.

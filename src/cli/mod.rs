@@ -112,8 +112,9 @@ impl Command {
     /// (layer writing, unpacking, hashing whole files) run on the blocking pool and whose
     /// async side mostly waits on the network, so one thread serves it, without the hand-offs
     /// between threads a multi-threaded runtime makes on every wake-up (about 0.7 ms of an
-    /// 8 ms no-change build). Servers and the commands that download and unpack in parallel
-    /// (`base`, `warm`, `run`) get a worker thread per core.
+    /// 8 ms no-change build). Servers and the commands whose main work is many downloads
+    /// and unpacks side by side (`base`, `warm`, `run`) get a worker thread per core; a build
+    /// that assembles its base images on first use does that work on its one thread.
     ///
     /// # Errors
     /// When the runtime cannot be started.
@@ -127,17 +128,20 @@ impl Command {
     }
 }
 
-/// Runs `future` to its end on `runtime` and returns its output without waiting for what it
-/// left running on the blocking pool. Once a command has returned, nothing there is wanted:
-/// what is left is abandoned work, such as a speculative connection's DNS lookup that hit the
-/// resolver's 5 s timeout, and dropping the runtime would wait for it before the process
-/// could exit.
+/// Runs `future` to its end on `runtime` and returns its output, waiting at most
+/// `grace(&output)` for what it left running on the blocking pool. Once a command has
+/// returned, nothing there is wanted: what is left is abandoned work, such as a speculative
+/// connection's DNS lookup that hit the resolver's 5 s timeout, and dropping the runtime would
+/// wait for it before the process could exit. An interrupted command is different: the layer
+/// writes or the git fetch it left remove their temporary files as they end, so it is given
+/// some time.
 pub fn run_to_end<F: std::future::Future>(
     runtime: tokio::runtime::Runtime,
     future: F,
+    grace: impl FnOnce(&F::Output) -> std::time::Duration,
 ) -> F::Output {
     let output = runtime.block_on(future);
-    runtime.shutdown_background();
+    runtime.shutdown_timeout(grace(&output));
     output
 }
 
@@ -190,15 +194,36 @@ mod tests {
             .build()
             .expect("runtime");
         let start = Instant::now();
-        let output = super::run_to_end(runtime, async {
+        let left_behind = || {
             // As a speculative connection's DNS lookup left waiting on a lost answer.
             drop(tokio::task::spawn_blocking(|| {
                 std::thread::sleep(Duration::from_secs(20));
             }));
-            7
-        });
+        };
+        let output = super::run_to_end(
+            runtime,
+            async {
+                left_behind();
+                7
+            },
+            |_| Duration::ZERO,
+        );
         assert_eq!(output, 7);
         let took = start.elapsed();
         assert!(took < Duration::from_secs(10), "returned after {took:?}");
+        // An interrupted command waits for it, up to its grace.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let start = Instant::now();
+        super::run_to_end(runtime, async { left_behind() }, |()| {
+            Duration::from_millis(300)
+        });
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(10),
+            "returned after {took:?}"
+        );
     }
 }

@@ -24,6 +24,26 @@ pub struct LayoutPublisher {
     pub jobs: usize,
 }
 
+/// Copies the blob at `from` into `layout`, checking its digest, on the blocking pool: a
+/// dependency layer can be hundreds of megabytes, and the layer downloads beside it go on.
+async fn import(
+    layout: &Layout,
+    from: PathBuf,
+    d: &crate::oci::Descriptor,
+) -> Result<(), crate::oci::layout::Error> {
+    let (layout, digest) = (layout.clone(), d.digest.clone());
+    let path = from.clone();
+    tokio::task::spawn_blocking(move || layout.import_blob(&from, &digest))
+        .await
+        .unwrap_or_else(|e| {
+            Err(crate::oci::layout::Error::Io {
+                action: "importing",
+                path,
+                source: std::io::Error::other(e),
+            })
+        })
+}
+
 impl LayoutPublisher {
     async fn write_layer(
         &self,
@@ -44,7 +64,7 @@ impl LayoutPublisher {
             return Ok(report);
         }
         match (&blob.local, input.base.map(|b| &b.location)) {
-            (Some(path), _) => layout.import_blob(path, &d.digest).map_err(lerr)?,
+            (Some(path), _) => import(layout, path.clone(), d).await.map_err(lerr)?,
             (None, _) if blob.remote.is_some() => {
                 let from = blob
                     .remote
@@ -59,9 +79,11 @@ impl LayoutPublisher {
                     ))?;
             }
             (None, None) => return Err(Error::MissingLayer(d.digest.clone())),
-            (None, Some(BaseLocation::Layout(base))) => layout
-                .import_blob(&base.blob_path(&d.digest), &d.digest)
-                .map_err(lerr)?,
+            (None, Some(BaseLocation::Layout(base))) => {
+                import(layout, base.blob_path(&d.digest), d)
+                    .await
+                    .map_err(lerr)?;
+            }
             (None, Some(BaseLocation::Registry(r))) => {
                 self.client
                     .get_blob_to_file(r, d, &layout.blob_path(&d.digest))
