@@ -12,7 +12,8 @@
 //! - npm tarballs (`npm/<sha512>.tgz`) and Python wheels (`wheels/<sha256>.whl`), the
 //!   downloads of kiln's own installs and of base images, by last use (a build touches each
 //!   one it takes from the cache), never one used in the last [`GRACE`], so none goes between
-//!   a build's download and its unpack;
+//!   a build's download and its unpack; and PyPI project pages (`pypi/<sha256 of the
+//!   URL>.page`), as old as their last fetch;
 //! - what the registry client learnt ([`REGISTRY_RECORD`]s): manifests and configs by digest
 //!   (`documents/`), the blobs pushed to each repository (`pushed/`) and what each registry
 //!   refuses (`registries/`), as old as their last write. Removing one costs a later build a
@@ -31,6 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use crate::build::cache::LayerCache;
+use crate::build::pinned::pages;
 use crate::inuse::try_exclusive;
 use crate::oci::Layout;
 use crate::run::cache::RootfsCache;
@@ -43,6 +45,9 @@ pub const NPM_TARBALL: &str = "npm tarball";
 
 /// The kind of a cached Python wheel.
 pub const WHEEL: &str = "wheel";
+
+/// The kind of a cached PyPI project page.
+pub const PYPI_PAGE: &str = "PyPI project page";
 
 /// Where the registry client keeps what it learnt, under the cache directory.
 const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registries"];
@@ -206,7 +211,11 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             });
         }
     }
-    for (dir, suffix, kind) in [("npm", ".tgz", NPM_TARBALL), ("wheels", ".whl", WHEEL)] {
+    for (dir, suffix, kind) in [
+        ("npm", ".tgz", NPM_TARBALL),
+        ("wheels", ".whl", WHEEL),
+        (pages::DIR, pages::SUFFIX, PYPI_PAGE),
+    ] {
         let Ok(entries) = fs::read_dir(cache_dir.join(dir)) else {
             continue;
         };

@@ -71,8 +71,9 @@ pub(super) fn summary(report: &crate::prune::Report, dry_run: bool) -> String {
         ),
         (crate::prune::NPM_TARBALL, "npm tarballs (package downloads"),
         (crate::prune::WHEEL, "wheels (package downloads"),
+        (crate::prune::PYPI_PAGE, "PyPI project pages (index answers"),
     ];
-    let mut counts = [(0, 0); 3];
+    let mut counts = [(0, 0); 4];
     for (kind, name, size) in &report.removed {
         match grouped.iter().position(|(k, _)| k == kind) {
             Some(i) => counts[i] = (counts[i].0 + 1, counts[i].1 + size),

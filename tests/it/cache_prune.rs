@@ -113,13 +113,17 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
     // (inside the grace).
     fs::create_dir_all(cache.join("npm")).unwrap();
     fs::create_dir_all(cache.join("wheels")).unwrap();
+    fs::create_dir_all(cache.join("pypi")).unwrap();
     let (old_tarball, recent_tarball) = (cache.join("npm/0e0e.tgz"), cache.join("npm/0f0f.tgz"));
     let (old_wheel, recent_wheel) = (cache.join("wheels/0a0a.whl"), cache.join("wheels/0b0b.whl"));
+    let (old_page, recent_page) = (cache.join("pypi/0c0c.page"), cache.join("pypi/0d0d.page"));
     for (path, when) in [
         (&old_tarball, "3 days ago"),
         (&recent_tarball, "2 minutes ago"),
         (&old_wheel, "3 days ago"),
         (&recent_wheel, "2 minutes ago"),
+        (&old_page, "3 days ago"),
+        (&recent_page, "2 minutes ago"),
     ] {
         fs::write(path, b"tarball").unwrap();
         age(path, when);
@@ -168,6 +172,12 @@ fn prune_goes_by_age_then_size_and_keeps_what_is_in_use() {
         pruned.stdout
     );
     assert!(!old_wheel.exists() && recent_wheel.exists());
+    assert!(
+        pruned.stdout.contains("removed 1 PyPI project pages"),
+        "{}",
+        pruned.stdout
+    );
+    assert!(!old_page.exists() && recent_page.exists());
     assert_eq!(rootfs_entries(&cache).len(), 1, "{}", pruned.stdout);
     assert!(
         http_get(port, "/index.html").is_some(),

@@ -3,16 +3,18 @@
 //! (`packaging.tags.sys_tags`), `Requires-Python`, yanking and build number.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
+use reqwest::StatusCode;
 use serde::Deserialize;
 
-use super::{Error, Requirement, Target, python_admits};
+use super::{Error, Requirement, Target, pages, python_admits};
 use crate::base::download;
 use crate::build::pep440::Version;
 
 /// The index kiln asks for a project's files, as pip does (its default; a `pip.conf` makes
 /// pip run): PEP 691's JSON form of the simple API.
-const INDEX: &str = "https://pypi.org/simple/";
+pub(super) const INDEX: &str = "https://pypi.org/simple/";
 
 /// The most a project's index page may be. Pages list every file of every release: 1.2 MB
 /// for charset-normalizer, 2 MB for botocore or numpy (2026-11).
@@ -101,39 +103,65 @@ pub(super) struct IndexFile {
     pub(super) limit: u64,
 }
 
-/// The wheels of `r`'s release from the index (PEP 691 JSON); `None` when it has no such
-/// project.
+/// The wheels of `r`'s release from `index` (PEP 691 JSON), through the page cache in
+/// `cache_dir` ([`pages`]); `None` when it has no such project.
 ///
 /// A file belongs to the release when its version is the pinned one by PEP 440 (`1.0` and
 /// `1.0.0` are one); more than one version string matching is for pip to decide.
 pub(super) async fn release(
     http: &reqwest::Client,
+    index: &str,
+    cache_dir: &Path,
     r: &Requirement,
 ) -> Result<Option<Vec<IndexFile>>, Error> {
-    let url = format!("{INDEX}{}/", r.key);
-    let resp = http
-        .get(&url)
-        .header(
-            reqwest::header::ACCEPT,
-            "application/vnd.pypi.simple.v1+json",
-        )
+    let url = format!("{index}{}/", r.key);
+    let parse = |body: &[u8]| -> Result<Project, download::Error> {
+        serde_json::from_slice(body).map_err(|source| download::Error::Json {
+            url: url.clone(),
+            source,
+        })
+    };
+    let cached = pages::read(cache_dir, &url);
+    if let Some(page) = cached.as_ref().filter(|p| p.fresh(pages::now()))
+        && let Ok(project) = parse(&page.body)
+    {
+        tracing::debug!(%url, "project page from the cache");
+        return Ok(Some(release_files(project, &url, r)));
+    }
+    let mut request = http.get(&url).header(
+        reqwest::header::ACCEPT,
+        "application/vnd.pypi.simple.v1+json",
+    );
+    if let Some(etag) = cached.as_ref().and_then(pages::Page::etag) {
+        request = request.header(reqwest::header::IF_NONE_MATCH, etag);
+    }
+    let resp = request
         .send()
         .await
         .map_err(|source| download::Error::Http {
             url: url.clone(),
             source,
         })?;
-    if resp.status() == reqwest::StatusCode::NOT_FOUND {
-        return Ok(None);
-    }
-    if !resp.status().is_success() {
-        return Err(download::Error::Status {
-            url,
-            status: resp.status().as_u16(),
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let (project, body, etag) = match cached {
+        Some(page) if status == StatusCode::NOT_MODIFIED => {
+            let etag = page.etag().map(str::to_string);
+            (parse(&page.body)?, page.body, etag)
         }
-        .into());
-    }
-    let project: Project = download::json(resp, &url, INDEX_LIMIT).await?;
+        _ if status == StatusCode::NOT_FOUND => return Ok(None),
+        _ if status.is_success() => {
+            let body = download::document(resp, &url, INDEX_LIMIT).await?;
+            (parse(&body)?, body, None)
+        }
+        _ => {
+            return Err(download::Error::Status {
+                url,
+                status: status.as_u16(),
+            }
+            .into());
+        }
+    };
+    pages::write(cache_dir, &url, &headers, &body, etag.as_deref());
     Ok(Some(release_files(project, &url, r)))
 }
 

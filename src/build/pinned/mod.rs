@@ -27,9 +27,10 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 use sha2::Sha256;
 
 mod index;
+pub(crate) mod pages;
 mod wheel;
 
-use index::{IndexFile, choose, release};
+use index::{INDEX, IndexFile, choose, release};
 #[cfg(test)]
 use index::{Project, release_files};
 use wheel::{Skip, Wheel, read_wheel, unpack};
@@ -321,7 +322,7 @@ pub async fn install(
         .map(|(i, t)| (t, i))
         .collect();
     let releases: Vec<Option<Vec<IndexFile>>> = futures_util::stream::iter(&plan.requirements)
-        .map(|r| release(http, r))
+        .map(|r| release(http, INDEX, cache_dir, r))
         .buffered(PARALLEL)
         .try_collect()
         .await?;

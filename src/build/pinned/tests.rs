@@ -564,3 +564,86 @@ fn metadata_headers_end_where_pythons_email_parser_ends_them() {
     assert!(!found.iter().any(|(_, v)| v == "c"), "{found:?}");
     assert_eq!(headers("Name: a\n\nRequires-Dist: b\n").len(), 1);
 }
+
+/// A PyPI stand-in answering every request with one project page, `Cache-Control:
+/// max-age=<max_age>` and an ETag, or a bodiless 304 when asked with that ETag. Returns the
+/// index URL and the requests so far, as (had If-None-Match, answered 304).
+async fn page_server(
+    max_age: u64,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<(bool, bool)>>>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let index = format!("http://{}/simple/", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        let page = br#"{"meta": {"api-version": "1.1"}, "files": [{"filename": "six-1.17.0-py2.py3-none-any.whl", "url": "https://files.example/six.whl", "hashes": {"sha256": "abab"}, "size": 11}]}"#;
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let mut buf = vec![0u8; 8192];
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+            let revalidating = head.contains("if-none-match: \"v1\"");
+            log.lock()
+                .unwrap()
+                .push((head.contains("if-none-match"), revalidating));
+            let answer = match revalidating {
+                true => format!("HTTP/1.1 304 Not Modified\r\nCache-Control: max-age={max_age}\r\nConnection: close\r\n\r\n").into_bytes(),
+                false => {
+                    let mut a = format!("HTTP/1.1 200 OK\r\nContent-Type: application/vnd.pypi.simple.v1+json\r\nCache-Control: max-age={max_age}, public\r\nETag: \"v1\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", page.len()).into_bytes();
+                    a.extend_from_slice(page);
+                    a
+                }
+            };
+            let _ = conn.write_all(&answer).await;
+        }
+    });
+    (index, seen)
+}
+
+#[tokio::test]
+async fn a_project_page_is_taken_from_the_cache_while_fresh_and_revalidated_after() {
+    let r = plan_of("six==1.17.0\n").unwrap().requirements.remove(0);
+    let http = reqwest::Client::new();
+    let cache = tempfile::tempdir().unwrap();
+    let wheels = |files: Option<Vec<IndexFile>>| -> Vec<String> {
+        files.unwrap().into_iter().map(|f| f.filename).collect()
+    };
+
+    // PyPI's 600 s: the second build asks nothing.
+    let (index, seen) = page_server(600).await;
+    for _ in 0..2 {
+        let files = release(&http, &index, cache.path(), &r).await.unwrap();
+        assert_eq!(wheels(files), ["six-1.17.0-py2.py3-none-any.whl"]);
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(false, false)],
+        "one request for two builds"
+    );
+
+    // max-age=0: every build asks, with the ETag, and a 304 serves the cached page.
+    let cache = tempfile::tempdir().unwrap();
+    let (index, seen) = page_server(0).await;
+    for _ in 0..3 {
+        let files = release(&http, &index, cache.path(), &r).await.unwrap();
+        assert_eq!(wheels(files), ["six-1.17.0-py2.py3-none-any.whl"]);
+    }
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(false, false), (true, true), (true, true)]
+    );
+
+    // A cached page that does not parse is not used: the index is asked anew.
+    let (index, seen) = page_server(600).await;
+    let cache = tempfile::tempdir().unwrap();
+    release(&http, &index, cache.path(), &r).await.unwrap();
+    let url = format!("{index}six/");
+    let h = reqwest::header::HeaderMap::from_iter([(
+        reqwest::header::CACHE_CONTROL,
+        reqwest::header::HeaderValue::from_static("max-age=600"),
+    )]);
+    pages::write(cache.path(), &url, &h, b"{not json", None);
+    let files = release(&http, &index, cache.path(), &r).await.unwrap();
+    assert_eq!(wheels(files), ["six-1.17.0-py2.py3-none-any.whl"]);
+    assert_eq!(seen.lock().unwrap().len(), 2, "asked again");
+}
