@@ -172,7 +172,10 @@ def write(path, text):
 
 
 class Registry:
-    """docker-registry on a free loopback port; its access log (one line per request) in a file."""
+    """docker-registry on a free loopback port; its access log (one line per request) in a file.
+    Storage as Debian's package configures it: the file system, with the in-memory cache of
+    blob descriptors (without it, every blob check and manifest PUT reads the disk: a kiln
+    source-only build took 22 instead of 20 ms)."""
 
     ACCESS = re.compile(rb'"(?:GET|HEAD|POST|PUT|PATCH|DELETE) /v2/')
 
@@ -184,6 +187,7 @@ class Registry:
 log: {{level: error, accesslog: {{disabled: false}}}}
 storage:
   filesystem: {{rootdirectory: {root}/data}}
+  cache: {{blobdescriptor: inmemory}}
   delete: {{enabled: true}}
 http: {{addr: 127.0.0.1:{self.port}, secret: kiln-vs-buildah}}
 """)
