@@ -121,18 +121,21 @@ pub(super) async fn release(
             source,
         })
     };
-    let cached = pages::read(cache_dir, &url);
-    if let Some(page) = cached.as_ref().filter(|p| p.fresh(pages::now()))
-        && let Ok(project) = parse(&page.body)
-    {
-        tracing::debug!(%url, "project page from the cache");
-        return Ok(Some(release_files(project, &url, r)));
-    }
+    // Only a kept page that parses is used, or revalidated.
+    let cached =
+        pages::read(cache_dir, &url).and_then(|page| Some((parse(&page.body).ok()?, page)));
+    let cached = match cached {
+        Some((project, page)) if page.fresh(pages::now()) => {
+            tracing::debug!(%url, "project page from the cache");
+            return Ok(Some(release_files(project, &url, r)));
+        }
+        other => other,
+    };
     let mut request = http.get(&url).header(
         reqwest::header::ACCEPT,
         "application/vnd.pypi.simple.v1+json",
     );
-    if let Some(etag) = cached.as_ref().and_then(pages::Page::etag) {
+    if let Some(etag) = cached.as_ref().and_then(|(_, page)| page.etag()) {
         request = request.header(reqwest::header::IF_NONE_MATCH, etag);
     }
     let resp = request
@@ -144,9 +147,9 @@ pub(super) async fn release(
         })?;
     let (status, headers) = (resp.status(), resp.headers().clone());
     let (project, body, etag) = match cached {
-        Some(page) if status == StatusCode::NOT_MODIFIED => {
+        Some((project, page)) if status == StatusCode::NOT_MODIFIED => {
             let etag = page.etag().map(str::to_string);
-            (parse(&page.body)?, page.body, etag)
+            (project, page.body, etag)
         }
         _ if status == StatusCode::NOT_FOUND => return Ok(None),
         _ if status.is_success() => {
