@@ -501,4 +501,6 @@ fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error
 }
 
 #[cfg(test)]
+mod index_tests;
+#[cfg(test)]
 mod tests;
