@@ -18,7 +18,10 @@
 //!   (`documents/`), the blobs pushed to each repository (`pushed/`) and what each registry
 //!   refuses (`registries/`), as old as their last write. Removing one costs a later build a
 //!   request, never a wrong answer; a build keeps one file per pushed image, so without this
-//!   `documents/` only grows.
+//!   `documents/` only grows;
+//! - whatever a killed build, run or prune left behind: entries of the scratch directories
+//!   (`tmp/`, `rootfs/tmp/`) and temporary files (named `.…`) next to the entries they were
+//!   to become, once untouched for [`ABANDONED_AFTER`], whatever the options say.
 //!
 //! Safety: a build holds a shared lock on its dependency entry until it has published, a run
 //! or an install on its root file system until it ends ([`crate::inuse`]); prune takes the
@@ -49,8 +52,33 @@ pub const WHEEL: &str = "wheel";
 /// The kind of a cached PyPI project page.
 pub const PYPI_PAGE: &str = "PyPI project page";
 
+/// The kind of an abandoned temporary file or directory.
+pub const ABANDONED: &str = "abandoned temporary file";
+
 /// Where the registry client keeps what it learnt, under the cache directory.
 const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registries"];
+
+/// The scratch directories under the cache directory: everything in them is temporary.
+const SCRATCH_DIRS: [&str; 2] = ["tmp", "rootfs/tmp"];
+
+/// Directories where kiln writes a temporary file (`.tmp…`, `.layer-…`, `.kiln-blob-…`) and
+/// renames it to the entry it becomes; no entry's own name starts with a dot.
+const TEMP_FILE_DIRS: [&str; 12] = [
+    "deps",
+    "blobs/sha256",
+    "documents/sha256",
+    "pushed",
+    "registries",
+    "npm",
+    "wheels",
+    pages::DIR,
+    "debs",
+    "packages",
+    "store",
+    "store/blobs/sha256",
+];
+
+pub use crate::run::cache::ABANDONED_AFTER;
 
 /// Blobs younger than this are never collected.
 pub const GRACE: Duration = Duration::from_secs(600);
@@ -91,6 +119,8 @@ struct Candidate {
     size: u64,
     lock: Option<PathBuf>,
     what: Removal,
+    /// Left behind by a killed kiln: removed whatever the options say.
+    abandoned: bool,
 }
 
 #[derive(Debug)]
@@ -109,16 +139,17 @@ pub fn prune(opts: &Options) -> io::Result<Report> {
         before: cache_size(&opts.cache_dir),
         ..Report::default()
     };
-    let mut candidates = candidates(&opts.cache_dir)?;
-    candidates.sort_by_key(|c| c.last_use);
     let now = SystemTime::now();
     let mut size = report.before;
+    let mut candidates = candidates(&opts.cache_dir)?;
+    candidates.extend(abandoned(&opts.cache_dir, now));
+    candidates.sort_by_key(|c| c.last_use);
     let mut store_names = Vec::new();
     for c in candidates {
         let age = now.duration_since(c.last_use).unwrap_or_default();
         let too_old = opts.older_than.is_some_and(|limit| age >= limit);
         let too_big = opts.max_size.is_some_and(|max| size > max);
-        if !(too_old || too_big) {
+        if !(c.abandoned || too_old || too_big) {
             continue;
         }
         let held = match &c.lock {
@@ -151,10 +182,11 @@ pub fn prune(opts: &Options) -> io::Result<Report> {
                 .remove_refs_and_collect(&store_names, GRACE)
                 .map_err(io::Error::other)?;
         }
+        // A dependency layer's blob and a store image's blobs are counted as collected.
         report.freed += report
             .removed
             .iter()
-            .filter(|(kind, ..)| *kind == "rootfs")
+            .filter(|(kind, ..)| !matches!(*kind, "dependencies" | "store image"))
             .map(|(.., size)| size)
             .sum::<u64>();
     }
@@ -177,6 +209,7 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             size: fs::metadata(&blob).map_or(size, |m| m.len()),
             lock: Some(layers.lock_path(&hex)),
             what: Removal::Record(record),
+            abandoned: false,
         });
     }
     let rootfs = RootfsCache::new(cache_dir);
@@ -188,6 +221,7 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             size: tree_size(&dir),
             lock: Some(lock),
             what: Removal::Dir(dir),
+            abandoned: false,
         });
     }
     for sub in REGISTRY_RECORD_DIRS {
@@ -208,6 +242,7 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size: meta.len(),
                 lock: None,
                 what: Removal::Record(entry.path()),
+                abandoned: false,
             });
         }
     }
@@ -237,6 +272,7 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size: meta.len(),
                 lock: None,
                 what: Removal::Record(entry.path()),
+                abandoned: false,
             });
         }
     }
@@ -267,10 +303,49 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size,
                 lock: None,
                 what: Removal::StoreImage(name),
+                abandoned: false,
             });
         }
     }
     Ok(out)
+}
+
+/// What killed builds, runs and prunes left behind, untouched for [`ABANDONED_AFTER`]: the
+/// entries of the scratch directories and the temporary files next to cache entries.
+fn abandoned(cache_dir: &Path, now: SystemTime) -> Vec<Candidate> {
+    let mut out = Vec::new();
+    let dirs = SCRATCH_DIRS.iter().map(|d| (d, true));
+    for (sub, scratch) in dirs.chain(TEMP_FILE_DIRS.iter().map(|d| (d, false))) {
+        let Ok(entries) = fs::read_dir(cache_dir.join(sub)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+                continue;
+            };
+            let last_use = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+            let old = now.duration_since(last_use).unwrap_or_default() >= ABANDONED_AFTER;
+            if !old || !(scratch || (meta.is_file() && name.starts_with('.'))) {
+                continue;
+            }
+            let (size, what) = if meta.is_dir() {
+                (tree_size(&entry.path()), Removal::Dir(entry.path()))
+            } else {
+                (meta.len(), Removal::Record(entry.path()))
+            };
+            out.push(Candidate {
+                kind: ABANDONED,
+                name: format!("{sub}/{name}"),
+                last_use,
+                size,
+                lock: None,
+                what,
+                abandoned: true,
+            });
+        }
+    }
+    out
 }
 
 /// Deletes dependency-cache blobs no record names (older than [`GRACE`]).
@@ -355,11 +430,12 @@ fn tree_size(dir: &Path) -> u64 {
 }
 
 /// The size of what prune manages: layer blobs, unpacked root file systems, the store, what
-/// the registry client learnt.
+/// the registry client learnt, the scratch directories.
 pub fn cache_size(cache_dir: &Path) -> u64 {
     ["blobs", "deps", "rootfs/sha256", "store"]
         .iter()
         .chain(&REGISTRY_RECORD_DIRS)
+        .chain(&SCRATCH_DIRS)
         .map(|d| tree_size(&cache_dir.join(d)))
         .sum()
 }

@@ -11,7 +11,9 @@ use super::Failure;
 pub enum CacheCommand {
     /// Remove least recently used dependency layers, unpacked root file systems and Function
     /// images of the local store, by age and to a size. Safe while builds and runs use the
-    /// cache: what they use is skipped. The runtime base images and package downloads stay.
+    /// cache: what they use is skipped. The runtime base images and Debian package downloads
+    /// stay. Temporary files that killed builds and runs left, untouched for a day, go
+    /// whatever the options say.
     #[command(
         after_help = "Examples:\n  kiln cache prune --older-than 7d\n  kiln cache prune --max-size 10G\n  kiln cache prune --older-than 12h --max-size 2G --dry-run"
     )]
@@ -72,8 +74,12 @@ pub(super) fn summary(report: &crate::prune::Report, dry_run: bool) -> String {
         (crate::prune::NPM_TARBALL, "npm tarballs (package downloads"),
         (crate::prune::WHEEL, "wheels (package downloads"),
         (crate::prune::PYPI_PAGE, "PyPI project pages (index answers"),
+        (
+            crate::prune::ABANDONED,
+            "abandoned temporary files (left by killed builds, runs and prunes",
+        ),
     ];
-    let mut counts = [(0, 0); 4];
+    let mut counts = [(0, 0); 5];
     for (kind, name, size) in &report.removed {
         match grouped.iter().position(|(k, _)| k == kind) {
             Some(i) => counts[i] = (counts[i].0 + 1, counts[i].1 + size),

@@ -96,8 +96,9 @@ impl Drop for Staging {
     }
 }
 
-/// How old a staging area must be to count as abandoned: far longer than any unpack takes.
-const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// How old a temporary file or directory in the cache must be to count as abandoned (left by a
+/// killed build, run or prune): far longer than any unpack, install or build takes.
+pub const ABANDONED_AFTER: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// Removes staging areas a killed run left behind (dropping [`Staging`] removes its own, but
 /// SIGKILL skips that). Best effort: what cannot be removed now is tried again next time.

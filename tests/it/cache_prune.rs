@@ -264,3 +264,86 @@ fn a_build_with_cache_max_size_trims_the_cache_after_it_is_done() {
         built.stderr
     );
 }
+
+#[test]
+fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let kiln = Kiln::new();
+    let cache = kiln.cache_dir();
+    // A killed install's scratch directory, with a read-only directory inside (as a builder
+    // image's tree has), a killed layer write, a killed unpack; each two days old.
+    let install = cache.join("tmp/.tmpINSTALL");
+    fs::create_dir_all(install.join("node_modules/locked")).unwrap();
+    fs::write(
+        install.join("node_modules/locked/index.js"),
+        vec![b'x'; 4096],
+    )
+    .unwrap();
+    fs::set_permissions(
+        install.join("node_modules/locked"),
+        fs::Permissions::from_mode(0o555),
+    )
+    .unwrap();
+    let layer = cache.join("tmp/.layer-KILLED");
+    fs::write(&layer, vec![b'y'; 1000]).unwrap();
+    let unpack = cache.join("rootfs/tmp/unpack-KILLED");
+    fs::create_dir_all(unpack.join("rootfs")).unwrap();
+    // Temporary files next to the entries they were to become.
+    let temp_files = [
+        "npm/.tmpAAAA",
+        "deps/.tmpBBBB",
+        "store/blobs/sha256/.tmpCCCC",
+    ];
+    for f in temp_files {
+        let path = cache.join(f);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, b"partial").unwrap();
+    }
+    let old = [&install, &layer, &unpack]
+        .into_iter()
+        .cloned()
+        .chain(temp_files.iter().map(|f| cache.join(f)))
+        .collect::<Vec<_>>();
+    for path in &old {
+        age(path, "2 days ago");
+    }
+    // What a build still running writes, an entry whose name is not a temporary one, and a
+    // tarball that --older-than 30d keeps.
+    let running = cache.join("tmp/.tmpRUNNING");
+    fs::create_dir_all(&running).unwrap();
+    age(&running, "2 hours ago");
+    let fresh_temp = cache.join("npm/.tmpDDDD");
+    fs::write(&fresh_temp, b"partial").unwrap();
+    let tarball = cache.join("npm/0e0e.tgz");
+    fs::write(&tarball, b"tarball").unwrap();
+    age(&tarball, "2 days ago");
+
+    let dry = kiln.run(&["cache", "prune", "--older-than", "30d", "--dry-run"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert!(
+        dry.stdout
+            .contains("would remove 6 abandoned temporary files"),
+        "{}",
+        dry.stdout
+    );
+    assert!(old.iter().all(|p| p.exists()), "a dry run removes nothing");
+
+    let pruned = kiln.run(&["cache", "prune", "--older-than", "30d"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert!(
+        pruned
+            .stdout
+            .contains("removed 6 abandoned temporary files"),
+        "{}",
+        pruned.stdout
+    );
+    for path in &old {
+        assert!(!path.exists(), "{} is still there", path.display());
+    }
+    assert!(
+        running.exists(),
+        "a running build's scratch directory stays"
+    );
+    assert!(fresh_temp.exists(), "a temporary file being written stays");
+    assert!(tarball.exists(), "younger than --older-than");
+}
