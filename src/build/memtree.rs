@@ -13,19 +13,51 @@ use crate::oci::layer::{Content, EntryKind};
 /// directory and read back by the layer writer.
 pub(crate) const IN_MEMORY: u64 = 64 << 20;
 
-/// A file could not be spilled.
+/// The most file bytes one install may unpack: what `kiln run` unpacks at most by default
+/// ([`crate::run::unpack::DEFAULT_LIMIT`]), so a dependency layer kiln makes is one it runs.
+pub(crate) const LIMIT: u64 = crate::run::unpack::DEFAULT_LIMIT;
+
+/// A file that could not be added to the tree.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {}", path.display())]
-pub struct SpillError {
-    action: &'static str,
-    path: PathBuf,
-    #[source]
-    source: std::io::Error,
+pub enum Error {
+    /// The spill directory could not be written.
+    #[error("{action} {}", path.display())]
+    Spill {
+        /// What was being done.
+        action: &'static str,
+        /// Where.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The files passed the tree's limit.
+    #[error(
+        "the dependencies unpack to more than {} MiB (at {path}): kiln refuses a dependency \
+         layer that large (`kiln run` would not unpack it); leave the package out or replace \
+         it",
+        limit >> 20
+    )]
+    TooLarge {
+        /// The file that passed the limit.
+        path: String,
+        /// The limit.
+        limit: u64,
+    },
+    /// The file's bytes could not be read from where they are unpacked from.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-fn spill_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> SpillError {
+fn spill_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.to_path_buf();
-    move |source| SpillError {
+    move |source| Error::Spill {
         action,
         path,
         source,
@@ -42,10 +74,15 @@ pub(crate) struct Building {
     budget: u64,
     spill: PathBuf,
     spilled: u64,
+    /// File bytes added so far, replaced files included.
+    total: u64,
+    /// How many may be.
+    limit: u64,
 }
 
 impl Building {
-    /// An empty tree keeping up to `budget` bytes of files in memory, the rest in `spill`.
+    /// An empty tree keeping up to `budget` bytes of files in memory, the rest in `spill`,
+    /// and refusing files past [`LIMIT`] bytes in all.
     pub(crate) fn new(spill: &Path, budget: u64) -> Building {
         Building {
             entries: BTreeMap::new(),
@@ -53,7 +90,35 @@ impl Building {
             budget,
             spill: spill.to_path_buf(),
             spilled: 0,
+            total: 0,
+            limit: LIMIT,
         }
+    }
+
+    /// The same tree with another limit than [`LIMIT`].
+    #[cfg(test)]
+    pub(crate) fn with_limit(self, limit: u64) -> Building {
+        Building { limit, ..self }
+    }
+
+    /// Counts `bytes` more for `path` against the limit.
+    fn count(&mut self, path: &str, bytes: u64) -> Result<(), Error> {
+        self.total = self.total.saturating_add(bytes);
+        if self.total > self.limit {
+            return Err(Error::TooLarge {
+                path: path.to_string(),
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// The next file of the spill directory.
+    fn spill_path(&mut self) -> Result<PathBuf, Error> {
+        std::fs::create_dir_all(&self.spill).map_err(spill_error("creating", &self.spill))?;
+        let file = self.spill.join(self.spilled.to_string());
+        self.spilled += 1;
+        Ok(file)
     }
 
     /// Adds a file, or replaces the entry at `path` (as a later tar member does), which it
@@ -63,24 +128,68 @@ impl Building {
         path: String,
         bytes: Vec<u8>,
         executable: bool,
-    ) -> Result<Option<EntryKind>, SpillError> {
+    ) -> Result<Option<EntryKind>, Error> {
+        self.count(&path, bytes.len() as u64)?;
         let content = if self.in_memory + bytes.len() as u64 <= self.budget {
             self.in_memory += bytes.len() as u64;
             Content::Bytes(bytes)
         } else {
-            std::fs::create_dir_all(&self.spill).map_err(spill_error("creating", &self.spill))?;
-            let file = self.spill.join(self.spilled.to_string());
-            self.spilled += 1;
+            let file = self.spill_path()?;
             std::fs::write(&file, &bytes).map_err(spill_error("writing", &file))?;
             Content::Path(file)
         };
-        Ok(self.entries.insert(
+        Ok(self.insert(path, content, executable))
+    }
+
+    /// Adds a file of `size` bytes read from `reader` (a tar member, which ends after its
+    /// size): into memory if it fits the budget, else copied to the spill directory as it
+    /// is read, so no file past the budget is ever whole in memory. Like
+    /// [`Building::put_file`] otherwise.
+    pub(crate) fn put_reader(
+        &mut self,
+        path: String,
+        reader: impl std::io::Read,
+        size: u64,
+        executable: bool,
+    ) -> Result<Option<EntryKind>, Error> {
+        use std::io::{Read as _, Write as _};
+        let read_error = |source| Error::Read {
+            path: path.clone(),
+            source,
+        };
+        // Refused before anything is read: `size` is what the reader yields at most.
+        self.count(&path, size)?;
+        let mut reader = reader.take(size);
+        if self.in_memory + size <= self.budget {
+            let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+            reader.read_to_end(&mut bytes).map_err(read_error)?;
+            self.in_memory += bytes.len() as u64;
+            return Ok(self.insert(path, Content::Bytes(bytes), executable));
+        }
+        let file = self.spill_path()?;
+        let mut out = std::fs::File::create(&file).map_err(spill_error("creating", &file))?;
+        let mut buf = vec![0; 256 << 10];
+        loop {
+            let n = match reader.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(read_error(e)),
+            };
+            out.write_all(&buf[..n])
+                .map_err(spill_error("writing", &file))?;
+        }
+        Ok(self.insert(path, Content::Path(file), executable))
+    }
+
+    fn insert(&mut self, path: String, content: Content, executable: bool) -> Option<EntryKind> {
+        self.entries.insert(
             path,
             EntryKind::File {
                 content,
                 executable,
             },
-        ))
+        )
     }
 
     /// The finished tree.
@@ -128,6 +237,42 @@ mod tests {
             panic!("{:?}", tree.entries["p/b"]);
         };
         assert_eq!(std::fs::read(spilled).unwrap(), b"yz");
+    }
+
+    #[test]
+    fn files_past_the_limit_are_refused_before_they_are_read() {
+        /// A reader that must not be read.
+        struct Untouched;
+        impl std::io::Read for Untouched {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                panic!("read past the limit");
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut tree = Building::new(dir.path(), 4).with_limit(10);
+        tree.put_reader("a".into(), &b"12345678"[..], 8, false)
+            .unwrap();
+        assert!(matches!(
+            &tree.entries["a"],
+            EntryKind::File {
+                content: Content::Path(p),
+                ..
+            } if std::fs::read(p).unwrap() == b"12345678"
+        ));
+        let err = tree
+            .put_reader("b".into(), Untouched, 3, false)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { path, limit: 10 } if path == "b"),
+            "{err}"
+        );
+        let err = tree
+            .put_file("c".into(), b"xyz".to_vec(), false)
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { path, .. } if path == "c"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -228,9 +228,11 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
             rel = renamed;
         }
         let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
-        let mut bytes = Vec::with_capacity(entry.size().try_into().unwrap_or(0));
-        std::io::Read::read_to_end(&mut entry, &mut bytes).map_err(bad)?;
-        tree.put_file(format!("{prefix}/{rel}"), bytes, executable)?;
+        let size = entry.size();
+        match tree.put_reader(format!("{prefix}/{rel}"), &mut entry, size, executable) {
+            Err(crate::build::memtree::Error::Read { source, .. }) => return Err(bad(source)),
+            other => other?,
+        };
     }
     Ok(())
 }

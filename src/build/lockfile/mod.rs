@@ -401,9 +401,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// A file of the tree could not be written to the scratch directory.
+    /// A file could not be added to the tree: the scratch directory, the tree's size limit.
     #[error(transparent)]
-    Spill(#[from] crate::build::memtree::SpillError),
+    Tree(#[from] crate::build::memtree::Error),
     /// A tarball that cannot be read.
     #[error("unpacking {package}@{version}")]
     Tarball {

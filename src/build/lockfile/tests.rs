@@ -301,6 +301,42 @@ fn a_tarball_unpacks_as_pacote_extracts_it_and_nothing_leaves_the_package() {
 }
 
 #[test]
+fn a_member_past_the_memory_budget_streams_to_disk_and_one_past_the_limit_is_refused() {
+    use tar::EntryType::Regular;
+    // 3 MiB of zeros: a few kilobytes of gzip, as a bomb's members are.
+    let zeros = vec![0u8; 3 << 20];
+    let t = tgz(&[
+        ("package/small.js", Regular, b"s", 0o644),
+        ("package/big.bin", Regular, &zeros, 0o644),
+    ]);
+    assert!(t.as_file().metadata().unwrap().len() < 64 << 10);
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = Building::new(spill.path(), 1 << 20).with_limit(4 << 20);
+    unpack(t.path(), "p", &mut tree).unwrap();
+    let EntryKind::File {
+        content: Content::Path(big),
+        ..
+    } = &tree.entries["p/big.bin"]
+    else {
+        panic!("{:?}", tree.entries["p/big.bin"]);
+    };
+    assert_eq!(std::fs::read(big).unwrap(), zeros);
+    assert!(matches!(
+        &tree.entries["p/small.js"],
+        EntryKind::File {
+            content: Content::Bytes(b),
+            ..
+        } if b == b"s"
+    ));
+    // A second package that would pass the limit is refused before its member is read.
+    let err = unpack(t.path(), "q", &mut tree).unwrap_err().to_string();
+    assert!(
+        err.contains("unpack to more than 4 MiB (at q/big.bin)"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bins_are_linked_relative_from_their_node_modules_and_fixed_as_bin_links_does() {
     let spill = tempfile::tempdir().unwrap();
     let mut tree = building(spill.path());
