@@ -163,10 +163,21 @@ pub fn prune(opts: &Options) -> io::Result<Report> {
             None => None,
         };
         if !opts.dry_run {
-            match &c.what {
-                Removal::Record(path) => remove_file(path)?,
-                Removal::Dir(dir) => remove_tree(dir, &RootfsCache::new(&opts.cache_dir).trash())?,
-                Removal::StoreImage(name) => store_names.push(name.clone()),
+            let removed = match &c.what {
+                Removal::Record(path) => remove_file(path),
+                Removal::Dir(dir) => remove_tree(dir, &RootfsCache::new(&opts.cache_dir).trash()),
+                Removal::StoreImage(name) => {
+                    store_names.push(name.clone());
+                    Ok(())
+                }
+            };
+            match removed {
+                // Garbage that stays costs only space: the rest of the prune goes on.
+                Err(e) if c.abandoned => {
+                    tracing::warn!(entry = %c.name, error = %e, "could not remove an abandoned temporary file");
+                    continue;
+                }
+                other => other?,
             }
         }
         drop(held);
