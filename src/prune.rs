@@ -20,14 +20,17 @@
 //!   request, never a wrong answer; a build keeps one file per pushed image, so without this
 //!   `documents/` only grows;
 //! - whatever a killed build, run or prune left behind: entries of the scratch directories
-//!   (`tmp/`, `rootfs/tmp/`) and temporary files (named `.…`) next to the entries they were
-//!   to become, once untouched for [`ABANDONED_AFTER`], whatever the options say.
+//!   (`tmp/`, `rootfs/tmp/`) and temporary files next to the entries they were to become,
+//!   once untouched for [`ABANDONED_AFTER`], whatever the options say. They are outside the
+//!   size `max_size` caps.
 //!
 //! Safety: a build holds a shared lock on its dependency entry until it has published, a run
 //! or an install on its root file system until it ends ([`crate::inuse`]); prune takes the
 //! exclusive lock without waiting and skips what is in use. Blobs are collected only when
 //! nothing names them and they are older than [`GRACE`], since a build writes a blob before
-//! the record or image that names it.
+//! the record or image that names it. Abandoned temporary files have no lock: they go by
+//! age alone, so an operation that ran for longer than [`ABANDONED_AFTER`] would lose its
+//! scratch (none does: the longest are installs and unpacks of minutes).
 
 use std::fs;
 use std::io;
@@ -61,11 +64,9 @@ const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registri
 /// The scratch directories under the cache directory: everything in them is temporary.
 const SCRATCH_DIRS: [&str; 2] = ["tmp", "rootfs/tmp"];
 
-/// Directories where kiln writes a temporary file (`.tmp…`, `.layer-…`, `.kiln-blob-…`) and
-/// renames it to the entry it becomes; no entry's own name starts with a dot.
-const TEMP_FILE_DIRS: [&str; 12] = [
+/// Directories where kiln writes a temporary file and renames it to the entry it becomes.
+const TEMP_FILE_DIRS: [&str; 10] = [
     "deps",
-    "blobs/sha256",
     "documents/sha256",
     "pushed",
     "registries",
@@ -73,10 +74,19 @@ const TEMP_FILE_DIRS: [&str; 12] = [
     "wheels",
     pages::DIR,
     "debs",
-    "packages",
     "store",
     "store/blobs/sha256",
 ];
+
+/// Whether `name` is one of kiln's temporary files: `tempfile`'s `.tmp…`, a layer or blob
+/// being written (`.layer-…`, `.kiln-blob-…`), a download (`.NAME.PID.N.part`). Other
+/// dot-files (the store's `.lock`) are not.
+fn is_temp_file(name: &str) -> bool {
+    [".tmp", ".layer-", ".kiln-blob-"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || (name.starts_with('.') && name.ends_with(".part"))
+}
 
 pub use crate::run::cache::ABANDONED_AFTER;
 
@@ -119,14 +129,15 @@ struct Candidate {
     size: u64,
     lock: Option<PathBuf>,
     what: Removal,
-    /// Left behind by a killed kiln: removed whatever the options say.
-    abandoned: bool,
 }
 
 #[derive(Debug)]
 enum Removal {
     Record(PathBuf),
+    /// A root file system: moved aside at once, then deleted.
     Dir(PathBuf),
+    /// A scratch directory no one uses: deleted where it is.
+    Scratch(PathBuf),
     StoreImage(String),
 }
 
@@ -135,21 +146,35 @@ enum Removal {
 /// # Errors
 /// A cache directory that cannot be read, an entry that cannot be removed.
 pub fn prune(opts: &Options) -> io::Result<Report> {
-    let mut report = Report {
-        before: cache_size(&opts.cache_dir),
-        ..Report::default()
-    };
     let now = SystemTime::now();
+    let trash = RootfsCache::new(&opts.cache_dir).trash();
+    let mut report = Report::default();
+    // First what killed operations left, whatever the options say; outside the size that
+    // `max_size` caps.
+    for c in abandoned(&opts.cache_dir, now) {
+        if !opts.dry_run
+            && let Err(e) = remove(&c.what, &trash)
+        {
+            // Garbage that stays costs only space: the prune goes on.
+            tracing::warn!(
+                path = %opts.cache_dir.join(&c.name).display(),
+                error = %e,
+                "could not remove what a killed kiln left; remove it by hand"
+            );
+            continue;
+        }
+        report.removed.push((c.kind, c.name, c.size));
+    }
+    report.before = cache_size(&opts.cache_dir);
     let mut size = report.before;
     let mut candidates = candidates(&opts.cache_dir)?;
-    candidates.extend(abandoned(&opts.cache_dir, now));
     candidates.sort_by_key(|c| c.last_use);
     let mut store_names = Vec::new();
     for c in candidates {
         let age = now.duration_since(c.last_use).unwrap_or_default();
         let too_old = opts.older_than.is_some_and(|limit| age >= limit);
         let too_big = opts.max_size.is_some_and(|max| size > max);
-        if !(c.abandoned || too_old || too_big) {
+        if !(too_old || too_big) {
             continue;
         }
         let held = match &c.lock {
@@ -163,21 +188,9 @@ pub fn prune(opts: &Options) -> io::Result<Report> {
             None => None,
         };
         if !opts.dry_run {
-            let removed = match &c.what {
-                Removal::Record(path) => remove_file(path),
-                Removal::Dir(dir) => remove_tree(dir, &RootfsCache::new(&opts.cache_dir).trash()),
-                Removal::StoreImage(name) => {
-                    store_names.push(name.clone());
-                    Ok(())
-                }
-            };
-            match removed {
-                // Garbage that stays costs only space: the rest of the prune goes on.
-                Err(e) if c.abandoned => {
-                    tracing::warn!(entry = %c.name, error = %e, "could not remove an abandoned temporary file");
-                    continue;
-                }
-                other => other?,
+            match &c.what {
+                Removal::StoreImage(name) => store_names.push(name.clone()),
+                what => remove(what, &trash)?,
             }
         }
         drop(held);
@@ -193,11 +206,10 @@ pub fn prune(opts: &Options) -> io::Result<Report> {
                 .remove_refs_and_collect(&store_names, GRACE)
                 .map_err(io::Error::other)?;
         }
-        // A dependency layer's blob and a store image's blobs are counted as collected.
         report.freed += report
             .removed
             .iter()
-            .filter(|(kind, ..)| !matches!(*kind, "dependencies" | "store image"))
+            .filter(|(kind, ..)| *kind == "rootfs")
             .map(|(.., size)| size)
             .sum::<u64>();
     }
@@ -220,7 +232,6 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             size: fs::metadata(&blob).map_or(size, |m| m.len()),
             lock: Some(layers.lock_path(&hex)),
             what: Removal::Record(record),
-            abandoned: false,
         });
     }
     let rootfs = RootfsCache::new(cache_dir);
@@ -232,7 +243,6 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             size: tree_size(&dir),
             lock: Some(lock),
             what: Removal::Dir(dir),
-            abandoned: false,
         });
     }
     for sub in REGISTRY_RECORD_DIRS {
@@ -243,7 +253,8 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             let Ok(meta) = fs::symlink_metadata(entry.path()) else {
                 continue;
             };
-            if !meta.is_file() {
+            // A temporary file is not a record yet: see `abandoned`.
+            if !meta.is_file() || is_temp_file(&entry.file_name().to_string_lossy()) {
                 continue;
             }
             out.push(Candidate {
@@ -253,7 +264,6 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size: meta.len(),
                 lock: None,
                 what: Removal::Record(entry.path()),
-                abandoned: false,
             });
         }
     }
@@ -283,7 +293,6 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size: meta.len(),
                 lock: None,
                 what: Removal::Record(entry.path()),
-                abandoned: false,
             });
         }
     }
@@ -314,7 +323,6 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
                 size,
                 lock: None,
                 what: Removal::StoreImage(name),
-                abandoned: false,
             });
         }
     }
@@ -337,11 +345,11 @@ fn abandoned(cache_dir: &Path, now: SystemTime) -> Vec<Candidate> {
             };
             let last_use = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
             let old = now.duration_since(last_use).unwrap_or_default() >= ABANDONED_AFTER;
-            if !old || !(scratch || (meta.is_file() && name.starts_with('.'))) {
+            if !old || !(scratch || (meta.is_file() && is_temp_file(&name))) {
                 continue;
             }
             let (size, what) = if meta.is_dir() {
-                (tree_size(&entry.path()), Removal::Dir(entry.path()))
+                (tree_size(&entry.path()), Removal::Scratch(entry.path()))
             } else {
                 (meta.len(), Removal::Record(entry.path()))
             };
@@ -352,7 +360,6 @@ fn abandoned(cache_dir: &Path, now: SystemTime) -> Vec<Candidate> {
                 size,
                 lock: None,
                 what,
-                abandoned: true,
             });
         }
     }
@@ -390,6 +397,19 @@ fn modified(path: &Path) -> SystemTime {
     fs::symlink_metadata(path)
         .and_then(|m| m.modified())
         .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Removes a file or a directory (a store image is removed from the store's index instead).
+fn remove(what: &Removal, trash: &Path) -> io::Result<()> {
+    match what {
+        Removal::Record(path) => remove_file(path),
+        Removal::Dir(dir) => remove_tree(dir, trash),
+        Removal::Scratch(dir) => {
+            make_writable(dir);
+            fs::remove_dir_all(dir)
+        }
+        Removal::StoreImage(_) => Ok(()),
+    }
 }
 
 fn remove_file(path: &Path) -> io::Result<()> {
@@ -441,12 +461,12 @@ fn tree_size(dir: &Path) -> u64 {
 }
 
 /// The size of what prune manages: layer blobs, unpacked root file systems, the store, what
-/// the registry client learnt, the scratch directories.
+/// the registry client learnt. Not the scratch directories: what builds under way keep there
+/// must not make `--max-size` evict what they will use.
 pub fn cache_size(cache_dir: &Path) -> u64 {
     ["blobs", "deps", "rootfs/sha256", "store"]
         .iter()
         .chain(&REGISTRY_RECORD_DIRS)
-        .chain(&SCRATCH_DIRS)
         .map(|d| tree_size(&cache_dir.join(d)))
         .sum()
 }

@@ -13,8 +13,8 @@ use crate::oci::layer::{Content, EntryKind};
 /// directory and read back by the layer writer.
 pub(crate) const IN_MEMORY: u64 = 64 << 20;
 
-/// The most file bytes one install may unpack: what `kiln run` unpacks at most by default
-/// ([`crate::run::unpack::DEFAULT_LIMIT`]), so a dependency layer kiln makes is one it runs.
+/// The most file bytes one install may unpack: what `kiln run` unpacks of a whole image by
+/// default ([`crate::run::unpack::DEFAULT_LIMIT`]); a larger dependency layer could not run.
 pub(crate) const LIMIT: u64 = crate::run::unpack::DEFAULT_LIMIT;
 
 /// A file that could not be added to the tree.
@@ -33,10 +33,10 @@ pub enum Error {
     },
     /// The files passed the tree's limit.
     #[error(
-        "the dependencies unpack to more than {} MiB (at {path}): kiln refuses a dependency \
-         layer that large (`kiln run` would not unpack it); leave the package out or replace \
-         it",
-        limit >> 20
+        "the dependencies unpack to more than {} (passed at {path}): kiln refuses a \
+         dependency layer that large, since `kiln run` unpacks no image over 8 GiB by \
+         default; leave the largest packages out or replace them",
+        size_text(*limit)
     )]
     TooLarge {
         /// The file that passed the limit.
@@ -53,6 +53,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `8 GiB`, `4 MiB`, else bytes.
+fn size_text(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{b} bytes"),
+    }
 }
 
 fn spill_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
@@ -99,6 +108,11 @@ impl Building {
     #[cfg(test)]
     pub(crate) fn with_limit(self, limit: u64) -> Building {
         Building { limit, ..self }
+    }
+
+    /// How many more file bytes the limit admits.
+    pub(crate) fn room(&self) -> u64 {
+        self.limit.saturating_sub(self.total)
     }
 
     /// Counts `bytes` more for `path` against the limit.

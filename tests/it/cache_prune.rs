@@ -291,8 +291,10 @@ fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
     // Temporary files next to the entries they were to become.
     let temp_files = [
         "npm/.tmpAAAA",
+        "npm/.left-pad-1.3.0.tgz.4242.0.part",
         "deps/.tmpBBBB",
         "store/blobs/sha256/.tmpCCCC",
+        "documents/sha256/.tmpDDDD",
     ];
     for f in temp_files {
         let path = cache.join(f);
@@ -307,11 +309,16 @@ fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
     for path in &old {
         age(path, "2 days ago");
     }
-    // What a build still running writes, an entry whose name is not a temporary one, and a
-    // tarball that --older-than 30d keeps.
+    // What a build still running writes (2 MiB, which --max-size does not count), the
+    // store's lock file, a recent dependency layer and a tarball that --older-than 30d keeps.
     let running = cache.join("tmp/.tmpRUNNING");
     fs::create_dir_all(&running).unwrap();
+    fs::write(running.join("layer"), vec![0u8; 2 << 20]).unwrap();
     age(&running, "2 hours ago");
+    let store_lock = cache.join("store/.lock");
+    fs::write(&store_lock, b"").unwrap();
+    age(&store_lock, "2 days ago");
+    let (key, _) = plant_dependency_layer(&cache, "recent", 1000);
     let fresh_temp = cache.join("npm/.tmpDDDD");
     fs::write(&fresh_temp, b"partial").unwrap();
     let tarball = cache.join("npm/0e0e.tgz");
@@ -322,7 +329,7 @@ fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
     assert_eq!(dry.code, 0, "{}", dry.stderr);
     assert!(
         dry.stdout
-            .contains("would remove 6 abandoned temporary files"),
+            .contains("would remove 8 abandoned temporary files"),
         "{}",
         dry.stdout
     );
@@ -333,7 +340,7 @@ fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
     assert!(
         pruned
             .stdout
-            .contains("removed 6 abandoned temporary files"),
+            .contains("removed 8 abandoned temporary files"),
         "{}",
         pruned.stdout
     );
@@ -341,9 +348,24 @@ fn what_killed_builds_left_behind_goes_after_a_day_whatever_the_options() {
         assert!(!path.exists(), "{} is still there", path.display());
     }
     assert!(
+        !pruned.stdout.contains("registry record"),
+        "a temporary file is not a record: {}",
+        pruned.stdout
+    );
+    assert!(
         running.exists(),
         "a running build's scratch directory stays"
     );
     assert!(fresh_temp.exists(), "a temporary file being written stays");
+    assert!(store_lock.exists(), "the store's lock is no temporary file");
     assert!(tarball.exists(), "younger than --older-than");
+
+    // A build's scratch is not what --max-size caps: the dependency layer stays.
+    let pruned = kiln.run(&["cache", "prune", "--max-size", "1M"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert!(
+        cache.join("deps").join(format!("{key}.json")).exists(),
+        "{}",
+        pruned.stdout
+    );
 }

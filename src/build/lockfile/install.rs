@@ -97,27 +97,25 @@ pub(super) fn link_bin(
         .range(below.clone()..)
         .next()
         .is_some_and(|(k, _)| k.starts_with(&below));
-    let file = match tree.entries.get_mut(&path) {
+    let fixed = match tree.entries.get_mut(&path) {
         Some(EntryKind::File {
             content,
             executable,
-        }) => Some((content, executable)),
+        }) => {
+            *executable = true;
+            match content {
+                Content::Bytes(bytes) => unix_hashbang(bytes),
+                Content::Path(file) => spilled_hashbang(file, &path)?,
+                Content::Beneath { .. } => None,
+            }
+        }
         // npm links nothing for a missing target.
         None if !is_dir => return Ok(()),
         _ => None,
     };
-    if let Some((content, executable)) = file {
-        *executable = true;
-        let bytes = match content {
-            Content::Bytes(bytes) => unix_hashbang(bytes),
-            Content::Path(file) => {
-                unix_hashbang(&std::fs::read(&*file).map_err(io("reading", file))?)
-            }
-            Content::Beneath { .. } => None,
-        };
-        if let Some(fixed) = bytes {
-            *content = Content::Bytes(fixed);
-        }
+    if let Some(fixed) = fixed {
+        // A new file, counted as one (the memory budget, the limit).
+        tree.put_file(path.clone(), fixed, true)?;
     }
     let link = format!("{dir}/{name}");
     if tree.entries.contains_key(&link) {
@@ -175,6 +173,59 @@ fn unix_hashbang(bytes: &[u8]) -> Option<Vec<u8>> {
     Some(fixed)
 }
 
+/// [`unix_hashbang`] of a file in the spill directory (`path` in the tree), decided on its
+/// first 2048 bytes: a file past [`IN_MEMORY`] that needs the fix is refused rather than
+/// read whole.
+fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
+    use std::io::Read as _;
+    let mut head = Vec::with_capacity(2048);
+    std::fs::File::open(file)
+        .and_then(|f| f.take(2048).read_to_end(&mut head))
+        .map_err(io("reading", file))?;
+    if unix_hashbang(&head).is_none() {
+        return Ok(None);
+    }
+    let size = std::fs::metadata(file).map_err(io("reading", file))?.len();
+    if size > IN_MEMORY {
+        return Err(Error::Io {
+            action: "fixing the #! line of the bin",
+            path: PathBuf::from("node_modules").join(path),
+            source: std::io::Error::other(format!(
+                "it is {size} bytes; kiln rewrites bins of up to {} MiB",
+                IN_MEMORY >> 20
+            )),
+        });
+    }
+    Ok(unix_hashbang(
+        &std::fs::read(file).map_err(io("reading", file))?,
+    ))
+}
+
+/// A reader that fails once it has given more than `left` bytes: a tarball's whole
+/// decompressed stream, which its members' sizes do not bound (headers, long names, pax
+/// records and skipped entries are read through too).
+struct AtMost<R> {
+    inner: R,
+    left: u64,
+    limit: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for AtMost<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "it decompresses to more than {} MiB, past what the install may still unpack",
+                self.limit >> 20
+            ))
+        })?;
+        Ok(n)
+    }
+}
+
+/// What a tarball's stream may hold beyond the file bytes the tree still has room for.
+const TAR_OVERHEAD: u64 = 16 << 20;
+
 /// Unpacks a package tarball below `prefix` as pacote does: the top directory of each member
 /// dropped; only regular files kept (links, devices and directories skipped: the layer gets
 /// the directories its files need); a member whose path is absolute or climbs is skipped; a
@@ -187,7 +238,12 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         source: e,
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    let limit = tree.room().saturating_add(TAR_OVERHEAD);
+    let mut archive = tar::Archive::new(AtMost {
+        inner: flate2::read::GzDecoder::new(file),
+        left: limit,
+        limit,
+    });
     let mut npmignores = BTreeSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;

@@ -331,9 +331,54 @@ fn a_member_past_the_memory_budget_streams_to_disk_and_one_past_the_limit_is_ref
     // A second package that would pass the limit is refused before its member is read.
     let err = unpack(t.path(), "q", &mut tree).unwrap_err().to_string();
     assert!(
-        err.contains("unpack to more than 4 MiB (at q/big.bin)"),
+        err.contains("unpack to more than 4 MiB (passed at q/big.bin)"),
         "{err}"
     );
+}
+
+#[test]
+fn a_tarball_whose_stream_is_past_the_limit_fails_though_its_files_are_not() {
+    use tar::EntryType::{Fifo, Regular};
+    // 20 MiB in an entry kiln skips (a FIFO has no data for it to keep).
+    let zeros = vec![0u8; 20 << 20];
+    let t = tgz(&[
+        ("package/index.js", Regular, b"x", 0o644),
+        ("package/pipe", Fifo, &zeros, 0o644),
+    ]);
+    let spill = tempfile::tempdir().unwrap();
+    let mut tree = Building::new(spill.path(), IN_MEMORY).with_limit(1 << 20);
+    let err = format!(
+        "{:#}",
+        anyhow::Error::new(unpack(t.path(), "p", &mut tree).unwrap_err())
+    );
+    assert!(err.contains("decompresses to more than 17 MiB"), "{err}");
+    // Under the default limit the same tarball unpacks.
+    let mut tree = building(spill.path());
+    unpack(t.path(), "p", &mut tree).unwrap();
+    assert!(tree.entries.contains_key("p/index.js"));
+}
+
+#[test]
+fn a_large_spilled_bin_is_fixed_only_up_to_the_memory_budget() {
+    let spill = tempfile::tempdir().unwrap();
+    let mut big = b"#!/usr/bin/env node\r\n".to_vec();
+    big.resize(IN_MEMORY as usize + 1, b'x');
+    // Budget 0: every file is spilled, as a file past the budget is.
+    let mut tree = Building::new(spill.path(), 0);
+    tree.put_file("a/cli.js".into(), big, false).unwrap();
+    tree.put_file(
+        "a/small.js".into(),
+        b"#!/bin/sh\r\necho\r\n".to_vec(),
+        false,
+    )
+    .unwrap();
+    link_bin(&mut tree, "a", ".bin", "small", "small.js").unwrap();
+    let (files, _) = files_and_links(&tree);
+    assert_eq!(files["a/small.js"], (true, b"#!/bin/sh\necho\r\n".to_vec()));
+    let err = link_bin(&mut tree, "a", ".bin", "cli", "cli.js")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("node_modules/a/cli.js"), "{err}");
 }
 
 #[test]
