@@ -110,11 +110,6 @@ impl Building {
         Building { limit, ..self }
     }
 
-    /// How many more file bytes the limit admits.
-    pub(crate) fn room(&self) -> u64 {
-        self.limit.saturating_sub(self.total)
-    }
-
     /// Counts `bytes` more for `path` against the limit.
     fn count(&mut self, path: &str, bytes: u64) -> Result<(), Error> {
         self.total = self.total.saturating_add(bytes);

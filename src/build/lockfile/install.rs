@@ -201,30 +201,38 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
     ))
 }
 
-/// A reader that fails once it has given more than `left` bytes: a tarball's whole
-/// decompressed stream, which its members' sizes do not bound (headers, long names, pax
-/// records and skipped entries are read through too).
-struct AtMost<R> {
+/// What a tarball's stream may hold besides the files kiln takes: headers and padding, long
+/// names, pax records, the data of entries it skips. npm's tar takes a metadata entry of up to
+/// 1 MiB; kiln allows 16 MiB in all, plus [`TAR_ENTRY_OVERHEAD`] an entry.
+const TAR_OVERHEAD: u64 = 16 << 20;
+
+/// A header and its member's padding.
+const TAR_ENTRY_OVERHEAD: u64 = 1536;
+
+/// A tarball's decompressed stream, failing once it has given more than `allowed` bytes:
+/// the caller raises it by each member's size before reading the member and by
+/// [`TAR_ENTRY_OVERHEAD`] an entry, so only what is not a kept file counts against
+/// [`TAR_OVERHEAD`]. The tar reader reads metadata entries whole into memory.
+struct Metered<R> {
     inner: R,
-    left: u64,
-    limit: u64,
+    read: u64,
+    allowed: std::rc::Rc<std::cell::Cell<u64>>,
 }
 
-impl<R: std::io::Read> std::io::Read for AtMost<R> {
+impl<R: std::io::Read> std::io::Read for Metered<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.left = self.left.checked_sub(n as u64).ok_or_else(|| {
-            std::io::Error::other(format!(
-                "it decompresses to more than {} MiB, past what the install may still unpack",
-                self.limit >> 20
-            ))
-        })?;
+        self.read += n as u64;
+        if self.read > self.allowed.get() {
+            return Err(std::io::Error::other(format!(
+                "it holds more than {} MiB besides its files (headers, long names, pax \
+                 records, entries kiln skips)",
+                TAR_OVERHEAD >> 20
+            )));
+        }
         Ok(n)
     }
 }
-
-/// What a tarball's stream may hold beyond the file bytes the tree still has room for.
-const TAR_OVERHEAD: u64 = 16 << 20;
 
 /// Unpacks a package tarball below `prefix` as pacote does: the top directory of each member
 /// dropped; only regular files kept (links, devices and directories skipped: the layer gets
@@ -238,15 +246,17 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         source: e,
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
-    let limit = tree.room().saturating_add(TAR_OVERHEAD);
-    let mut archive = tar::Archive::new(AtMost {
+    let allowed = std::rc::Rc::new(std::cell::Cell::new(TAR_OVERHEAD));
+    let mut archive = tar::Archive::new(Metered {
         inner: flate2::read::GzDecoder::new(file),
-        left: limit,
-        limit,
+        read: 0,
+        allowed: allowed.clone(),
     });
+    let allow = |bytes: u64| allowed.set(allowed.get().saturating_add(bytes));
     let mut npmignores = BTreeSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
+        allow(TAR_ENTRY_OVERHEAD);
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind == tar::EntryType::Continuous) {
             continue;
@@ -285,6 +295,7 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         }
         let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
         let size = entry.size();
+        allow(size);
         match tree.put_reader(format!("{prefix}/{rel}"), &mut entry, size, executable) {
             Err(crate::build::memtree::Error::Read { source, .. }) => return Err(bad(source)),
             other => other?,

@@ -337,25 +337,32 @@ fn a_member_past_the_memory_budget_streams_to_disk_and_one_past_the_limit_is_ref
 }
 
 #[test]
-fn a_tarball_whose_stream_is_past_the_limit_fails_though_its_files_are_not() {
-    use tar::EntryType::{Fifo, Regular};
-    // 20 MiB in an entry kiln skips (a FIFO has no data for it to keep).
-    let zeros = vec![0u8; 20 << 20];
-    let t = tgz(&[
-        ("package/index.js", Regular, b"x", 0o644),
-        ("package/pipe", Fifo, &zeros, 0o644),
-    ]);
+fn a_tarball_with_more_than_16_mib_besides_its_files_fails() {
+    use tar::EntryType::{Fifo, GNULongName, Regular};
     let spill = tempfile::tempdir().unwrap();
-    let mut tree = Building::new(spill.path(), IN_MEMORY).with_limit(1 << 20);
-    let err = format!(
-        "{:#}",
-        anyhow::Error::new(unpack(t.path(), "p", &mut tree).unwrap_err())
-    );
-    assert!(err.contains("decompresses to more than 17 MiB"), "{err}");
-    // Under the default limit the same tarball unpacks.
+    // 20 MiB in an entry kiln skips (a FIFO has no data for it to keep), and a 20 MiB long
+    // name, which the tar reader would hold in memory whole.
+    let zeros = vec![b'a'; 20 << 20];
+    for bomb in [
+        ("package/pipe", Fifo, &zeros[..], 0o644),
+        ("././@LongLink", GNULongName, &zeros[..], 0o644),
+    ] {
+        let t = tgz(&[("package/index.js", Regular, b"x", 0o644), bomb]);
+        let mut tree = building(spill.path());
+        let err = unpack(t.path(), "p", &mut tree).unwrap_err();
+        let err = format!("{:#}", anyhow::Error::new(err));
+        assert!(err.contains("more than 16 MiB besides its files"), "{err}");
+    }
+    // 40,000 empty files: 20 MiB of headers and no more than their allowance.
+    let names: Vec<String> = (0..40_000).map(|i| format!("package/f{i}")).collect();
+    let members: Vec<Member<'_>> = names
+        .iter()
+        .map(|n| (n.as_str(), Regular, &b""[..], 0o644))
+        .collect();
+    let t = tgz(&members);
     let mut tree = building(spill.path());
     unpack(t.path(), "p", &mut tree).unwrap();
-    assert!(tree.entries.contains_key("p/index.js"));
+    assert_eq!(tree.entries.len(), 40_000);
 }
 
 #[test]
