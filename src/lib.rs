@@ -21,4 +21,5 @@ pub mod rootpath;
 pub mod run;
 pub mod runtime;
 pub mod sandbox;
+pub mod tarmeter;
 pub mod telemetry;

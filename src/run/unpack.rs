@@ -264,6 +264,7 @@ impl Unpacker {
     }
 
     fn apply_tar(&mut self, stream: impl Read) -> Result<()> {
+        let (stream, meter) = crate::tarmeter::metered(stream);
         let mut archive = tar::Archive::new(stream);
         // Host paths written by this layer: its whiteouts only hide lower layers' entries.
         let mut written: HashSet<PathBuf> = HashSet::new();
@@ -271,6 +272,7 @@ impl Unpacker {
         let mut links: HashSet<PathBuf> = HashSet::new();
         for entry in archive.entries().map_err(Error::Archive)? {
             let mut entry = entry.map_err(Error::Archive)?;
+            meter.entry();
             let raw = entry.path().map_err(Error::Archive)?.into_owned();
             let path_err = |source| Error::Path {
                 name: raw.clone(),
@@ -298,6 +300,14 @@ impl Unpacker {
                 continue;
             }
             fs::create_dir_all(&parent).map_err(io_err("creating directory", &parent))?;
+            // The data `write_entry` reads, as stored: a sparse file's without its holes.
+            match entry.header().entry_type() {
+                EntryType::Regular | EntryType::Continuous => meter.data(entry.size()),
+                EntryType::GNUSparse => {
+                    meter.data(entry.header().entry_size().map_err(Error::Archive)?);
+                }
+                _ => {}
+            }
             match self.write_entry(&mut entry, &raw, &dest, &links)? {
                 Wrote::Nothing => {}
                 Wrote::Link => {

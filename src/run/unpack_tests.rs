@@ -431,3 +431,32 @@ fn gnu_and_pax_long_names_and_link_targets_unpack() {
     assert_eq!(fs::read_link(&link).unwrap(), Path::new(&target));
     assert!(!root.join("truncated").exists());
 }
+
+#[test]
+fn a_layer_with_a_long_name_or_skipped_data_past_its_window_is_refused() {
+    // A 20 MiB long name (the tar reader would hold it whole) and a FIFO carrying 20 MiB
+    // (decompressed only to be skipped): neither is file data, so neither meets the cap on
+    // what is written.
+    let big = vec![b'a'; 20 << 20];
+    for kind in [EntryType::GNULongName, EntryType::Fifo] {
+        let mut b = tar::Builder::new(Vec::new());
+        let h = header("././@LongLink", kind, 0o644, big.len() as u64);
+        b.append(&h, &big[..]).unwrap();
+        let h = header("after", EntryType::Regular, 0o644, 1);
+        b.append(&h, &b"x"[..]).unwrap();
+        let (_dir, done) = unpack(&[b.into_inner().unwrap()]);
+        let err = format!("{:#}", anyhow::Error::new(done.unwrap_err()));
+        assert!(err.contains("over 16 MiB for one entry"), "{kind:?}: {err}");
+    }
+    // A 20 MiB file is data, and unpacks.
+    let (dir, done) = unpack(&[tar(&[E::File(
+        "big",
+        std::str::from_utf8(&big).unwrap(),
+        0o644,
+    )])]);
+    done.unwrap();
+    assert_eq!(
+        fs::metadata(dir.path().join("big")).unwrap().len(),
+        20 << 20
+    );
+}

@@ -201,39 +201,6 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
     ))
 }
 
-/// What a tarball's stream may hold besides the files kiln takes: headers and padding, long
-/// names, pax records, the data of entries it skips. npm's tar takes a metadata entry of up to
-/// 1 MiB; kiln allows 16 MiB in all, plus [`TAR_ENTRY_OVERHEAD`] an entry.
-const TAR_OVERHEAD: u64 = 16 << 20;
-
-/// A header and its member's padding.
-const TAR_ENTRY_OVERHEAD: u64 = 1536;
-
-/// A tarball's decompressed stream, failing once it has given more than `allowed` bytes:
-/// the caller raises it by each member's size before reading the member and by
-/// [`TAR_ENTRY_OVERHEAD`] an entry, so only what is not a kept file counts against
-/// [`TAR_OVERHEAD`]. The tar reader reads metadata entries whole into memory.
-struct Metered<R> {
-    inner: R,
-    read: u64,
-    allowed: std::rc::Rc<std::cell::Cell<u64>>,
-}
-
-impl<R: std::io::Read> std::io::Read for Metered<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        if self.read > self.allowed.get() {
-            return Err(std::io::Error::other(format!(
-                "it holds more than {} MiB besides its files (headers, long names, pax \
-                 records, entries kiln skips)",
-                TAR_OVERHEAD >> 20
-            )));
-        }
-        Ok(n)
-    }
-}
-
 /// Unpacks a package tarball below `prefix` as pacote does: the top directory of each member
 /// dropped; only regular files kept (links, devices and directories skipped: the layer gets
 /// the directories its files need); a member whose path is absolute or climbs is skipped; a
@@ -246,17 +213,12 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         source: e,
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
-    let allowed = std::rc::Rc::new(std::cell::Cell::new(TAR_OVERHEAD));
-    let mut archive = tar::Archive::new(Metered {
-        inner: flate2::read::GzDecoder::new(file),
-        read: 0,
-        allowed: allowed.clone(),
-    });
-    let allow = |bytes: u64| allowed.set(allowed.get().saturating_add(bytes));
+    let (stream, meter) = crate::tarmeter::metered(flate2::read::GzDecoder::new(file));
+    let mut archive = tar::Archive::new(stream);
     let mut npmignores = BTreeSet::new();
     for entry in archive.entries().map_err(bad)? {
         let mut entry = entry.map_err(bad)?;
-        allow(TAR_ENTRY_OVERHEAD);
+        meter.entry();
         let kind = entry.header().entry_type();
         if !(kind.is_file() || kind == tar::EntryType::Continuous) {
             continue;
@@ -295,7 +257,7 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         }
         let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
         let size = entry.size();
-        allow(size);
+        meter.data(size);
         match tree.put_reader(format!("{prefix}/{rel}"), &mut entry, size, executable) {
             Err(crate::build::memtree::Error::Read { source, .. }) => return Err(bad(source)),
             other => other?,
