@@ -4,8 +4,8 @@
 //! neither is file data, so a cap on what is written does not bound them. [`Metered`] does:
 //! between two entries the stream may give at most [`WINDOW`] such bytes (node-tar, npm's,
 //! takes a metadata entry of up to 1 MiB), and at most [`BASE`] plus [`PER_ENTRY`] an entry
-//! in all. The reader of the entries tells the [`Meter`] of each entry and of the data it is
-//! about to read.
+//! in all. The reader of the entries tells the [`Meter`] where each entry begins and when
+//! it reads a file's data.
 
 use std::cell::Cell;
 use std::io::{self, Read};
@@ -22,19 +22,13 @@ pub const PER_ENTRY: u64 = 4 << 10;
 
 #[derive(Default)]
 struct State {
-    /// Bytes the stream gave.
-    read: Cell<u64>,
-    /// File data announced by [`Meter::data`].
-    data: Cell<u64>,
+    /// Bytes the stream gave while no file's data was being read.
+    other: Cell<u64>,
+    /// Whether a file's data is being read ([`Meter::reading`]).
+    reading: Cell<bool>,
     entries: Cell<u64>,
-    /// What was not file data when the last entry began.
+    /// `other` when the last entry began.
     window_start: Cell<u64>,
-}
-
-impl State {
-    fn other(&self) -> u64 {
-        self.read.get().saturating_sub(self.data.get())
-    }
 }
 
 /// A tar stream, failing once it has given more than its [`Meter`] allows besides file data.
@@ -43,7 +37,7 @@ pub struct Metered<R> {
     state: Rc<State>,
 }
 
-/// Tells a [`Metered`] stream where its entries begin and how much file data they hold.
+/// Tells a [`Metered`] stream where its entries begin and when file data is read.
 pub struct Meter(Rc<State>);
 
 /// `inner`, metered, and the meter to tell it of the entries.
@@ -63,14 +57,17 @@ impl Meter {
     pub fn entry(&self) {
         let s = &self.0;
         s.entries.set(s.entries.get() + 1);
-        s.window_start.set(s.other());
+        s.window_start.set(s.other.get());
     }
 
-    /// The current entry's `bytes` of file data will be read (as they are in the stream: a
-    /// sparse file's stored data, not its holes).
-    pub fn data(&self, bytes: u64) {
-        let s = &self.0;
-        s.data.set(s.data.get().saturating_add(bytes));
+    /// Runs `read`, which reads the current entry's file data: what the stream gives
+    /// meanwhile is not counted. (The tar reader gives an entry exactly its stored bytes, so
+    /// nothing else can be read as data.)
+    pub fn reading<T>(&self, read: impl FnOnce() -> T) -> T {
+        self.0.reading.set(true);
+        let out = read();
+        self.0.reading.set(false);
+        out
     }
 }
 
@@ -78,15 +75,26 @@ impl<R: Read> Read for Metered<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
         let s = &self.state;
-        s.read.set(s.read.get() + n as u64);
-        let other = s.other();
-        let total = BASE.saturating_add(PER_ENTRY.saturating_mul(s.entries.get()));
-        if other - s.window_start.get().min(other) > WINDOW || other > total {
+        if s.reading.get() {
+            return Ok(n);
+        }
+        let other = s.other.get() + n as u64;
+        s.other.set(other);
+        let entries = s.entries.get();
+        if other - s.window_start.get() > WINDOW {
             return Err(io::Error::other(format!(
-                "the archive holds more than its files allow besides their data: over {} MiB \
-                 for one entry's headers, long names and pax records, or over {} MiB plus \
-                 {} KiB an entry in all (entries that are skipped count too)",
-                WINDOW >> 20,
+                "the archive holds more than {} MiB of headers, long names, pax records or \
+                 skipped data after its entry {entries}, which the tar reader would hold in \
+                 memory or decompress for nothing; no option raises this: the archive is \
+                 malformed or hostile",
+                WINDOW >> 20
+            )));
+        }
+        if other > BASE.saturating_add(PER_ENTRY.saturating_mul(entries)) {
+            return Err(io::Error::other(format!(
+                "the archive holds more than {} MiB plus {} KiB an entry ({entries} so far) of \
+                 headers, long names, pax records and skipped data; no option raises this: \
+                 the archive is malformed or hostile",
                 BASE >> 20,
                 PER_ENTRY >> 10
             )));
@@ -122,8 +130,7 @@ mod tests {
             let mut entry = entry?;
             meter.entry();
             if entry.header().entry_type().is_file() {
-                meter.data(entry.size());
-                files += io::copy(&mut entry, &mut io::sink())?;
+                files += meter.reading(|| io::copy(&mut entry, &mut io::sink()))?;
             }
         }
         Ok(files)
@@ -142,10 +149,7 @@ mod tests {
             ("././@LongLink", GNULongName, &big),
         ] {
             let err = read_all(&[("a", Regular, b"x"), bomb, ("b", Regular, b"y")]).unwrap_err();
-            assert!(
-                err.to_string().contains("over 16 MiB for one entry"),
-                "{err}"
-            );
+            assert!(err.to_string().contains("16 MiB of headers"), "{err}");
         }
     }
 
@@ -167,5 +171,17 @@ mod tests {
             .collect();
         let err = read_all(&pipes).unwrap_err();
         assert!(err.to_string().contains("plus 4 KiB an entry"), "{err}");
+        // 10,000 empty entries earn 40 MiB, yet one entry may not take 20 MiB of them.
+        let big = vec![b'a'; 20 << 20];
+        let mut then_bomb = many[..10_000].to_vec();
+        then_bomb.push(("././@LongLink", tar::EntryType::GNULongName, &big[..]));
+        then_bomb.push(("last", Regular, b"x"));
+        let err = read_all(&then_bomb).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "16 MiB of headers, long names, pax records or skipped data after its entry 10000"
+            ),
+            "{err}"
+        );
     }
 }

@@ -224,8 +224,18 @@ impl Unpacker {
             let mut plain = HashingReader::new(ChunkReader::new(plain));
             let applied = self.apply_tar(&mut plain).and_then(|()| {
                 // The diff_id covers the whole stream, padding after the end-of-archive
-                // included.
-                io::copy(&mut plain, &mut io::sink()).map_err(Error::Archive)
+                // included: a record's padding in a real archive, never megabytes.
+                let limit = crate::tarmeter::WINDOW;
+                let trailer = io::copy(&mut (&mut plain).take(limit + 1), &mut io::sink())
+                    .map_err(Error::Archive)?;
+                if trailer > limit {
+                    return Err(Error::Archive(io::Error::other(format!(
+                        "more than {} MiB follows the end of the archive; no option raises \
+                         this: the layer is malformed or hostile",
+                        limit >> 20
+                    ))));
+                }
+                Ok(())
             });
             let diff_id = plain.finish().0; // and the decoder stops at its next chunk
             let decoded = decoder
@@ -300,15 +310,8 @@ impl Unpacker {
                 continue;
             }
             fs::create_dir_all(&parent).map_err(io_err("creating directory", &parent))?;
-            // The data `write_entry` reads, as stored: a sparse file's without its holes.
-            match entry.header().entry_type() {
-                EntryType::Regular | EntryType::Continuous => meter.data(entry.size()),
-                EntryType::GNUSparse => {
-                    meter.data(entry.header().entry_size().map_err(Error::Archive)?);
-                }
-                _ => {}
-            }
-            match self.write_entry(&mut entry, &raw, &dest, &links)? {
+            // What `write_entry` reads is file data.
+            match meter.reading(|| self.write_entry(&mut entry, &raw, &dest, &links))? {
                 Wrote::Nothing => {}
                 Wrote::Link => {
                     links.insert(dest.clone());

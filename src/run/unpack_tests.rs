@@ -446,7 +446,7 @@ fn a_layer_with_a_long_name_or_skipped_data_past_its_window_is_refused() {
         b.append(&h, &b"x"[..]).unwrap();
         let (_dir, done) = unpack(&[b.into_inner().unwrap()]);
         let err = format!("{:#}", anyhow::Error::new(done.unwrap_err()));
-        assert!(err.contains("over 16 MiB for one entry"), "{kind:?}: {err}");
+        assert!(err.contains("16 MiB of headers"), "{kind:?}: {err}");
     }
     // A 20 MiB file is data, and unpacks.
     let (dir, done) = unpack(&[tar(&[E::File(
@@ -459,4 +459,16 @@ fn a_layer_with_a_long_name_or_skipped_data_past_its_window_is_refused() {
         fs::metadata(dir.path().join("big")).unwrap().len(),
         20 << 20
     );
+}
+
+#[test]
+fn more_than_16_mib_after_the_end_of_the_archive_is_refused() {
+    let mut layer = tar(&[E::File("a", "x", 0o644)]);
+    layer.extend(vec![0u8; 1 << 20]);
+    let (_dir, done) = unpack(&[layer.clone()]);
+    done.unwrap();
+    layer.extend(vec![0u8; 16 << 20]);
+    let (_dir, done) = unpack(&[layer]);
+    let err = format!("{:#}", anyhow::Error::new(done.unwrap_err()));
+    assert!(err.contains("follows the end of the archive"), "{err}");
 }

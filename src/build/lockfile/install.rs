@@ -257,8 +257,9 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
         }
         let executable = entry.header().mode().is_ok_and(|m| m & 0o111 != 0);
         let size = entry.size();
-        meter.data(size);
-        match tree.put_reader(format!("{prefix}/{rel}"), &mut entry, size, executable) {
+        let put = meter
+            .reading(|| tree.put_reader(format!("{prefix}/{rel}"), &mut entry, size, executable));
+        match put {
             Err(crate::build::memtree::Error::Read { source, .. }) => return Err(bad(source)),
             other => other?,
         };
