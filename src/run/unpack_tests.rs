@@ -472,3 +472,40 @@ fn more_than_16_mib_after_the_end_of_the_archive_is_refused() {
     let err = format!("{:#}", anyhow::Error::new(done.unwrap_err()));
     assert!(err.contains("follows the end of the archive"), "{err}");
 }
+
+#[test]
+fn a_sparse_file_unpacks_with_its_holes_and_its_stored_data_counts_as_data() {
+    /// `value` as a tar octal field of `N` bytes.
+    fn octal<const N: usize>(value: u64) -> [u8; N] {
+        let mut field = [0u8; N];
+        let text = format!("{value:0width$o}", width = N - 1);
+        field[..N - 1].copy_from_slice(text.as_bytes());
+        field
+    }
+    // 20 MiB stored at offset 0 and 512 bytes at 60 MiB: more stored data than one entry's
+    // metadata may take, so it passes only if it is counted as file data.
+    let (first, second, at) = (20u64 << 20, 512u64, 60u64 << 20);
+    let mut h = header("sparse", EntryType::GNUSparse, 0o644, first + second);
+    let gnu = h.as_gnu_mut().unwrap();
+    gnu.sparse[0].offset = octal(0);
+    gnu.sparse[0].numbytes = octal(first);
+    gnu.sparse[1].offset = octal(at);
+    gnu.sparse[1].numbytes = octal(second);
+    gnu.realsize = octal(at + second);
+    h.set_cksum();
+    let mut data = vec![b'a'; usize::try_from(first).unwrap()];
+    data.extend(vec![b'b'; usize::try_from(second).unwrap()]);
+    let mut b = tar::Builder::new(Vec::new());
+    b.append(&h, &data[..]).unwrap();
+    let (dir, done) = unpack(&[b.into_inner().unwrap()]);
+    done.unwrap();
+    let bytes = fs::read(dir.path().join("sparse")).unwrap();
+    assert_eq!(bytes.len() as u64, at + second);
+    assert!(bytes[..(first as usize)].iter().all(|&c| c == b'a'));
+    assert!(
+        bytes[(first as usize)..(at as usize)]
+            .iter()
+            .all(|&c| c == 0)
+    );
+    assert!(bytes[(at as usize)..].iter().all(|&c| c == b'b'));
+}
