@@ -82,10 +82,14 @@ const TEMP_FILE_DIRS: [&str; 10] = [
 /// being written (`.layer-…`, `.kiln-blob-…`), a download (`.NAME.PID.N.part`). Other
 /// dot-files (the store's `.lock`) are not.
 fn is_temp_file(name: &str) -> bool {
-    [".tmp", ".layer-", ".kiln-blob-"]
-        .iter()
-        .any(|p| name.starts_with(p))
-        || (name.starts_with('.') && name.ends_with(".part"))
+    [
+        ".tmp",
+        crate::oci::layer::TEMP_PREFIX,
+        crate::registry::BLOB_TEMP_PREFIX,
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+        || (name.starts_with('.') && name.ends_with(crate::base::download::PART_SUFFIX))
 }
 
 pub use crate::run::cache::ABANDONED_AFTER;

@@ -82,6 +82,17 @@ pub enum Error {
 /// npm, and the bound on what a server can write into the cache.
 pub const LIMIT: u64 = 4 << 30;
 
+/// The suffix of a download in progress (`kiln cache prune` knows it).
+pub const PART_SUFFIX: &str = ".part";
+
+/// Where a download of `name` into `dir` is written before it is renamed: `.NAME.PID.N.part`,
+/// unique per process and call, so parallel builds sharing the cache never share a file.
+pub fn part_path(dir: &Path, name: &str) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    dir.join(format!(".{name}.{}.{n}{PART_SUFFIX}", std::process::id()))
+}
+
 /// How long a package server may keep kiln waiting, to connect or for the next bytes of an
 /// answer, before the fetch fails.
 pub const STALL: Duration = Duration::from_secs(60);
@@ -175,11 +186,7 @@ pub async fn cached<D: Digest>(
         .await
         .map_err(io("creating", dir))?;
     tracing::debug!(url, "downloading");
-    // Unique per process and call: parallel builds may share the cache.
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = dest.file_name().unwrap_or_default().to_string_lossy();
-    let part = dir.join(format!(".{name}.{}.{n}.part", std::process::id()));
+    let part = part_path(dir, &dest.file_name().unwrap_or_default().to_string_lossy());
     let outcome = async {
         let http_error = |source| Error::Http {
             url: url.to_string(),

@@ -14,6 +14,9 @@ use tempfile::TempPath;
 
 use super::{Compression, Descriptor, Digest, Hasher, HashingWriter, MediaType};
 
+/// The name prefix of a layer file being written (`kiln cache prune` knows it).
+pub const TEMP_PREFIX: &str = ".layer-";
+
 /// The gzip level of every layer. Part of the reproducibility contract: changing it changes
 /// every digest kiln produces.
 pub const GZIP_LEVEL: u32 = 6;
@@ -165,7 +168,7 @@ pub fn write_layer_with_threads(
         source,
     };
     let tmp = tempfile::Builder::new()
-        .prefix(".layer-")
+        .prefix(TEMP_PREFIX)
         .tempfile_in(dir)
         .map_err(write_err)?;
     let (file, path) = tmp.into_parts();

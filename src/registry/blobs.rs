@@ -221,6 +221,9 @@ impl Verifier {
     }
 }
 
+/// The name prefix of a blob being downloaded (`kiln cache prune` knows it).
+pub const TEMP_PREFIX: &str = ".kiln-blob-";
+
 /// A temporary file in `dest`'s directory (so the final rename stays on one filesystem),
 /// deleted on drop unless persisted.
 async fn temp_file_near(dest: &Path) -> Result<(std::fs::File, tempfile::TempPath)> {
@@ -231,7 +234,7 @@ async fn temp_file_near(dest: &Path) -> Result<(std::fs::File, tempfile::TempPat
     let dir_for_error = dir.clone();
     let made = tokio::task::spawn_blocking(move || {
         tempfile::Builder::new()
-            .prefix(".kiln-blob-")
+            .prefix(TEMP_PREFIX)
             .tempfile_in(&dir)
     })
     .await

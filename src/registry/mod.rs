@@ -37,7 +37,7 @@ mod upload;
 mod upload_steps;
 
 pub use auth::Scope;
-pub use blobs::IN_MEMORY_BLOB_LIMIT;
+pub use blobs::{IN_MEMORY_BLOB_LIMIT, TEMP_PREFIX as BLOB_TEMP_PREFIX};
 pub use client::{Client, ClientConfig};
 pub use credentials::{Credential, CredentialStore, DOCKER_HUB_CONFIG_KEY};
 pub use error::{Error, ErrorInfo, Hint, Result, TransportKind};

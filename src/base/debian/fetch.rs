@@ -5,7 +5,6 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use futures_util::{StreamExt, TryStreamExt, stream};
@@ -188,10 +187,7 @@ pub async fn fetch_deb(
         .await
         .map_err(Error::io("creating directory", &dir))?;
     let url = join(mirror_url, &pkg.filename)?;
-    // Unique per process and call, so concurrent fetches of one package never share a file.
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let part = dir.join(format!(".{expected}.{}.{n}.part", std::process::id()));
+    let part = crate::base::download::part_path(&dir, &expected);
     let outcome = download(http, &url, pkg, &part).await;
     if outcome.is_err() {
         // Best effort: the download error is what matters to the caller.
