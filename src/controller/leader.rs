@@ -3,6 +3,7 @@
 //! Lease every third of its duration; another replica takes it over only once it expired.
 //! Every write carries the resourceVersion it read, so two candidates cannot both win.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -42,15 +43,21 @@ impl Candidate {
         self.duration / 3
     }
 
-    /// Waits until this candidate holds the Lease.
-    ///
-    /// # Errors
-    /// API failures other than a lost race.
-    pub async fn acquire(&self) -> Result<()> {
+    /// Waits until this candidate holds the Lease. `reachable` is set after every attempt:
+    /// whether the API server answered it (a standby that can take over is ready).
+    pub async fn acquire(&self, reachable: &AtomicBool) {
         loop {
-            if self.try_hold().await? {
-                tracing::info!(lease = %self.name, identity = %self.identity, "became the leader");
-                return Ok(());
+            match self.try_hold().await {
+                Ok(true) => {
+                    reachable.store(true, Ordering::Relaxed);
+                    tracing::info!(lease = %self.name, identity = %self.identity, "became the leader");
+                    return;
+                }
+                Ok(false) => reachable.store(true, Ordering::Relaxed),
+                Err(e) => {
+                    reachable.store(false, Ordering::Relaxed);
+                    tracing::warn!(error = %format!("{e:#}"), lease = %self.name, "competing for the lease");
+                }
             }
             tokio::time::sleep(self.period()).await;
         }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Histogram bucket bounds for reconcile durations, in seconds.
@@ -57,6 +57,7 @@ pub struct Metrics {
     errors: Mutex<BTreeMap<&'static str, u64>>,
     queued: AtomicI64,
     builds_started: AtomicU64,
+    leading: AtomicBool,
     reconcile_seconds: Mutex<Histogram>,
     build_seconds: Mutex<Histogram>,
 }
@@ -68,6 +69,7 @@ impl Default for Metrics {
             errors: Mutex::default(),
             queued: AtomicI64::new(0),
             builds_started: AtomicU64::new(0),
+            leading: AtomicBool::new(false),
             reconcile_seconds: Mutex::new(Histogram::new(&RECONCILE_BUCKETS)),
             build_seconds: Mutex::new(Histogram::new(&BUILD_BUCKETS)),
         }
@@ -99,6 +101,16 @@ impl Metrics {
     pub fn set_queued(&self, n: usize) {
         self.queued
             .store(i64::try_from(n).unwrap_or(i64::MAX), Ordering::Relaxed);
+    }
+
+    /// Whether this replica leads (reconciles) now.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Relaxed);
+    }
+
+    /// Whether this replica leads now.
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Relaxed)
     }
 
     /// A build Job was created.
@@ -147,6 +159,11 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
+            "# HELP kiln_leader 1 while this replica leads (reconciles), 0 on a standby.\n# TYPE kiln_leader gauge\nkiln_leader {}",
+            u8::from(self.leading())
+        );
+        let _ = writeln!(
+            out,
             "# HELP kiln_builds_running Build Jobs running.\n# TYPE kiln_builds_running gauge\nkiln_builds_running {running}"
         );
         let _ = writeln!(
@@ -185,6 +202,7 @@ mod tests {
         m.reconciled("ok", Duration::from_secs(2));
         m.error("kube");
         m.set_queued(7);
+        m.set_leading(true);
         m.build_finished(Duration::from_secs(12));
         let text = m.render(5);
         assert!(
@@ -194,6 +212,7 @@ mod tests {
         assert!(text.contains("kiln_reconcile_errors_total{error=\"kube\"} 1"));
         assert!(text.contains("kiln_build_queue_depth 7"));
         assert!(text.contains("kiln_builds_running 5"));
+        assert!(text.contains("kiln_leader 1"));
         assert!(text.contains("kiln_reconcile_duration_seconds_bucket{le=\"0.005\"} 1"));
         assert!(text.contains("kiln_reconcile_duration_seconds_count 2"));
         assert!(text.contains("kiln_build_duration_seconds_bucket{le=\"30\"} 1"));

@@ -1,6 +1,9 @@
 //! The controller's HTTP endpoints for Prometheus and the kubelet: `GET /metrics`,
-//! `GET /healthz` (the process serves) and `GET /readyz` (it leads and its caches are
-//! filled).
+//! `GET /healthz` (the process serves) and `GET /readyz` (this replica can serve its role:
+//! the leader reconciles, a standby reaches the API server and can take over). Leadership is
+//! not readiness: a Deployment of two replicas must become Available with one standby, or
+//! its rollouts stall (a surge Pod could never be Ready while the old leader holds the
+//! Lease). Which replica leads is the `kiln_leader` gauge.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,7 +21,7 @@ use super::metrics::Metrics;
 pub struct Shared {
     /// The metrics.
     pub metrics: Arc<Metrics>,
-    /// Whether this replica reconciles.
+    /// Whether this replica can serve its role (it reached the API server on its last try).
     pub ready: Arc<AtomicBool>,
     /// How many build Jobs run now.
     pub running: Arc<dyn Fn() -> usize + Send + Sync>,
@@ -52,9 +55,12 @@ async fn metrics(State(s): State<Shared>) -> ([(&'static str, &'static str); 1],
 }
 
 async fn ready(State(s): State<Shared>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not leading")
+    match (s.ready.load(Ordering::Relaxed), s.metrics.leading()) {
+        (true, true) => (StatusCode::OK, "ok: leading"),
+        (true, false) => (StatusCode::OK, "ok: standby"),
+        (false, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the API server is not reachable",
+        ),
     }
 }
