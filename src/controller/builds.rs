@@ -196,7 +196,8 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
             (key, is_active(&j))
         })
     };
-    if let Err(running) = ctx.slots.try_take_with(&key, &waiter(f), jobs) {
+    let generation = f.metadata.generation;
+    if let Err(running) = ctx.slots.try_take_with(&key, &waiter(f), generation, jobs) {
         // A fixed message: a count in it would rewrite every waiting Function's status
         // whenever a build starts or ends.
         tracing::debug!(running, "waiting for a build slot");

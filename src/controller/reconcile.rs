@@ -21,8 +21,8 @@ use super::lookup::{self, CommitResolver, Images, RegistryConfigs};
 use super::metrics::Metrics;
 use super::plan::{self, Lookups};
 use super::plumbing;
-use super::slots::BuildSlots;
-use super::status::Working;
+use super::slots::{BuildSlots, waiter};
+use super::status::{Working, Written};
 use super::stores::Stores;
 use crate::runtime::Catalog;
 
@@ -53,6 +53,9 @@ pub struct Context {
     /// Namespaces whose registry Secret copy is fresh.
     pub plumbing: plumbing::Checked,
 }
+
+/// When a pass whose Function was stale runs again at the latest.
+const STALE_RETRY: Duration = Duration::from_secs(1);
 
 /// Kyma's annotation: resolve a git source on every pass, not every few minutes.
 pub const CONTINUOUS_GIT_CHECKOUT: &str = "serverless.kyma-project.io/continuousGitCheckout";
@@ -87,13 +90,18 @@ pub fn error_policy(f: Arc<Function>, error: &Error, _ctx: Arc<Context>) -> Acti
 async fn run(f: &Function, ctx: &Context) -> Result<Action> {
     if f.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect every child.
+        ctx.slots.forget(&waiter(f));
         return Ok(Action::await_change());
     }
     let mut st = Working::new(f);
     let action = steps(f, ctx, &mut st).await;
     st.status.observed_generation = f.metadata.generation;
-    st.write(&ctx.client, &ctx.recorder, f).await?;
-    action
+    match st.write(&ctx.client, &ctx.recorder, f).await? {
+        // The watch brings the newer Function, which is reconciled then; this is the
+        // fallback.
+        Written::Stale => Ok(Action::requeue(STALE_RETRY)),
+        Written::Unchanged | Written::Written => action,
+    }
 }
 
 async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> {
@@ -102,6 +110,7 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
         tracing::debug!("{warning}");
     }
     if !verdict.errors.is_empty() {
+        ctx.slots.forget(&waiter(f));
         st.set(
             Kind::ConfigurationReady,
             State::False,

@@ -29,7 +29,7 @@ use super::lookup::{CommitResolver, Images, RegistryConfigs};
 use super::metrics::Metrics;
 use super::reconcile::{Context, error_policy, reconcile};
 use super::server::{self, Shared};
-use super::slots::{BuildSlots, is_active};
+use super::slots::{BuildSlots, StillWaiting, is_active};
 use super::stores::{Stores, knative_resource, managed_selector};
 use crate::runtime::Catalog;
 
@@ -90,10 +90,11 @@ pub async fn run(opts: Options) -> Result<()> {
             opts.lease_duration,
         )
     });
-    if let Some(c) = &candidate {
-        c.acquire().await?;
+    match &candidate {
+        Some(c) => c.acquire(&ready).await,
+        None => ready.store(true, Ordering::Relaxed),
     }
-    ready.store(true, Ordering::Relaxed);
+    metrics.set_leading(true);
     let client = opts.client.clone();
     let (config_maps, cm_stream) = cache::<ConfigMap>(&client);
     let (jobs, job_stream) = cache::<Job>(&client);
@@ -115,23 +116,6 @@ pub async fn run(opts: Options) -> Result<()> {
         controller: "kiln-controller".into(),
         instance: Some(opts.identity.clone()),
     };
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
-        registry_configs: RegistryConfigs::new(
-            opts.config.package_registry_secret.clone(),
-            opts.config.image_cache_ttl,
-        ),
-        slots: BuildSlots::new(opts.config.max_build_jobs, Some(wake)),
-        git: opts.git.clone(),
-        git_checked: Mutex::default(),
-        catalog: Catalog::embedded(),
-        plumbing: Default::default(),
-        metrics: metrics.clone(),
-        stores,
-        config: opts.config.clone(),
-        client: client.clone(),
-    });
     let mut controller = Controller::new(
         Api::<Function>::all(client.clone()),
         watcher::Config::default(),
@@ -144,6 +128,24 @@ pub async fn run(opts: Options) -> Result<()> {
     if let Some((_, stream)) = knative {
         controller = controller.owns_stream_with(stream, knative_resource());
     }
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
+        registry_configs: RegistryConfigs::new(
+            opts.config.package_registry_secret.clone(),
+            opts.config.image_cache_ttl,
+        ),
+        slots: BuildSlots::new(opts.config.max_build_jobs, Some(wake))
+            .with_check(still_waiting(controller.store())),
+        git: opts.git.clone(),
+        git_checked: Mutex::default(),
+        catalog: Catalog::embedded(),
+        plumbing: Default::default(),
+        metrics: metrics.clone(),
+        stores,
+        config: opts.config.clone(),
+        client: client.clone(),
+    });
     controller = controller
         .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
@@ -188,6 +190,16 @@ pub async fn run(opts: Options) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Whether a queued Function still waits, by the Functions' watch cache.
+fn still_waiting(functions: Store<Function>) -> StillWaiting {
+    Box::new(move |namespace, name, generation| {
+        let key = reflector::ObjectRef::new(name).within(namespace);
+        functions.get(&key).is_some_and(|f| {
+            f.metadata.deletion_timestamp.is_none() && f.metadata.generation == generation
+        })
+    })
 }
 
 /// A watch cache of `K` objects the controller manages, and the stream that feeds it.

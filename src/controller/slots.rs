@@ -5,8 +5,14 @@
 //! Job the cache has not seen yet, and a Function that finds no slot waits in a queue ordered
 //! by creation time. When a build ends, [`BuildSlots::wake`] reconciles the oldest waiters at
 //! once instead of leaving them to their next periodic look.
+//!
+//! A waiter that no longer waits leaves the queue at once, before anyone is counted behind
+//! it: a Function deleted (it is never reconciled again), being deleted, or whose spec
+//! changed since it queued (it may be invalid now, or wait for another build key; its next
+//! reconcile queues it again, in the same place). Otherwise such ghosts, `--max-build-jobs`
+//! of them, would stop every build until the controller restarts.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,19 +26,25 @@ use super::crd::Function;
 const RESERVATION: Duration = Duration::from_secs(60);
 
 /// A waiting Function: creation time, namespace, name (ordered oldest first).
-type Waiter = (String, String, String);
+pub type Waiter = (String, String, String);
+
+/// Whether a Function (namespace, name) at a generation still waits: it exists, is not
+/// being deleted, and its spec is the one it queued with.
+pub type StillWaiting = Box<dyn Fn(&str, &str, Option<i64>) -> bool + Send + Sync>;
 
 /// At most `max` build Jobs at a time.
 pub struct BuildSlots {
     max: usize,
     state: Mutex<State>,
     wake: Option<UnboundedSender<ObjectRef<Function>>>,
+    still_waiting: Option<StillWaiting>,
 }
 
 #[derive(Default)]
 struct State {
     reserved: HashMap<String, Instant>,
-    waiting: BTreeSet<Waiter>,
+    /// Each waiter, with the generation of the Function when it queued.
+    waiting: BTreeMap<Waiter, Option<i64>>,
 }
 
 /// Whether a Job still runs (neither Complete nor Failed).
@@ -68,16 +80,35 @@ impl BuildSlots {
             max,
             state: Mutex::default(),
             wake,
+            still_waiting: None,
         }
+    }
+
+    /// Drops waiters for which `check` says they no longer wait (see the module's doc).
+    pub fn with_check(mut self, check: StillWaiting) -> BuildSlots {
+        self.still_waiting = Some(check);
+        self
+    }
+
+    /// The state, without the waiters that no longer wait.
+    fn live_state(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut state = self.state();
+        if let Some(check) = &self.still_waiting {
+            state
+                .waiting
+                .retain(|(_, ns, name), generation| check(ns, name, *generation));
+        }
+        state
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reserves a slot for the Job `key` (`namespace/name`) of `who`, given every build Job
-    /// the cache knows (its key, and whether it is still active). A Function waits while all
-    /// slots are taken, or while as many older Functions wait as there are free slots.
+    /// Reserves a slot for the Job `key` (`namespace/name`) of `who` (at `generation`),
+    /// given every build Job the cache knows (its key, and whether it is still active). A
+    /// Function waits while all slots are taken, or while as many older Functions wait as
+    /// there are free slots.
     ///
     /// # Errors
     /// The number of builds running or reserved, when `who` must wait.
@@ -85,9 +116,10 @@ impl BuildSlots {
         &self,
         key: &str,
         who: &Waiter,
+        generation: Option<i64>,
         jobs: impl IntoIterator<Item = (String, bool)>,
     ) -> Result<(), usize> {
-        self.try_take_with(key, who, || jobs)
+        self.try_take_with(key, who, generation, || jobs)
     }
 
     /// [`BuildSlots::try_take`] with the Jobs read from the cache under the lock. A snapshot
@@ -101,9 +133,10 @@ impl BuildSlots {
         &self,
         key: &str,
         who: &Waiter,
+        generation: Option<i64>,
         jobs: impl FnOnce() -> I,
     ) -> Result<(), usize> {
-        let mut state = self.state();
+        let mut state = self.live_state();
         let mut known = HashSet::new();
         let jobs = jobs();
         let mut active = HashSet::new();
@@ -127,7 +160,7 @@ impl BuildSlots {
         let free = self.max.saturating_sub(running);
         let older = state.waiting.range(..who.clone()).count();
         if free == 0 || older >= free {
-            state.waiting.insert(who.clone());
+            state.waiting.insert(who.clone(), generation);
             return Err(running);
         }
         state.waiting.remove(who);
@@ -140,7 +173,7 @@ impl BuildSlots {
         self.state().reserved.remove(key);
     }
 
-    /// Forgets `who` (it was built without a Job, or deleted).
+    /// Forgets `who` (it was built without a Job, is invalid, or is being deleted).
     pub fn forget(&self, who: &Waiter) {
         self.state().waiting.remove(who);
     }
@@ -151,7 +184,13 @@ impl BuildSlots {
             return;
         };
         let free = self.max.saturating_sub(running).max(1);
-        let waiters: Vec<Waiter> = self.state().waiting.iter().take(free).cloned().collect();
+        let waiters: Vec<Waiter> = self
+            .live_state()
+            .waiting
+            .keys()
+            .take(free)
+            .cloned()
+            .collect();
         for (_, ns, name) in waiters {
             let _ = wake.send(ObjectRef::new(&name).within(&ns));
         }
@@ -159,7 +198,7 @@ impl BuildSlots {
 
     /// How many Functions wait.
     pub fn waiting(&self) -> usize {
-        self.state().waiting.len()
+        self.live_state().waiting.len()
     }
 
     /// The cap.
@@ -183,41 +222,41 @@ mod tests {
         let read = || cache.lock().unwrap().clone();
         // A worker read the cache before `a` was created...
         let stale = read();
-        assert_eq!(slots.try_take_with("ns/a", &who("1"), read), Ok(()));
+        assert_eq!(slots.try_take_with("ns/a", &who("1"), None, read), Ok(()));
         cache.lock().unwrap().push(("ns/a".into(), true));
         // ...another saw `a` in the cache, which ends its reservation...
-        assert_eq!(slots.try_take_with("ns/b", &who("2"), read), Err(1));
+        assert_eq!(slots.try_take_with("ns/b", &who("2"), None, read), Err(1));
         // ...so the stale snapshot would count nothing and start a second build.
-        assert_eq!(slots.try_take("ns/c", &who("0"), stale), Ok(()));
+        assert_eq!(slots.try_take("ns/c", &who("0"), None, stale), Ok(()));
         slots.release("ns/c");
         // Read under the lock, the snapshot is never older than the one that dropped it.
-        assert_eq!(slots.try_take_with("ns/c", &who("3"), read), Err(1));
+        assert_eq!(slots.try_take_with("ns/c", &who("3"), None, read), Err(1));
     }
 
     #[test]
     fn reservations_count_until_the_cache_shows_the_job() {
         let slots = BuildSlots::new(2, None);
         let none = Vec::<(String, bool)>::new;
-        assert_eq!(slots.try_take("ns/a", &who("1"), none()), Ok(()));
-        assert_eq!(slots.try_take("ns/b", &who("2"), none()), Ok(()));
-        assert_eq!(slots.try_take("ns/c", &who("3"), none()), Err(2));
+        assert_eq!(slots.try_take("ns/a", &who("1"), None, none()), Ok(()));
+        assert_eq!(slots.try_take("ns/b", &who("2"), None, none()), Ok(()));
+        assert_eq!(slots.try_take("ns/c", &who("3"), None, none()), Err(2));
         // The cache now shows a; b is still reserved: still full.
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/c", &who("3"), None, [("ns/a".to_string(), true)]),
             Err(2)
         );
         slots.release("ns/b");
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/c", &who("3"), None, [("ns/a".to_string(), true)]),
             Ok(())
         );
         // Taking again for a Job that exists or is reserved is no new slot.
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/c", &who("3"), None, [("ns/a".to_string(), true)]),
             Ok(())
         );
         assert_eq!(
-            slots.try_take("ns/a", &who("1"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/a", &who("1"), None, [("ns/a".to_string(), true)]),
             Ok(())
         );
         assert_eq!(slots.waiting(), 0);
@@ -226,11 +265,11 @@ mod tests {
     #[test]
     fn a_reserved_job_the_cache_first_shows_finished_frees_its_slot() {
         let slots = BuildSlots::new(1, None);
-        assert_eq!(slots.try_take("ns/a", &who("1"), Vec::new()), Ok(()));
-        assert_eq!(slots.try_take("ns/b", &who("2"), Vec::new()), Err(1));
+        assert_eq!(slots.try_take("ns/a", &who("1"), None, Vec::new()), Ok(()));
+        assert_eq!(slots.try_take("ns/b", &who("2"), None, Vec::new()), Err(1));
         // a ran and ended between two looks at the cache: its slot is free at once.
         assert_eq!(
-            slots.try_take("ns/b", &who("2"), [("ns/a".to_string(), false)]),
+            slots.try_take("ns/b", &who("2"), None, [("ns/a".to_string(), false)]),
             Ok(())
         );
     }
@@ -239,21 +278,65 @@ mod tests {
     fn a_newcomer_does_not_overtake_older_waiters() {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let slots = BuildSlots::new(1, Some(tx));
-        assert_eq!(slots.try_take("ns/a", &who("1"), Vec::new()), Ok(()));
+        assert_eq!(slots.try_take("ns/a", &who("1"), None, Vec::new()), Ok(()));
         assert_eq!(
-            slots.try_take("ns/b", &who("2"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/b", &who("2"), None, [("ns/a".to_string(), true)]),
             Err(1)
         );
         assert_eq!(
-            slots.try_take("ns/c", &who("3"), [("ns/a".to_string(), true)]),
+            slots.try_take("ns/c", &who("3"), None, [("ns/a".to_string(), true)]),
             Err(1)
         );
         // a finished: the slot is free, but c is younger than b.
-        assert_eq!(slots.try_take("ns/c", &who("3"), Vec::new()), Err(0));
+        assert_eq!(slots.try_take("ns/c", &who("3"), None, Vec::new()), Err(0));
         slots.wake(0);
         assert_eq!(rx.try_recv().unwrap().name, "2");
         assert!(rx.try_recv().is_err(), "one free slot wakes one waiter");
-        assert_eq!(slots.try_take("ns/b", &who("2"), Vec::new()), Ok(()));
+        assert_eq!(slots.try_take("ns/b", &who("2"), None, Vec::new()), Ok(()));
         assert_eq!(slots.waiting(), 1);
+    }
+
+    #[test]
+    fn waiters_that_no_longer_wait_leave_the_queue_before_anyone_is_counted_behind_them() {
+        // Functions 2 and 3 queued at generation 1; then 2 was deleted and 3's spec changed.
+        let alive = |_: &str, name: &str, generation: Option<i64>| match name {
+            "2" => false,
+            "3" => generation == Some(2),
+            _ => true,
+        };
+        let slots = BuildSlots::new(1, None).with_check(Box::new(alive));
+        assert_eq!(
+            slots.try_take("ns/a", &who("1"), Some(1), Vec::new()),
+            Ok(())
+        );
+        let running = [("ns/a".to_string(), true)];
+        assert_eq!(
+            slots.try_take("ns/b", &who("2"), Some(1), running.clone()),
+            Err(1)
+        );
+        assert_eq!(
+            slots.try_take("ns/c", &who("3"), Some(1), running.clone()),
+            Err(1)
+        );
+        assert_eq!(slots.waiting(), 0, "both ghosts are gone");
+        // a finished; a newcomer is not held behind the ghosts.
+        assert_eq!(
+            slots.try_take("ns/d", &who("4"), Some(1), Vec::new()),
+            Ok(())
+        );
+        // 3 queues again with its new spec, and keeps its place ahead of younger ones.
+        assert_eq!(
+            slots.try_take("ns/c2", &who("3"), Some(2), [("ns/d".to_string(), true)]),
+            Err(1)
+        );
+        assert_eq!(slots.waiting(), 1);
+        assert_eq!(
+            slots.try_take("ns/e", &who("5"), Some(1), Vec::new()),
+            Err(0)
+        );
+        assert_eq!(
+            slots.try_take("ns/c2", &who("3"), Some(2), Vec::new()),
+            Ok(())
+        );
     }
 }

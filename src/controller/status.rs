@@ -1,6 +1,9 @@
 //! A reconcile's working copy of the Function's status: conditions set along the way (each
-//! change remembered for its Event), written once at the end as a JSON patch of exactly what
-//! changed — nothing at all when nothing did.
+//! change remembered for its Event), written once at the end — nothing at all when nothing
+//! changed. The write is a merge patch of the status subresource with the resourceVersion
+//! the pass started from as its precondition: a pass that read a cache older than the last
+//! write (its own, a moment ago) gets a conflict instead of patching a status it never saw,
+//! which could duplicate conditions or bring back an older state.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
@@ -11,6 +14,18 @@ use serde_json::Value;
 use super::conditions::{self, Change, Kind, State};
 use super::crd::{Function, FunctionStatus};
 use super::error::{Error, Result};
+
+/// What [`Working::write`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Nothing changed: nothing was sent.
+    Unchanged,
+    /// The status was written (and its Events published).
+    Written,
+    /// The Function changed since the pass read it (its cache was stale): nothing was
+    /// written; the pass must run again on the newer Function.
+    Stale,
+}
 
 /// The status being worked on.
 pub struct Working {
@@ -50,7 +65,7 @@ impl Working {
     }
 
     /// Writes the status if it changed, then one Event per changed condition (Warning when
-    /// it turned False). Returns whether anything was written.
+    /// it turned False).
     ///
     /// # Errors
     /// The status write failed (the Events are best effort).
@@ -59,34 +74,33 @@ impl Working {
         client: &kube::Client,
         recorder: &Recorder,
         f: &Function,
-    ) -> Result<bool> {
+    ) -> Result<Written> {
         if self.before.as_ref() == Some(&self.status) {
-            return Ok(false);
+            return Ok(Written::Unchanged);
         }
         let (ns, name) = (f.namespace_or_default(), f.name_or_empty());
         let api: Api<Function> = Api::namespaced(client.clone(), ns);
+        let old = serde_json::to_value(&self.before).unwrap_or(Value::Null);
         let new = serde_json::to_value(&self.status).unwrap_or(Value::Null);
-        let ops = match &self.before {
-            None => json_patch::Patch(vec![json_patch::PatchOperation::Add(
-                json_patch::AddOperation {
-                    path: "/status".parse().expect("a valid JSON pointer"),
-                    value: new,
-                },
-            )]),
-            Some(before) => {
-                let old = serde_json::to_value(before).unwrap_or(Value::Null);
-                let mut ops = json_patch::diff(&old, &new);
-                for op in &mut ops.0 {
-                    prefix(op);
-                }
-                ops
-            }
-        };
-        api.patch_status(name, &PatchParams::default(), &Patch::Json::<()>(ops))
+        let patch = serde_json::json!({
+            "metadata": { "resourceVersion": f.metadata.resource_version },
+            "status": merge_patch(&old, &new),
+        });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map_err(Error::kube(format!(
-                "writing the status of Function {ns}/{name}"
-            )))?;
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                tracing::debug!("the Function changed since this pass read it; not writing");
+                return Ok(Written::Stale);
+            }
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "writing the status of Function {ns}/{name}"
+                ))(e));
+            }
+        }
         let reference: ObjectReference = f.object_ref(&());
         for change in &self.changes {
             // Inside the reconcile span: the line carries the Function's namespace and name.
@@ -112,25 +126,34 @@ impl Working {
                 tracing::warn!(error = %e, reason = %change.reason, "publishing an Event");
             }
         }
-        Ok(true)
+        Ok(Written::Written)
     }
 }
 
-/// Moves a JSON patch operation from the status object to `/status/…` of the Function.
-fn prefix(op: &mut json_patch::PatchOperation) {
-    use json_patch::PatchOperation as Op;
-    let path = match op {
-        Op::Add(o) => &mut o.path,
-        Op::Remove(o) => &mut o.path,
-        Op::Replace(o) => &mut o.path,
-        Op::Move(o) => &mut o.path,
-        Op::Copy(o) => &mut o.path,
-        Op::Test(o) => &mut o.path,
-    };
-    let joined = format!("/status{path}");
-    *path = joined
-        .parse()
-        .expect("prefixing a valid pointer keeps it valid");
+/// A JSON merge patch (RFC 7386) turning `old` into `new`: changed and new keys, `null` for
+/// keys that went; lists and values whole.
+pub fn merge_patch(old: &Value, new: &Value) -> Value {
+    match (old, new) {
+        (Value::Object(old), Value::Object(new)) => {
+            let mut patch = serde_json::Map::new();
+            for (k, v) in new {
+                match old.get(k) {
+                    Some(o) if o == v => {}
+                    Some(o) => {
+                        patch.insert(k.clone(), merge_patch(o, v));
+                    }
+                    None => {
+                        patch.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+            for k in old.keys().filter(|k| !new.contains_key(*k)) {
+                patch.insert(k.clone(), Value::Null);
+            }
+            Value::Object(patch)
+        }
+        _ => new.clone(),
+    }
 }
 
 /// At most `max` bytes of `s`, cut at a character boundary.
@@ -143,4 +166,22 @@ pub fn truncate(s: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &s[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_patch;
+    use serde_json::json;
+
+    #[test]
+    fn a_merge_patch_holds_what_changed_and_nulls_what_went() {
+        let old = json!({"a": 1, "b": {"c": 2, "d": 3}, "e": [1], "gone": true});
+        let new = json!({"a": 1, "b": {"c": 5, "d": 3}, "e": [1, 2], "f": "new"});
+        let patch = merge_patch(&old, &new);
+        assert_eq!(
+            patch,
+            json!({"b": {"c": 5}, "e": [1, 2], "f": "new", "gone": null})
+        );
+        assert_eq!(merge_patch(&json!(null), &new), new);
+    }
 }

@@ -357,6 +357,68 @@ fn an_env_change_updates_the_deployment_and_a_source_change_builds_again() {
 }
 
 #[test]
+fn hand_edits_to_what_kiln_sets_are_reverted_and_a_steady_state_writes_nothing() {
+    let env = ControllerEnv::start(&[]);
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    env.create_function("team", &node_function("hello", HELLO, None));
+    env.wait_condition("team", "hello", "Running", "True", None);
+    let rendered = env.api.get("Deployment", "team", "hello").unwrap();
+    let image = rendered["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+    let label = "serverless.kyma-project.io/function-name";
+    assert_eq!(rendered["metadata"]["labels"][label], "hello");
+
+    // By hand, as `kubectl edit` would: another image, more replicas, a label kiln sets
+    // removed, and another label added (someone else's: it stays).
+    let mut edited = rendered.clone();
+    edited["spec"]["template"]["spec"]["containers"][0]["image"] = json!("evil.example.com/x:1");
+    edited["spec"]["replicas"] = json!(7);
+    let labels = edited["metadata"]["labels"].as_object_mut().unwrap();
+    labels.remove(label);
+    labels.insert("team.example.com/owner".into(), json!("ops"));
+    env.api.insert(edited);
+    let mut service = env.api.get("Service", "team", "hello").unwrap();
+    service["spec"]["ports"][0]["targetPort"] = json!(9090);
+    env.api.insert(service);
+
+    env.wait("the hand edits reverted", Duration::from_secs(30), || {
+        let d = env.api.get("Deployment", "team", "hello").unwrap();
+        let s = env.api.get("Service", "team", "hello").unwrap();
+        d["spec"]["template"]["spec"]["containers"][0]["image"] == image
+            && d["spec"]["replicas"] == 1
+            && d["metadata"]["labels"][label] == "hello"
+            && s["spec"]["ports"][0]["targetPort"] == 8080
+    });
+    let d = env.api.get("Deployment", "team", "hello").unwrap();
+    assert_eq!(d["metadata"]["labels"]["team.example.com/owner"], "ops");
+    env.wait_condition("team", "hello", "Running", "True", None);
+
+    // Settled: a pass over every Function writes nothing of kiln's.
+    std::thread::sleep(Duration::from_millis(500));
+    env.api.reset_requests();
+    let before = env.metric("kiln_reconciles_total");
+    env.hangup();
+    env.wait("a reconcile after SIGHUP", Duration::from_secs(10), || {
+        env.metric("kiln_reconciles_total") > before
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let writes: Vec<String> = env
+        .api
+        .writes()
+        .into_iter()
+        .filter(|w| !w.path.ends_with("/status"))
+        .map(|w| format!("{} {}", w.method, w.path))
+        .collect();
+    assert!(
+        writes.is_empty(),
+        "a steady state writes nothing: {writes:?}"
+    );
+}
+
+#[test]
 fn builds_beyond_the_cap_wait_in_line() {
     let env = ControllerEnv::start(&["--max-build-jobs", "2"]);
     let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
@@ -406,6 +468,66 @@ fn builds_beyond_the_cap_wait_in_line() {
         env.wait_condition("team", name, "Running", "True", None);
     }
     assert_eq!(builds.stats().max_active, 2);
+}
+
+#[test]
+fn functions_deleted_or_made_invalid_while_queued_leave_the_queue_and_hold_no_build_back() {
+    let env = ControllerEnv::start(&["--max-build-jobs", "2"]);
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    builds.hold();
+    let _rollouts = FakeRollouts::start(env.api.client());
+    let source = |name: &str| format!("module.exports = {{ main: () => '{name}' }}");
+    for name in ["one", "two"] {
+        env.create_function("team", &node_function(name, &source(name), None));
+    }
+    env.wait("two build Jobs", Duration::from_secs(30), || {
+        env.api.list("Job").len() == 2
+    });
+    // More ghosts than build slots: queued, then deleted or made invalid.
+    let ghosts = ["ghost-a", "ghost-b", "ghost-c"];
+    for name in ghosts {
+        env.create_function("team", &node_function(name, &source(name), None));
+    }
+    for name in ghosts {
+        env.wait_condition("team", name, "BuildReady", "Unknown", Some("JobQueued"));
+    }
+    env.wait("three Functions queued", Duration::from_secs(10), || {
+        env.metric("kiln_build_queue_depth") == 3.0
+    });
+    env.api.delete("Function", "team", "ghost-a");
+    env.api.delete("Function", "team", "ghost-b");
+    let mut invalid = env.function("team", "ghost-c");
+    invalid["spec"]["runtime"] = json!("ruby3");
+    env.api.insert(invalid);
+    env.wait_condition(
+        "team",
+        "ghost-c",
+        "ConfigurationReady",
+        "False",
+        Some("InvalidFunctionSpec"),
+    );
+    env.wait(
+        "the ghosts to leave the queue",
+        Duration::from_secs(10),
+        || env.metric("kiln_build_queue_depth") == 0.0,
+    );
+    builds.release();
+    for name in ["one", "two"] {
+        env.wait_condition("team", name, "Running", "True", None);
+    }
+    // A newcomer builds: nobody is counted ahead of it.
+    env.create_function("team", &node_function("late", &source("late"), None));
+    env.wait_condition("team", "late", "Running", "True", None);
+    assert!(
+        env.api.list("Job").iter().all(|j| !j["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("ghost-")),
+        "no ghost was built"
+    );
 }
 
 #[test]
@@ -626,8 +748,12 @@ fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
     let _rollouts = FakeRollouts::start(env.api.client());
     env.create_function("team", &node_function("one", HELLO, None));
     env.wait_condition("team", "one", "Running", "True", None);
-    // The standby waits for the Lease: not ready, and it has reconciled nothing.
-    assert_eq!(second.readyz(), 503, "{}", second.log());
+    // The standby waits for the Lease, ready to take over: Ready (so that a Deployment of
+    // two replicas becomes Available and rolls out), not leading, and it has reconciled
+    // nothing.
+    assert_eq!(second.readyz(), 200, "{}", second.log());
+    assert_eq!(second.metric("kiln_leader"), 0.0);
+    assert_eq!(env.metric("kiln_leader"), 1.0);
     assert_eq!(second.metric("kiln_reconciles_total"), 0.0);
     assert_eq!(holder(&env), Some(("controller-a".into(), 0)));
 
@@ -637,15 +763,74 @@ fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
         holder(&env).is_some_and(|(who, _)| who == "controller-b")
     });
     assert_eq!(holder(&env), Some(("controller-b".into(), 1)));
-    env.wait(
-        "the new leader to be ready",
-        Duration::from_secs(30),
-        || second.readyz() == 200,
-    );
+    env.wait("the new leader to lead", Duration::from_secs(30), || {
+        second.metric("kiln_leader") == 1.0
+    });
+    assert_eq!(second.readyz(), 200);
     env.create_function(
         "team",
         &node_function("two", "module.exports = { main: () => 2 }", None),
     );
     env.wait_condition("team", "two", "Running", "True", None);
     assert!(second.metric("kiln_reconciles_total") > 0.0);
+}
+
+#[tokio::test]
+async fn a_pass_that_races_its_own_previous_status_write_leaves_one_condition_of_each_type() {
+    use kiln::controller::conditions::{Kind, State};
+    use kiln::controller::crd::Function;
+    use kiln::controller::status::{Working, Written};
+    use kube::runtime::events::{Recorder, Reporter};
+
+    let api = common::kube_api::KubeApi::start();
+    let mut f: Value = serde_yaml::from_str(&node_function("hello", HELLO, None)).unwrap();
+    f["metadata"]["namespace"] = json!("team");
+    f["status"] = json!({"conditions": [{"type": "ConfigurationReady", "status": "True", "reason": "ConfigMapCreated"}]});
+    api.insert(f);
+    let client = api.client();
+    let functions: kube::Api<Function> = kube::Api::namespaced(client.clone(), "team");
+    let cached = functions.get("hello").await.unwrap();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "test".into(),
+            instance: None,
+        },
+    );
+    let pass = || {
+        let mut st = Working::new(&cached);
+        st.set(
+            Kind::BuildReady,
+            State::Unknown,
+            "JobCreated",
+            "Job created",
+        );
+        st
+    };
+    let first = pass().write(&client, &recorder, &cached).await.unwrap();
+    assert_eq!(first, Written::Written);
+    // The next pass still reads the Function as it was before that write.
+    let second = pass().write(&client, &recorder, &cached).await.unwrap();
+    assert_eq!(second, Written::Stale);
+    let live = api.get("Function", "team", "hello").unwrap();
+    let types: Vec<&str> = live["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(types, ["ConfigurationReady", "BuildReady"], "{live}");
+    // On the fresh Function the same pass changes nothing, so it writes nothing.
+    let fresh = functions.get("hello").await.unwrap();
+    let mut st = Working::new(&fresh);
+    st.set(
+        Kind::BuildReady,
+        State::Unknown,
+        "JobCreated",
+        "Job created",
+    );
+    assert_eq!(
+        st.write(&client, &recorder, &fresh).await.unwrap(),
+        Written::Unchanged
+    );
 }
