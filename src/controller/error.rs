@@ -51,6 +51,19 @@ impl Error {
         }
     }
 
+    /// The error and its causes, `what failed: why: …` (thiserror's `Display` shows only
+    /// the first; `{:#}` chains causes for anyhow errors, not for these).
+    pub fn chain(&self) -> String {
+        let mut text = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        text
+    }
+
     /// Wraps a kube error with what was being done.
     pub fn kube(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let action = action.into();
@@ -67,5 +80,23 @@ impl Error {
             action,
             source: Box::new(source),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn the_chain_names_the_api_servers_answer() {
+        let status =
+            kube::core::Status::failure("deployments.apps \"x\" is forbidden", "Forbidden")
+                .with_code(403);
+        let e = Error::kube("applying Deployment team/x")(kube::Error::Api(Box::new(status)));
+        let chain = e.chain();
+        assert!(
+            chain.starts_with("applying Deployment team/x: ") && chain.contains("is forbidden"),
+            "{chain}"
+        );
     }
 }

@@ -56,7 +56,7 @@ impl Candidate {
                 Ok(false) => reachable.store(true, Ordering::Relaxed),
                 Err(e) => {
                     reachable.store(false, Ordering::Relaxed);
-                    tracing::warn!(error = %format!("{e:#}"), lease = %self.name, "competing for the lease");
+                    tracing::warn!(error = %e.chain(), lease = %self.name, "competing for the lease");
                 }
             }
             tokio::time::sleep(self.period()).await;
@@ -75,7 +75,7 @@ impl Candidate {
                     tracing::error!(lease = %self.name, "another replica holds the lease now");
                     return;
                 }
-                Err(e) => tracing::warn!(error = %format!("{e:#}"), "renewing the lease"),
+                Err(e) => tracing::warn!(error = %e.chain(), "renewing the lease"),
             }
             if last.elapsed() > self.duration {
                 tracing::error!(lease = %self.name, "could not renew the lease in time");

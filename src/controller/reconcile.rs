@@ -83,7 +83,7 @@ pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
 
 /// The error policy: log, and try again after a while.
 pub fn error_policy(f: Arc<Function>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(namespace = %f.namespace_or_default(), function = %f.name_or_empty(), error = %format!("{error:#}"), "reconcile failed");
+    tracing::warn!(namespace = %f.namespace_or_default(), function = %f.name_or_empty(), error = %error.chain(), "reconcile failed");
     Action::requeue(Duration::from_secs(15))
 }
 
@@ -229,7 +229,7 @@ async fn lookups(
                     Kind::BuildReady,
                     State::False,
                     reason::IMAGE_UNRESOLVED,
-                    format!("resolving the {what} image {reference}: {e:#}"),
+                    format!("resolving the {what} image {reference}: {}", e.chain()),
                 );
                 return Ok(None);
             }
@@ -243,7 +243,7 @@ async fn lookups(
                     Kind::ConfigurationReady,
                     State::False,
                     reason::SOURCE_UPDATE_FAILED,
-                    format!("{e:#}"),
+                    e.chain(),
                 );
                 return Ok(None);
             }

@@ -62,10 +62,22 @@ impl ControllerEnv {
             digest,
             reference,
         };
-        let api = KubeApi::start();
+        let knative =
+            std::fs::read_to_string(super::kiln::fixtures().join("knative/service-crd.yaml"))
+                .expect("Knative Serving's Service CRD");
+        let api = KubeApi::with_options(super::kube_api::Options {
+            crds: vec![
+                super::kube_api::CrdSource::KilnBinary(env!("CARGO_BIN_EXE_kiln").into()),
+                super::kube_api::CrdSource::Yaml(knative),
+            ],
+            ..Default::default()
+        });
         Self::seed(&api);
+        // The controller is who deploy/ makes it: its ServiceAccount, with deploy/rbac.yaml's
+        // permissions and no more.
         let kubeconfig = dir.path().join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig);
+        let token = api.service_account_token(SYSTEM, "kiln-controller");
+        std::fs::write(&kubeconfig, api.kubeconfig_with_token(&token)).expect("kubeconfig");
         let metrics_port = super::free_port();
         let log = dir.path().join("controller.log");
         let mut env = ControllerEnv {
@@ -83,6 +95,9 @@ impl ControllerEnv {
     }
 
     fn seed(api: &KubeApi) {
+        for object in rbac_objects() {
+            api.insert(object);
+        }
         let config = super::base64(br#"{"auths":{}}"#);
         api.insert(json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
@@ -388,6 +403,16 @@ impl Drop for ControllerEnv {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The objects of deploy/rbac.yaml: the controller's ServiceAccount, roles and bindings.
+pub fn rbac_objects() -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/rbac.yaml");
+    let text = std::fs::read_to_string(&path).expect("deploy/rbac.yaml");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("deploy/rbac.yaml parses"))
+        .filter(|v: &Value| !v.is_null())
+        .collect()
 }
 
 /// A Node.js inline Function's manifest.

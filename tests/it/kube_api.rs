@@ -105,6 +105,19 @@ async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
     let default: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let other: Api<ConfigMap> = Api::namespaced(client.clone(), "other");
     let pp = PostParams::default();
+    // As on a real server, a namespace must exist before anything is created in it.
+    let refused = other
+        .create(&pp, &cm("a", json!({"app": "web"}), json!({})))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        status(refused).2,
+        "namespaces \"other\" not found",
+        "the NamespaceLifecycle admission"
+    );
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": "other"}})).unwrap();
+    namespaces.create(&pp, &ns).await.unwrap();
     let a = default
         .create(&pp, &cm("a", json!({"app": "web", "tier": "x"}), json!({})))
         .await
@@ -133,11 +146,19 @@ async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
     };
     assert_eq!(select(default.clone(), "app=web").await, ["a"]);
     assert_eq!(select(default.clone(), "app==db").await, ["b"]);
-    assert_eq!(select(default.clone(), "app!=web").await, ["b", "c"]);
+    // Every namespace also holds the cluster CA's ConfigMap, without labels.
+    let root_ca = "kube-root-ca.crt";
+    assert_eq!(
+        select(default.clone(), "app!=web").await,
+        ["b", "c", root_ca]
+    );
     assert_eq!(select(default.clone(), "tier in (x, z)").await, ["a", "c"]);
-    assert_eq!(select(default.clone(), "tier notin (x)").await, ["b", "c"]);
+    assert_eq!(
+        select(default.clone(), "tier notin (x)").await,
+        ["b", "c", root_ca]
+    );
     assert_eq!(select(default.clone(), "app").await, ["a", "b"]);
-    assert_eq!(select(default.clone(), "!app").await, ["c"]);
+    assert_eq!(select(default.clone(), "!app").await, ["c", root_ca]);
     assert_eq!(select(default.clone(), "app,tier in (y)").await, ["b"]);
     let all: Api<ConfigMap> = Api::all(client.clone());
     let everywhere = all
@@ -149,11 +170,11 @@ async fn objects_are_created_read_and_listed_by_label_and_field_selectors() {
     let by_field = all
         .list(&ListParams::default().fields("metadata.namespace=other"))
         .await;
-    assert_eq!(names(by_field.unwrap()), ["a"]);
+    assert_eq!(names(by_field.unwrap()), ["a", root_ca]);
     let by_name = default
         .list(&ListParams::default().fields("metadata.name!=a"))
         .await;
-    assert_eq!(names(by_name.unwrap()), ["b", "c"]);
+    assert_eq!(names(by_name.unwrap()), ["b", "c", root_ca]);
 
     let bad = default
         .list(&ListParams::default().labels("app in x"))
@@ -968,7 +989,7 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
     let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
     cms.create(
         &PostParams::default(),
-        &cm("src", json!({}), json!({"k": "v"})),
+        &cm("src", json!({"copy": "yes"}), json!({"k": "v"})),
     )
     .await
     .unwrap();
@@ -981,7 +1002,8 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
         recorder: Recorder::new(client.clone(), reporter),
         reconciles: 0.into(),
     });
-    let controller = Controller::new(cms.clone(), watcher::Config::default())
+    // Only its own ConfigMaps: every namespace also has the cluster's kube-root-ca.crt.
+    let controller = Controller::new(cms.clone(), watcher::Config::default().labels("copy=yes"))
         .owns(
             Api::<Secret>::default_namespaced(client.clone()),
             watcher::Config::default(),
@@ -1074,7 +1096,7 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
 fn a_written_kubeconfig_and_a_streaming_list_watcher_work_from_a_plain_test() {
     let api = KubeApi::start();
     api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": "seed", "namespace": "default"}}));
+        "metadata": {"name": "seed", "namespace": "default", "labels": {"seeded": "yes"}}}));
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     api.write_kubeconfig(&path);
@@ -1086,7 +1108,9 @@ fn a_written_kubeconfig_and_a_streaming_list_watcher_work_from_a_plain_test() {
             .unwrap();
         assert_eq!(config.cluster_url.to_string(), format!("{}/", api.url()));
         let cms: Api<ConfigMap> = Api::default_namespaced(kube::Client::try_from(config).unwrap());
-        let config = watcher::Config::default().streaming_lists();
+        let config = watcher::Config::default()
+            .labels("seeded=yes")
+            .streaming_lists();
         let mut events = watcher(cms, config).boxed();
         let mut seen = Vec::new();
         for _ in 0..3 {

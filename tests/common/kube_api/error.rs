@@ -88,6 +88,17 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// Any other Status: 401, 403, an admission webhook's answer…
+    Status {
+        /// The HTTP code.
+        code: u16,
+        /// The `reason`.
+        reason: &'static str,
+        /// The `message`.
+        message: String,
+        /// The `details`, if any.
+        details: Option<Value>,
+    },
     /// A failure injected by a test (`KubeApi::fail_next`).
     Injected {
         /// The HTTP status to answer.
@@ -125,7 +136,7 @@ impl Error {
             Self::MethodNotAllowed { .. } => 405,
             Self::UnsupportedMediaType { .. } => 415,
             Self::Internal { .. } => 500,
-            Self::Injected { code } => *code,
+            Self::Status { code, .. } | Self::Injected { code } => *code,
         }
     }
 
@@ -181,6 +192,12 @@ impl Error {
                 None,
             ),
             Self::Internal { message } => ("InternalError", message.clone(), None),
+            Self::Status {
+                reason,
+                message,
+                details,
+                ..
+            } => (*reason, message.clone(), details.clone()),
             Self::Injected { code } => (
                 reason_for(*code),
                 format!("injected failure ({code})"),

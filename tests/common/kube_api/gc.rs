@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 
 use super::error::{Error, Result};
-use super::kinds::{self, Kind};
+use super::kinds::{Kind, Kinds};
 use super::meta;
 use super::selector::Selectors;
 use super::store::{EventType, Key, Store};
@@ -82,8 +82,8 @@ fn owner_uids(obj: &Value) -> Vec<String> {
         .collect()
 }
 
-fn kind_of(obj: &Value) -> Option<&'static Kind> {
-    kinds::by_type(obj["apiVersion"].as_str()?, obj["kind"].as_str()?)
+fn kind_of(kinds: &Kinds, obj: &Value) -> Option<&'static Kind> {
+    kinds.by_type(obj["apiVersion"].as_str()?, obj["kind"].as_str()?)
 }
 
 impl Store {
@@ -175,7 +175,7 @@ impl Store {
 
     /// Deletes a stored object found by key (its kind read from the object).
     fn delete_stored(&mut self, key: &Key, policy: Propagation) {
-        let Some(kind) = self.objects.get(key).and_then(kind_of) else {
+        let Some(kind) = self.objects.get(key).and_then(|o| kind_of(&self.kinds, o)) else {
             return;
         };
         let opts = DeleteOptions {
@@ -215,7 +215,7 @@ impl Store {
     }
 
     fn drop_owner_reference(&mut self, key: &Key, mut obj: Value, uid: &str) {
-        let Some(kind) = kind_of(&obj) else {
+        let Some(kind) = kind_of(&self.kinds, &obj) else {
             return;
         };
         if let Some(refs) = obj

@@ -1,6 +1,7 @@
-//! The resource kinds the fake API server knows, and the parsing of request paths into a
-//! [`Route`] (kind, namespace, name, subresource). An unknown path is a 404, as on a real
-//! server; nothing here touches stored objects.
+//! The resource kinds the fake API server knows — the built-in ones below, and those that
+//! CustomResourceDefinitions define while the server runs ([`Kinds::register`]) — and the
+//! parsing of request paths into a [`Route`] (kind, namespace, name, subresource). An unknown
+//! path is a 404, as on a real server; nothing here touches stored objects.
 
 use super::error::Error;
 
@@ -26,6 +27,25 @@ pub struct Kind {
     pub custom: bool,
     /// How names are validated.
     pub names: NameRule,
+    /// What discovery and `kubectl` know of a custom kind (its CRD's names and printer
+    /// columns); `None` for built-in kinds.
+    pub crd: Option<&'static CrdNames>,
+}
+
+/// The names and columns a CRD gives its kind.
+#[derive(Debug, PartialEq, Eq)]
+pub struct CrdNames {
+    /// `spec.names.singular`.
+    pub singular: String,
+    /// `spec.names.shortNames`.
+    pub short_names: Vec<String>,
+    /// `spec.names.categories`.
+    pub categories: Vec<String>,
+    /// The served version's `additionalPrinterColumns` (JSON objects as the CRD has them).
+    pub columns: Vec<serde_json::Value>,
+    /// `scale.specReplicasPath`, `statusReplicasPath`, `labelSelectorPath` when it has a
+    /// scale subresource.
+    pub scale_paths: Option<[String; 3]>,
 }
 
 /// The name rule of a kind (kube-apiserver's `ValidateObjectMeta` name functions).
@@ -55,6 +75,14 @@ const fn kind(
         scale: false,
         custom: false,
         names: NameRule::Subdomain,
+        crd: None,
+    }
+}
+
+const fn cluster(k: Kind) -> Kind {
+    Kind {
+        namespaced: false,
+        ..k
     }
 }
 
@@ -62,9 +90,9 @@ const fn with_status(k: Kind) -> Kind {
     Kind { status: true, ..k }
 }
 
-/// Every kind served. The first entry of a kind name wins a lookup by bare kind name
+/// Every built-in kind served. The first entry of a kind name wins a lookup by bare kind name
 /// (`Service` is the core one; `Service.serving.knative.dev` names Knative's).
-pub static KINDS: &[Kind] = &[
+pub static BUILTIN: &[Kind] = &[
     kind("", "v1", "ConfigMap", "configmaps"),
     kind("", "v1", "Secret", "secrets"),
     Kind {
@@ -74,9 +102,8 @@ pub static KINDS: &[Kind] = &[
     with_status(kind("", "v1", "Pod", "pods")),
     kind("", "v1", "Event", "events"),
     Kind {
-        namespaced: false,
         names: NameRule::Label,
-        ..with_status(kind("", "v1", "Namespace", "namespaces"))
+        ..cluster(with_status(kind("", "v1", "Namespace", "namespaces")))
     },
     kind("", "v1", "ServiceAccount", "serviceaccounts"),
     with_status(kind("batch", "v1", "Job", "jobs")),
@@ -89,22 +116,105 @@ pub static KINDS: &[Kind] = &[
     )),
     kind("coordination.k8s.io", "v1", "Lease", "leases"),
     kind("events.k8s.io", "v1", "Event", "events"),
-    Kind {
-        custom: true,
-        names: NameRule::Label1035,
-        ..with_status(kind("serving.knative.dev", "v1", "Service", "services"))
-    },
-    Kind {
-        custom: true,
-        scale: true,
-        ..with_status(kind(
-            "serverless.kyma-project.io",
-            "v1alpha2",
-            "Function",
-            "functions",
-        ))
-    },
+    kind("rbac.authorization.k8s.io", "v1", "Role", "roles"),
+    kind(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding",
+        "rolebindings",
+    ),
+    cluster(kind(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole",
+        "clusterroles",
+    )),
+    cluster(kind(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+    )),
+    cluster(kind(
+        "admissionregistration.k8s.io",
+        "v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+    )),
+    cluster(kind(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+    )),
+    cluster(with_status(kind(
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+    ))),
 ];
+
+/// The kinds served now: the built-in ones, and those CRDs defined.
+#[derive(Debug, Default)]
+pub struct Kinds {
+    custom: Vec<&'static Kind>,
+}
+
+impl Kinds {
+    /// Every kind, built-in ones first.
+    pub fn all(&self) -> impl Iterator<Item = &'static Kind> + '_ {
+        BUILTIN.iter().chain(self.custom.iter().copied())
+    }
+
+    /// Serves `kind` (a CRD's version) from now on; the same group, version and plural
+    /// again replaces the earlier definition (a CRD updated). Kinds are leaked: a test's
+    /// server defines a handful.
+    pub fn register(&mut self, kind: Kind) -> &'static Kind {
+        self.custom.retain(|k| {
+            !(k.group == kind.group && k.version == kind.version && k.plural == kind.plural)
+        });
+        let kind: &'static Kind = Box::leak(Box::new(kind));
+        self.custom.push(kind);
+        kind
+    }
+
+    /// Stops serving the custom kinds of `group`/`plural` (their CRD was deleted).
+    pub fn unregister(&mut self, group: &str, plural: &str) {
+        self.custom
+            .retain(|k| !(k.group == group && k.plural == plural));
+    }
+
+    /// The kind served at `group`/`version`/`plural`.
+    pub fn by_path(&self, group: &str, version: &str, plural: &str) -> Option<&'static Kind> {
+        self.all()
+            .find(|k| k.group == group && k.version == version && k.plural == plural)
+    }
+
+    /// The kind of an object's `apiVersion` and `kind`.
+    pub fn by_type(&self, api_version: &str, kind: &str) -> Option<&'static Kind> {
+        self.all()
+            .find(|k| k.kind == kind && k.api_version() == api_version)
+    }
+
+    /// A kind by name for the test handle: `ConfigMap`, `Function`, or `Kind.group` to pick
+    /// among kinds of the same name (`Service.serving.knative.dev`, `Event.events.k8s.io`).
+    ///
+    /// # Panics
+    /// When no kind has that name: a typo in a test should fail loudly.
+    pub fn by_name(&self, name: &str) -> &'static Kind {
+        let (kind, group) = match name.split_once('.') {
+            Some((kind, group)) => (kind, Some(group)),
+            None => (name, None),
+        };
+        self.all()
+            .find(|k| k.kind == kind && group.is_none_or(|g| g == k.group))
+            .unwrap_or_else(|| {
+                let known: Vec<String> = self.all().map(Kind::qualified_kind).collect();
+                panic!("the fake API server has no kind {name:?}; known: {known:?}")
+            })
+    }
+}
 
 impl Kind {
     /// `apiVersion` of its objects: `v1` or `group/version`.
@@ -142,39 +252,6 @@ impl Kind {
     }
 }
 
-/// The kind served at `group`/`version`/`plural`.
-pub fn by_path(group: &str, version: &str, plural: &str) -> Option<&'static Kind> {
-    KINDS
-        .iter()
-        .find(|k| k.group == group && k.version == version && k.plural == plural)
-}
-
-/// The kind of an object's `apiVersion` and `kind`.
-pub fn by_type(api_version: &str, kind: &str) -> Option<&'static Kind> {
-    KINDS
-        .iter()
-        .find(|k| k.kind == kind && k.api_version() == api_version)
-}
-
-/// A kind by name for the test handle: `ConfigMap`, `Function`, or `Kind.group` to pick
-/// among kinds of the same name (`Service.serving.knative.dev`, `Event.events.k8s.io`).
-///
-/// # Panics
-/// When no kind has that name: a typo in a test should fail loudly.
-pub fn by_name(name: &str) -> &'static Kind {
-    let (kind, group) = match name.split_once('.') {
-        Some((kind, group)) => (kind, Some(group)),
-        None => (name, None),
-    };
-    KINDS
-        .iter()
-        .find(|k| k.kind == kind && group.is_none_or(|g| g == k.group))
-        .unwrap_or_else(|| {
-            let known: Vec<String> = KINDS.iter().map(Kind::qualified_kind).collect();
-            panic!("the fake API server has no kind {name:?}; known: {known:?}")
-        })
-}
-
 /// What a request path addresses.
 #[derive(Debug, Clone)]
 pub struct Route {
@@ -188,11 +265,13 @@ pub struct Route {
     pub subresource: Option<String>,
 }
 
-/// Parses `/api/v1/…` and `/apis/{group}/{version}/…` paths.
+/// Parses `/api/v1/…` and `/apis/{group}/{version}/…` paths (`/watch/` after the version
+/// included, as old clients send watches) into a route of a kind of `kinds`; the flag says
+/// whether the path named the `watch` verb.
 ///
 /// # Errors
 /// [`Error::UnknownPath`] for anything that is not a known resource URL.
-pub fn parse_route(path: &str) -> Result<Route, Error> {
+pub fn parse_route(kinds: &Kinds, path: &str) -> Result<(Route, bool), Error> {
     let unknown = || Error::UnknownPath {
         path: path.to_string(),
     };
@@ -202,8 +281,12 @@ pub fn parse_route(path: &str) -> Result<Route, Error> {
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return Err(unknown()),
     };
+    let (rest, watch) = match rest {
+        ["watch", rest @ ..] => (rest, true),
+        _ => (rest, false),
+    };
     let route = |plural: &str, namespace: Option<&str>, name: Option<&&str>, sub: Option<&&str>| {
-        let kind = by_path(group, version, plural).ok_or_else(unknown)?;
+        let kind = kinds.by_path(group, version, plural).ok_or_else(unknown)?;
         // A namespaced object needs its namespace; a cluster-scoped kind has none. Only the
         // collection of a namespaced kind may be listed across namespaces.
         let misplaced = match (kind.namespaced, namespace.is_some()) {
@@ -221,7 +304,7 @@ pub fn parse_route(path: &str) -> Result<Route, Error> {
             subresource: sub.map(|s| (*s).to_string()),
         })
     };
-    match rest {
+    let route = match rest {
         // A Namespace object and its subresources live under the same prefix as the
         // namespaced resources: /api/v1/namespaces/{name}[/status|/finalize].
         ["namespaces", name] if group.is_empty() => route("namespaces", None, Some(name), None),
@@ -233,5 +316,6 @@ pub fn parse_route(path: &str) -> Result<Route, Error> {
         }
         [plural, tail @ ..] if tail.len() <= 2 => route(plural, None, tail.first(), tail.get(1)),
         _ => Err(unknown()),
-    }
+    }?;
+    Ok((route, watch))
 }

@@ -28,6 +28,13 @@ pub fn now() -> String {
     ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// `seconds` from now, formatted as [`now`].
+pub fn in_seconds(seconds: i64) -> String {
+    let ts =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(seconds);
+    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 fn random_u64() -> u64 {
     // RandomState is seeded randomly per process; a counter makes each value distinct.
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -1,36 +1,49 @@
-//! A stateful in-memory Kubernetes API server for tests, served over real HTTP on a free
-//! 127.0.0.1 port, so a `kube::Client` built from a kubeconfig (the controller's own, in a
-//! `kiln controller` process, or the test's) talks to it as to a cluster, watches included.
+//! A stateful in-memory Kubernetes API server for tests, served over real HTTP and HTTPS on
+//! free 127.0.0.1 ports, so a `kube::Client` built from a kubeconfig (the controller's own, in
+//! a `kiln controller` process, or the test's), an in-cluster client in a Pod the test
+//! kubelet runs, and the real `kubectl` talk to it as to a cluster, watches included.
 //!
-//! It keeps objects as JSON with kube-apiserver's semantics for what controllers rely on:
-//! uid, creationTimestamp, one global resourceVersion, generation, generateName,
-//! AlreadyExists/NotFound/Conflict/Invalid `Status` answers, no-op writes that keep the
-//! resourceVersion, the status and scale subresources, finalizers, owner-reference garbage
-//! collection, label and field selectors, merge/strategic/JSON patches, a simplified
-//! server-side apply (`apply.rs` says how), watches with bookmarks and 410 Gone, and CRD
-//! validation of Functions (schema + CEL). Tests also get a request log, fault injection and
-//! direct access to the objects. Known kinds are listed in `kinds.rs`.
+//! It is meant to be as strict as kube-apiserver where controllers meet it:
+//! - every request is authenticated (bearer tokens) and authorized by RBAC over the Roles,
+//!   ClusterRoles and bindings it holds, with the real verb mapping (`auth.rs`); an apply
+//!   that creates is authorized as `create` too;
+//! - namespaced objects need their Namespace; Pods need their ServiceAccount and get the
+//!   projected token volume (`lifecycle.rs`);
+//! - CustomResourceDefinitions define kinds while it runs, validated by their schema and CEL
+//!   rules (`schema.rs`);
+//! - objects are kept as JSON with uid, creationTimestamp, one global resourceVersion,
+//!   generation, generateName, AlreadyExists/NotFound/Conflict/Invalid `Status` answers,
+//!   no-op writes that keep the resourceVersion, the status and scale subresources,
+//!   finalizers, owner-reference garbage collection, label and field selectors,
+//!   merge/strategic/JSON patches, server-side apply (`apply.rs`), watches with bookmarks and
+//!   410 Gone.
 //!
-//! Not modelled: authentication and RBAC; admission webhooks; defaulting and validation of
-//! built-in kinds beyond names and labels (a Deployment is stored as sent, with no
-//! defaults); other controllers (nothing runs Pods or Jobs, Pods are deleted at once rather
-//! than gracefully); namespaces having to exist; `core/v1` and `events.k8s.io/v1` Events
-//! sharing storage; paging (LIST answers everything in one page) and reads at an old
-//! resourceVersion; `generation` is kept on every kind. The simplifications of server-side
-//! apply are listed in `apply.rs`, those of CRD validation in `schema.rs`.
+//! Tests also get a request log, an audit log of who did what, fault injection and direct
+//! access to the objects. Built-in kinds are listed in `kinds.rs`.
+//!
+//! Not modelled: defaulting and validation of built-in kinds beyond names and labels (a
+//! Deployment is stored as sent, with no defaults); other controllers (nothing runs Pods or
+//! Jobs but the test kubelet; Pods are deleted at once rather than gracefully); namespace
+//! deletion emptying the namespace; paging (LIST answers everything in one page) and reads at
+//! an old resourceVersion; `generation` is kept on every kind. The simplifications of
+//! server-side apply are listed in `apply.rs`, those of CRD validation in `schema.rs`.
 
 pub mod apply;
+pub mod auth;
 pub mod error;
 pub mod gc;
 pub mod kinds;
+pub mod lifecycle;
 pub mod meta;
 pub mod observe;
 pub mod patch;
 pub mod patching;
+pub mod pki;
 pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod watch;
 pub mod write;
 
@@ -45,6 +58,7 @@ use serde_json::Value;
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
+pub use auth::AuditEntry;
 pub use observe::Request;
 pub use store::CrdSource;
 
@@ -55,8 +69,8 @@ use store::{Key, Store};
 /// How to start a [`KubeApi`].
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// The CRDs that validate custom resources (default: `kiln crd`, run on first use; add
-    /// Knative Serving's to validate its Services; empty: no validation).
+    /// The CRDs installed when it starts (default: `kiln crd`, the Functions'; add Knative
+    /// Serving's for its Services; empty: a cluster where only `kubectl apply` adds them).
     pub crds: Vec<CrdSource>,
     /// How often a watch that allows bookmarks gets one (kube-apiserver: about a minute).
     pub bookmark_interval: Duration,
@@ -80,6 +94,8 @@ impl Default for Options {
 pub struct KubeApi {
     shared: Arc<Shared>,
     addr: SocketAddr,
+    https: SocketAddr,
+    admin_token: String,
     runtime: Handle,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -94,16 +110,44 @@ impl KubeApi {
 
     /// Starts a server with `options`.
     pub fn with_options(options: Options) -> Self {
+        let pki = pki::pki();
+        let mut store = Store::new(options.history_limit);
+        store.root_ca = pki.ca_pem.clone();
+        for namespace in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+            store.ensure_namespace(namespace);
+        }
+        for source in &options.crds {
+            let yaml = match source {
+                CrdSource::Yaml(yaml) => yaml.clone(),
+                CrdSource::KilnBinary(bin) => run_kiln_crd(bin),
+            };
+            for doc in serde_yaml::Deserializer::from_str(&yaml) {
+                let crd: Value = serde::Deserialize::deserialize(doc).expect("CRD YAML");
+                if !crd.is_null() {
+                    store
+                        .insert(crd)
+                        .unwrap_or_else(|e| panic!("installing a CRD: {}", e.to_status()));
+                }
+            }
+        }
         let shared = Arc::new(Shared {
-            store: std::sync::Mutex::new(Store::new(options.crds, options.history_limit)),
+            store: std::sync::Mutex::new(store),
             observer: Observer::default(),
             bookmark_interval: options.bookmark_interval,
+            tokens: auth::Tokens::default(),
+            audit: auth::Audit::default(),
         });
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-        listener
-            .set_nonblocking(true)
-            .expect("non-blocking listener");
+        let admin_token = shared.tokens.admin_token();
+        let bind = || {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+            listener
+                .set_nonblocking(true)
+                .expect("non-blocking listener");
+            listener
+        };
+        let (listener, tls_listener) = (bind(), bind());
         let addr = listener.local_addr().expect("listener address");
+        let https = tls_listener.local_addr().expect("listener address");
         let (shutdown, stopped) = oneshot::channel::<()>();
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         let app = axum::Router::new()
@@ -120,9 +164,12 @@ impl KubeApi {
                 let _ = handle_tx.send(runtime.handle().clone());
                 runtime.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+                    let tls = tokio::net::TcpListener::from_std(tls_listener).expect("listener");
+                    let tls = tls::TlsListener::new(tls, pki);
                     // Not a graceful shutdown: open watches would hold it for their timeout.
                     tokio::select! {
-                        result = axum::serve(listener, app) => result.expect("serving"),
+                        result = axum::serve(listener, app.clone()) => result.expect("serving"),
+                        result = axum::serve(tls, app) => result.expect("serving HTTPS"),
                         _ = stopped => {}
                     }
                 });
@@ -133,6 +180,8 @@ impl KubeApi {
         Self {
             shared,
             addr,
+            https,
+            admin_token,
             runtime,
             shutdown: Some(shutdown),
             thread: Some(thread),
@@ -144,12 +193,44 @@ impl KubeApi {
         format!("http://{}", self.addr)
     }
 
-    /// A kubeconfig for this server: no TLS, no auth, namespace `default`.
+    /// `https://127.0.0.1:PORT`: what in-cluster clients use (the CA is [`Self::ca_pem`]).
+    pub fn https_url(&self) -> String {
+        format!("https://{}", self.https)
+    }
+
+    /// The HTTPS port (`KUBERNETES_SERVICE_PORT` in Pods).
+    pub fn https_port(&self) -> u16 {
+        self.https.port()
+    }
+
+    /// The cluster CA (PEM).
+    pub fn ca_pem(&self) -> &str {
+        &pki::pki().ca_pem
+    }
+
+    /// The cluster admin's bearer token (`system:masters`).
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// The bearer token of ServiceAccount `namespace/name` (valid while it exists; the same
+    /// token every time).
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        self.shared.tokens.service_account_token(namespace, name)
+    }
+
+    /// A kubeconfig for this server over plain HTTP, as the admin, namespace `default`.
     pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig_with_token(&self.admin_token)
+    }
+
+    /// A kubeconfig over plain HTTP authenticating with `token`, namespace `default`.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: {}\n\
-             users:\n- name: fake\n  user: {{}}\ncontexts:\n- name: fake\n  context:\n    \
-             cluster: fake\n    user: fake\n    namespace: default\ncurrent-context: fake\n",
+             users:\n- name: fake\n  user:\n    token: {token}\ncontexts:\n- name: fake\n  \
+             context:\n    cluster: fake\n    user: fake\n    namespace: default\n\
+             current-context: fake\n",
             self.url()
         )
     }
@@ -160,12 +241,19 @@ impl KubeApi {
             .unwrap_or_else(|e| panic!("writing kubeconfig {}: {e}", path.display()));
     }
 
-    /// A `kube::Client` for this server (default namespace `default`). Works inside a tokio
-    /// runtime and outside one (then its background task runs on the server's runtime).
+    /// A `kube::Client` for this server as the admin (default namespace `default`). Works
+    /// inside a tokio runtime and outside one (then its background task runs on the
+    /// server's runtime).
     pub fn client(&self) -> kube::Client {
+        self.client_with_token(&self.admin_token)
+    }
+
+    /// A `kube::Client` authenticating with `token`.
+    pub fn client_with_token(&self, token: &str) -> kube::Client {
         let url = self.url().parse().expect("server URL");
         let mut config = kube::Config::new(url);
         config.default_namespace = "default".to_string();
+        config.auth_info.token = Some(token.to_string().into());
         let _guard = Handle::try_current().is_err().then(|| self.runtime.enter());
         kube::Client::try_from(config).expect("kube client for the fake API server")
     }
@@ -181,6 +269,11 @@ impl KubeApi {
         kube::Client::try_from(config).expect("kube client from the kubeconfig")
     }
 
+    /// Every authorized resource request so far: who, and the RBAC attributes.
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.shared.audit.entries()
+    }
+
     /// Runs a future on the server's runtime from synchronous test code.
     ///
     /// # Panics
@@ -192,23 +285,22 @@ impl KubeApi {
     /// An object (`kind` as in [`kinds::by_name`]; `namespace` ignored for cluster-scoped
     /// kinds).
     pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
-        let kind = kinds::by_name(kind);
-        self.shared
-            .store()
-            .get(kind, Some(namespace), name)
-            .cloned()
+        let store = self.shared.store();
+        let kind = store.kinds.by_name(kind);
+        store.get(kind, Some(namespace), name).cloned()
     }
 
     /// Every object of `kind`, in all namespaces.
     pub fn list(&self, kind: &str) -> Vec<Value> {
-        let kind = kinds::by_name(kind);
-        self.shared
-            .store()
-            .list(kind, None, &selector::Selectors::default())
+        let store = self.shared.store();
+        let kind = store.kinds.by_name(kind);
+        store.list(kind, None, &selector::Selectors::default())
     }
 
     /// Seeds an object (created, or overwritten whatever its resourceVersion, status
-    /// included), with the same validation and watch events as an API write.
+    /// included; its Namespace created if missing), with the same validation and watch
+    /// events as an API write. Seeds skip authorization and admission: they are the test's
+    /// own setup.
     ///
     /// # Panics
     /// When the server refuses it, with the `Status` it would have answered.
@@ -221,12 +313,10 @@ impl KubeApi {
 
     /// Deletes an object as `DELETE` does (finalizers, garbage collection); `None` if absent.
     pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
-        let kind = kinds::by_name(kind);
+        let mut store = self.shared.store();
+        let kind = store.kinds.by_name(kind);
         let key = Key::new(kind, Some(namespace), name);
-        self.shared
-            .store()
-            .delete(kind, &key, &gc::DeleteOptions::default())
-            .ok()
+        store.delete(kind, &key, &gc::DeleteOptions::default()).ok()
     }
 
     /// The current resourceVersion.
@@ -278,4 +368,19 @@ impl Drop for KubeApi {
             let _ = thread.join();
         }
     }
+}
+
+/// Runs `kiln crd`.
+fn run_kiln_crd(bin: &Path) -> String {
+    let out = std::process::Command::new(bin)
+        .arg("crd")
+        .output()
+        .unwrap_or_else(|e| panic!("running {} crd: {e}", bin.display()));
+    assert!(
+        out.status.success(),
+        "{} crd failed: {}",
+        bin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("kiln crd prints UTF-8")
 }

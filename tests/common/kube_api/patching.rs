@@ -7,6 +7,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use serde_json::{Value, json};
 
 use super::apply::{self, Scope};
+use super::auth::{self, Attributes, Audit, User};
 use super::error::{Cause, Error, Result};
 use super::kinds::Route;
 use super::meta;
@@ -15,6 +16,14 @@ use super::server::{Answer, Query, key, stored};
 use super::store::Store;
 use super::write::{Target, Write};
 
+/// Who patches: an apply that creates an object is authorized as `create` too.
+pub(super) struct Context<'a> {
+    /// Where authorized requests are recorded.
+    pub audit: &'a Audit,
+    /// The caller.
+    pub user: &'a User,
+}
+
 /// PATCH of an object, its status or its scale.
 pub(super) fn patch(
     store: &mut Store,
@@ -22,6 +31,7 @@ pub(super) fn patch(
     query: &Query,
     headers: &HeaderMap,
     body: &[u8],
+    context: &Context<'_>,
 ) -> Result<Answer> {
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -34,7 +44,7 @@ pub(super) fn patch(
         Target::Main
     };
     if kind == PatchKind::Apply {
-        return server_side_apply(store, route, query, body, target);
+        return server_side_apply(store, route, query, body, target, context);
     }
     let name = route.name.clone().unwrap_or_default();
     let invalid = |message: String| Error::Invalid {
@@ -58,6 +68,7 @@ fn server_side_apply(
     query: &Query,
     body: &[u8],
     target: Target,
+    context: &Context<'_>,
 ) -> Result<Answer> {
     let name = route.name.clone().unwrap_or_default();
     let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) else {
@@ -111,6 +122,25 @@ fn server_side_apply(
                 "metadata": { "name": name },
             });
             let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
+            // An apply that creates is a create too (k8s.io/apiserver endpoints/handlers/
+            // patch.go, createAuthorizerAttributes), checked once the object is valid.
+            store.create(
+                route.kind,
+                route.namespace.as_deref(),
+                new.clone(),
+                Write {
+                    dry_run: true,
+                    ..how
+                },
+            )?;
+            let attrs = Attributes::new(
+                "create",
+                route.kind,
+                route.subresource.as_deref(),
+                route.namespace.as_deref(),
+                Some(&name),
+            );
+            auth::authorize(store, context.audit, context.user, &attrs)?;
             let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
             Ok((StatusCode::CREATED, obj))
         }

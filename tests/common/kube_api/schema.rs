@@ -9,7 +9,7 @@ use kube_cel::{CompiledSchema, Validator, compile_schema};
 use serde_json::{Map, Value};
 
 use super::error::Cause;
-use super::kinds::{self, Kind};
+use super::kinds::{CrdNames, Kind, Kinds, NameRule};
 
 /// One served version of a CRD, ready to validate objects.
 pub struct Crd {
@@ -28,41 +28,85 @@ impl std::fmt::Debug for Crd {
     }
 }
 
-/// Reads every version of a CRD manifest (YAML) that the server knows as a kind.
+/// The kinds of every served version of a CRD object (JSON), registered in `kinds`, with
+/// their validators: what kube-apiserver's apiextensions server does once a CRD is
+/// established.
 ///
 /// # Errors
-/// A description of what is missing, for a manifest that is no CRD or names unknown kinds.
-pub fn load_crds(yaml: &str) -> Result<Vec<Crd>, String> {
-    let crd: Value = serde_yaml::from_str(yaml).map_err(|e| format!("CRD YAML: {e}"))?;
+/// A description of what is missing, for an object that is no usable CRD.
+pub fn register_crd(crd: &Value, kinds: &mut Kinds) -> Result<Vec<Crd>, String> {
     let group = crd["spec"]["group"]
         .as_str()
         .ok_or("CRD without spec.group")?;
-    let plural = crd["spec"]["names"]["plural"]
+    let names = &crd["spec"]["names"];
+    let plural = names["plural"]
         .as_str()
         .ok_or("CRD without spec.names.plural")?;
+    let kind_name = names["kind"]
+        .as_str()
+        .ok_or("CRD without spec.names.kind")?;
     let versions = crd["spec"]["versions"]
         .as_array()
         .ok_or("CRD without versions")?;
-    versions
-        .iter()
-        .map(|v| {
-            let version = v["name"].as_str().ok_or("CRD version without a name")?;
-            let kind = kinds::by_path(group, version, plural).ok_or_else(|| {
-                format!("the fake API server has no kind for {plural}.{group}/{version}")
-            })?;
-            let schema = v["schema"]["openAPIV3Schema"].clone();
-            if !schema.is_object() {
-                return Err(format!("{plural}.{group}/{version} has no openAPIV3Schema"));
-            }
-            let compiled = compile_schema(&schema);
-            Ok(Crd {
-                kind,
-                schema,
-                compiled,
-                validator: Validator::new(),
-            })
-        })
-        .collect()
+    let namespaced = crd["spec"]["scope"] != "Cluster";
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect()
+    };
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
+    kinds.unregister(group, plural);
+    let mut crds = Vec::new();
+    for v in versions.iter().filter(|v| v["served"] != false) {
+        let version = v["name"].as_str().ok_or("CRD version without a name")?;
+        let schema = v["schema"]["openAPIV3Schema"].clone();
+        if !schema.is_object() {
+            return Err(format!("{plural}.{group}/{version} has no openAPIV3Schema"));
+        }
+        let scale = &v["subresources"]["scale"];
+        let scale_paths = scale.is_object().then(|| {
+            [
+                "specReplicasPath",
+                "statusReplicasPath",
+                "labelSelectorPath",
+            ]
+            .map(|p| scale[p].as_str().unwrap_or_default().to_string())
+        });
+        let crd_names: &'static CrdNames = Box::leak(Box::new(CrdNames {
+            singular: names["singular"]
+                .as_str()
+                .map_or_else(|| kind_name.to_lowercase(), str::to_string),
+            short_names: strings(&names["shortNames"]),
+            categories: strings(&names["categories"]),
+            columns: v["additionalPrinterColumns"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+            scale_paths,
+        }));
+        let kind = kinds.register(Kind {
+            group: leak(group),
+            version: leak(version),
+            kind: leak(kind_name),
+            plural: leak(plural),
+            namespaced,
+            status: v["subresources"]["status"].is_object(),
+            scale: scale.is_object(),
+            custom: true,
+            names: NameRule::Subdomain,
+            crd: Some(crd_names),
+        });
+        let compiled = compile_schema(&schema);
+        crds.push(Crd {
+            kind,
+            schema,
+            compiled,
+            validator: Validator::new(),
+        });
+    }
+    Ok(crds)
 }
 
 impl Crd {

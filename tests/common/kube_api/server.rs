@@ -1,8 +1,9 @@
 //! The HTTP face of the fake API server: one axum fallback handler that logs the request,
-//! injects faults, parses the path into a [`Route`] and the query, and dispatches the verb
-//! (get, list, watch, create, replace, delete, deletecollection; PATCH and the `scale`
-//! subresource are in `patching.rs`) to the store under its lock. Answers are JSON objects,
-//! lists and `Status` errors as kube-apiserver sends them.
+//! injects faults, authenticates the caller (`auth.rs`), parses the path into a [`Route`]
+//! and the query, authorizes the verb with RBAC, and dispatches it (get, list, watch,
+//! create, replace, delete, deletecollection; PATCH and the `scale` subresource are in
+//! `patching.rs`) to the store under its lock. Answers are JSON objects, lists and `Status`
+//! errors as kube-apiserver sends them.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,6 +14,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::auth::{self, Attributes, Audit, Tokens, User};
 use super::error::{Cause, Error, Result};
 use super::gc::DeleteOptions;
 use super::kinds::{Route, parse_route};
@@ -33,6 +35,10 @@ pub struct Shared {
     pub observer: Observer,
     /// How often watches with `allowWatchBookmarks` get a BOOKMARK.
     pub bookmark_interval: Duration,
+    /// The bearer tokens it accepts.
+    pub tokens: Tokens,
+    /// Every authorized resource request.
+    pub audit: Audit,
 }
 
 impl Shared {
@@ -107,13 +113,33 @@ pub async fn handle(
         watch,
         injected: false,
     };
+    let authorization = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     let result = match shared.observer.take_fault(method.as_str(), &path) {
         Some(code) => {
             record.injected = true;
             Err(Error::Injected { code })
         }
-        None if path == "/version" => Ok((json_response((StatusCode::OK, version())), false)),
-        None => dispatch(&shared, &method, &path, &query, &headers, &body),
+        None => match authenticate(&shared, authorization) {
+            Err(e) => Err(e),
+            Ok(user) if path == "/version" || !path.starts_with("/api") => {
+                auth::authorize_path(&user, &path)
+                    .and_then(|()| non_resource(&path))
+                    .map(|answer| (json_response(answer), false))
+            }
+            Ok(user) => {
+                let call = Call {
+                    user: &user,
+                    method: &method,
+                    path: &path,
+                    query: &query,
+                    headers: &headers,
+                    body: &body,
+                };
+                dispatch(&shared, &call)
+            }
+        },
     };
     let (response, changed) = match result {
         Ok(ok) => ok,
@@ -123,6 +149,55 @@ pub async fn handle(
     record.changed = changed;
     shared.observer.record(record);
     response
+}
+
+/// The caller (the store is locked only while its ServiceAccount is looked up).
+fn authenticate(shared: &Shared, authorization: Option<&str>) -> Result<User> {
+    let store = shared.store();
+    shared.tokens.authenticate(authorization, &store)
+}
+
+/// A resource request, as the handler has it.
+pub(super) struct Call<'a> {
+    /// Who sends it.
+    pub user: &'a User,
+    /// The HTTP method.
+    pub method: &'a Method,
+    /// The path.
+    pub path: &'a str,
+    /// The query.
+    pub query: &'a Query,
+    /// The headers.
+    pub headers: &'a HeaderMap,
+    /// The body.
+    pub body: &'a [u8],
+}
+
+/// Requests outside `/api` and `/apis`: `/version` (discovery and OpenAPI are in
+/// `discovery.rs`).
+fn non_resource(path: &str) -> Result<Answer> {
+    match path {
+        "/version" => Ok((StatusCode::OK, version())),
+        "/healthz" | "/livez" | "/readyz" => Ok((StatusCode::OK, Value::String("ok".into()))),
+        _ => Err(Error::UnknownPath {
+            path: path.to_string(),
+        }),
+    }
+}
+
+/// The RBAC verb of a resource request (kube-apiserver's `RequestInfo`).
+fn verb(method: &Method, named: bool, watch: bool) -> &'static str {
+    match (method.as_str(), named) {
+        ("GET" | "HEAD", _) if watch => "watch",
+        ("GET" | "HEAD", true) => "get",
+        ("GET" | "HEAD", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => "",
+    }
 }
 
 fn json_response((code, body): Answer) -> Response {
@@ -139,20 +214,16 @@ fn version() -> Value {
     })
 }
 
-fn dispatch(
-    shared: &Shared,
-    method: &Method,
-    path: &str,
-    query: &Query,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<(Response, bool)> {
-    let route = parse_route(path)?;
+fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
+    let (method, path, query) = (call.method, call.path, call.query);
+    let mut store = shared.store();
+    let (route, watch_path) = parse_route(&store.kinds, path)?;
     let sub = route.subresource.as_deref();
     let supported = match sub {
         None => true,
         Some("status") => route.kind.status,
         Some("scale") => route.kind.scale,
+        Some("token") => route.kind.kind == "ServiceAccount" && route.kind.group.is_empty(),
         Some(_) => false,
     };
     if !supported {
@@ -160,26 +231,44 @@ fn dispatch(
             path: path.to_string(),
         });
     }
-    if *method == Method::GET && route.name.is_none() && query.flag("watch") {
+    let watch = watch_path || query.flag("watch");
+    let attrs = Attributes::new(
+        verb(method, route.name.is_some(), watch),
+        route.kind,
+        sub,
+        route.namespace.as_deref(),
+        route.name.as_deref(),
+    );
+    auth::authorize(&store, &shared.audit, call.user, &attrs)?;
+    if *method == Method::GET && watch {
+        drop(store);
         let req = watch_request(&route, query)?;
         return Ok((
             watch::start(&shared.store, req, shared.bookmark_interval)?,
             false,
         ));
     }
-    let mut store = shared.store();
     // The lock is held throughout, so a moved resourceVersion means this request changed
     // something (no-op writes, dry runs and failures leave it).
     let before = store.rv();
     let answer = match (method.clone(), route.name.is_some()) {
         (Method::GET, true) => get(&store, &route),
         (Method::GET, false) => list(&store, &route, query),
-        (Method::POST, false) => create(&mut store, &route, query, body),
-        (Method::PUT, true) => replace(&mut store, &route, query, body),
-        (Method::PATCH, true) => patching::patch(&mut store, &route, query, headers, body),
-        (Method::DELETE, true) => delete(&mut store, &route, body),
+        (Method::POST, true) if sub == Some("token") => {
+            super::lifecycle::token_request(&store, &shared.tokens, &route, call.body)
+        }
+        (Method::POST, false) => create(&mut store, &route, query, call.body),
+        (Method::PUT, true) => replace(&mut store, &route, query, call.body),
+        (Method::PATCH, true) => {
+            let context = patching::Context {
+                audit: &shared.audit,
+                user: call.user,
+            };
+            patching::patch(&mut store, &route, query, call.headers, call.body, &context)
+        }
+        (Method::DELETE, true) => delete(&mut store, &route, call.body),
         (Method::DELETE, false) => {
-            let opts = DeleteOptions::parse(body)?;
+            let opts = DeleteOptions::parse(call.body)?;
             let ns = route.namespace.as_deref();
             let items = store.delete_collection(route.kind, ns, &query.selectors()?, &opts);
             Ok((StatusCode::OK, list_body(&route, store.rv(), items)))

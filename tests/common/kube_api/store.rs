@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
-use super::kinds::Kind;
+use super::kinds::{Kind, Kinds};
 use super::meta;
 use super::schema::Crd;
 use super::selector::Selectors;
@@ -96,8 +96,7 @@ pub enum Signal {
     Expire,
 }
 
-/// Where a CRD that validates a custom kind comes from (a custom kind without one is stored
-/// unvalidated).
+/// A CRD installed when the server starts, as if a user had applied it.
 #[derive(Debug, Clone)]
 pub enum CrdSource {
     /// Run this `kiln` binary's `kiln crd`, on first use.
@@ -114,13 +113,17 @@ pub struct Store {
     compacted: u64,
     history_limit: usize,
     signals: broadcast::Sender<Signal>,
-    pub(super) crd_sources: Vec<CrdSource>,
-    pub(super) crds: Option<Vec<Crd>>,
+    /// The kinds served: built-in ones and those of the CRDs stored.
+    pub kinds: Kinds,
+    /// The validators of the custom kinds.
+    pub(super) crds: Vec<Crd>,
+    /// The cluster CA (PEM), published in every namespace's `kube-root-ca.crt`.
+    pub root_ca: String,
 }
 
 impl Store {
     /// An empty store keeping at most `history_limit` events for watches to resume from.
-    pub fn new(crd_sources: Vec<CrdSource>, history_limit: usize) -> Self {
+    pub fn new(history_limit: usize) -> Self {
         Self {
             objects: BTreeMap::new(),
             rv: 1,
@@ -128,8 +131,9 @@ impl Store {
             compacted: 0,
             history_limit,
             signals: broadcast::channel(16 * 1024).0,
-            crd_sources,
-            crds: None,
+            kinds: Kinds::default(),
+            crds: Vec::new(),
+            root_ca: String::new(),
         }
     }
 

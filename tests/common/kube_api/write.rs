@@ -4,15 +4,14 @@
 //! labels; the CRD schema and CEL rules for custom kinds), optimistic concurrency and no-op
 //! detection, and finalization of objects whose last finalizer went.
 
-use std::path::Path;
-
 use serde_json::{Value, json};
 
 use super::error::{Error, Result};
-use super::kinds::{self, Kind};
+use super::kinds::Kind;
+use super::lifecycle::is_core;
 use super::meta;
-use super::schema::{Crd, load_crds};
-use super::store::{CrdSource, EventType, Key, Store};
+use super::schema::{Crd, register_crd};
+use super::store::{EventType, Key, Store};
 
 /// Which part of an object a write may change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,23 +48,48 @@ impl Write {
 }
 
 impl Store {
-    /// The CRD of a custom kind, loading the CRDs on first use.
-    fn crd(&mut self, kind: &Kind) -> Result<Option<&Crd>> {
-        if !kind.custom {
-            return Ok(None);
+    /// The validator of a custom kind.
+    fn crd(&self, kind: &Kind) -> Option<&Crd> {
+        self.crds.iter().find(|c| std::ptr::eq(c.kind, kind))
+    }
+
+    /// A CRD was stored: serve its kinds (the replaced definitions' validators go), and mark
+    /// it Established, as kube-apiserver's apiextensions controllers do.
+    fn crd_written(&mut self, crd_kind: &'static Kind, key: &Key) -> Result<()> {
+        let Some(crd) = self.objects.get(key).cloned() else {
+            return Ok(());
+        };
+        let group = crd["spec"]["group"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let plural = crd["spec"]["names"]["plural"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let new = register_crd(&crd, &mut self.kinds).map_err(|message| Error::BadRequest {
+            message: format!("CustomResourceDefinition {}: {message}", key.name),
+        })?;
+        self.crds
+            .retain(|c| !(c.kind.group == group && c.kind.plural == plural));
+        self.crds.extend(new);
+        let mut established = crd.clone();
+        established["status"] = json!({
+            "acceptedNames": crd["spec"]["names"],
+            "storedVersions": crd["spec"]["versions"].as_array().into_iter().flatten()
+                .filter(|v| v["storage"] == true).map(|v| v["name"].clone()).collect::<Vec<_>>(),
+            "conditions": [
+                {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
+                 "message": "no conflicts found", "lastTransitionTime": meta::now()},
+                {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
+                 "message": "the initial names have been accepted", "lastTransitionTime": meta::now()},
+            ],
+        });
+        if established != crd {
+            self.commit(crd_kind, EventType::Modified, &mut established, Some(&crd));
+            self.objects.insert(key.clone(), established);
         }
-        if self.crds.is_none() {
-            let mut crds = Vec::new();
-            for source in &self.crd_sources {
-                let yaml = match source {
-                    CrdSource::Yaml(yaml) => yaml.clone(),
-                    CrdSource::KilnBinary(bin) => run_kiln_crd(bin)?,
-                };
-                crds.extend(load_crds(&yaml).map_err(|message| Error::Internal { message })?);
-            }
-            self.crds = Some(crds);
-        }
-        Ok(self.crds.iter().flatten().find(|c| c.kind == kind))
+        Ok(())
     }
 
     /// What decoding a request does to it: a Secret's `stringData` folded into `data`; a
@@ -74,7 +98,7 @@ impl Store {
         if kind.group.is_empty() && kind.kind == "Secret" {
             meta::fold_string_data(obj);
         }
-        if let Some(crd) = self.crd(kind)? {
+        if let Some(crd) = self.crd(kind) {
             crd.normalize(obj);
         }
         Ok(())
@@ -83,7 +107,7 @@ impl Store {
     /// Validation of a write: metadata for every kind, the CRD for custom kinds.
     fn admit(&mut self, kind: &'static Kind, obj: &Value, old: Option<&Value>) -> Result<()> {
         let mut causes = meta::validate(kind, obj);
-        if let Some(crd) = self.crd(kind)? {
+        if let Some(crd) = self.crd(kind) {
             causes.extend(crd.validate(obj, old));
         }
         if causes.is_empty() {
@@ -110,6 +134,12 @@ impl Store {
     ) -> Result<Value> {
         set_type(kind, &mut obj)?;
         set_namespace(kind, namespace, &mut obj)?;
+        if kind.namespaced {
+            self.check_namespace(namespace.unwrap_or_default())?;
+        }
+        if is_core(kind, "Pod") && how.target != Target::Seed {
+            self.admit_pod_service_account(namespace.unwrap_or_default(), &mut obj)?;
+        }
         if meta::name_of(&obj).is_empty()
             && let Some(prefix) = meta::meta_str(&obj, "generateName").map(str::to_string)
         {
@@ -149,7 +179,13 @@ impl Store {
         }
         if !how.dry_run {
             self.commit(kind, EventType::Added, &mut obj, None);
-            self.objects.insert(key, obj.clone());
+            self.objects.insert(key.clone(), obj.clone());
+            if is_crd(kind) {
+                self.crd_written(kind, &key)?;
+            }
+            if is_core(kind, "Namespace") {
+                self.namespace_created(&key.name);
+            }
         }
         Ok(obj)
     }
@@ -248,6 +284,9 @@ impl Store {
         }
         self.commit(kind, EventType::Modified, &mut new, Some(&old));
         self.objects.insert(key.clone(), new.clone());
+        if is_crd(kind) {
+            self.crd_written(kind, key)?;
+        }
         Ok((new, true))
     }
 
@@ -259,10 +298,16 @@ impl Store {
     pub fn insert(&mut self, mut obj: Value) -> Result<Value> {
         let api_version = obj["apiVersion"].as_str().unwrap_or_default();
         let type_name = obj["kind"].as_str().unwrap_or_default();
-        let kind = kinds::by_type(api_version, type_name).ok_or_else(|| Error::BadRequest {
-            message: format!("no kind {type_name:?} in {api_version:?} is served"),
-        })?;
+        let kind = self
+            .kinds
+            .by_type(api_version, type_name)
+            .ok_or_else(|| Error::BadRequest {
+                message: format!("no kind {type_name:?} in {api_version:?} is served"),
+            })?;
         let namespace = meta::meta_str(&obj, "namespace").map(str::to_string);
+        if let (true, Some(ns)) = (kind.namespaced, &namespace) {
+            self.ensure_namespace(ns);
+        }
         let key = Key::new(kind, namespace.as_deref(), meta::name_of(&obj));
         if self.objects.contains_key(&key) {
             meta::metadata_mut(&mut obj).remove("resourceVersion");
@@ -331,24 +376,7 @@ fn set_namespace(kind: &Kind, namespace: Option<&str>, obj: &mut Value) -> Resul
     }
 }
 
-/// Runs `kiln crd`.
-fn run_kiln_crd(bin: &Path) -> Result<String> {
-    let out = std::process::Command::new(bin)
-        .arg("crd")
-        .output()
-        .map_err(|e| Error::Internal {
-            message: format!("running {} crd: {e}", bin.display()),
-        })?;
-    if !out.status.success() {
-        return Err(Error::Internal {
-            message: format!(
-                "{} crd failed: {}",
-                bin.display(),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        });
-    }
-    String::from_utf8(out.stdout).map_err(|e| Error::Internal {
-        message: format!("kiln crd output: {e}"),
-    })
+/// Whether `kind` is CustomResourceDefinition.
+fn is_crd(kind: &Kind) -> bool {
+    kind.group == "apiextensions.k8s.io" && kind.kind == "CustomResourceDefinition"
 }
