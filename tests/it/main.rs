@@ -36,6 +36,7 @@ mod harness;
 mod install_reads;
 mod k8s_validate;
 mod kube_api;
+mod kube_api_strict;
 mod kubelet_api;
 mod kubelet_jobs;
 mod kubelet_replicas;

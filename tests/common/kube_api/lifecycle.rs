@@ -8,7 +8,9 @@
 //!   unless it or its ServiceAccount opts out it gets the projected `kube-api-access-…`
 //!   volume (token, `ca.crt`, namespace) mounted in every container (the ServiceAccount
 //!   admission plugin);
-//! - `POST …/serviceaccounts/NAME/token` (TokenRequest) answers the ServiceAccount's token.
+//! - `POST …/serviceaccounts/NAME/token` (TokenRequest) answers the ServiceAccount's token;
+//! - PodSecurity admission refuses Pods that break their namespace's `enforce` level
+//!   (`pod_security/`), and Namespaces with invalid `pod-security.kubernetes.io/*` labels.
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
@@ -17,6 +19,7 @@ use super::auth::Tokens;
 use super::error::{Error, Result};
 use super::kinds::{Kind, Route};
 use super::meta;
+use super::pod_security;
 use super::server::Answer;
 use super::store::Store;
 use super::write::{Target, Write};
@@ -173,4 +176,57 @@ pub(super) fn token_request(
         "expirationTimestamp": meta::in_seconds(seconds),
     });
     Ok((StatusCode::CREATED, request))
+}
+
+impl Store {
+    /// PodSecurity admission of a Pod create (or an update that changes its containers or
+    /// images) in `namespace`: refused by the namespace's `enforce` level, as kube-apiserver
+    /// does. Workloads (Deployments, Jobs) are not refused, only their Pods.
+    pub(super) fn admit_pod_security(
+        &self,
+        namespace: &str,
+        pod: &Value,
+        old: Option<&Value>,
+    ) -> Result<()> {
+        if let Some(old) = old
+            && !significant_change(old, pod)
+        {
+            return Ok(());
+        }
+        let ns_kind = self.kinds.by_name("Namespace");
+        let labels = self
+            .get(ns_kind, None, namespace)
+            .map(|ns| ns["metadata"]["labels"].clone())
+            .unwrap_or(Value::Null);
+        // Namespace validation refuses bad labels; an unreadable one is treated as the
+        // strictest level, as kube-apiserver does for enforce.
+        let enforce = pod_security::Policy::from_labels(&labels)
+            .map_or(pod_security::Level::Restricted, |p| p.enforce);
+        let failures = pod_security::check(enforce, &pod["metadata"], &pod["spec"]);
+        if failures.is_empty() {
+            return Ok(());
+        }
+        Err(super::auth::forbidden(
+            "pods",
+            "",
+            "pods",
+            meta::name_of(pod),
+            &pod_security::forbidden_detail(enforce, &failures),
+        ))
+    }
+}
+
+/// Whether a Pod update changes what PodSecurity judges: the containers or their images.
+fn significant_change(old: &Value, new: &Value) -> bool {
+    let images = |pod: &Value| -> Vec<(String, String)> {
+        ["initContainers", "containers", "ephemeralContainers"]
+            .iter()
+            .flat_map(|list| pod["spec"][list].as_array().cloned().unwrap_or_default())
+            .map(|c| {
+                let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+                (text("name"), text("image"))
+            })
+            .collect()
+    };
+    images(old) != images(new)
 }

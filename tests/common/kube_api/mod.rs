@@ -30,7 +30,9 @@
 
 pub mod apply;
 pub mod auth;
+pub mod discovery;
 pub mod error;
+pub mod events;
 pub mod gc;
 pub mod kinds;
 pub mod lifecycle;
@@ -39,10 +41,12 @@ pub mod observe;
 pub mod patch;
 pub mod patching;
 pub mod pki;
+pub mod pod_security;
 pub mod schema;
 pub mod selector;
 pub mod server;
 pub mod store;
+pub mod table;
 pub mod tls;
 pub mod watch;
 pub mod write;

@@ -16,12 +16,16 @@ use super::server::{Answer, Query, key, stored};
 use super::store::Store;
 use super::write::{Target, Write};
 
-/// Who patches: an apply that creates an object is authorized as `create` too.
+/// Who patches: an apply that creates an object is authorized as `create` too; other
+/// patches are recorded as the manager's `Update`.
 pub(super) struct Context<'a> {
     /// Where authorized requests are recorded.
     pub audit: &'a Audit,
     /// The caller.
     pub user: &'a User,
+    /// The field manager of a non-apply write (`fieldManager`, else the User-Agent's
+    /// product, as kube-apiserver takes it).
+    pub manager: String,
 }
 
 /// PATCH of an object, its status or its scale.
@@ -58,8 +62,30 @@ pub(super) fn patch(
         return write_scale(store, route, query, scale);
     }
     let new = patch::apply_patch(kind, &current, body, invalid)?;
-    let (obj, _) = store.update(route.kind, &key(route), new, query.write(target))?;
+    let new = store.record_update(route, Some(&current), new, target, &context.manager);
+    let how = Write {
+        managed_fields: true,
+        ..query.write(target)
+    };
+    let (obj, _) = store.update(route.kind, &key(route), new, how)?;
     Ok((StatusCode::OK, obj))
+}
+
+/// A server-side apply's conflicts as kube-apiserver's 409 Status.
+fn conflict_status(conflicts: &apply::Conflicts) -> Error {
+    let causes: Vec<serde_json::Value> = conflicts
+        .causes()
+        .into_iter()
+        .map(|(message, field)| {
+            json!({"reason": "FieldManagerConflict", "message": message, "field": field})
+        })
+        .collect();
+    Error::Status {
+        code: 409,
+        reason: "Conflict",
+        message: conflicts.message(),
+        details: Some(json!({ "causes": causes })),
+    }
 }
 
 fn server_side_apply(
@@ -103,6 +129,8 @@ fn server_side_apply(
     };
     let api_version = route.kind.api_version();
     let sent_rv = meta::meta_str(&applied, "resourceVersion");
+    let force = query.flag("force");
+    let schema = store.field_schema(route.kind);
     match store
         .get(route.kind, route.namespace.as_deref(), &name)
         .cloned()
@@ -121,7 +149,16 @@ fn server_side_apply(
                 "kind": route.kind.kind,
                 "metadata": { "name": name },
             });
-            let new = apply::apply(&skeleton, &applied, manager, scope, &api_version);
+            let new = apply::apply(
+                &skeleton,
+                &applied,
+                manager,
+                scope,
+                &api_version,
+                force,
+                schema.as_ref(),
+            )
+            .map_err(|c| conflict_status(&c))?;
             // An apply that creates is a create too (k8s.io/apiserver endpoints/handlers/
             // patch.go, createAuthorizerAttributes), checked once the object is valid.
             store.create(
@@ -151,7 +188,16 @@ fn server_side_apply(
                     name,
                 });
             }
-            let new = apply::apply(&live, &applied, manager, scope, &api_version);
+            let new = apply::apply(
+                &live,
+                &applied,
+                manager,
+                scope,
+                &api_version,
+                force,
+                schema.as_ref(),
+            )
+            .map_err(|c| conflict_status(&c))?;
             let (obj, _) = store.update(route.kind, &key(route), new, how)?;
             Ok((StatusCode::OK, obj))
         }

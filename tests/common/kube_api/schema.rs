@@ -110,6 +110,11 @@ pub fn register_crd(crd: &Value, kinds: &mut Kinds) -> Result<Vec<Crd>, String> 
 }
 
 impl Crd {
+    /// The served version's `openAPIV3Schema`.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
     /// Prunes unknown fields and applies defaults, as decoding a request does.
     pub fn normalize(&self, obj: &mut Value) {
         prune_root(&self.schema, obj);

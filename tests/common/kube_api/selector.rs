@@ -6,6 +6,7 @@
 use serde_json::Value;
 
 use super::error::Error;
+use super::kinds::Kind;
 
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq)]
@@ -149,17 +150,59 @@ impl LabelSelector {
     }
 }
 
-/// A parsed field selector over `metadata.name` and `metadata.namespace`.
+/// A parsed field selector: `metadata.name` and `metadata.namespace` for every kind, and the
+/// fields kube-apiserver indexes for some kinds (an Event's `involvedObject.*`, a Pod's
+/// `spec.nodeName`, a Secret's `type`, …).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
 
+/// The selectable fields of a kind besides `metadata.name` and `metadata.namespace`.
+fn selectable(kind: &Kind) -> &'static [&'static str] {
+    match (kind.group, kind.kind) {
+        ("", "Event") => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+        ("events.k8s.io", "Event") => &[
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "regarding.apiVersion",
+            "reason",
+            "reportingController",
+            "type",
+        ],
+        ("", "Pod") => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "status.phase",
+            "status.podIP",
+        ],
+        ("", "Secret") => &["type"],
+        ("batch", "Job") => &["status.successful"],
+        _ => &[],
+    }
+}
+
 impl FieldSelector {
-    /// Parses a `fieldSelector` query value.
+    /// Parses a `fieldSelector` query value for objects of `kind`.
     ///
     /// # Errors
-    /// [`Error::BadRequest`] for a malformed selector or a field other than
-    /// `metadata.name` and `metadata.namespace` ("field label not supported").
-    pub fn parse(selector: &str) -> Result<Self, Error> {
+    /// [`Error::BadRequest`] for a malformed selector or a field the kind does not index
+    /// ("field label not supported").
+    pub fn parse(selector: &str, kind: &Kind) -> Result<Self, Error> {
         let mut terms = Vec::new();
         for term in selector.split(',').filter(|t| !t.trim().is_empty()) {
             let (field, equal, value) = if let Some((f, v)) = term.split_once("!=") {
@@ -172,7 +215,10 @@ impl FieldSelector {
                 });
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
+            let known = field == "metadata.name"
+                || field == "metadata.namespace"
+                || selectable(kind).contains(&field);
+            if !known {
                 return Err(Error::BadRequest {
                     message: format!("field label not supported: {field}"),
                 });
@@ -182,15 +228,23 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
-    /// Whether the object's fields satisfy every term.
+    /// Whether the object's fields satisfy every term (an absent field is empty; a
+    /// `source` is its component).
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(field, equal, value)| {
-            let key = field.trim_start_matches("metadata.");
-            let actual = obj
-                .pointer(&format!("/metadata/{key}"))
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            (actual == value) == *equal
+            let pointer = format!("/{}", field.replace('.', "/"));
+            let found = if field == "source" {
+                obj.pointer("/source/component")
+            } else {
+                obj.pointer(&pointer)
+            };
+            let actual = match found {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                _ => String::new(),
+            };
+            (actual == *value) == *equal
         })
     }
 }
@@ -209,10 +263,10 @@ impl Selectors {
     ///
     /// # Errors
     /// [`Error::BadRequest`] when either does not parse.
-    pub fn parse(labels: Option<&str>, fields: Option<&str>) -> Result<Self, Error> {
+    pub fn parse(labels: Option<&str>, fields: Option<&str>, kind: &Kind) -> Result<Self, Error> {
         Ok(Self {
             labels: LabelSelector::parse(labels.unwrap_or_default())?,
-            fields: FieldSelector::parse(fields.unwrap_or_default())?,
+            fields: FieldSelector::parse(fields.unwrap_or_default(), kind)?,
         })
     }
 

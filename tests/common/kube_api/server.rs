@@ -15,15 +15,17 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::auth::{self, Attributes, Audit, Tokens, User};
+use super::discovery;
 use super::error::{Cause, Error, Result};
 use super::gc::DeleteOptions;
-use super::kinds::{Route, parse_route};
+use super::kinds::{Kind, Route, parse_route};
 use super::meta;
 use super::observe::{Observer, Request};
 use super::patch;
 use super::patching;
 use super::selector::Selectors;
 use super::store::{Key, Store};
+use super::table;
 use super::watch::{self, WatchRequest};
 use super::write::{Target, Write};
 
@@ -72,8 +74,8 @@ impl Query {
         matches!(self.get(name), Some("true" | "1"))
     }
 
-    pub(super) fn selectors(&self) -> Result<Selectors> {
-        Selectors::parse(self.get("labelSelector"), self.get("fieldSelector"))
+    pub(super) fn selectors(&self, kind: &Kind) -> Result<Selectors> {
+        Selectors::parse(self.get("labelSelector"), self.get("fieldSelector"), kind)
     }
 
     pub(super) fn write(&self, target: Target) -> Write {
@@ -123,6 +125,9 @@ pub async fn handle(
         }
         None => match authenticate(&shared, authorization) {
             Err(e) => Err(e),
+            Ok(user) if discovery::is_discovery(&path) => auth::authorize_path(&user, &path)
+                .and_then(|()| discovery_document(&shared, &path, &headers))
+                .map(|response| (response, false)),
             Ok(user) if path == "/version" || !path.starts_with("/api") => {
                 auth::authorize_path(&user, &path)
                     .and_then(|()| non_resource(&path))
@@ -173,6 +178,34 @@ pub(super) struct Call<'a> {
     pub body: &'a [u8],
 }
 
+fn accept(headers: &HeaderMap) -> &str {
+    headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+}
+
+/// A JSON body with its own content type.
+fn typed_response(code: StatusCode, body: &Value, content_type: &'static str) -> Response {
+    let mut response = (code, body.to_string()).into_response();
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+/// A discovery or OpenAPI document (`discovery.rs`), or 404.
+fn discovery_document(shared: &Shared, path: &str, headers: &HeaderMap) -> Result<Response> {
+    let store = shared.store();
+    match discovery::document(&store.kinds, path, accept(headers)) {
+        Some((body, content_type)) => Ok(typed_response(StatusCode::OK, &body, content_type)),
+        None => Err(Error::UnknownPath {
+            path: path.to_string(),
+        }),
+    }
+}
+
 /// Requests outside `/api` and `/apis`: `/version` (discovery and OpenAPI are in
 /// `discovery.rs`).
 fn non_resource(path: &str) -> Result<Answer> {
@@ -183,6 +216,21 @@ fn non_resource(path: &str) -> Result<Answer> {
             path: path.to_string(),
         }),
     }
+}
+
+/// The field manager of a write: `fieldManager`, else the User-Agent's product
+/// (`kubectl/v1.37.1 (…)` → `kubectl`), else `unknown`, as kube-apiserver picks it.
+fn field_manager(query: &Query, headers: &HeaderMap) -> String {
+    if let Some(manager) = query.get("fieldManager").filter(|m| !m.is_empty()) {
+        return manager.to_string();
+    }
+    headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|p| !p.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
 }
 
 /// The RBAC verb of a resource request (kube-apiserver's `RequestInfo`).
@@ -248,21 +296,34 @@ fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
             false,
         ));
     }
+    let manager = field_manager(query, call.headers);
     // The lock is held throughout, so a moved resourceVersion means this request changed
     // something (no-op writes, dry runs and failures leave it).
     let before = store.rv();
     let answer = match (method.clone(), route.name.is_some()) {
+        (Method::GET, _) if table::wanted(accept(call.headers)) => {
+            let objects = match route.name {
+                Some(_) => vec![get(&store, &route)?.1],
+                None => list(&store, &route, query)?.1["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default(),
+            };
+            let body = table::table(route.kind, &objects, &store.rv().to_string());
+            return Ok((typed_response(StatusCode::OK, &body, table::TABLE), false));
+        }
         (Method::GET, true) => get(&store, &route),
         (Method::GET, false) => list(&store, &route, query),
         (Method::POST, true) if sub == Some("token") => {
             super::lifecycle::token_request(&store, &shared.tokens, &route, call.body)
         }
-        (Method::POST, false) => create(&mut store, &route, query, call.body),
-        (Method::PUT, true) => replace(&mut store, &route, query, call.body),
+        (Method::POST, false) => create(&mut store, &route, query, call.body, &manager),
+        (Method::PUT, true) => replace(&mut store, &route, query, call.body, &manager),
         (Method::PATCH, true) => {
             let context = patching::Context {
                 audit: &shared.audit,
                 user: call.user,
+                manager,
             };
             patching::patch(&mut store, &route, query, call.headers, call.body, &context)
         }
@@ -270,7 +331,8 @@ fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
         (Method::DELETE, false) => {
             let opts = DeleteOptions::parse(call.body)?;
             let ns = route.namespace.as_deref();
-            let items = store.delete_collection(route.kind, ns, &query.selectors()?, &opts);
+            let items =
+                store.delete_collection(route.kind, ns, &query.selectors(route.kind)?, &opts);
             Ok((StatusCode::OK, list_body(&route, store.rv(), items)))
         }
         _ => Err(Error::MethodNotAllowed {
@@ -290,7 +352,7 @@ fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {
     Ok(WatchRequest {
         kind: route.kind,
         namespace: route.namespace.clone(),
-        selectors: query.selectors()?,
+        selectors: query.selectors(route.kind)?,
         resource_version: query.get("resourceVersion").map(str::to_string),
         bookmarks: query.flag("allowWatchBookmarks"),
         send_initial_events: query.flag("sendInitialEvents"),
@@ -339,27 +401,42 @@ fn list_body(route: &Route, rv: u64, items: Vec<Value>) -> Value {
 /// LIST: everything in one page (`limit` and `continue` are accepted; no `continue` token is
 /// ever returned), always the latest state whatever `resourceVersion` asks.
 fn list(store: &Store, route: &Route, query: &Query) -> Result<Answer> {
-    let items = store.list(route.kind, route.namespace.as_deref(), &query.selectors()?);
+    let items = store.list(
+        route.kind,
+        route.namespace.as_deref(),
+        &query.selectors(route.kind)?,
+    );
     Ok((StatusCode::OK, list_body(route, store.rv(), items)))
 }
 
-fn create(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+fn create(
+    store: &mut Store,
+    route: &Route,
+    query: &Query,
+    body: &[u8],
+    manager: &str,
+) -> Result<Answer> {
     if route.subresource.is_some() {
         return Err(Error::MethodNotAllowed {
             method: "POST".into(),
         });
     }
-    let how = query.write(Target::Main);
-    let obj = store.create(
-        route.kind,
-        route.namespace.as_deref(),
-        patch::parse_json(body)?,
-        how,
-    )?;
+    let how = Write {
+        managed_fields: true,
+        ..query.write(Target::Main)
+    };
+    let new = store.record_update(route, None, patch::parse_json(body)?, Target::Main, manager);
+    let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
     Ok((StatusCode::CREATED, obj))
 }
 
-fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Result<Answer> {
+fn replace(
+    store: &mut Store,
+    route: &Route,
+    query: &Query,
+    body: &[u8],
+    manager: &str,
+) -> Result<Answer> {
     let new = patch::parse_json(body)?;
     if route.subresource.as_deref() == Some("scale") {
         return patching::write_scale(store, route, query, new);
@@ -385,7 +462,13 @@ fn replace(store: &mut Store, route: &Route, query: &Query, body: &[u8]) -> Resu
             )],
         });
     }
-    let (obj, _) = store.update(route.kind, &key(route), new, query.write(target))?;
+    let old = stored(store, route)?;
+    let new = store.record_update(route, Some(&old), new, target, manager);
+    let how = Write {
+        managed_fields: true,
+        ..query.write(target)
+    };
+    let (obj, _) = store.update(route.kind, &key(route), new, how)?;
     Ok((StatusCode::OK, obj))
 }
 

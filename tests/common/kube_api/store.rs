@@ -147,15 +147,34 @@ impl Store {
         self.objects.get(&Key::new(kind, namespace, name))
     }
 
-    /// Objects of `kind` (in `namespace`, or all) matching `selectors`, in key order.
+    /// Objects of `kind` (in `namespace`, or all) matching `selectors`, in key order. The
+    /// Events of either Event API are listed by both (`events.rs`).
     pub fn list(&self, kind: &Kind, namespace: Option<&str>, selectors: &Selectors) -> Vec<Value> {
-        self.objects
+        let other_events = match (kind.group, kind.kind) {
+            ("", "Event") => Some((
+                "events.k8s.io",
+                super::events::to_core as fn(&Value) -> Value,
+            )),
+            ("events.k8s.io", "Event") => {
+                Some(("", super::events::to_events as fn(&Value) -> Value))
+            }
+            _ => None,
+        };
+        let mut items: Vec<(&Key, Value)> = self
+            .objects
             .iter()
-            .filter(|(k, _)| k.is_kind(kind))
             .filter(|(k, _)| namespace.is_none_or(|ns| !kind.namespaced || k.namespace == ns))
+            .filter_map(|(k, v)| {
+                if k.is_kind(kind) {
+                    return Some((k, v.clone()));
+                }
+                let (group, convert) = other_events?;
+                (k.group == group && k.plural == "events").then(|| (k, convert(v)))
+            })
             .filter(|(_, v)| selectors.matches(v))
-            .map(|(_, v)| v.clone())
-            .collect()
+            .collect();
+        items.sort_by(|a, b| (&a.0.namespace, &a.0.name).cmp(&(&b.0.namespace, &b.0.name)));
+        items.into_iter().map(|(_, v)| v).collect()
     }
 
     /// Live watch signals from now on.

@@ -6,7 +6,8 @@
 
 use serde_json::{Value, json};
 
-use super::error::{Error, Result};
+use super::apply;
+use super::error::{Cause, Error, Result};
 use super::kinds::Kind;
 use super::lifecycle::is_core;
 use super::meta;
@@ -51,6 +52,42 @@ impl Store {
     /// The validator of a custom kind.
     fn crd(&self, kind: &Kind) -> Option<&Crd> {
         self.crds.iter().find(|c| std::ptr::eq(c.kind, kind))
+    }
+
+    /// What server-side apply knows of `kind`'s lists and maps: its CRD's schema, or the
+    /// built-in table.
+    pub fn field_schema(&self, kind: &Kind) -> Box<dyn apply::Schema> {
+        match self.crd(kind) {
+            Some(crd) => Box::new(apply::CrdSchema::new(crd.schema().clone())),
+            None => Box::new(apply::Builtin::new(kind.kind)),
+        }
+    }
+
+    /// `new` with `manager`'s `Update` entry in its managedFields, for a create (`old` is
+    /// `None`), PUT or non-apply patch of `route`'s object.
+    pub(super) fn record_update(
+        &self,
+        route: &super::kinds::Route,
+        old: Option<&Value>,
+        new: Value,
+        target: Target,
+        manager: &str,
+    ) -> Value {
+        let scope = match target {
+            Target::Status => apply::Scope::Status,
+            Target::Main | Target::Seed => apply::Scope::Main {
+                status_subresource: route.kind.status,
+            },
+        };
+        let schema = self.field_schema(route.kind);
+        apply::update(
+            old,
+            &new,
+            manager,
+            scope,
+            &route.kind.api_version(),
+            schema.as_ref(),
+        )
     }
 
     /// A CRD was stored: serve its kinds (the replaced definitions' validators go), and mark
@@ -107,6 +144,16 @@ impl Store {
     /// Validation of a write: metadata for every kind, the CRD for custom kinds.
     fn admit(&mut self, kind: &'static Kind, obj: &Value, old: Option<&Value>) -> Result<()> {
         let mut causes = meta::validate(kind, obj);
+        if is_core(kind, "Namespace")
+            && let Err(message) =
+                super::pod_security::Policy::from_labels(&obj["metadata"]["labels"])
+        {
+            // `metadata.labels[…]: Invalid value: "x": must be one of …`
+            let (field, rest) = message
+                .split_once(": ")
+                .unwrap_or(("metadata.labels", &message));
+            causes.push(Cause::new("FieldValueInvalid", field, rest));
+        }
         if let Some(crd) = self.crd(kind) {
             causes.extend(crd.validate(obj, old));
         }
@@ -170,6 +217,9 @@ impl Store {
         }
         self.normalize(kind, &mut obj)?;
         self.admit(kind, &obj, None)?;
+        if is_core(kind, "Pod") && how.target != Target::Seed {
+            self.admit_pod_security(namespace.unwrap_or_default(), &obj, None)?;
+        }
         let key = Key::new(kind, namespace, meta::name_of(&obj));
         if self.objects.contains_key(&key) {
             return Err(Error::AlreadyExists {
@@ -276,6 +326,9 @@ impl Store {
             meta::metadata_mut(&mut new).insert("generation".into(), json!(generation + 1));
         }
         self.admit(kind, &new, Some(&old))?;
+        if is_core(kind, "Pod") && how.target == Target::Main {
+            self.admit_pod_security(&key.namespace, &new, Some(&old))?;
+        }
         if meta::same_object(&old, &new) || how.dry_run {
             return Ok((if how.dry_run { new } else { old }, false));
         }
