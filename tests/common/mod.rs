@@ -16,6 +16,7 @@ pub mod images;
 pub mod k8s_validate;
 pub mod kiln;
 pub mod kube_api;
+pub mod kubectl;
 pub mod registry;
 pub mod schema;
 pub mod skopeo;

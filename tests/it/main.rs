@@ -37,6 +37,7 @@ mod install_reads;
 mod k8s_validate;
 mod kube_api;
 mod kube_api_strict;
+mod kubectl;
 mod kubelet_api;
 mod kubelet_jobs;
 mod kubelet_replicas;

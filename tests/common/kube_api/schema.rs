@@ -115,6 +115,20 @@ impl Crd {
         &self.schema
     }
 
+    /// The fields of `obj` its schema does not declare (`spec.foo`), which pruning would
+    /// drop: what `fieldValidation=Strict` refuses.
+    pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        let mut found = Vec::new();
+        if let Some(map) = obj.as_object() {
+            for (key, value) in map {
+                if !["apiVersion", "kind", "metadata"].contains(&key.as_str()) {
+                    unknown(&self.schema, key, value, key, &mut found);
+                }
+            }
+        }
+        found
+    }
+
     /// Prunes unknown fields and applies defaults, as decoding a request does.
     pub fn normalize(&self, obj: &mut Value) {
         prune_root(&self.schema, obj);
@@ -217,6 +231,40 @@ fn prune_object(schema: &Value, map: &mut Map<String, Value>) {
         if let Some(child) = props.and_then(|p| p.get(key)).or(additional) {
             prune(child, value);
         }
+    }
+}
+
+/// Collects the undeclared fields under `key` (at `path`) of an object with `schema`.
+fn unknown(schema: &Value, key: &str, value: &Value, path: &str, found: &mut Vec<String>) {
+    if schema["x-kubernetes-preserve-unknown-fields"].as_bool() == Some(true) {
+        return;
+    }
+    let child = schema
+        .get("properties")
+        .and_then(|p| p.get(key))
+        .or(schema.get("additionalProperties").filter(|a| a.is_object()));
+    let Some(child) = child else {
+        found.push(path.to_string());
+        return;
+    };
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                unknown(child, k, v, &format!("{path}.{k}"), found);
+            }
+        }
+        Value::Array(items) => {
+            if let Some(item) = child.get("items") {
+                for (i, v) in items.iter().enumerate() {
+                    if let Value::Object(map) = v {
+                        for (k, v) in map {
+                            unknown(item, k, v, &format!("{path}[{i}].{k}"), found);
+                        }
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 

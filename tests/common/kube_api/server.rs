@@ -81,6 +81,7 @@ impl Query {
     pub(super) fn write(&self, target: Target) -> Write {
         Write {
             dry_run: self.get("dryRun") == Some("All"),
+            strict: self.get("fieldValidation") == Some("Strict"),
             ..Write::to(target)
         }
     }

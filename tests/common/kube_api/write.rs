@@ -35,6 +35,9 @@ pub struct Write {
     /// Take `metadata.managedFields` from the new object (server-side apply computed it);
     /// otherwise they stay as stored.
     pub managed_fields: bool,
+    /// `fieldValidation=Strict`: a field a CRD's schema does not declare is an error, not
+    /// pruned.
+    pub strict: bool,
 }
 
 impl Write {
@@ -44,6 +47,7 @@ impl Write {
             target,
             dry_run: false,
             managed_fields: false,
+            strict: false,
         }
     }
 }
@@ -131,11 +135,27 @@ impl Store {
 
     /// What decoding a request does to it: a Secret's `stringData` folded into `data`; a
     /// custom resource pruned and defaulted. Runs before generation and no-op checks.
-    fn normalize(&mut self, kind: &'static Kind, obj: &mut Value) -> Result<()> {
+    fn normalize(&mut self, kind: &'static Kind, obj: &mut Value, strict: bool) -> Result<()> {
         if kind.group.is_empty() && kind.kind == "Secret" {
             meta::fold_string_data(obj);
         }
         if let Some(crd) = self.crd(kind) {
+            let unknown = crd.unknown_fields(obj);
+            if strict && !unknown.is_empty() {
+                let fields: Vec<String> = unknown
+                    .iter()
+                    .map(|f| format!("unknown field {f:?}"))
+                    .collect();
+                return Err(Error::BadRequest {
+                    message: format!(
+                        "{} in version {:?} cannot be handled as a {}: strict decoding error: {}",
+                        kind.kind,
+                        kind.version,
+                        kind.kind,
+                        fields.join(", ")
+                    ),
+                });
+            }
             crd.normalize(obj);
         }
         Ok(())
@@ -215,7 +235,7 @@ impl Store {
                 map.remove("status");
             }
         }
-        self.normalize(kind, &mut obj)?;
+        self.normalize(kind, &mut obj, how.strict)?;
         self.admit(kind, &obj, None)?;
         if is_core(kind, "Pod") && how.target != Target::Seed {
             self.admit_pod_security(namespace.unwrap_or_default(), &obj, None)?;
@@ -317,7 +337,7 @@ impl Store {
                 }
             }
         }
-        self.normalize(kind, &mut new)?;
+        self.normalize(kind, &mut new, how.strict)?;
         if meta::spec_changed(&old, &new) {
             let generation = old
                 .pointer("/metadata/generation")
