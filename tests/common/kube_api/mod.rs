@@ -49,6 +49,7 @@ pub mod store;
 pub mod table;
 pub mod tls;
 pub mod watch;
+pub mod webhooks;
 pub mod write;
 
 use std::future::Future;

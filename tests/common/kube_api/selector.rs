@@ -123,6 +123,43 @@ impl LabelSelector {
     ///
     /// # Errors
     /// [`Error::BadRequest`] for a malformed selector.
+    /// A `metav1.LabelSelector` object (`matchLabels`, `matchExpressions` with `In`,
+    /// `NotIn`, `Exists`, `DoesNotExist`); `null` or `{}` selects everything.
+    ///
+    /// # Errors
+    /// A description of an operator it does not know.
+    pub fn from_json(selector: &Value) -> Result<Self, String> {
+        let mut reqs = Vec::new();
+        for (k, v) in selector["matchLabels"].as_object().into_iter().flatten() {
+            reqs.push(Requirement::In(
+                k.clone(),
+                vec![v.as_str().unwrap_or_default().into()],
+            ));
+        }
+        for expr in selector["matchExpressions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let key = expr["key"].as_str().unwrap_or_default().to_string();
+            let values: Vec<String> = expr["values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            reqs.push(match expr["operator"].as_str() {
+                Some("In") => Requirement::In(key, values),
+                Some("NotIn") => Requirement::NotIn(key, values),
+                Some("Exists") => Requirement::Exists(key),
+                Some("DoesNotExist") => Requirement::Absent(key),
+                other => return Err(format!("{other:?} is not a valid label selector operator")),
+            });
+        }
+        Ok(Self(reqs))
+    }
+
+    /// Parses a `labelSelector` query value.
     pub fn parse(selector: &str) -> Result<Self, Error> {
         if selector.trim().is_empty() {
             return Ok(Self::default());

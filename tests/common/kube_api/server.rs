@@ -27,6 +27,7 @@ use super::selector::Selectors;
 use super::store::{Key, Store};
 use super::table;
 use super::watch::{self, WatchRequest};
+use super::webhooks;
 use super::write::{Target, Write};
 
 /// Everything the handler shares.
@@ -50,9 +51,16 @@ impl Shared {
     }
 }
 
-/// A request's query parameters, URL-decoded.
-#[derive(Debug, Default)]
-pub(super) struct Query(Vec<(String, String)>);
+/// A request's query parameters, URL-decoded, and the admission phase a write runs in.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Query(Vec<(String, String)>, Option<Phase>);
+
+/// How far a write goes when admission webhooks take part (`webhooks.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Compute the object mutating webhooks see: a dry run without validation.
+    Mutate,
+}
 
 impl Query {
     fn parse(query: &str) -> Self {
@@ -60,7 +68,13 @@ impl Query {
             url::form_urlencoded::parse(query.as_bytes())
                 .into_owned()
                 .collect(),
+            None,
         )
+    }
+
+    /// This query in admission phase `phase`.
+    pub(super) fn in_phase(&self, phase: Phase) -> Query {
+        Query(self.0.clone(), Some(phase))
     }
 
     pub(super) fn get(&self, name: &str) -> Option<&str> {
@@ -79,11 +93,18 @@ impl Query {
     }
 
     pub(super) fn write(&self, target: Target) -> Write {
+        let mutate = self.1 == Some(Phase::Mutate);
         Write {
-            dry_run: self.get("dryRun") == Some("All"),
+            dry_run: mutate || self.get("dryRun") == Some("All"),
             strict: self.get("fieldValidation") == Some("Strict"),
+            validate: !mutate,
             ..Write::to(target)
         }
+    }
+
+    /// Whether the client asked for a dry run.
+    pub(super) fn dry_run(&self) -> bool {
+        self.get("dryRun") == Some("All")
     }
 }
 
@@ -143,7 +164,11 @@ pub async fn handle(
                     headers: &headers,
                     body: &body,
                 };
-                dispatch(&shared, &call)
+                match webhooks::admitted(&shared, &call).await {
+                    Ok(Some(done)) => Ok(done),
+                    Ok(None) => dispatch(&shared, &call),
+                    Err(e) => Err(e),
+                }
             }
         },
     };
@@ -164,6 +189,7 @@ fn authenticate(shared: &Shared, authorization: Option<&str>) -> Result<User> {
 }
 
 /// A resource request, as the handler has it.
+#[derive(Clone, Copy)]
 pub(super) struct Call<'a> {
     /// Who sends it.
     pub user: &'a User,
@@ -264,8 +290,40 @@ fn version() -> Value {
 }
 
 fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
-    let (method, path, query) = (call.method, call.path, call.query);
     let mut store = shared.store();
+    let (route, watch) = prepare(&store, &shared.audit, call)?;
+    if *call.method == Method::GET && watch {
+        drop(store);
+        let req = watch_request(&route, call.query)?;
+        return Ok((
+            watch::start(&shared.store, req, shared.bookmark_interval)?,
+            false,
+        ));
+    }
+    if *call.method == Method::GET && table::wanted(accept(call.headers)) {
+        let objects = match route.name {
+            Some(_) => vec![get(&store, &route)?.1],
+            None => list(&store, &route, call.query)?.1["items"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        };
+        let body = table::table(route.kind, &objects, &store.rv().to_string());
+        return Ok((typed_response(StatusCode::OK, &body, table::TABLE), false));
+    }
+    // The lock is held throughout, so a moved resourceVersion means this request changed
+    // something (no-op writes, dry runs and failures leave it).
+    let before = store.rv();
+    let answer = execute(&mut store, &shared.audit, &shared.tokens, &route, call)?;
+    Ok((json_response(answer), store.rv() != before))
+}
+
+/// Parses a resource request's path and authorizes it; the flag says whether it is a watch.
+///
+/// # Errors
+/// 404 for an unknown resource or subresource, 403 when RBAC refuses.
+pub(super) fn prepare(store: &Store, audit: &Audit, call: &Call<'_>) -> Result<(Route, bool)> {
+    let (method, path, query) = (call.method, call.path, call.query);
     let (route, watch_path) = parse_route(&store.kinds, path)?;
     let sub = route.subresource.as_deref();
     let supported = match sub {
@@ -288,59 +346,49 @@ fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
         route.namespace.as_deref(),
         route.name.as_deref(),
     );
-    auth::authorize(&store, &shared.audit, call.user, &attrs)?;
-    if *method == Method::GET && watch {
-        drop(store);
-        let req = watch_request(&route, query)?;
-        return Ok((
-            watch::start(&shared.store, req, shared.bookmark_interval)?,
-            false,
-        ));
-    }
+    auth::authorize(store, audit, call.user, &attrs)?;
+    Ok((route, watch))
+}
+
+/// Runs a prepared request that is no watch.
+pub(super) fn execute(
+    store: &mut Store,
+    audit: &Audit,
+    tokens: &Tokens,
+    route: &Route,
+    call: &Call<'_>,
+) -> Result<Answer> {
+    let (method, query) = (call.method, call.query);
+    let sub = route.subresource.as_deref();
     let manager = field_manager(query, call.headers);
-    // The lock is held throughout, so a moved resourceVersion means this request changed
-    // something (no-op writes, dry runs and failures leave it).
-    let before = store.rv();
-    let answer = match (method.clone(), route.name.is_some()) {
-        (Method::GET, _) if table::wanted(accept(call.headers)) => {
-            let objects = match route.name {
-                Some(_) => vec![get(&store, &route)?.1],
-                None => list(&store, &route, query)?.1["items"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default(),
-            };
-            let body = table::table(route.kind, &objects, &store.rv().to_string());
-            return Ok((typed_response(StatusCode::OK, &body, table::TABLE), false));
-        }
-        (Method::GET, true) => get(&store, &route),
-        (Method::GET, false) => list(&store, &route, query),
+    match (method.clone(), route.name.is_some()) {
+        (Method::GET, true) => get(store, route),
+        (Method::GET, false) => list(store, route, query),
         (Method::POST, true) if sub == Some("token") => {
-            super::lifecycle::token_request(&store, &shared.tokens, &route, call.body)
+            super::lifecycle::token_request(store, tokens, route, call.body)
         }
-        (Method::POST, false) => create(&mut store, &route, query, call.body, &manager),
-        (Method::PUT, true) => replace(&mut store, &route, query, call.body, &manager),
+        (Method::POST, false) => create(store, route, query, call.body, &manager),
+        (Method::PUT, true) => replace(store, route, query, call.body, &manager),
         (Method::PATCH, true) => {
             let context = patching::Context {
-                audit: &shared.audit,
+                audit,
                 user: call.user,
                 manager,
             };
-            patching::patch(&mut store, &route, query, call.headers, call.body, &context)
+            patching::patch(store, route, query, call.headers, call.body, &context)
         }
-        (Method::DELETE, true) => delete(&mut store, &route, call.body),
+        (Method::DELETE, true) => delete(store, route, call.body),
         (Method::DELETE, false) => {
             let opts = DeleteOptions::parse(call.body)?;
             let ns = route.namespace.as_deref();
             let items =
                 store.delete_collection(route.kind, ns, &query.selectors(route.kind)?, &opts);
-            Ok((StatusCode::OK, list_body(&route, store.rv(), items)))
+            Ok((StatusCode::OK, list_body(route, store.rv(), items)))
         }
         _ => Err(Error::MethodNotAllowed {
             method: method.to_string(),
         }),
-    }?;
-    Ok((json_response(answer), store.rv() != before))
+    }
 }
 
 fn watch_request(route: &Route, query: &Query) -> Result<WatchRequest> {

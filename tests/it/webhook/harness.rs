@@ -64,6 +64,36 @@ impl Pki {
         )
     }
 
+    /// Issues `<name>.crt` / `<name>.key` (EC) for the DNS names `dns` (as cert-manager would
+    /// for a webhook Service, `SERVICE.NAMESPACE.svc`) and 127.0.0.1.
+    pub fn leaf_for_dns(&self, name: &str, dns: &[&str]) -> (PathBuf, PathBuf) {
+        // And 127.0.0.1, which the harness's own readiness probe connects to.
+        let mut sans: Vec<String> = dns.iter().map(|d| format!("DNS:{d}")).collect();
+        sans.push("IP:127.0.0.1".into());
+        fs::write(
+            self.path(&format!("{name}.ext")),
+            format!(
+                "subjectAltName={}\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+                sans.join(",")
+            ),
+        )
+        .unwrap();
+        self.openssl(&format!(
+            "req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout {name}.key \
+             -out {name}.csr -subj /CN={}",
+            dns[0]
+        ));
+        self.openssl(&format!(
+            "x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 30 \
+             -extfile {name}.ext -out {name}.crt"
+        ));
+        (
+            self.path(&format!("{name}.crt")),
+            self.path(&format!("{name}.key")),
+        )
+    }
+
     /// The DER bytes of a PEM certificate, as openssl converts them.
     pub fn der(&self, cert: &Path) -> Vec<u8> {
         let out = Command::new("openssl")

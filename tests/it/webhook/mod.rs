@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod admission;
 mod harness;
 
 use std::time::{Duration, Instant};
