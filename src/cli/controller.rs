@@ -112,9 +112,13 @@ pub struct ControllerArgs {
     /// PUBLISHER_PROXY_ADDRESS for Functions.
     #[arg(long, value_name = "URL")]
     pub publisher_proxy_address: Option<String>,
-    /// Where /metrics, /healthz and /readyz are served.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    pub metrics_address: SocketAddr,
+    /// Where /metrics, /healthz and /readyz are served (default: port 8080 on --listen-ip).
+    #[arg(long, value_name = "IP:PORT")]
+    pub metrics_address: Option<SocketAddr>,
+    /// The address the endpoints listen on: all addresses by default; one address, such as
+    /// the Pod's IP from the downward API (`status.podIP`), to serve only there.
+    #[arg(long, value_name = "IP", default_value = "0.0.0.0", env = "KILN_LISTEN_IP")]
+    pub listen_ip: std::net::IpAddr,
     /// The Lease for leader election (one replica reconciles).
     #[arg(
         long,
@@ -177,7 +181,9 @@ pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
         config,
         registry,
         git: Arc::new(GitLsRemote),
-        metrics_address: args.metrics_address,
+        metrics_address: args
+            .metrics_address
+            .unwrap_or_else(|| SocketAddr::new(args.listen_ip, 8080)),
         lease: (!args.no_leader_election).then(|| args.leader_lease.clone()),
         lease_duration: Duration::from_secs(args.leader_lease_duration),
         identity,
@@ -250,7 +256,7 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     let registry_host = crate::controller::render::job::registry_host(&args.registry);
     let mut config = Config::new(args.registry.trim_end_matches('/').to_string(), runtimes);
     config.pull_registry = args.pull_registry.clone();
-    config.insecure_registry = args.access.insecure_registry.contains(&registry_host);
+    config.insecure_registry = args.access.insecure_hosts().contains(&registry_host);
     config.namespace = args.namespace.clone();
     config.registry_secret = args.registry_secret.clone();
     config.ca_bundle_configmap = args.ca_bundle_configmap.clone();

@@ -18,8 +18,14 @@ pub struct RegistryArgs {
     /// Extra CA certificate (PEM) to trust for registries; repeatable.
     #[arg(long, value_name = "FILE")]
     pub registry_ca: Vec<PathBuf>,
-    /// Use plain HTTP for this registry host[:port]; repeatable.
-    #[arg(long, value_name = "HOST[:PORT]")]
+    /// Use plain HTTP for this registry host[:port]; repeatable (the environment variable
+    /// takes a comma-separated list; empty means none).
+    #[arg(
+        long,
+        value_name = "HOST[:PORT]",
+        env = "KILN_INSECURE_REGISTRY",
+        value_delimiter = ','
+    )]
     pub insecure_registry: Vec<String>,
     /// Time allowed for one registry request (a transfer gets more in proportion to its size,
     /// and fails sooner when no byte moves for this long), in seconds.
@@ -32,6 +38,16 @@ pub struct RegistryArgs {
 }
 
 impl RegistryArgs {
+    /// The plain-HTTP registries: empty entries dropped (`KILN_INSECURE_REGISTRY` set to
+    /// nothing, as an empty ConfigMap key gives it, means none).
+    pub fn insecure_hosts(&self) -> Vec<String> {
+        self.insecure_registry
+            .iter()
+            .filter(|h| !h.trim().is_empty())
+            .cloned()
+            .collect()
+    }
+
     /// The client config: the flags plus the docker config directory and `PATH` (for
     /// credential helpers) from the environment.
     ///
@@ -49,7 +65,7 @@ impl RegistryArgs {
         {
             return Err(anyhow!("--registry-auth {} does not exist", path.display()));
         }
-        for host in &self.insecure_registry {
+        for host in &self.insecure_hosts() {
             if let Some((_, rest)) = host.split_once("://") {
                 return Err(anyhow!(
                     "--insecure-registry {host:?} has a URL scheme; give HOST[:PORT] only, e.g. --insecure-registry {}",
@@ -66,7 +82,7 @@ impl RegistryArgs {
         let path = var("PATH").unwrap_or_default();
         let credentials = CredentialStore::new(docker_config, self.registry_auth.clone(), path);
         Ok(ClientConfig {
-            insecure_hosts: self.insecure_registry.clone(),
+            insecure_hosts: self.insecure_hosts(),
             extra_ca_pem,
             credentials,
             user_agent: format!("kiln/{}", env!("CARGO_PKG_VERSION")),
