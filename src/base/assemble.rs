@@ -20,7 +20,7 @@ use crate::oci::{
 };
 
 mod config;
-use config::{builder_edit, config_edit, scratch};
+use config::{builder_edit, config_edit, kiln_edit, scratch};
 
 /// Where the builder image has the kiln binary; its entrypoint.
 pub const KILN_IN_BUILDER: &str = "/usr/local/bin/kiln";
@@ -128,6 +128,9 @@ pub struct Assembled {
     pub base: Assembly,
     /// The builder image (base + toolchain + kiln).
     pub builder: Assembly,
+    /// The kiln image: the runtime's Debian layer (libc, CA certificates, the distroless
+    /// files; what the Dockerfile's distroless/cc base holds) and kiln, running as 65532.
+    pub kiln: Assembly,
     _blobs: Vec<LayerBlob>,
     _staging: TempDir,
 }
@@ -171,7 +174,7 @@ pub async fn assemble(
     let runtime = stage
         .npm_layer("runtime", lock, recipe, Target::Base)
         .await?;
-    let mut base_layers = vec![debian_base, runtime];
+    let mut base_layers = vec![debian_base.clone(), runtime];
     if let Some(layer) = stage.packages_layer(lock, recipe).await? {
         base_layers.push(layer);
     }
@@ -195,14 +198,18 @@ pub async fn assemble(
             .await?,
     );
     let kiln_dest = KILN_IN_BUILDER.trim_start_matches('/');
-    builder_layers.push(stage.file_layer("kiln", kiln_binary, kiln_dest)?);
+    let kiln_layer = stage.file_layer("kiln", kiln_binary, kiln_dest)?;
+    builder_layers.push(kiln_layer.clone());
+    let kiln_layers = [debian_base, kiln_layer];
 
     let builder_edit = builder_edit(config_edit(recipe, epoch, &stage.sbom_label()), recipe);
     let base = stage.image(&base_layers, &base_edit)?;
     let builder = stage.image(&builder_layers, &builder_edit)?;
+    let kiln = stage.image(&kiln_layers, &kiln_edit(epoch))?;
     Ok(Assembled {
         base,
         builder,
+        kiln,
         _blobs: stage.blobs,
         _staging: staging,
     })

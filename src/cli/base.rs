@@ -64,6 +64,11 @@ pub struct BuildBaseArgs {
     /// Push the builder image here.
     #[arg(long, value_name = "REF", requires = "image")]
     pub builder_image: Option<String>,
+    /// Push the kiln image here: the image deploy/ runs `kiln controller` and `kiln webhook`
+    /// from (the runtime's Debian layer and --kiln-binary, as user 65532), the same as the
+    /// Dockerfile builds, for machines without Docker.
+    #[arg(long, value_name = "REF", requires = "image")]
+    pub kiln_image: Option<String>,
     /// Write both images into an OCI layout, named RUNTIME and RUNTIME-builder.
     #[arg(long, value_name = "oci:DIR", conflicts_with = "image")]
     pub output: Option<String>,
@@ -190,8 +195,16 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
         Destination::Layout(dir) => {
             store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await
         }
-        Destination::Registry { base, builder } => {
-            let images = [(&built.base, Some(base)), (&built.builder, builder)];
+        Destination::Registry {
+            base,
+            builder,
+            kiln,
+        } => {
+            let images = [
+                (&built.base, Some(base)),
+                (&built.builder, builder),
+                (&built.kiln, kiln),
+            ];
             let mut lines = Vec::new();
             for (assembly, target) in images {
                 let Some(target) = target else { continue };
@@ -245,10 +258,11 @@ fn check_kiln_binary(path: &Path) -> anyhow::Result<PathBuf> {
 enum Destination {
     /// Both into this layout.
     Layout(PathBuf),
-    /// The base here, the builder there when named.
+    /// The base here, the builder and the kiln image there when named.
     Registry {
         base: Reference,
         builder: Option<Reference>,
+        kiln: Option<Reference>,
     },
 }
 
@@ -268,6 +282,7 @@ fn destination(args: &BuildBaseArgs) -> anyhow::Result<Destination> {
         (None, Some(image)) => Ok(Destination::Registry {
             base: parse(image)?,
             builder: args.builder_image.as_ref().map(parse).transpose()?,
+            kiln: args.kiln_image.as_ref().map(parse).transpose()?,
         }),
         (None, None) => Err(anyhow!(
             "say where the images go: --output oci:DIR or --image REF"
@@ -312,7 +327,7 @@ mod tests {
             "r.example/bb:1",
         ];
         match destination_of(&both).unwrap() {
-            Destination::Registry { base, builder } => {
+            Destination::Registry { base, builder, .. } => {
                 assert_eq!(base.to_string(), "r.example/b:1");
                 assert_eq!(builder.unwrap().to_string(), "r.example/bb:1");
             }

@@ -57,6 +57,34 @@ pub(super) fn builder_edit(mut edit: ConfigEdit, recipe: &Recipe) -> ConfigEdit 
     edit
 }
 
+/// The kiln image's config: kiln as the entrypoint (`kiln controller …`, `kiln webhook …`),
+/// as the nonroot user 65532 of distroless images, which the Deployments in deploy/ run as.
+pub(super) fn kiln_edit(epoch: u64) -> ConfigEdit {
+    let created = plan::rfc3339(epoch);
+    let labels = BTreeMap::from([
+        (
+            "org.opencontainers.image.created".to_string(),
+            created.clone(),
+        ),
+        ("org.opencontainers.image.title".to_string(), "kiln".to_string()),
+        (
+            "org.opencontainers.image.version".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+    ]);
+    ConfigEdit {
+        created,
+        env: vec![("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into())],
+        labels,
+        user: Some("65532:65532".into()),
+        working_dir: Some("/tmp".into()),
+        entrypoint: Some(vec![KILN_IN_BUILDER.into()]),
+        cmd: Some(vec!["--help".into()]),
+        exposed_ports: Vec::new(),
+        annotations: BTreeMap::new(),
+    }
+}
+
 /// An empty linux/amd64 image to append the first layers to.
 pub(super) fn scratch() -> Base {
     let config =
