@@ -18,9 +18,10 @@ use crate::registry::{Client, Reference};
 pub enum BaseCommand {
     /// Resolve a runtime's recipe (base-images/RUNTIME/recipe.toml) against the Debian
     /// mirror (signature-verified) and the npm registry, and write the lock file.
-    Lock(LockArgs),
-    /// Assemble a runtime's base and builder images from its lock file, reproducibly.
-    Build(BuildBaseArgs),
+    Lock(Box<LockArgs>),
+    /// Assemble a runtime's base and builder images (and the kiln image) from its lock
+    /// file, reproducibly.
+    Build(Box<BuildBaseArgs>),
 }
 
 /// Where packages come from.
@@ -89,8 +90,8 @@ pub struct BuildBaseArgs {
 
 pub(super) async fn run(cmd: BaseCommand) -> Result<String, Failure> {
     match cmd {
-        BaseCommand::Lock(args) => lock(args).await,
-        BaseCommand::Build(args) => build(args).await,
+        BaseCommand::Lock(args) => lock(*args).await,
+        BaseCommand::Build(args) => build(*args).await,
     }
 }
 
@@ -201,7 +202,7 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             kiln,
         } => {
             let images = [
-                (&built.base, Some(base)),
+                (&built.base, Some(*base)),
                 (&built.builder, builder),
                 (&built.kiln, kiln),
             ];
@@ -260,7 +261,7 @@ enum Destination {
     Layout(PathBuf),
     /// The base here, the builder and the kiln image there when named.
     Registry {
-        base: Reference,
+        base: Box<Reference>,
         builder: Option<Reference>,
         kiln: Option<Reference>,
     },
@@ -280,7 +281,7 @@ fn destination(args: &BuildBaseArgs) -> anyhow::Result<Destination> {
             Ok(Destination::Layout(dir.into()))
         }
         (None, Some(image)) => Ok(Destination::Registry {
-            base: parse(image)?,
+            base: Box::new(parse(image)?),
             builder: args.builder_image.as_ref().map(parse).transpose()?,
             kiln: args.kiln_image.as_ref().map(parse).transpose()?,
         }),

@@ -117,7 +117,12 @@ pub struct ControllerArgs {
     pub metrics_address: Option<SocketAddr>,
     /// The address the endpoints listen on: all addresses by default; one address, such as
     /// the Pod's IP from the downward API (`status.podIP`), to serve only there.
-    #[arg(long, value_name = "IP", default_value = "0.0.0.0", env = "KILN_LISTEN_IP")]
+    #[arg(
+        long,
+        value_name = "IP",
+        default_value = "0.0.0.0",
+        env = "KILN_LISTEN_IP"
+    )]
     pub listen_ip: std::net::IpAddr,
     /// The Lease for leader election (one replica reconciles).
     #[arg(

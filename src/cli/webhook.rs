@@ -54,7 +54,12 @@ pub struct WebhookArgs {
     pub port: u16,
     /// Address to listen on: all addresses by default; one address, such as the Pod's IP
     /// from the downward API (`status.podIP`), to serve only there.
-    #[arg(long, default_value = "0.0.0.0", value_name = "IP", env = "KILN_LISTEN_IP")]
+    #[arg(
+        long,
+        default_value = "0.0.0.0",
+        value_name = "IP",
+        env = "KILN_LISTEN_IP"
+    )]
     pub address: IpAddr,
     /// Function profile (XS, S, M, L, XL) whose limits complete explicit requests that have
     /// no limits; use the controller's default.

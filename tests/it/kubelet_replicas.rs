@@ -102,11 +102,14 @@ fn condition(status: &DeploymentStatus, kind: &str) -> (String, String) {
     (c.status.clone(), c.reason.clone().unwrap_or_default())
 }
 
+/// Waits until generation `generation` of Deployment `name` is rolled out, as `kubectl
+/// rollout status` decides it.
 fn wait_available(kubelet: &TestKubelet, name: &str, generation: i64) -> DeploymentStatus {
     let status = kubelet.wait_for(WAIT, |k| {
         let s = k.deployment_status("fns", name)?;
         let fresh = s.observed_generation == Some(generation);
-        (fresh && condition(&s, "Available").0 == "True").then_some(s)
+        let rolled_out = condition(&s, "Progressing").1 == "NewReplicaSetAvailable";
+        (fresh && rolled_out && condition(&s, "Available").0 == "True").then_some(s)
     });
     status.unwrap_or_else(|| {
         let pod = kubelet.replica_pod(Kind::Deployment, "fns", name);
@@ -305,7 +308,10 @@ fn fields_the_kubelet_does_not_implement_are_refused_by_name() {
         (format!("{sc}/readOnlyRootFilesystem"), json!(false)),
         (format!("{sc}/privileged"), json!(true)),
         (format!("{sc}/capabilities/add"), json!(["NET_ADMIN"])),
-        (format!("{c}/readinessProbe/httpGet/port"), json!(80)),
+        (
+            format!("{c}/readinessProbe/httpGet/port"),
+            json!("no-such-port"),
+        ),
         (
             format!("{c}/env/0/valueFrom"),
             json!({"resourceFieldRef": {"resource": "limits.cpu"}}),
@@ -372,4 +378,89 @@ fn fields_the_kubelet_does_not_implement_are_refused_by_name() {
         text.contains("does not implement spec.template.spec.containers[0].readinessProbe"),
         "{text}"
     );
+}
+
+#[test]
+fn a_rolling_update_keeps_its_minimum_ready_within_its_surge_and_stalls_on_unready_pods() {
+    let bed = Testbed::new(5);
+    bed.kubelet.set_objects(www());
+    let two = |generation: i64, container: Value, deadline: i64| {
+        let mut d = serde_json::to_value(deployment("web", generation, container)).unwrap();
+        d["spec"]["replicas"] = json!(2);
+        d["spec"]["progressDeadlineSeconds"] = json!(deadline);
+        serde_json::from_value::<Deployment>(d).unwrap()
+    };
+    bed.kubelet
+        .apply_deployment(&two(1, function_container(&bed.image, SERVE, "v1"), 600))
+        .unwrap();
+    let status = wait_available(&bed.kubelet, "web", 1);
+    assert_eq!((status.replicas, status.ready_replicas), (Some(2), Some(2)));
+    let pods = |k: &TestKubelet| k.replica_pods(Kind::Deployment, "fns", "web");
+    let v1: Vec<_> = pods(&bed.kubelet)
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    // Two replicas, each with its own IP, each answering on its own mapped port.
+    let ips: Vec<_> = pods(&bed.kubelet)
+        .into_iter()
+        .map(|p| p.status.unwrap().pod_ip.unwrap())
+        .collect();
+    assert_ne!(ips[0], ips[1]);
+
+    // A template whose pods never become ready: the default strategy (25%: a surge of 1, none
+    // unavailable, for 2 replicas) starts one new pod and keeps both old ones.
+    let mut never = function_container(&bed.image, SERVE, "v2");
+    never["readinessProbe"]["httpGet"]["path"] = json!("/not-there");
+    bed.kubelet.apply_deployment(&two(2, never, 2)).unwrap();
+    let stalled = bed.kubelet.wait_for(WAIT, |k| {
+        let s = k.deployment_status("fns", "web")?;
+        (condition(&s, "Progressing").1 == "ProgressDeadlineExceeded").then_some(s)
+    });
+    let stalled = stalled.expect("the rollout exceeds its progress deadline");
+    assert_eq!(
+        condition(&stalled, "Available").0,
+        "True",
+        "the old pods serve"
+    );
+    assert_eq!(
+        (
+            stalled.replicas,
+            stalled.updated_replicas,
+            stalled.available_replicas
+        ),
+        (Some(3), Some(1), Some(2))
+    );
+    let now: Vec<_> = pods(&bed.kubelet)
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    assert!(v1.iter().all(|p| now.contains(p)), "{v1:?} kept in {now:?}");
+
+    // A template that becomes ready rolls out all the way, one pod at a time.
+    bed.kubelet
+        .apply_deployment(&two(3, function_container(&bed.image, SERVE, "v3"), 600))
+        .unwrap();
+    let mut most = 0;
+    let done = bed.kubelet.wait_for(WAIT, |k| {
+        let s = k.deployment_status("fns", "web")?;
+        most = most.max(s.replicas.unwrap_or(0));
+        let complete = condition(&s, "Progressing").1 == "NewReplicaSetAvailable"
+            && s.observed_generation == Some(3);
+        complete.then_some(s)
+    });
+    let done = done.expect("the rollout completes");
+    assert_eq!(
+        (
+            done.replicas,
+            done.updated_replicas,
+            done.available_replicas
+        ),
+        (Some(2), Some(2), Some(2))
+    );
+    assert!(
+        most <= 3,
+        "never more than replicas + maxSurge pods: {most}"
+    );
+    let port = bed.kubelet.port("fns", "web").unwrap();
+    assert_eq!(get(port, "/version"), Some((200, "v3\n".into())));
 }

@@ -66,7 +66,10 @@ pub(super) fn kiln_edit(epoch: u64) -> ConfigEdit {
             "org.opencontainers.image.created".to_string(),
             created.clone(),
         ),
-        ("org.opencontainers.image.title".to_string(), "kiln".to_string()),
+        (
+            "org.opencontainers.image.title".to_string(),
+            "kiln".to_string(),
+        ),
         (
             "org.opencontainers.image.version".to_string(),
             env!("CARGO_PKG_VERSION").to_string(),

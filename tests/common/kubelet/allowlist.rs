@@ -111,6 +111,42 @@ const VOLUME: Shape = Object(&[
         ]),
     ),
     ("emptyDir", Object(&[("medium", Any), ("sizeLimit", Any)])),
+    (
+        "projected",
+        Object(&[
+            ("defaultMode", Any),
+            (
+                "sources",
+                List(&Object(&[
+                    (
+                        "serviceAccountToken",
+                        Object(&[("path", Any), ("expirationSeconds", Any), ("audience", Any)]),
+                    ),
+                    (
+                        "configMap",
+                        Object(&[("name", Any), ("items", ITEMS), ("optional", Any)]),
+                    ),
+                    (
+                        "secret",
+                        Object(&[("name", Any), ("items", ITEMS), ("optional", Any)]),
+                    ),
+                    (
+                        "downwardAPI",
+                        Object(&[(
+                            "items",
+                            List(&Object(&[
+                                ("path", Any),
+                                (
+                                    "fieldRef",
+                                    Object(&[("fieldPath", Any), ("apiVersion", Any)]),
+                                ),
+                            ])),
+                        )]),
+                    ),
+                ])),
+            ),
+        ]),
+    ),
 ]);
 const POD_SPEC: Shape = Object(&[
     ("containers", List(&CONTAINER)),

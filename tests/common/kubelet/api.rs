@@ -1,9 +1,12 @@
 //! The thin layer between the core and a Kubernetes API server reached with a `kube::Client`:
 //! [`TestKubelet::sync`] lists ConfigMaps, Secrets, Jobs, Deployments and Knative Services in
-//! every namespace, hands them to the core, then writes back what changed: Pods (`create`,
-//! then `patch_status`; `delete` when gone), and the status subresource of Jobs, Deployments
-//! and Knative Services (JSON merge patches, `null` for fields that went away). A steady state
-//! writes nothing. [`TestKubelet::spawn`] runs it every 200 ms on a background thread.
+//! every namespace, hands them to the core, then writes back what changed: Pods (`delete`
+//! when gone; `patch_status`), and the status subresource of Jobs, Deployments and Knative
+//! Services (JSON merge patches, `null` for fields that went away). A steady state writes
+//! nothing. [`TestKubelet::spawn`] runs it every 200 ms on a background thread, and makes
+//! every pod's object be created through the API before the pod runs (as the Job and
+//! ReplicaSet controllers do): admission (ServiceAccounts, PodSecurity, webhooks) may refuse
+//! or change it, and the pod runs what was admitted, with its ServiceAccount's token.
 //!
 //! The client's request buffer runs on the runtime that created the client, so keep that
 //! runtime running (a multi-thread `#[tokio::test]`, or a test that awaits).
@@ -14,16 +17,18 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::{Client, Resource};
 use serde_json::{Value, json};
 
+use super::pod::Admission as PodAdmission;
 use super::replica::Kind;
-use super::{Key, Objects, TestKubelet};
+use super::{Admission, Admitted, Key, Objects, TestKubelet};
 
 /// Why a sync failed.
 #[derive(Debug)]
@@ -202,6 +207,8 @@ impl TestKubelet {
             state
                 .pods
                 .iter()
+                // A pod whose object admission has not let in yet has nothing to write.
+                .filter(|(_, p)| !matches!(p.admission, PodAdmission::Pending(_)))
                 .map(|(k, p)| (k.clone(), p.deleted, p.to_pod()))
                 .collect()
         };
@@ -319,6 +326,17 @@ impl TestKubelet {
     /// dropped (or the kubelet is). API errors are printed once each; unsupported objects
     /// make the handle panic when it is dropped.
     pub fn spawn(&self, client: Client) -> KubeletHandle {
+        let admitting = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime for the kubelet's pod creations");
+        *self
+            .core
+            .admission
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) =
+            Some(admission(client.clone(), admitting.handle().clone()));
         let stop = Arc::new(AtomicBool::new(false));
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         // A view of the same core: dropping it does not stop the pods.
@@ -348,8 +366,58 @@ impl TestKubelet {
             stop,
             thread: Some(thread),
             core: Arc::clone(&self.core),
+            _admitting: Some(admitting),
         }
     }
+}
+
+/// Creates pods' objects through `client` (on `runtime`), and fetches the ServiceAccount
+/// token of those whose admitted spec projects one (TokenRequest, as the kubelet does).
+fn admission(client: Client, runtime: tokio::runtime::Handle) -> Admission {
+    Arc::new(move |pod: &Pod| {
+        let mut pod = pod.clone();
+        pod.status = None;
+        pod.metadata.uid = None;
+        let (ns, name) = key_of(&pod);
+        let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+        let accounts = Api::<ServiceAccount>::namespaced(client.clone(), &ns);
+        runtime.block_on(async move {
+            let created = match pods.create(&PostParams::default(), &pod).await {
+                Ok(created) => created,
+                // Created by an earlier attempt whose answer was lost.
+                Err(e) if is_status(&e, 409) => pods.get(&name).await.map_err(|e| e.to_string())?,
+                Err(kube::Error::Api(status)) => return Err(status.message),
+                Err(e) => return Err(e.to_string()),
+            };
+            let spec = created.spec.unwrap_or_default();
+            let projects_token = spec.volumes.iter().flatten().any(|v| {
+                v.projected.as_ref().is_some_and(|p| {
+                    p.sources
+                        .iter()
+                        .flatten()
+                        .any(|s| s.service_account_token.is_some())
+                })
+            });
+            let token = if projects_token {
+                let account = spec.service_account_name.clone().unwrap_or_default();
+                let request = TokenRequest {
+                    spec: TokenRequestSpec {
+                        expiration_seconds: Some(3607),
+                        ..TokenRequestSpec::default()
+                    },
+                    ..TokenRequest::default()
+                };
+                let answer = accounts
+                    .create_token_request(&account, &PostParams::default(), &request)
+                    .await
+                    .map_err(|e| format!("requesting a token for {ns}/{account}: {e}"))?;
+                answer.status.map(|s| s.token)
+            } else {
+                None
+            };
+            Ok(Admitted { spec, token })
+        })
+    })
 }
 
 async fn patch_status<K>(
@@ -377,6 +445,7 @@ pub struct KubeletHandle {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     core: Arc<super::Core>,
+    _admitting: Option<tokio::runtime::Runtime>,
 }
 
 impl KubeletHandle {
@@ -391,6 +460,14 @@ impl Drop for KubeletHandle {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+        *self
+            .core
+            .admission
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(runtime) = self._admitting.take() {
+            runtime.shutdown_background();
         }
         let failures = self.failures();
         if !failures.is_empty() && !std::thread::panicking() {

@@ -1,7 +1,8 @@
 //! A container's environment and command line as the kubelet makes them: `env` in order, each
 //! `value` expanded against the variables defined before it, `valueFrom` ConfigMap and Secret
 //! keys (with `optional`) and field references; then `$(VAR)` in `command` and `args` expanded
-//! against the whole list. Service environment variables are never added (no Services here).
+//! against the whole list. Service environment variables are not added, but for the API
+//! server's (`plan.rs`).
 
 use std::collections::BTreeMap;
 
@@ -26,11 +27,13 @@ pub struct PodFields {
     pub service_account: String,
     /// `spec.nodeName`.
     pub node_name: String,
+    /// `status.podIP`.
+    pub ip: String,
 }
 
 impl PodFields {
-    /// The value of `path` (one [`super::spec::field_ref_supported`] accepts); the pod shares
-    /// the host network, so its IP and the host's are 127.0.0.1.
+    /// The value of `path` (one [`super::spec::field_ref_supported`] accepts); the host's IP
+    /// is 127.0.0.1, the pod's its own loopback address.
     pub fn get(&self, path: &str) -> String {
         let indexed = |prefix: &str, map: &BTreeMap<String, String>| {
             let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
@@ -42,7 +45,8 @@ impl PodFields {
             "metadata.uid" => self.uid.clone(),
             "spec.nodeName" => self.node_name.clone(),
             "spec.serviceAccountName" => self.service_account.clone(),
-            "status.podIP" | "status.hostIP" => "127.0.0.1".into(),
+            "status.podIP" => self.ip.clone(),
+            "status.hostIP" => "127.0.0.1".into(),
             _ => indexed("metadata.labels['", &self.labels)
                 .or_else(|| indexed("metadata.annotations['", &self.annotations))
                 .unwrap_or_default(),

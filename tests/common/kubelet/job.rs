@@ -176,6 +176,9 @@ impl TestKubelet {
             annotations: tmeta.annotations.unwrap_or_default(),
             spec: pod_spec.clone(),
             overrides: Vec::new(),
+            ip: self.core.pod_ip(),
+            admitted: false,
+            sa_token: None,
         };
         let start = Timestamp::now();
         let deadline = spec
@@ -187,9 +190,11 @@ impl TestKubelet {
         {
             let mut state = self.core.lock();
             let waiting = Some("waiting for a free Job slot of the test kubelet".to_string());
-            state
-                .pods
-                .insert(pod_key.clone(), PodRecord::new(meta, pod_spec, waiting));
+            let mut pod = PodRecord::new(meta, pod_spec, waiting, input.ip.clone());
+            if self.core.admission().is_some() {
+                pod.admission = super::pod::Admission::Pending(None);
+            }
+            state.pods.insert(pod_key.clone(), pod);
             let record = JobRecord {
                 uid,
                 given_uid: job.metadata.uid.clone(),

@@ -37,6 +37,12 @@ pub fn run_pod(
 ) -> Option<Outcome> {
     let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
     let stopped = || stop.load(Ordering::SeqCst) || core.shutting_down();
+    // The Job controller creates the Pod object; admission may refuse it until the deadline.
+    let Some(admitted) = super::runner::admit(core, pod, input, &|| stopped() || past_deadline())
+    else {
+        return (!stopped()).then(|| fail_deadline(core, pod));
+    };
+    let input = &admitted;
     let slot = core.acquire_slot(|| past_deadline() || stopped());
     if slot.is_none() {
         return (!stopped()).then(|| fail_deadline(core, pod));

@@ -54,7 +54,7 @@ pub mod workload_status;
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -82,7 +82,23 @@ pub struct Config {
     pub max_jobs: usize,
     /// `KILN_SANDBOX` for kiln (`bwrap`, `builtin`), or kiln's own choice.
     pub sandbox: Option<String>,
+    /// The API server in-cluster clients reach (`KUBERNETES_SERVICE_HOST`/`_PORT`), if any.
+    pub api: Option<(String, u16)>,
 }
+
+/// A pod the API server admitted: the spec it stored (ServiceAccount admission adds the
+/// token volume) and its ServiceAccount's token, when the spec mounts one.
+#[derive(Clone, Debug)]
+pub struct Admitted {
+    /// The stored spec.
+    pub spec: k8s_openapi::api::core::v1::PodSpec,
+    /// The token a projected `serviceAccountToken` source gets.
+    pub token: Option<String>,
+}
+
+/// Creates a pod's object through the API server, as the Job and ReplicaSet controllers do
+/// before a kubelet ever sees it: admission may refuse it (the error's message) or change it.
+pub type Admission = Arc<dyn Fn(&Pod) -> Result<Admitted, String> + Send + Sync>;
 
 impl Config {
     /// A config with no extra arguments, at most 5 Jobs at once, kiln's choice of sandbox.
@@ -98,6 +114,7 @@ impl Config {
             scratch: scratch.into(),
             max_jobs: 5,
             sandbox: None,
+            api: None,
         }
     }
 }
@@ -109,6 +126,9 @@ pub(crate) struct Core {
     state: Mutex<State>,
     slots: Condvar,
     shutdown: AtomicBool,
+    /// Set once an API layer runs: every pod is created through it before it runs.
+    pub(crate) admission: Mutex<Option<Admission>>,
+    next_ip: AtomicU32,
 }
 
 /// Everything the kubelet tracks.
@@ -126,6 +146,25 @@ pub(crate) struct State {
 }
 
 impl Core {
+    /// A new pod IP: 127.0.X.Y, never 127.0.0.1 (the host's), unique while the kubelet runs.
+    pub(crate) fn pod_ip(&self) -> String {
+        loop {
+            let n = self.next_ip.fetch_add(1, Ordering::SeqCst) + 256;
+            let [_, b, c, d] = n.to_be_bytes();
+            if d != 0 && d != 255 {
+                return format!("127.{b}.{c}.{d}");
+            }
+        }
+    }
+
+    /// The admission hook, if an API layer set one.
+    pub(crate) fn admission(&self) -> Option<Admission> {
+        self.admission
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -211,11 +250,12 @@ impl TestKubelet {
             state: Mutex::new(State::default()),
             slots: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            admission: Mutex::new(None),
+            next_ip: AtomicU32::new(0),
         };
-        TestKubelet {
-            core: Arc::new(core),
-            owner: true,
-        }
+        let core = Arc::new(core);
+        core.spawn(|core| replica::keep_rolling(&core));
+        TestKubelet { core, owner: true }
     }
 
     /// The fake service-account token bound into pods that do not opt out.

@@ -31,6 +31,13 @@ pub struct PodInput {
     pub spec: PodSpec,
     /// Variables replacing the spec's (the port mapping of replicas).
     pub overrides: Vec<(String, String)>,
+    /// The pod's IP (`status.podIP`).
+    pub ip: String,
+    /// Created through the API server: it mounts what admission gave it, and no token of
+    /// the kubelet's own.
+    pub admitted: bool,
+    /// The ServiceAccount token a projected `serviceAccountToken` source gets.
+    pub sa_token: Option<String>,
 }
 
 /// The containers of a pod, ready to start.
@@ -66,7 +73,9 @@ pub fn prepare(
     objects: &Objects,
 ) -> Result<Prepared, ConfigError> {
     let dir = pod_dir(&config.scratch, &input.namespace, &input.name);
-    let volumes = PodVolumes::set_up(&dir, &input.namespace, &input.spec, objects, token)?;
+    // The kubelet's own token only for pods no API server admitted (the core alone).
+    let fallback = (!input.admitted).then_some(token);
+    let volumes = PodVolumes::set_up(&dir, input, objects, fallback)?;
     let fields = PodFields {
         name: input.name.clone(),
         namespace: input.namespace.clone(),
@@ -75,6 +84,7 @@ pub fn prepare(
         annotations: input.annotations.clone(),
         service_account: service_account(&input.spec),
         node_name: NODE_NAME.into(),
+        ip: input.ip.clone(),
     };
     let plan = |c: &Container| plan_container(config, input, &volumes, &fields, objects, c);
     let init = input.spec.init_containers.iter().flatten().map(plan);
@@ -122,8 +132,23 @@ fn plan_container(
         let ids = gid.map_or(uid.to_string(), |gid| format!("{uid}:{gid}"));
         args.extend(["--user".into(), ids]);
     }
-    // The container runtime sets HOSTNAME to the pod's host name.
+    // The container runtime sets HOSTNAME to the pod's host name; the kubelet adds the
+    // `kubernetes` Service's variables, which in-cluster clients find the API server by.
     let mut env = vec![("HOSTNAME".to_string(), input.name.clone())];
+    if let Some((host, port)) = &config.api {
+        env.extend([
+            ("KUBERNETES_SERVICE_HOST".to_string(), host.clone()),
+            ("KUBERNETES_SERVICE_PORT".to_string(), port.to_string()),
+            (
+                "KUBERNETES_SERVICE_PORT_HTTPS".to_string(),
+                port.to_string(),
+            ),
+            (
+                "KUBERNETES_PORT".to_string(),
+                format!("tcp://{host}:{port}"),
+            ),
+        ]);
+    }
     env.extend(env::resolve(c, fields, objects, &input.overrides)?);
     let (command, arguments) = env::command_line(c, &env);
     if let Some(command) = command {

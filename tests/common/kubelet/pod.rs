@@ -123,6 +123,17 @@ fn to_k8s(state: &State, id: &str) -> K8sState {
     }
 }
 
+/// A pod's object and the API server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// No API server (the core alone): the API layer creates the object, if one runs.
+    NotNeeded,
+    /// Not created yet; the last refusal, if any (the pod does not run meanwhile).
+    Pending(Option<String>),
+    /// Created: the API server admitted it.
+    Admitted,
+}
+
 /// A pod the kubelet runs.
 #[derive(Clone, Debug)]
 pub struct PodRecord {
@@ -150,14 +161,24 @@ pub struct PodRecord {
     pub deleted: bool,
     /// The host port the Function listens on (replicas).
     pub port: Option<u16>,
+    /// Its IP (`status.podIP`), a loopback address of its own.
+    pub ip: String,
+    /// Where its object stands with the API server.
+    pub admission: Admission,
     /// Condition type → (status, last transition).
     transitions: BTreeMap<&'static str, (bool, Timestamp)>,
     created: Timestamp,
 }
 
 impl PodRecord {
-    /// A new pending pod waiting for a slot (or scheduled, when `unschedulable` is `None`).
-    pub fn new(meta: ObjectMeta, mut spec: PodSpec, unschedulable: Option<String>) -> PodRecord {
+    /// A new pending pod waiting for a slot (or scheduled, when `unschedulable` is `None`),
+    /// with IP `ip`.
+    pub fn new(
+        meta: ObjectMeta,
+        mut spec: PodSpec,
+        unschedulable: Option<String>,
+        ip: String,
+    ) -> PodRecord {
         spec.node_name = Some(NODE_NAME.into());
         let record = |c: &k8s_openapi::api::core::v1::Container, reason: &str| {
             ContainerRecord::waiting(&c.name, c.image.as_deref().unwrap_or(""), reason)
@@ -192,6 +213,8 @@ impl PodRecord {
             version: 1,
             deleted: false,
             port: None,
+            ip,
+            admission: Admission::NotNeeded,
             transitions: BTreeMap::new(),
             created: Timestamp::now(),
         };
@@ -267,7 +290,7 @@ impl PodRecord {
             reason: self.reason.clone(),
             message: self.message.clone(),
             host_ip: scheduled.then(|| "127.0.0.1".into()),
-            pod_ip: scheduled.then(|| "127.0.0.1".into()),
+            pod_ip: scheduled.then(|| self.ip.clone()),
             start_time: self.start_time.map(Time),
             init_container_statuses: (!self.init.is_empty()).then(|| statuses(&self.init)),
             container_statuses: Some(statuses(&self.main)),

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use super::plan::PodInput;
 use super::pod::PodRecord;
 use super::spec::{self, Unsupported, Workload};
-use super::{Key, TestKubelet, random_suffix, runner, workload_status};
+use super::{Core, Key, TestKubelet, random_suffix, runner, workload_status};
 
 /// The port a Function listens on in its container (Kyma's `FUNC_PORT`).
 pub const FUNCTION_PORT: i32 = 8080;
@@ -76,14 +76,22 @@ pub fn check_knative_service(service: &Value) -> Result<(Value, PodSpec), Unsupp
     Ok((template, parsed))
 }
 
-/// The replica running now.
+/// One replica pod of a workload.
 #[derive(Debug)]
 pub struct Replica {
     /// Its pod.
     pub pod: Key,
-    /// The host port its 8080 is mapped to.
+    /// The host port its 8080 is mapped to (`FUNC_PORT`).
     pub port: u16,
+    /// The template hash it runs.
+    pub hash: String,
     stop: Arc<AtomicBool>,
+}
+
+impl Replica {
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A Deployment or Knative Service the kubelet runs.
@@ -95,9 +103,11 @@ pub struct WorkloadRecord {
     pub generation: Option<i64>,
     /// `spec.replicas`.
     pub replicas: i32,
-    /// The least number of available replicas for Available=True.
-    pub min_available: i32,
-    /// Hash of the pod template the replica runs.
+    /// Resolved `maxSurge`: how many pods beyond `replicas` a rollout may run.
+    pub max_surge: i32,
+    /// Resolved `maxUnavailable`: how far below `replicas` availability may drop.
+    pub max_unavailable: i32,
+    /// Hash of the current pod template.
     pub template_hash: String,
     /// Knative revisions (and Deployment rollouts) so far.
     pub revision: u32,
@@ -107,15 +117,22 @@ pub struct WorkloadRecord {
     pub changed_at: Instant,
     /// Knative: `networking.knative.dev/visibility: cluster-local`.
     pub cluster_local: bool,
-    /// The replica, if one runs.
-    pub replica: Option<Replica>,
+    /// The replicas running or stopping, oldest first.
+    pub pods: Vec<Replica>,
+    /// The current template's metadata and pod spec, which new replicas run.
+    template: Option<(ObjectMeta, PodSpec)>,
     transitions: BTreeMap<&'static str, (String, Timestamp)>,
 }
 
 impl WorkloadRecord {
-    fn stop_replica(&mut self) {
-        if let Some(replica) = self.replica.take() {
-            replica.stop.store(true, Ordering::SeqCst);
+    /// The least number of available replicas for Available=True.
+    pub fn min_available(&self) -> i32 {
+        (self.replicas - self.max_unavailable).max(0)
+    }
+
+    fn stop_all(&mut self) {
+        for replica in self.pods.drain(..) {
+            replica.stop();
         }
     }
 
@@ -151,13 +168,29 @@ struct Target {
     key: Key,
     generation: Option<i64>,
     replicas: i32,
-    min_available: i32,
+    max_surge: i32,
+    max_unavailable: i32,
     progress_deadline: u64,
     cluster_local: bool,
 }
 
+/// The pod counts a rollout step sees.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    /// Pods of the current template.
+    pub new: i32,
+    /// Pods of older templates.
+    pub old: i32,
+    /// Ready pods of the current template.
+    pub new_ready: i32,
+    /// Ready pods of older templates.
+    pub old_ready: i32,
+}
+
 impl TestKubelet {
-    /// Runs (or updates, or stops) the replica of `deployment`.
+    /// Runs (or scales, rolls or stops) the replicas of `deployment`, as its ReplicaSets
+    /// would: a rolling update starts at most `maxSurge` pods beyond `spec.replicas` and stops
+    /// old ones only while `spec.replicas − maxUnavailable` pods stay ready.
     ///
     /// # Errors
     /// [`Unsupported`] naming the first field the kubelet does not implement.
@@ -165,14 +198,16 @@ impl TestKubelet {
         check_deployment(deployment)?;
         let spec = deployment.spec.clone().unwrap_or_default();
         let pod_spec = spec.template.spec.clone().unwrap_or_default();
-        let replicas = spec.replicas.unwrap_or(1);
+        let replicas = spec.replicas.unwrap_or(1).max(0);
+        let (max_surge, max_unavailable) = fenceposts(&spec, replicas);
         let meta = &deployment.metadata;
         let target = Target {
             kind: Kind::Deployment,
             key: key(meta),
             generation: meta.generation,
             replicas,
-            min_available: replicas - max_unavailable(&spec, replicas),
+            max_surge,
+            max_unavailable,
             progress_deadline: spec.progress_deadline_seconds.unwrap_or(600).max(0) as u64,
             cluster_local: false,
         };
@@ -184,7 +219,7 @@ impl TestKubelet {
 
     /// Runs (or updates) the replica of a Knative `serving.knative.dev/v1` Service (as JSON).
     /// Containers without a name are called `user-container`, probes without a port use
-    /// 8080, as Knative defaults them.
+    /// 8080, as Knative defaults them. A new revision replaces the old once it is ready.
     ///
     /// # Errors
     /// [`Unsupported`] naming the first field the kubelet does not implement.
@@ -201,7 +236,8 @@ impl TestKubelet {
             key: key(&meta),
             generation: meta.generation,
             replicas: 1,
-            min_available: 1,
+            max_surge: 1,
+            max_unavailable: 0,
             progress_deadline: 600,
             cluster_local: visibility.is_some_and(|v| v == "cluster-local"),
         };
@@ -221,126 +257,224 @@ impl TestKubelet {
                 kind: target.kind,
                 generation: None,
                 replicas: 0,
-                min_available: 0,
+                max_surge: 0,
+                max_unavailable: 0,
                 template_hash: String::new(),
                 revision: 0,
                 progress_deadline: 600,
                 changed_at: Instant::now(),
                 cluster_local: false,
-                replica: None,
+                pods: Vec::new(),
+                template: None,
                 transitions: BTreeMap::new(),
             });
         record.generation = target.generation;
         record.replicas = target.replicas;
-        record.min_available = target.min_available;
+        record.max_surge = target.max_surge;
+        record.max_unavailable = target.max_unavailable;
         record.progress_deadline = target.progress_deadline;
         record.cluster_local = target.cluster_local;
+        record.template = Some((tmeta, pod_spec));
         if record.template_hash != hash {
             record.template_hash = hash;
             record.revision += 1;
             record.changed_at = Instant::now();
-            record.stop_replica();
         }
-        if target.replicas < 1 {
-            record.stop_replica();
-            return;
-        }
-        if record.replica.is_some() || self.core.shutting_down() {
-            return;
-        }
-        let port = crate::common::free_port();
-        let (ns, name) = target.key.clone();
-        let revision = record.revision_name(&name);
-        let mut labels = tmeta.labels.unwrap_or_default();
-        let mut overrides = vec![("FUNC_PORT".to_string(), port.to_string())];
-        let pod_name = match target.kind {
-            Kind::Deployment => {
-                labels.insert("pod-template-hash".into(), record.template_hash.clone());
-                format!("{revision}-{}", random_suffix(5))
-            }
-            Kind::Knative => {
-                for (k, v) in [
-                    ("serving.knative.dev/service", &name),
-                    ("serving.knative.dev/configuration", &name),
-                    ("serving.knative.dev/revision", &revision),
-                    ("app", &revision),
-                ] {
-                    labels.insert(k.into(), v.clone());
-                }
-                overrides.push(("PORT".into(), port.to_string()));
-                format!("{revision}-deployment-{}", random_suffix(5))
-            }
-        };
-        let uid = random_suffix(16);
-        let meta = ObjectMeta {
-            name: Some(pod_name.clone()),
-            namespace: Some(ns.clone()),
-            uid: Some(uid.clone()),
-            labels: Some(labels.clone()),
-            annotations: tmeta.annotations.clone(),
-            ..ObjectMeta::default()
-        };
-        let input = PodInput {
-            namespace: ns.clone(),
-            name: pod_name.clone(),
-            uid,
-            labels,
-            annotations: tmeta.annotations.unwrap_or_default(),
-            spec: pod_spec.clone(),
-            overrides,
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        let pod_key = (ns, pod_name);
-        record.replica = Some(Replica {
-            pod: pod_key.clone(),
-            port,
-            stop: Arc::clone(&stop),
-        });
-        let mut pod = PodRecord::new(meta, pod_spec, None);
-        pod.port = Some(port);
-        state.pods.insert(pod_key.clone(), pod);
         drop(state);
-        self.core
-            .spawn(move |core| runner::run(&core, &pod_key, &input, &stop));
+        roll(&self.core, &(target.kind, target.key));
     }
+}
 
-    /// Stops a Deployment's or Knative Service's replica and forgets it.
+/// Runs [`roll`] over every workload until the kubelet shuts down: rollouts go on as pods
+/// become ready, whether or not anyone applies the workload again.
+pub(crate) fn keep_rolling(core: &Arc<Core>) {
+    while !core.shutting_down() {
+        let keys: Vec<(Kind, Key)> = core.lock().workloads.keys().cloned().collect();
+        for key in keys {
+            roll(core, &key);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One step of workload `key`'s rollout: its pods started and stopped as its ReplicaSets
+/// would scale them.
+fn roll(core: &Arc<Core>, key: &(Kind, Key)) {
+    let mut state = core.lock();
+    let super::State {
+        workloads, pods, ..
+    } = &mut *state;
+    let Some(record) = workloads.get_mut(key) else {
+        return;
+    };
+    // Pods that are gone (stopped, and their thread done) leave the record.
+    record
+        .pods
+        .retain(|r| pods.get(&r.pod).is_some_and(|p| !p.deleted));
+    let Some((tmeta, pod_spec)) = record.template.clone() else {
+        return;
+    };
+    if core.shutting_down() {
+        return;
+    }
+    let ready = |r: &Replica| pods.get(&r.pod).is_some_and(PodRecord::ready);
+    let plan = rollout(record, &ready);
+    for index in plan.stop {
+        record.pods[index].stop();
+    }
+    record.pods.retain(|r| !r.stop.load(Ordering::SeqCst));
+    let mut started = Vec::new();
+    for _ in 0..plan.start {
+        started.push(new_replica(core, record, &key.1, &tmeta, &pod_spec, pods));
+    }
+    drop(state);
+    for (pod_key, input, stop) in started {
+        core.spawn(move |core| runner::run(&core, &pod_key, &input, &stop));
+    }
+}
+
+/// Adds a replica of the current template to `record` and its pod to `pods`; returns what
+/// its thread runs.
+fn new_replica(
+    core: &Core,
+    record: &mut WorkloadRecord,
+    key: &Key,
+    tmeta: &ObjectMeta,
+    pod_spec: &PodSpec,
+    pods: &mut BTreeMap<Key, PodRecord>,
+) -> (Key, PodInput, Arc<AtomicBool>) {
+    let port = crate::common::free_port();
+    let ip = core.pod_ip();
+    let (ns, name) = key.clone();
+    let revision = record.revision_name(&name);
+    let mut labels = tmeta.labels.clone().unwrap_or_default();
+    let mut overrides = vec![
+        ("FUNC_PORT".to_string(), port.to_string()),
+        // kiln's own servers listen on the pod's IP (deviation: one host network).
+        ("KILN_LISTEN_IP".to_string(), ip.clone()),
+    ];
+    let pod_name = match record.kind {
+        Kind::Deployment => {
+            labels.insert("pod-template-hash".into(), record.template_hash.clone());
+            format!("{revision}-{}", random_suffix(5))
+        }
+        Kind::Knative => {
+            for (k, v) in [
+                ("serving.knative.dev/service", &name),
+                ("serving.knative.dev/configuration", &name),
+                ("serving.knative.dev/revision", &revision),
+                ("app", &revision),
+            ] {
+                labels.insert(k.into(), v.clone());
+            }
+            overrides.push(("PORT".into(), port.to_string()));
+            format!("{revision}-deployment-{}", random_suffix(5))
+        }
+    };
+    let uid = random_suffix(16);
+    let meta = ObjectMeta {
+        name: Some(pod_name.clone()),
+        namespace: Some(ns.clone()),
+        uid: Some(uid.clone()),
+        labels: Some(labels.clone()),
+        annotations: tmeta.annotations.clone(),
+        ..ObjectMeta::default()
+    };
+    let input = PodInput {
+        namespace: ns.clone(),
+        name: pod_name.clone(),
+        uid,
+        labels,
+        annotations: tmeta.annotations.clone().unwrap_or_default(),
+        spec: pod_spec.clone(),
+        overrides,
+        ip: ip.clone(),
+        admitted: false,
+        sa_token: None,
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let pod_key = (ns, pod_name);
+    record.pods.push(Replica {
+        pod: pod_key.clone(),
+        port,
+        hash: record.template_hash.clone(),
+        stop: Arc::clone(&stop),
+    });
+    let mut pod = PodRecord::new(meta, pod_spec.clone(), None, ip);
+    pod.port = Some(port);
+    if core.admission().is_some() {
+        pod.admission = super::pod::Admission::Pending(None);
+    }
+    pods.insert(pod_key.clone(), pod);
+    (pod_key, input, stop)
+}
+
+impl TestKubelet {
+    /// Stops a Deployment's or Knative Service's replicas and forgets it.
     pub fn stop_workload(&self, kind: Kind, namespace: &str, name: &str) {
         let key = (kind, (namespace.to_string(), name.to_string()));
         if let Some(mut record) = self.core.lock().workloads.remove(&key) {
-            record.stop_replica();
+            record.stop_all();
         }
     }
 
-    /// The host port of the Deployment's (or else Knative Service's) running replica.
+    /// The host port of a replica of the Deployment's (or else Knative Service's) current
+    /// template: a ready one if there is one.
     pub fn port(&self, namespace: &str, name: &str) -> Option<u16> {
         let state = self.core.lock();
         let key = (namespace.to_string(), name.to_string());
         [Kind::Deployment, Kind::Knative].iter().find_map(|kind| {
-            state
-                .workloads
-                .get(&(*kind, key.clone()))?
-                .replica
-                .as_ref()
-                .map(|r| r.port)
+            let record = state.workloads.get(&(*kind, key.clone()))?;
+            let current: Vec<&Replica> = record
+                .pods
+                .iter()
+                .filter(|r| r.hash == record.template_hash)
+                .collect();
+            let ready = current
+                .iter()
+                .find(|r| state.pods.get(&r.pod).is_some_and(PodRecord::ready));
+            ready.or(current.first()).map(|r| r.port)
         })
     }
 
-    /// The replica pod of a Deployment or Knative Service.
+    /// A replica pod of the current template of a Deployment or Knative Service (the first
+    /// started).
     pub fn replica_pod(
         &self,
         kind: Kind,
         namespace: &str,
         name: &str,
     ) -> Option<k8s_openapi::api::core::v1::Pod> {
+        self.replica_pods(kind, namespace, name).into_iter().next()
+    }
+
+    /// Every replica pod of a Deployment or Knative Service, old templates' included, oldest
+    /// first.
+    pub fn replica_pods(
+        &self,
+        kind: Kind,
+        namespace: &str,
+        name: &str,
+    ) -> Vec<k8s_openapi::api::core::v1::Pod> {
         let state = self.core.lock();
-        let record = state
+        let Some(record) = state
             .workloads
-            .get(&(kind, (namespace.to_string(), name.to_string())))?;
-        state
+            .get(&(kind, (namespace.to_string(), name.to_string())))
+        else {
+            return Vec::new();
+        };
+        record
             .pods
-            .get(&record.replica.as_ref()?.pod)
-            .map(PodRecord::to_pod)
+            .iter()
+            .filter(|r| r.hash == record.template_hash)
+            .chain(
+                record
+                    .pods
+                    .iter()
+                    .filter(|r| r.hash != record.template_hash),
+            )
+            .filter_map(|r| state.pods.get(&r.pod).map(PodRecord::to_pod))
+            .collect()
     }
 
     /// The Deployment's status now, as the Deployment controller would write it.
@@ -351,8 +485,15 @@ impl TestKubelet {
         } = &mut *state;
         let record =
             workloads.get_mut(&(Kind::Deployment, (namespace.to_string(), name.to_string())))?;
-        let pod = record.replica.as_ref().and_then(|r| pods.get(&r.pod));
-        Some(workload_status::deployment(record, name, pod))
+        let members: Vec<(bool, &PodRecord)> = record
+            .pods
+            .iter()
+            .filter_map(|r| {
+                pods.get(&r.pod)
+                    .map(|p| (r.hash == record.template_hash, p))
+            })
+            .collect();
+        Some(workload_status::deployment(record, name, &members))
     }
 
     /// The Knative Service's `status` now, as Knative Serving would write it.
@@ -363,9 +504,68 @@ impl TestKubelet {
         } = &mut *state;
         let record =
             workloads.get_mut(&(Kind::Knative, (namespace.to_string(), name.to_string())))?;
-        let pod = record.replica.as_ref().and_then(|r| pods.get(&r.pod));
+        let pod = record
+            .pods
+            .iter()
+            .find(|r| r.hash == record.template_hash)
+            .and_then(|r| pods.get(&r.pod));
         Some(workload_status::knative(record, namespace, name, pod))
     }
+}
+
+/// What one rollout step does: how many pods of the current template to start, and which
+/// pods (indices into `record.pods`) to stop.
+struct Step {
+    start: i32,
+    stop: Vec<usize>,
+}
+
+/// One step of the Deployment controller's rolling update (its ReplicaSets' scaling) over
+/// `record`'s pods, `ready` telling which are ready.
+fn rollout(record: &WorkloadRecord, ready: &dyn Fn(&Replica) -> bool) -> Step {
+    let n = record.replicas;
+    let current = |r: &Replica| r.hash == record.template_hash;
+    let count = |f: &dyn Fn(&Replica) -> bool| {
+        i32::try_from(record.pods.iter().filter(|r| f(r)).count()).unwrap_or(i32::MAX)
+    };
+    let new = count(&current);
+    let old = count(&|r| !current(r));
+    let mut stop = Vec::new();
+    // Scale the new ReplicaSet up within the surge.
+    let start = (n - new).min(n + record.max_surge - new - old).max(0);
+    // Too many new pods (scaled down): stop the extra ones, unready first.
+    let mut extra = new - n;
+    for want_ready in [false, true] {
+        for (i, r) in record.pods.iter().enumerate() {
+            if extra > 0 && current(r) && ready(r) == want_ready {
+                stop.push(i);
+                extra -= 1;
+            }
+        }
+    }
+    // Scale old ReplicaSets down: unready pods cost no availability; ready ones only while
+    // the others keep `replicas - maxUnavailable` available.
+    let mut available = record
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| ready(r) && !stop.contains(i))
+        .count();
+    let available_min = usize::try_from(record.min_available()).unwrap_or(0);
+    for want_ready in [false, true] {
+        for (i, r) in record.pods.iter().enumerate() {
+            if current(r) || ready(r) != want_ready {
+                continue;
+            }
+            if !want_ready {
+                stop.push(i);
+            } else if available > available_min {
+                stop.push(i);
+                available -= 1;
+            }
+        }
+    }
+    Step { start, stop }
 }
 
 fn key(meta: &ObjectMeta) -> Key {
@@ -373,21 +573,39 @@ fn key(meta: &ObjectMeta) -> Key {
     (ns, meta.name.clone().unwrap_or_default())
 }
 
-/// `maxUnavailable` of the rollout strategy (RollingUpdate's default 25%, rounded down;
-/// Recreate: 0).
-fn max_unavailable(spec: &k8s_openapi::api::apps::v1::DeploymentSpec, replicas: i32) -> i32 {
+/// `maxSurge` and `maxUnavailable` of the rollout strategy, resolved as the Deployment
+/// controller does: percentages of `replicas` (25% by default), surge rounded up,
+/// unavailability down, and not both 0 (then 1 may be unavailable). Recreate: 0 surge,
+/// everything unavailable.
+fn fenceposts(spec: &k8s_openapi::api::apps::v1::DeploymentSpec, replicas: i32) -> (i32, i32) {
     let strategy = spec.strategy.clone().unwrap_or_default();
     if strategy.type_.as_deref() == Some("Recreate") {
-        return 0;
+        return (0, replicas);
     }
-    let value = strategy.rolling_update.and_then(|r| r.max_unavailable);
-    match value {
+    let rolling = strategy.rolling_update.unwrap_or_default();
+    let resolve = |value: Option<IntOrString>, round_up: bool| match value {
         Some(IntOrString::Int(n)) => n,
         Some(IntOrString::String(p)) => {
             let percent: i32 = p.trim_end_matches('%').parse().unwrap_or(25);
-            replicas * percent / 100
+            scaled(replicas, percent, round_up)
         }
-        None => replicas * 25 / 100,
+        None => scaled(replicas, 25, round_up),
+    };
+    let surge = resolve(rolling.max_surge, true);
+    let unavailable = resolve(rolling.max_unavailable, false);
+    if surge == 0 && unavailable == 0 {
+        (0, 1)
+    } else {
+        (surge, unavailable)
+    }
+}
+
+fn scaled(replicas: i32, percent: i32, round_up: bool) -> i32 {
+    let product = replicas * percent;
+    if round_up {
+        (product + 99) / 100
+    } else {
+        product / 100
     }
 }
 

@@ -1,7 +1,9 @@
-//! The life of one replica pod on its own thread: set up, start the container, run its
-//! startup, readiness and liveness probes (HTTP GET on the mapped host port), restart it when
-//! it exits or a probe gives up on it (`restartPolicy: Always`, the kubelet's back-off: at
-//! once, then 10 s doubling to 5 min), and stop it when asked.
+//! The life of one replica pod on its own thread: its object created through the API server
+//! (when there is one), set up, start the container, run its startup, readiness and liveness
+//! probes (HTTP or HTTPS GET of the pod's IP and the probe's port; port 8080 also on the
+//! mapped host port a Function listens on), restart it when it exits or a probe gives up on
+//! it (`restartPolicy: Always`, the kubelet's back-off: at once, then 10 s doubling to 5
+//! min), and stop it when asked.
 //!
 //! Probes run every min(periodSeconds, 200 ms), faster than the kubelet, and change state
 //! once they have failed for the kubelet's time budget, (failureThreshold − 1) ×
@@ -14,11 +16,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Probe as K8sProbe;
+use k8s_openapi::api::core::v1::{Container, Probe as K8sProbe};
 
 use super::container::{Exit, Process};
 use super::plan::{self, PodInput};
-use super::pod::State;
+use super::pod::{Admission, State};
 use super::{Core, Key, random_suffix};
 
 /// The fastest the kubelet probes.
@@ -29,6 +31,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// One probe's schedule and recent results.
 struct Probe {
     path: String,
+    https: bool,
+    targets: Vec<SocketAddr>,
     timeout: Duration,
     interval: Duration,
     budget: Duration,
@@ -39,14 +43,32 @@ struct Probe {
 }
 
 impl Probe {
-    fn new(probe: &K8sProbe, started: Instant) -> Probe {
+    /// `probe` of `container` in a pod at `ip` whose 8080 is also mapped to host port
+    /// `mapped`.
+    fn new(
+        probe: &K8sProbe,
+        container: &Container,
+        ip: &str,
+        mapped: u16,
+        started: Instant,
+    ) -> Probe {
         let secs =
             |v: Option<i32>, default: i32| Duration::from_secs(v.unwrap_or(default).max(0) as u64);
         let period = secs(probe.period_seconds, 10);
         let failures = probe.failure_threshold.unwrap_or(3).max(1) as u32;
-        let path = probe.http_get.as_ref().and_then(|g| g.path.clone());
+        let get = probe.http_get.clone().unwrap_or_default();
+        let port = super::replica::probe_port(container, &get.port).unwrap_or(0);
+        let mut targets = Vec::new();
+        if let (Ok(ip), Ok(port)) = (ip.parse::<std::net::IpAddr>(), u16::try_from(port)) {
+            targets.push(SocketAddr::new(ip, port));
+        }
+        if port == super::replica::FUNCTION_PORT && mapped != 0 {
+            targets.push(SocketAddr::from(([127, 0, 0, 1], mapped)));
+        }
         Probe {
-            path: path.unwrap_or_else(|| "/".into()),
+            path: get.path.unwrap_or_else(|| "/".into()),
+            https: get.scheme.as_deref() == Some("HTTPS"),
+            targets,
             timeout: secs(probe.timeout_seconds, 1),
             interval: period.min(PROBE_INTERVAL),
             budget: period * (failures - 1),
@@ -57,13 +79,20 @@ impl Probe {
         }
     }
 
-    /// Probes when due: `Some(passed)`.
-    fn poll(&mut self, port: u16, now: Instant) -> Option<bool> {
+    /// Probes when due: `Some(passed)`. Both addresses belong to this pod alone, so either
+    /// answering is its answer.
+    fn poll(&mut self, now: Instant) -> Option<bool> {
         if now < self.next {
             return None;
         }
         self.next = now + self.interval;
-        let passed = http_get(port, &self.path, self.timeout);
+        let passed = self.targets.iter().any(|t| {
+            if self.https {
+                https_get(*t, &self.path, self.timeout)
+            } else {
+                http_get_at(*t, &self.path, self.timeout)
+            }
+        });
         if passed {
             self.failing_since = None;
             self.successes += 1;
@@ -83,14 +112,34 @@ impl Probe {
 
 /// `GET path` on 127.0.0.1:port; a 2xx or 3xx answer within `timeout` passes.
 pub fn http_get(port: u16, path: &str, timeout: Duration) -> bool {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    http_get_at(SocketAddr::from(([127, 0, 0, 1], port)), path, timeout)
+}
+
+/// `GET path` over HTTPS, the certificate not verified (as the kubelet's probes do).
+fn https_get(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
+    let client = reqwest::blocking::Client::builder()
+        .tls_danger_accept_invalid_certs(true)
+        .timeout(timeout)
+        .build();
+    let Ok(client) = client else {
+        return false;
+    };
+    client
+        .get(format!("https://{addr}{path}"))
+        .header("User-Agent", "kube-probe/1.33")
+        .send()
+        .is_ok_and(|r| (200..400).contains(&r.status().as_u16()))
+}
+
+/// `GET path` on `addr`; a 2xx or 3xx answer within `timeout` passes.
+fn http_get_at(addr: SocketAddr, path: &str, timeout: Duration) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, timeout) else {
         return false;
     };
     let _ = stream.set_read_timeout(Some(timeout));
     let _ = stream.set_write_timeout(Some(timeout));
     let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: kube-probe/1.33\r\n\
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.33\r\n\
          Accept: */*\r\nConnection: close\r\n\r\n"
     );
     if stream.write_all(request.as_bytes()).is_err() {
@@ -139,6 +188,12 @@ pub fn run(core: &Arc<Core>, pod: &Key, input: &PodInput, stop: &AtomicBool) {
         .find(|(k, _)| k == "FUNC_PORT")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
+    // The ReplicaSet controller creates the Pod object first.
+    let Some(admitted) = admit(core, pod, input, &stopped) else {
+        core.update_pod(pod, |p| p.deleted = true);
+        return;
+    };
+    let input = &admitted;
     let container = &input.spec.containers[0];
     core.update_pod(pod, |p| {
         p.start_time = Some(k8s_openapi::jiff::Timestamp::now());
@@ -179,19 +234,11 @@ pub fn run(core: &Arc<Core>, pod: &Key, input: &PodInput, stop: &AtomicBool) {
             }
         };
         let started = Instant::now();
+        let probe = |p: &K8sProbe| Probe::new(p, container, &input.ip, port, started);
         let mut probes = Probes {
-            startup: container
-                .startup_probe
-                .as_ref()
-                .map(|p| Probe::new(p, started)),
-            readiness: container
-                .readiness_probe
-                .as_ref()
-                .map(|p| Probe::new(p, started)),
-            liveness: container
-                .liveness_probe
-                .as_ref()
-                .map(|p| Probe::new(p, started)),
+            startup: container.startup_probe.as_ref().map(probe),
+            readiness: container.readiness_probe.as_ref().map(probe),
+            liveness: container.liveness_probe.as_ref().map(probe),
         };
         let id = random_suffix(12);
         core.update_pod(pod, |p| {
@@ -215,7 +262,7 @@ pub fn run(core: &Arc<Core>, pod: &Key, input: &PodInput, stop: &AtomicBool) {
             if let Some(exit) = process.try_exit() {
                 break exit;
             }
-            if let Verdict::Restart(why) = tick(core, pod, &mut probes, port) {
+            if let Verdict::Restart(why) = tick(core, pod, &mut probes) {
                 let mut exit = process.stop(grace);
                 exit.message.get_or_insert_with(|| why.to_string());
                 break exit;
@@ -264,11 +311,11 @@ fn record_crash(core: &Core, pod: &Key, exit: Exit, backoff: Duration) {
 }
 
 /// Runs the probes that are due and records readiness.
-fn tick(core: &Core, pod: &Key, probes: &mut Probes, port: u16) -> Verdict {
+fn tick(core: &Core, pod: &Key, probes: &mut Probes) -> Verdict {
     let now = Instant::now();
     let mut started = probes.startup.is_none();
     if let Some(startup) = &mut probes.startup {
-        match startup.poll(port, now) {
+        match startup.poll(now) {
             Some(true) => {
                 started = true;
                 probes.startup = None;
@@ -281,14 +328,14 @@ fn tick(core: &Core, pod: &Key, probes: &mut Probes, port: u16) -> Verdict {
         return Verdict::Fine;
     }
     if let Some(liveness) = &mut probes.liveness {
-        liveness.poll(port, now);
+        liveness.poll(now);
         if liveness.given_up(now) {
             return Verdict::Restart("Liveness probe failed");
         }
     }
     let ready = match &mut probes.readiness {
         None => Some(true),
-        Some(readiness) => match readiness.poll(port, now) {
+        Some(readiness) => match readiness.poll(now) {
             Some(true) if readiness.successes >= readiness.success_threshold => Some(true),
             Some(false) if readiness.given_up(now) => Some(false),
             _ => None,
@@ -314,5 +361,54 @@ fn wait(how_long: Duration, stopped: &dyn Fn() -> bool) {
     let until = Instant::now() + how_long;
     while Instant::now() < until && !stopped() {
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Creates pod `pod`'s object through the API server when the kubelet has one (the Job and
+/// ReplicaSet controllers' part), retrying every second while admission refuses it (the pod
+/// does not run meanwhile, and the refusal is kept on its record); returns what to run: the
+/// spec as admitted, with its ServiceAccount token. `None` when it was stopped first.
+pub(crate) fn admit(
+    core: &Core,
+    pod: &Key,
+    input: &PodInput,
+    stopped: &dyn Fn() -> bool,
+) -> Option<PodInput> {
+    let Some(admission) = core.admission() else {
+        return Some(input.clone());
+    };
+    loop {
+        let object = core
+            .lock()
+            .pods
+            .get(pod)
+            .map(super::pod::PodRecord::to_pod)?;
+        match admission(&object) {
+            Ok(admitted) => {
+                let mut state = core.lock();
+                if let Some(p) = state.pods.get_mut(pod) {
+                    p.admission = Admission::Admitted;
+                    let node = p.spec.node_name.clone();
+                    p.spec = admitted.spec.clone();
+                    p.spec.node_name = node;
+                    p.touch();
+                }
+                // The object exists; the API layer writes only its status from now on.
+                state.written.insert(pod.clone(), serde_json::Value::Null);
+                return Some(PodInput {
+                    spec: admitted.spec,
+                    admitted: true,
+                    sa_token: admitted.token,
+                    ..input.clone()
+                });
+            }
+            Err(message) => {
+                core.update_pod(pod, |p| p.admission = Admission::Pending(Some(message)))
+            }
+        }
+        wait(Duration::from_secs(1), stopped);
+        if stopped() {
+            return None;
+        }
     }
 }

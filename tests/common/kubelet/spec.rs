@@ -247,11 +247,18 @@ fn check_container(
         let Some(get) = &probe.http_get else {
             return Err(unsupported(here, "only httpGet probes"));
         };
-        if get.scheme.as_deref().is_some_and(|s| s != "HTTP") {
-            return Err(unsupported(format!("{here}.httpGet.scheme"), "only HTTP"));
+        if get
+            .scheme
+            .as_deref()
+            .is_some_and(|s| s != "HTTP" && s != "HTTPS")
+        {
+            return Err(unsupported(
+                format!("{here}.httpGet.scheme"),
+                "only HTTP and HTTPS",
+            ));
         }
-        if super::replica::probe_port(c, &get.port) != Some(super::replica::FUNCTION_PORT) {
-            let reason = "only port 8080 (the Function's FUNC_PORT, mapped to a free host port)";
+        if super::replica::probe_port(c, &get.port).is_none() {
+            let reason = "a port number or the name of one of the container's ports";
             return Err(unsupported(format!("{here}.httpGet.port"), reason));
         }
     }

@@ -1,7 +1,9 @@
 //! A pod's volumes as host directories, and each container's mounts as `kiln run --volume`
 //! binds: ConfigMap and Secret contents written out as files (read-only, as the kubelet mounts
-//! them), one host directory per emptyDir shared by the pod's containers, the fake
-//! service-account token and one termination-message file per container.
+//! them), projected volumes (a ServiceAccount token, ConfigMap and Secret keys, the
+//! namespace and other pod fields), one host directory per emptyDir shared by the pod's
+//! containers, the kubelet's own service-account token for pods no API server admitted, and
+//! one termination-message file per container.
 //!
 //! Not simulated: file ownership (inside kiln's sandbox every host file belongs to the
 //! container's user, so a 0400 Secret file stays readable), updates of mounted ConfigMaps and
@@ -12,7 +14,7 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, PodSpec, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, KeyToPath, Secret};
 
 /// Where the kubelet mounts the service-account token, namespace and CA.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -166,19 +168,92 @@ fn write_keys(
     Ok(())
 }
 
+/// Writes a projected volume's sources into `dir`: the ServiceAccount token (the one the API
+/// server issued at admission), ConfigMap and Secret keys, and downward-API fields.
+fn project(
+    dir: &Path,
+    projected: &k8s_openapi::api::core::v1::ProjectedVolumeSource,
+    input: &super::plan::PodInput,
+    objects: &Objects,
+) -> Result<(), ConfigError> {
+    let namespace = input.namespace.as_str();
+    let mode = projected.default_mode;
+    for source in projected.sources.iter().flatten() {
+        if let Some(token) = &source.service_account_token {
+            let Some(value) = &input.sa_token else {
+                return Err(ConfigError {
+                    reason: "ContainerCreating",
+                    message: "no service account token was issued for this pod".into(),
+                });
+            };
+            let data = BTreeMap::from([(token.path.clone(), value.clone().into_bytes())]);
+            write_keys(dir, &data, None, mode, SECRET_KEY, false)?;
+        }
+        if let Some(cm) = &source.config_map {
+            let optional = cm.optional == Some(true);
+            match objects.config_map(namespace, &cm.name) {
+                Some(data) => write_keys(dir, data, cm.items.as_ref(), mode, CM_KEY, optional)?,
+                None if optional => {}
+                None => {
+                    return Err(ConfigError {
+                        reason: "ContainerCreating",
+                        message: format!("configmap {:?} not found", cm.name),
+                    });
+                }
+            }
+        }
+        if let Some(secret) = &source.secret {
+            let optional = secret.optional == Some(true);
+            match objects.secret(namespace, &secret.name) {
+                Some(data) => {
+                    write_keys(dir, data, secret.items.as_ref(), mode, SECRET_KEY, optional)?;
+                }
+                None if optional => {}
+                None => {
+                    return Err(ConfigError {
+                        reason: "ContainerCreating",
+                        message: format!("secret {:?} not found", secret.name),
+                    });
+                }
+            }
+        }
+        if let Some(downward) = &source.downward_api {
+            let fields = super::env::PodFields {
+                name: input.name.clone(),
+                namespace: namespace.to_string(),
+                uid: input.uid.clone(),
+                labels: input.labels.clone(),
+                annotations: input.annotations.clone(),
+                ip: input.ip.clone(),
+                ..Default::default()
+            };
+            for item in downward.items.iter().flatten() {
+                let value = item
+                    .field_ref
+                    .as_ref()
+                    .map(|f| fields.get(&f.field_path))
+                    .unwrap_or_default();
+                let data = BTreeMap::from([(item.path.clone(), value.into_bytes())]);
+                write_keys(dir, &data, None, mode, CM_KEY, false)?;
+            }
+        }
+    }
+    Ok(())
+}
+
 impl PodVolumes {
-    /// Sets up every volume of `spec` for the pod in `namespace` under `pod_dir` (created),
-    /// and the service-account token files unless the pod opts out.
+    /// Sets up every volume of `input`'s pod under `pod_dir` (created), and the kubelet's own
+    /// service-account token files (`fallback_token`) unless the pod opts out.
     ///
     /// # Errors
     /// A ConfigMap or Secret (or key) that does not exist and is not optional.
     pub fn set_up(
         pod_dir: &Path,
-        namespace: &str,
-        spec: &PodSpec,
+        input: &super::plan::PodInput,
         objects: &Objects,
-        token: &str,
+        fallback_token: Option<&str>,
     ) -> Result<PodVolumes, ConfigError> {
+        let (namespace, spec) = (input.namespace.as_str(), &input.spec);
         let mut volumes = BTreeMap::new();
         for v in spec.volumes.iter().flatten() {
             let dir = pod_dir.join("volumes").join(&v.name);
@@ -221,6 +296,8 @@ impl PodVolumes {
                     None if secret.optional == Some(true) => {}
                     None => return Err(failed(format!("secret {name:?} not found"))),
                 }
+            } else if let Some(projected) = &v.projected {
+                project(&dir, projected, input, objects).map_err(|e| failed(e.message))?;
             } else if v.empty_dir.is_some() {
                 // The kubelet makes emptyDirs world-writable.
                 fs::set_permissions(&dir, fs::Permissions::from_mode(0o777))
@@ -230,9 +307,9 @@ impl PodVolumes {
             }
             volumes.insert(v.name.clone(), volume);
         }
-        let service_account = match spec.automount_service_account_token {
-            Some(false) => None,
-            _ => {
+        let service_account = match (spec.automount_service_account_token, fallback_token) {
+            (Some(false), _) | (_, None) => None,
+            (_, Some(token)) => {
                 let dir = pod_dir.join("serviceaccount");
                 fs::create_dir_all(&dir).map_err(|e| io_error("creating", &dir, e))?;
                 for (file, content) in [("token", token), ("namespace", namespace)] {

@@ -1,25 +1,33 @@
-//! The status the Deployment controller (Available, Progressing, replica counts) and Knative
-//! Serving (ConfigurationsReady, Ready, RoutesReady, url, revisions) write for a workload's
-//! one replica.
+//! The status the Deployment controller (Available, Progressing, ReplicaFailure, replica
+//! counts) writes for a workload's replicas, and Knative Serving (ConfigurationsReady, Ready,
+//! RoutesReady, url, revisions) for its current revision's replica.
 
 use k8s_openapi::api::apps::v1::{DeploymentCondition, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{Value, json};
 
-use super::pod::PodRecord;
+use super::pod::{Admission, PodRecord};
 use super::replica::WorkloadRecord;
 
-/// The Deployment status the Deployment controller writes for `record` and its pod.
+/// The Deployment status the Deployment controller writes for `record` and its pods, each
+/// with whether it runs the current template.
 pub fn deployment(
     record: &mut WorkloadRecord,
     name: &str,
-    pod: Option<&PodRecord>,
+    pods: &[(bool, &PodRecord)],
 ) -> DeploymentStatus {
-    let running = pod.is_some_and(|p| !p.deleted);
-    let available = i32::from(pod.is_some_and(PodRecord::ready));
+    let live: Vec<&(bool, &PodRecord)> = pods.iter().filter(|(_, p)| !p.deleted).collect();
+    let total = len(live.len());
+    let updated = len(live.iter().filter(|(new, _)| *new).count());
+    let available = len(live.iter().filter(|(_, p)| p.ready()).count());
+    let new_available = len(live.iter().filter(|(new, p)| *new && p.ready()).count());
+    let refused = live.iter().find_map(|(_, p)| match &p.admission {
+        Admission::Pending(Some(message)) => Some(message.clone()),
+        _ => None,
+    });
     let count = |n: i32| (n > 0).then_some(n);
     let rs = record.revision_name(name);
-    let ok = available >= record.min_available;
+    let ok = available >= record.min_available();
     let (a_status, a_reason, a_message) = if ok {
         (
             "True",
@@ -33,7 +41,9 @@ pub fn deployment(
             "Deployment does not have minimum availability.".to_string(),
         )
     };
-    let (p_status, p_reason, p_message) = if available >= record.replicas.min(1) {
+    let complete =
+        updated == record.replicas && total == record.replicas && new_available == record.replicas;
+    let (p_status, p_reason, p_message) = if complete {
         (
             "True",
             "NewReplicaSetAvailable",
@@ -63,20 +73,28 @@ pub fn deployment(
             last_update_time: Some(Time(at)),
         }
     };
-    let conditions = vec![
+    let mut conditions = vec![
         condition("Available", a_status, a_reason, a_message),
         condition("Progressing", p_status, p_reason, p_message),
     ];
+    // The ReplicaSet controller could not create a pod: admission refused it.
+    if let Some(message) = refused {
+        conditions.push(condition("ReplicaFailure", "True", "FailedCreate", message));
+    }
     DeploymentStatus {
         observed_generation: record.generation,
-        replicas: count(i32::from(running)),
-        updated_replicas: count(i32::from(running)),
+        replicas: count(total),
+        updated_replicas: count(updated),
         ready_replicas: count(available),
         available_replicas: count(available),
         unavailable_replicas: count(record.replicas - available),
         conditions: Some(conditions),
         ..DeploymentStatus::default()
     }
+}
+
+fn len(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 /// The `status` Knative Serving writes for the Service of `record` and its pod.
