@@ -195,3 +195,65 @@ fn kubectl_as_a_service_account_is_refused_what_its_roles_do_not_grant() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot delete resource \"namespaces\""));
 }
+
+#[test]
+fn kubectl_creates_namespaces_secrets_and_config_maps_sent_as_protobuf() {
+    let api = cluster_with_cert_manager();
+    let dir = tempfile::tempdir().unwrap();
+    let kubectl = Kubectl::admin(&api, dir.path());
+    kubectl.ok(&["create", "namespace", "team"]);
+    kubectl.ok(&[
+        "label",
+        "namespace",
+        "team",
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    let ns = api.get("Namespace", "", "team").unwrap();
+    assert_eq!(
+        ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+        "restricted"
+    );
+    assert!(api.get("ServiceAccount", "team", "default").is_some());
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "create",
+        "secret",
+        "docker-registry",
+        "push",
+        "--docker-server=registry.example.com",
+        "--docker-username=robot",
+        "--docker-password=s3cret",
+    ]);
+    let secret = api.get("Secret", "team", "push").unwrap();
+    assert_eq!(secret["type"], "kubernetes.io/dockerconfigjson");
+    use base64::Engine;
+    let config = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"][".dockerconfigjson"].as_str().unwrap())
+        .unwrap();
+    let config = String::from_utf8(config).unwrap();
+    assert!(
+        config.contains("registry.example.com") && config.contains("robot"),
+        "{config}"
+    );
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "create",
+        "configmap",
+        "settings",
+        "--from-literal=mode=fast",
+    ]);
+    assert_eq!(
+        api.get("ConfigMap", "team", "settings").unwrap()["data"]["mode"],
+        "fast"
+    );
+    // A Pod is refused by the namespace's PodSecurity level, as on a cluster.
+    let out = kubectl.run(&["-n", "team", "run", "bare", "--image=busybox"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("violates PodSecurity \"restricted:latest\""),
+        "{stderr}"
+    );
+}

@@ -42,6 +42,7 @@ pub mod patch;
 pub mod patching;
 pub mod pki;
 pub mod pod_security;
+pub mod protobuf;
 pub mod schema;
 pub mod selector;
 pub mod server;

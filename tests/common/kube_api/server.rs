@@ -367,7 +367,10 @@ pub(super) fn execute(
         (Method::POST, true) if sub == Some("token") => {
             super::lifecycle::token_request(store, tokens, route, call.body)
         }
-        (Method::POST, false) => create(store, route, query, call.body, &manager),
+        (Method::POST, false) => {
+            let object = request_object(call)?;
+            create(store, route, query, object, &manager)
+        }
         (Method::PUT, true) => replace(store, route, query, call.body, &manager),
         (Method::PATCH, true) => {
             let context = patching::Context {
@@ -458,11 +461,25 @@ fn list(store: &Store, route: &Route, query: &Query) -> Result<Answer> {
     Ok((StatusCode::OK, list_body(route, store.rv(), items)))
 }
 
+/// A POST body: JSON, or the protobuf `kubectl create` sends for some kinds.
+fn request_object(call: &Call<'_>) -> Result<Value> {
+    let content_type = call
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    if content_type.starts_with(super::protobuf::MEDIA_TYPE) {
+        super::protobuf::decode(call.body)
+    } else {
+        patch::parse_json(call.body)
+    }
+}
+
 fn create(
     store: &mut Store,
     route: &Route,
     query: &Query,
-    body: &[u8],
+    object: Value,
     manager: &str,
 ) -> Result<Answer> {
     if route.subresource.is_some() {
@@ -474,7 +491,7 @@ fn create(
         managed_fields: true,
         ..query.write(Target::Main)
     };
-    let new = store.record_update(route, None, patch::parse_json(body)?, Target::Main, manager);
+    let new = store.record_update(route, None, object, Target::Main, manager);
     let obj = store.create(route.kind, route.namespace.as_deref(), new, how)?;
     Ok((StatusCode::CREATED, obj))
 }
