@@ -69,8 +69,9 @@ pub struct ControllerArgs {
     /// The kubernetes.io/dockerconfigjson Secret build Jobs push with.
     #[arg(long, default_value = "kiln-registry")]
     pub registry_secret: String,
-    /// A ConfigMap (key ca.crt) of CAs build Jobs trust for package and image registries.
-    #[arg(long, value_name = "NAME")]
+    /// A ConfigMap (key ca.crt) of CAs build Jobs trust for package and image registries
+    /// and git servers, in the controller's namespace (empty: none).
+    #[arg(long, value_name = "NAME", env = "KILN_CA_BUNDLE_CONFIGMAP")]
     pub ca_bundle_configmap: Option<String>,
     /// The Secret (keys .npmrc, pip.conf) of private package registries, in a Function's
     /// namespace (Kyma's name).
@@ -264,7 +265,11 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     config.insecure_registry = args.access.insecure_hosts().contains(&registry_host);
     config.namespace = args.namespace.clone();
     config.registry_secret = args.registry_secret.clone();
-    config.ca_bundle_configmap = args.ca_bundle_configmap.clone();
+    // An empty name (an empty ConfigMap key in deploy/config.env) means none.
+    config.ca_bundle_configmap = args
+        .ca_bundle_configmap
+        .clone()
+        .filter(|name| !name.trim().is_empty());
     config.package_registry_secret = args.package_registry_secret.clone();
     config.max_build_jobs = usize::from(args.max_build_jobs);
     config.build_deadline = Duration::from_secs(args.build_deadline);

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)]
 
+pub mod cert_manager;
 pub mod controller_env;
 pub mod crd_schema;
 pub mod echo;

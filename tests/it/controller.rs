@@ -584,6 +584,8 @@ fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
     ready["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "url": "http://kn.team.svc.cluster.local"});
     env.api.insert(ready);
     env.wait_condition("team", "kn", "Running", "True", Some("ServiceReady"));
+    // The permissions of deploy/rbac.yaml that the end-to-end run (Deployments) leaves out.
+    crate::controller_rbac::assert_used(&env.api, &crate::controller_rbac::elsewhere());
 }
 
 #[test]

@@ -1,33 +1,44 @@
-//! End to end, for real: `kiln controller` against the in-memory API server, the runtime
-//! images made by `kiln base build` in a real registry, and the test kubelet running what the
-//! controller renders with `kiln run` — the build Job's containers (npm and pip really
-//! install), then the Deployment — until the Function answers over HTTP.
+//! End to end, installed as the README tells a user to: the runtime images and the kiln image
+//! made by `kiln base build` into a real registry, then the real `kubectl` against the strict
+//! in-memory API server (with cert-manager's part played by a stand-in): a namespace, the
+//! registry Secret, a CA bundle, and `kubectl apply --server-side -k deploy/` with deploy/ as
+//! written (only the kiln image, the registry and the CA bundle set, as the README says). The
+//! test kubelet then runs the controller's and the webhook's Deployments from those objects,
+//! pods, probes, ServiceAccount tokens and certificates included, and the build Jobs and
+//! Functions the controller makes, in a namespace PodSecurity holds to `restricted`, until the
+//! Kyma Functions applied with kubectl answer over HTTP. Then a rollout restart of the
+//! controller, its leader killed, and the RBAC it used compared with deploy/rbac.yaml.
 
 #![allow(clippy::unwrap_used)]
 
 use crate::common;
 use crate::kubelet;
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::controller_env::{ControllerEnv, SYSTEM};
+use common::cert_manager::CertManager;
 use common::git::{GIT_PASSWORD, GIT_USER, GitServer, GitServerKind, Repo};
 use common::kiln::host_ca_bundle;
+use common::kube_api::KubeApi;
+use common::kubectl::{Kubectl, deploy_with_image};
+use common::registry::{Registry, RegistryKind};
 use kubelet::{Config, TestKubelet};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A registry password that must never be readable by install scripts.
 const PUSH_TOKEN: &str = "kiln-e2e-push-token-5b1f0c9e";
 /// A string only the Function's own source holds: the scan's positive control.
 const CANARY: &str = "kiln-scan-canary-7f3a90d1";
+const SYSTEM: &str = "kiln-system";
 
-/// Builds `runtime`'s base and builder images into the env's registry with a stripped copy of
-/// this kiln inside the builder; returns (base, builder) references.
-fn runtime_images(env: &ControllerEnv, runtime: &str, work: &Path) -> (String, String) {
+/// `kiln base build RUNTIME` into `reg` (README: `$REG/kiln/RUNTIME:latest` and the builder),
+/// with a stripped copy of this kiln inside, and the kiln image too when `kiln_image` names it.
+fn runtime_images(reg: &str, host: &str, runtime: &str, kiln_image: Option<&str>, work: &Path) {
     let binary = work.join("kiln");
     if !binary.exists() {
         common::run(Command::new("strip").args([
@@ -36,33 +47,27 @@ fn runtime_images(env: &ControllerEnv, runtime: &str, work: &Path) -> (String, S
             env!("CARGO_BIN_EXE_kiln"),
         ]));
     }
-    let base = env.registry.reference(&format!("kiln/{runtime}:1"));
-    let builder = env.registry.reference(&format!("kiln/{runtime}-builder:1"));
-    let out = Command::new(env!("CARGO_BIN_EXE_kiln"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    command
         .env("KILN_CACHE_DIR", common::kiln::shared_download_cache())
+        .args(["base", "build", runtime])
+        .args(["--image", &format!("{reg}/kiln/{runtime}:latest")])
         .args([
-            "base",
-            "build",
-            runtime,
-            "--image",
-            &base,
             "--builder-image",
-            &builder,
+            &format!("{reg}/kiln/{runtime}-builder:latest"),
         ])
-        .args([
-            "--insecure-registry",
-            &env.registry.host(),
-            "--kiln-binary",
-            binary.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+        .args(["--insecure-registry", host])
+        .arg("--kiln-binary")
+        .arg(&binary);
+    if let Some(image) = kiln_image {
+        command.args(["--kiln-image", image]);
+    }
+    let out = command.output().unwrap();
     assert!(
         out.status.success(),
         "kiln base build {runtime}:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    (base, builder)
 }
 
 fn http(port: u16, method: &str, body: &str) -> (u16, String) {
@@ -208,55 +213,251 @@ fn function_yaml(name: &str, runtime: &str, source: &str, dependencies: &str) ->
     serde_yaml::to_string(&doc).unwrap()
 }
 
+/// The `words` Function; `comment` goes into its source (a new comment, a new build).
+fn node_words(comment: &str) -> String {
+    function_yaml(
+        "words",
+        "nodejs22",
+        &format!(
+            "// {comment}\nconst _ = require('lodash');\nmodule.exports = {{ main: (event, context) => ({{ words: _.words(event.data), name: context['function-name'], greeting: process.env.GREETING }}) }};\n"
+        ),
+        WORDS_DEPENDENCIES,
+    )
+}
+
 const WORDS_DEPENDENCIES: &str =
     r#"{"name": "words", "version": "1.0.0", "dependencies": {"lodash": "4.17.21"}}"#;
 
+/// Polls `check` every 200 ms until it gives a value; panics after `timeout` with `context()`.
+fn wait<T>(
+    what: &str,
+    timeout: Duration,
+    context: impl Fn() -> String,
+    mut check: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            context()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// A condition of Function `team/name`: (status, reason, message).
+fn condition(api: &KubeApi, name: &str, kind: &str) -> Option<(String, String, String)> {
+    let f = api.get("Function", "team", name)?;
+    let c = f["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)?
+        .clone();
+    let text = |k: &str| c[k].as_str().unwrap_or_default().to_string();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// What the cluster looks like, for a failed wait: Functions, Deployments, Pods with their
+/// container states, and the logs of kiln's own pods.
+fn story(api: &KubeApi, kubelet: &TestKubelet) -> String {
+    let mut out = String::new();
+    for f in api.list("Function") {
+        out += &format!(
+            "Function {}: {}\n",
+            f["metadata"]["name"], f["status"]["conditions"]
+        );
+    }
+    for d in api.list("Deployment") {
+        out += &format!(
+            "Deployment {}/{}: {}\n",
+            d["metadata"]["namespace"], d["metadata"]["name"], d["status"]
+        );
+    }
+    for pod in kubelet.pods() {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let status = pod.status.clone().unwrap_or_default();
+        out += &format!(
+            "Pod {ns}/{name}: {:?} {:?}\n",
+            status.phase,
+            status.container_statuses.map(|c| c
+                .into_iter()
+                .map(|c| (c.name, c.ready, c.state))
+                .collect::<Vec<_>>())
+        );
+        if ns == SYSTEM {
+            out += &kubelet
+                .all_logs(&ns, Some(&pod))
+                .chars()
+                .rev()
+                .take(3000)
+                .collect::<String>()
+                .chars()
+                .rev()
+                .collect::<String>();
+            out += "\n";
+        }
+    }
+    out
+}
+
+/// Sets `key=value` in the deploy/ copy's config.env, as the README says to.
+fn configure(deploy: &Path, key: &str, value: &str) {
+    let path = deploy.join("config.env");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| match l.split_once('=') {
+            Some((k, _)) if k == key => format!("{key}={value}"),
+            _ => l.to_string(),
+        })
+        .collect();
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+}
+
+/// The holder of the controller's Lease.
+fn leader(api: &KubeApi) -> Option<String> {
+    let lease = api.get("Lease", SYSTEM, "kiln-controller")?;
+    lease["spec"]["holderIdentity"].as_str().map(str::to_string)
+}
+
+/// The Ready controller Pods' names.
+fn ready_controllers(kubelet: &TestKubelet) -> Vec<String> {
+    kubelet
+        .replica_pods(
+            kubelet::replica::Kind::Deployment,
+            SYSTEM,
+            "kiln-controller",
+        )
+        .into_iter()
+        .filter(|p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .flatten()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        })
+        .filter_map(|p| p.metadata.name)
+        .collect()
+}
+
 #[test]
-fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
-    let mut env = ControllerEnv::start(&[]);
+fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
+    // A cluster with cert-manager, a registry, a kubelet whose container runtime pulls from
+    // the registry over plain HTTP.
+    let api = crate::kubectl::cluster_with_cert_manager();
+    let registry = Registry::start(RegistryKind::Plain);
+    let host = registry.host();
+    let reg = format!("{host}/kiln-functions");
     let work = tempfile::tempdir().unwrap();
-    let (node_base, node_builder) = runtime_images(&env, "nodejs22", work.path());
-    let (py_base, py_builder) = runtime_images(&env, "python313", work.path());
-    // The build Jobs' CA bundle (package registries are reached through a TLS-intercepting
-    // proxy on this machine) and push credentials with a password the install must not see.
-    // A private git repository over HTTPS, whose server's CA the bundle also carries.
-    let git = GitServer::start(GitServerKind::BasicTls);
-    let ca = std::fs::read_to_string(host_ca_bundle()).unwrap()
-        + &std::fs::read_to_string(git.ca_pem()).unwrap();
-    env.api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kiln-ca", "namespace": SYSTEM}, "data": {"ca.crt": ca}}));
-    let auth = json!({"auths": {"push.example.com": {"username": "robot", "password": PUSH_TOKEN,
-        "auth": common::base64(format!("robot:{PUSH_TOKEN}").as_bytes())}}});
-    env.api.insert(json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-creds", "namespace": "team"},
-        "data": {"username": b64(GIT_USER), "password": b64(GIT_PASSWORD)}}));
-    env.api.insert(json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
-        "metadata": {"name": "kiln-registry", "namespace": SYSTEM}, "data": {".dockerconfigjson": b64(&auth.to_string())}}));
-    env.spawn(&[
-        "--base-image",
-        &format!("nodejs22={node_base}"),
-        "--builder-image",
-        &format!("nodejs22={node_builder}"),
-        "--base-image",
-        &format!("python313={py_base}"),
-        "--builder-image",
-        &format!("python313={py_builder}"),
-        "--ca-bundle-configmap",
-        "kiln-ca",
-    ]);
     let mut config = Config::new(
         env!("CARGO_BIN_EXE_kiln"),
         work.path().join("kubelet-cache"),
         work.path().join("kubelet"),
     );
-    config.run_args = vec!["--insecure-registry".into(), env.registry.host()];
+    config.run_args = vec!["--insecure-registry".into(), host.clone()];
+    config.api = Some(("127.0.0.1".into(), api.https_port()));
     let kubelet = TestKubelet::new(config);
-    let _running = kubelet.spawn(env.api.client());
+    let _running = kubelet.spawn(api.client());
+    let _cert_manager = CertManager::start(api.client());
+    let context = || story(&api, &kubelet);
 
-    let node = function_yaml(
-        "words",
-        "nodejs22",
-        "const _ = require('lodash');\nmodule.exports = { main: (event, context) => ({ words: _.words(event.data), name: context['function-name'], greeting: process.env.GREETING }) };\n",
-        WORDS_DEPENDENCIES,
+    // README, "Run it in a cluster", step 1 and 2: the runtime images, and the kiln image.
+    let kiln_image = format!("{reg}/kiln/kiln:e2e");
+    runtime_images(&reg, &host, "nodejs22", Some(&kiln_image), work.path());
+    runtime_images(&reg, &host, "python313", None, work.path());
+
+    // Step 3: the namespace, the push credentials, the CA bundle the builds trust (this
+    // machine reaches the package registries through a TLS-inspecting proxy; the git
+    // server has its own CA), then deploy/.
+    let kubectl = Kubectl::admin(&api, work.path());
+    kubectl.ok(&["create", "namespace", SYSTEM]);
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "create",
+        "secret",
+        "docker-registry",
+        "kiln-registry",
+        &format!("--docker-server={host}"),
+        "--docker-username=robot",
+        &format!("--docker-password={PUSH_TOKEN}"),
+    ]);
+    let git = GitServer::start(GitServerKind::BasicTls);
+    let ca = std::fs::read_to_string(host_ca_bundle()).unwrap()
+        + &std::fs::read_to_string(git.ca_pem()).unwrap();
+    let ca_file = work.path().join("ca.crt");
+    std::fs::write(&ca_file, ca).unwrap();
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "create",
+        "configmap",
+        "kiln-ca",
+        &format!("--from-file=ca.crt={}", ca_file.display()),
+    ]);
+    let deploy = deploy_with_image(work.path(), &kiln_image);
+    configure(&deploy, "registry", &reg);
+    configure(&deploy, "insecure-registry", &host);
+    configure(&deploy, "ca-bundle-configmap", "kiln-ca");
+    kubectl.ok(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
+    for deployment in ["kiln-webhook", "kiln-controller"] {
+        let status = kubectl
+            .command(&[
+                "-n",
+                SYSTEM,
+                "rollout",
+                "status",
+                &format!("deployment/{deployment}"),
+                "--timeout=120s",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{deployment}: {}\n{}",
+            String::from_utf8_lossy(&status.stderr),
+            context()
+        );
+    }
+    // Both controller replicas are Ready; one leads.
+    let ready = wait(
+        "two Ready controllers, one leading",
+        Duration::from_secs(60),
+        context,
+        || {
+            let ready = ready_controllers(&kubelet);
+            (ready.len() == 2 && leader(&api).is_some_and(|l| ready.contains(&l))).then_some(ready)
+        },
     );
+    assert_eq!(ready.len(), 2);
+
+    // Step 4: a namespace for Functions, held to PodSecurity's restricted level, and Kyma
+    // Functions applied with kubectl, as written for Kyma.
+    kubectl.ok(&["create", "namespace", "team"]);
+    kubectl.ok(&[
+        "label",
+        "namespace",
+        "team",
+        "pod-security.kubernetes.io/enforce=restricted",
+    ]);
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "create",
+        "secret",
+        "generic",
+        "git-creds",
+        &format!("--from-literal=username={GIT_USER}"),
+        &format!("--from-literal=password={GIT_PASSWORD}"),
+    ]);
+    let sa_token = api.service_account_token("team", "default");
+    let node = node_words("words");
     let python = function_yaml(
         "yaml",
         "python312",
@@ -269,40 +470,142 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
         "module.exports = { main: () => 'never' };\n",
         r#"{"dependencies": {"kiln-no-such-package-0f2e9c": "1.0.0"}}"#,
     );
-    for yaml in [
-        &node,
-        &python,
-        &broken,
-        &scanning_function(kubelet.service_account_token()),
-        &git_scanning_function(&git, work.path(), kubelet.service_account_token()),
-    ] {
-        env.create_function("team", yaml);
+    let manifests = [
+        node,
+        python,
+        broken,
+        scanning_function(&sa_token),
+        git_scanning_function(&git, work.path(), &sa_token),
+    ]
+    .join("---\n");
+    kubectl.ok_with_input(&["-n", "team", "apply", "-f", "-"], &manifests);
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kyma/hello-node.yaml");
+    kubectl.ok(&["-n", "team", "apply", "-f", example.to_str().unwrap()]);
+    for name in ["words", "yaml", "scan", "git-scan", "hello-node"] {
+        wait(
+            &format!("{name} Running"),
+            Duration::from_secs(600),
+            context,
+            || condition(&api, name, "Running").filter(|(s, _, _)| s == "True"),
+        );
     }
-    for name in ["words", "yaml", "scan", "git-scan"] {
-        env.wait_condition("team", name, "Running", "True", Some("DeploymentReady"));
-    }
-    let status = env.function("team", "words")["status"].clone();
+    let table = kubectl.ok(&["-n", "team", "get", "functions"]);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..5]
+                == ["words", "True", "True", "True", "nodejs22"]),
+        "{table}"
+    );
+    let status = api.get("Function", "team", "words").unwrap()["status"].clone();
     assert!(status["digest"].as_str().unwrap().starts_with("sha256:"));
     assert_eq!(
-        env.function("team", "yaml")["status"]["runtime"],
+        api.get("Function", "team", "yaml").unwrap()["status"]["runtime"],
         "python313",
         "Kyma's python312 builds on python313"
     );
+    // The webhook defaulted the Functions on their way in (kiln's mutating rules ran).
+    let webhook_logs: String = kubelet
+        .replica_pods(kubelet::replica::Kind::Deployment, SYSTEM, "kiln-webhook")
+        .iter()
+        .map(|p| kubelet.logs(SYSTEM, p.metadata.name.as_deref().unwrap(), "webhook"))
+        .collect();
+    assert!(webhook_logs.contains("admission review"), "{webhook_logs}");
 
     let port = kubelet.port("team", "words").expect("the Function runs");
     let (code, body) = http(port, "POST", "kiln builds functions");
     assert_eq!(code, 200, "{body}");
-    let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
         answer,
         json!({"words": ["kiln", "builds", "functions"], "name": "words", "greeting": "hello"})
     );
+    let (code, body) = http(kubelet.port("team", "hello-node").unwrap(), "GET", "");
+    assert_eq!(
+        (code, body.as_str()),
+        (200, r#"{"greeting":"Hello from hello-node"}"#)
+    );
+    assert!(
+        api.get("HorizontalPodAutoscaler", "team", "hello-node")
+            .is_some()
+    );
+    let (code, body) = http(kubelet.port("team", "yaml").unwrap(), "POST", "a: [1, 2]");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("parsed:") && body.contains("- 1"), "{body}");
+    // The install scripts ran, read everything they could, and found no push credentials,
+    // no ServiceAccount token and no git password: only the canary in their own source.
+    let scan_report = |name: &str| {
+        let (code, body) = http(kubelet.port("team", name).unwrap(), "GET", "");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    assert_clean_scan(&scan_report("scan"), "/workspace/src/handler.js");
+    assert_clean_scan(
+        &scan_report("git-scan"),
+        "/workspace/git/function/handler.js",
+    );
+    wait(
+        "broken's build to fail",
+        Duration::from_secs(300),
+        context,
+        || {
+            condition(&api, "broken", "BuildReady")
+                .filter(|(s, r, _)| s == "False" && r == "JobFailed")
+        },
+    );
+    let (_, _, message) = condition(&api, "broken", "BuildReady").unwrap();
+    assert!(
+        message.contains("404") && message.contains("kiln-no-such-package-0f2e9c"),
+        "npm's error in the condition: {message}"
+    );
 
-    // Another Function with the same dependencies, built after the first in a new build Pod
-    // with empty caches: its lookup finds the layer the first build stored in the shared
-    // cache repository (the controller's default), so its install stage installs nothing.
-    env.create_function(
-        "team",
+    // A rollout restart of the controller completes: the standby being Ready lets the surge
+    // pod in and the old ones out.
+    let before: BTreeSet<String> = ready_controllers(&kubelet).into_iter().collect();
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "rollout",
+        "restart",
+        "deployment/kiln-controller",
+    ]);
+    let out = kubectl
+        .command(&[
+            "-n",
+            SYSTEM,
+            "rollout",
+            "status",
+            "deployment/kiln-controller",
+            "--timeout=120s",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        context()
+    );
+    let after = wait(
+        "two new Ready controllers, one leading",
+        Duration::from_secs(90),
+        context,
+        || {
+            let ready: BTreeSet<String> = ready_controllers(&kubelet).into_iter().collect();
+            (ready.len() == 2
+                && ready.is_disjoint(&before)
+                && leader(&api).is_some_and(|l| ready.contains(&l)))
+            .then_some(ready)
+        },
+    );
+    assert_eq!(after.len(), 2);
+
+    // The leader is killed: the standby takes the Lease within its duration (deploy/: 15 s),
+    // and a Function applied meanwhile is built once.
+    let old_leader = leader(&api).unwrap();
+    kubectl.ok(&["-n", SYSTEM, "delete", "pod", &old_leader, "--wait=false"]);
+    kubectl.ok_with_input(
+        &["-n", "team", "apply", "-f", "-"],
         &function_yaml(
             "shout",
             "nodejs22",
@@ -310,62 +613,93 @@ fn kyma_functions_go_from_manifest_to_a_running_function_through_real_builds() {
             WORDS_DEPENDENCIES,
         ),
     );
-    env.wait_condition("team", "shout", "Running", "True", Some("DeploymentReady"));
+    let killed = Instant::now();
+    let new_leader = wait(
+        "another replica to lead",
+        Duration::from_secs(60),
+        context,
+        || leader(&api).filter(|l| *l != old_leader),
+    );
+    assert!(
+        killed.elapsed() < Duration::from_secs(15 + 5),
+        "{new_leader} took over after {:?}",
+        killed.elapsed()
+    );
+    wait("shout Running", Duration::from_secs(300), context, || {
+        condition(&api, "shout", "Running").filter(|(s, _, _)| s == "True")
+    });
     let (code, body) = http(kubelet.port("team", "shout").unwrap(), "POST", "kiln");
     assert_eq!((code, body.as_str()), (200, "KILN"));
-    // The log of `container` in `function`'s build Pod.
-    let build_log = |function: &str, container: &str| {
-        let pods = work.path().join("kubelet/pods");
-        let pod = std::fs::read_dir(&pods)
-            .unwrap()
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .find_map(|n| {
-                n.strip_prefix("team_")
-                    .filter(|p| p.starts_with(&format!("{function}-build-")))
-                    .map(str::to_string)
-            })
-            .unwrap_or_else(|| panic!("no build Pod of {function} in {}", pods.display()));
-        kubelet.logs("team", &pod, container)
-    };
-    let deps_log = |function: &str| (build_log(function, "lookup"), build_log(function, "deps"));
-    let (lookup, deps) = deps_log("words");
-    assert!(lookup.contains("not in the cache repository"), "{lookup}");
-    assert!(deps.contains("installing dependencies"), "{deps}");
-    let (lookup, deps) = deps_log("shout");
-    assert!(
-        lookup.contains("the cache repository has the dependency layer"),
-        "{lookup}"
-    );
-    assert!(
-        deps.contains("nothing to install") && !deps.contains("installing dependencies"),
-        "{deps}"
+    // Built once: one build Pod ran for it, across the change of leader.
+    let builds: Vec<String> = kubelet
+        .pods()
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .filter(|n| n.starts_with("shout-build-"))
+        .collect();
+    assert_eq!(builds.len(), 1, "built once: {builds:?}");
+
+    // Scaling bounds make an HPA, and removing them deletes it; a source change builds again
+    // and removes the superseded build's Job and ConfigMap.
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "patch",
+        "function",
+        "words",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"scaleConfig": {"minReplicas": 1, "maxReplicas": 2}}}"#,
+    ]);
+    wait("the HPA", Duration::from_secs(60), context, || {
+        api.get("HorizontalPodAutoscaler", "team", "words")
+    });
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "patch",
+        "function",
+        "words",
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/spec/scaleConfig"}]"#,
+    ]);
+    wait("the HPA gone", Duration::from_secs(60), context, || {
+        api.get("HorizontalPodAutoscaler", "team", "words")
+            .is_none()
+            .then_some(())
+    });
+    let first_key = api.get("Function", "team", "words").unwrap()["status"]["buildKey"].clone();
+    let mut changed: Value = serde_yaml::from_str(&node_words("words loud")).unwrap();
+    changed["metadata"]["namespace"] = json!("team");
+    kubectl.ok_with_input(&["-n", "team", "apply", "-f", "-"], &changed.to_string());
+    wait("words rebuilt", Duration::from_secs(300), context, || {
+        let f = api.get("Function", "team", "words")?;
+        (f["status"]["buildKey"] != first_key
+            && condition(&api, "words", "Running").is_some_and(|(s, _, _)| s == "True"))
+        .then_some(())
+    });
+    wait(
+        "one build's ConfigMap left",
+        Duration::from_secs(60),
+        context,
+        || {
+            let left = api
+                .list("ConfigMap")
+                .into_iter()
+                .filter(|c| c["metadata"]["namespace"] == "team")
+                .filter(|c| {
+                    c["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with("words-build-")
+                })
+                .count();
+            (left == 1).then_some(())
+        },
     );
 
-    let (code, body) = http(kubelet.port("team", "yaml").unwrap(), "POST", "a: [1, 2]");
-    assert_eq!(code, 200, "{body}");
-    assert!(body.contains("parsed:") && body.contains("- 1"), "{body}");
-
-    // The install scripts ran, read everything they could, and found no push credentials
-    // and no service-account token — only the canary in the Function's own source.
-    let scan_report = |name: &str| {
-        let (code, body) = http(kubelet.port("team", name).unwrap(), "GET", "");
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str::<serde_json::Value>(&body).unwrap()
-    };
-    assert_clean_scan(&scan_report("scan"), "/workspace/src/handler.js");
-    // From a private repository over HTTPS with a private CA: the `source` container fetched
-    // it once with the credentials, and the install, which built what it fetched, saw none.
-    assert_clean_scan(
-        &scan_report("git-scan"),
-        "/workspace/git/function/handler.js",
-    );
-    let fetch = build_log("git-scan", "source");
-    assert!(fetch.contains("fetched the git source"), "{fetch}");
-
-    env.wait_condition("team", "broken", "BuildReady", "False", Some("JobFailed"));
-    let (_, _, message) = env.condition("team", "broken", "BuildReady").unwrap();
-    assert!(
-        message.contains("404") && message.contains("kiln-no-such-package-0f2e9c"),
-        "npm's error in the condition: {message}"
-    );
+    // The RBAC the controller used, as the API server audited it, is what deploy/rbac.yaml
+    // grants: no more, no less.
+    crate::controller_rbac::assert_rbac_is_what_was_used(&api);
 }

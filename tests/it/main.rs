@@ -29,6 +29,7 @@ mod build_unchanged;
 mod cache_prune;
 mod controller;
 mod controller_e2e;
+mod controller_rbac;
 mod debian;
 mod deploy;
 mod foreign_images;

@@ -121,6 +121,17 @@ impl TestKubelet {
         self.set_objects(objects);
         let mut unsupported = Vec::new();
 
+        // A Pod object deleted through the API (`kubectl delete pod`): the kubelet stops it,
+        // and its ReplicaSet replaces it.
+        let listing = std::time::Instant::now();
+        let listed_pods = Api::<Pod>::all(client.clone()).list(&lp).await;
+        let listed_pods: std::collections::BTreeSet<Key> = listed_pods
+            .map_err(api_error("listing Pods"))?
+            .iter()
+            .map(key_of)
+            .collect();
+        self.stop_pods_deleted_from(&listed_pods, listing);
+
         let jobs = Api::<Job>::all(client.clone())
             .list(&lp)
             .await
@@ -185,6 +196,30 @@ impl TestKubelet {
             }
         }
         Err(SyncError::Unsupported(unsupported))
+    }
+
+    /// Stops the pods admitted before `listing` began whose objects `listed` lacks.
+    fn stop_pods_deleted_from(
+        &self,
+        listed: &std::collections::BTreeSet<Key>,
+        listing: std::time::Instant,
+    ) {
+        let gone: Vec<Key> = {
+            let state = self.core.lock();
+            state
+                .pods
+                .iter()
+                .filter(|(k, p)| {
+                    matches!(p.admission, PodAdmission::Admitted(at) if at < listing)
+                        && !p.deleted
+                        && !listed.contains(*k)
+                })
+                .map(|(k, _)| k.clone())
+                .collect()
+        };
+        for key in gone {
+            self.kill_pod(&key);
+        }
     }
 
     fn forget_workloads(&self, kind: Kind, listed: Vec<Key>) {

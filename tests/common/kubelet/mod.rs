@@ -8,6 +8,12 @@
 //! [`TestKubelet::sync`] (in `api.rs`) is a thin layer that lists objects through a
 //! `kube::Client`, feeds them to the core and writes Pods and statuses back.
 //!
+//! With an API server ([`TestKubelet::spawn`]), every pod's object is created through it
+//! before the pod runs, as the Job and ReplicaSet controllers do: admission (ServiceAccounts,
+//! PodSecurity, webhooks) may refuse it (the pod waits, the Deployment reports
+//! `ReplicaFailure`) or change it, and the pod runs the spec as admitted, its projected
+//! ServiceAccount token issued by the API server. Deleting a Pod object stops the pod.
+//!
 //! It implements a subset of the API exactly and FAILS LOUDLY on anything else
 //! ([`spec::Unsupported`] names the field): `allowlist.rs` lists the fields, `spec.rs` the
 //! values it refuses; [`job::check`], [`replica::check_deployment`] and
@@ -16,10 +22,13 @@
 //! ContainerCreating with the FailedMount message for volumes), retried until it appears.
 //! `testbed.rs` sets up a registry with a busybox image and a kubelet. Deviations it cannot
 //! avoid, all documented where they happen:
-//! - every pod shares the host network; a replica's port 8080 is mapped to a free host port
-//!   by setting `FUNC_PORT` (and `PORT` for Knative) and rewriting its probes
-//!   ([`TestKubelet::port`]); ONE replica runs whatever `spec.replicas` (≥ 1) says, and the
-//!   status counts that one honestly (so `replicas: 2` never becomes Available);
+//! - every pod shares the host network, but has its own loopback IP (127.0.X.Y, its
+//!   `status.podIP`, what probes and Services reach): kiln's own servers listen on it
+//!   (`KILN_LISTEN_IP`), and a Function's port 8080 is also mapped to a free host port by
+//!   setting `FUNC_PORT` (and `PORT` for Knative), which [`TestKubelet::port`] gives;
+//! - a Deployment runs `spec.replicas` pods and rolls a new template out as its ReplicaSets
+//!   would (`maxSurge` rounded up, `maxUnavailable` down, 25 % each by default); a Knative
+//!   Service runs one pod per revision;
 //! - `resources` are recorded, not enforced (kiln run sets no cgroup limits); seccomp
 //!   `RuntimeDefault` is accepted but kiln run applies no seccomp filter; capabilities are
 //!   always all dropped and `no_new_privs` always set (so `drop: [ALL]` and
@@ -27,10 +36,10 @@
 //! - `runAsUser` without `runAsGroup` runs with gid = uid (containerd would take the image's
 //!   passwd group); file ownership of volumes is not simulated (see `volumes.rs`);
 //! - probes run every min(periodSeconds, 200 ms) and change state after failing for the
-//!   kubelet's time budget ((failureThreshold − 1) × periodSeconds), see `replica.rs`;
+//!   kubelet's time budget ((failureThreshold − 1) × periodSeconds), see `runner.rs`;
 //! - an image kiln cannot pull shows as the container failing (exit 1 or 2, kiln's error in
-//!   its log), not as ErrImagePull; ServiceAccounts, Services, the TTL controller and garbage
-//!   collection are not simulated.
+//!   its log), not as ErrImagePull; Services are routed by the API server itself (to a Ready
+//!   pod's IP), and the TTL controller is not simulated.
 //!
 //! `tests/it/main.rs` declares it next to `common`; test modules `use crate::kubelet`.
 

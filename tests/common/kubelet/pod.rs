@@ -130,8 +130,8 @@ pub enum Admission {
     NotNeeded,
     /// Not created yet; the last refusal, if any (the pod does not run meanwhile).
     Pending(Option<String>),
-    /// Created: the API server admitted it.
-    Admitted,
+    /// Created: the API server admitted it, then.
+    Admitted(std::time::Instant),
 }
 
 /// A pod the kubelet runs.

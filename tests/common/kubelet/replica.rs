@@ -410,6 +410,21 @@ fn new_replica(
 }
 
 impl TestKubelet {
+    /// Stops pod `key` (its object was deleted): a replica is then replaced by the rollout,
+    /// a Job's pod just ends.
+    pub fn kill_pod(&self, key: &Key) {
+        let mut state = self.core.lock();
+        for record in state.workloads.values_mut() {
+            if let Some(i) = record.pods.iter().position(|r| r.pod == *key) {
+                record.pods.remove(i).stop();
+                return;
+            }
+        }
+        if let Some(job) = state.jobs.values().find(|j| j.pod == *key) {
+            job.stop();
+        }
+    }
+
     /// Stops a Deployment's or Knative Service's replicas and forgets it.
     pub fn stop_workload(&self, kind: Kind, namespace: &str, name: &str) {
         let key = (kind, (namespace.to_string(), name.to_string()));

@@ -387,7 +387,7 @@ pub(crate) fn admit(
             Ok(admitted) => {
                 let mut state = core.lock();
                 if let Some(p) = state.pods.get_mut(pod) {
-                    p.admission = Admission::Admitted;
+                    p.admission = Admission::Admitted(Instant::now());
                     let node = p.spec.node_name.clone();
                     p.spec = admitted.spec.clone();
                     p.spec.node_name = node;
