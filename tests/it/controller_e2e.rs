@@ -484,7 +484,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     for name in ["words", "yaml", "scan", "git-scan", "hello-node"] {
         wait(
             &format!("{name} Running"),
-            Duration::from_secs(600),
+            Duration::from_secs(300),
             context,
             || condition(&api, name, "Running").filter(|(s, _, _)| s == "True"),
         );

@@ -262,3 +262,64 @@ async fn only_functions_the_selectors_pick_are_sent_to_the_webhook() {
     skipped.metadata.labels = Some([("skip-validation".to_string(), "yes".to_string())].into());
     fns.create(&pp, &skipped).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_dry_run_is_sent_to_webhooks_without_side_effects_and_stores_nothing() {
+    let pki = Pki::new();
+    let (cert, key) = pki.leaf_for_dns("svc", &["kiln-webhook.kiln-system.svc"]);
+    let (hook, _, _) = Webhook::start(&pki, &cert, &key).await;
+    let api = KubeApi::start();
+    api.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}));
+    register(
+        &api,
+        &std::fs::read_to_string(pki.path("ca.pem")).unwrap(),
+        hook.port,
+    );
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let bad = json!({"runtime": "ruby3", "source": {"inline": {"source": "x"}}});
+    let err = functions(&api)
+        .create(&dry, &function("bad", bad))
+        .await
+        .unwrap_err();
+    assert!(
+        refusal(err).1.contains("denied the request"),
+        "validated on a dry run too"
+    );
+    let good =
+        json!({"runtime": "nodejs22", "source": {"inline": {"source": "x", "dependencies": " "}}});
+    let answer = functions(&api)
+        .create(&dry, &function("good", good))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.data["spec"]["source"]["inline"]["dependencies"],
+        "{}"
+    );
+    assert!(
+        api.get("Function", "team", "good").is_none(),
+        "a dry run stores nothing"
+    );
+    // A webhook that declares side effects cannot be called on a dry run.
+    let mut config = api
+        .get("MutatingWebhookConfiguration", "", "kiln-functions")
+        .unwrap();
+    config["webhooks"][0]["sideEffects"] = json!("Some");
+    api.insert(config);
+    let spec = json!({"runtime": "nodejs22", "source": {"inline": {"source": "x"}}});
+    let err = functions(&api)
+        .create(&dry, &function("good", spec))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refusal(err),
+        (
+            400,
+            "admission webhook \"defaulting.functions.serverless.kyma-project.io\" does not \
+             support dry run"
+                .into()
+        )
+    );
+}
