@@ -166,22 +166,32 @@ impl RootfsCache {
         })
     }
 
-    /// Like [`RootfsCache::lookup`], holding `lock` (from [`RootfsCache::lock_unpack`]),
-    /// which becomes the entry's in-use mark.
+    /// Marks entry `digest` in use (waiting while a prune removes it): what keeps it from
+    /// being removed while it is looked up, unpacked and run.
     ///
     /// # Errors
-    /// When the lock cannot be turned into a shared one.
-    pub fn lookup_locked(
+    /// When the lock file cannot be created or locked.
+    pub fn hold(&self, digest: &Digest) -> Result<crate::inuse::InUse, Error> {
+        let dir = self.root.join("locks");
+        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        let path = self.lock_path(digest);
+        crate::inuse::InUse::shared(&path).map_err(io_err("locking", &path))
+    }
+
+    /// The entry for `digest` under the in-use mark `in_use` (from [`RootfsCache::hold`]), or
+    /// the mark back when there is no complete entry yet.
+    ///
+    /// # Errors
+    /// The mark, when the entry is not there.
+    pub fn lookup_holding(
         &self,
         digest: &Digest,
-        lock: fs::File,
-    ) -> Result<(Option<Entry>, Option<fs::File>), Error> {
+        in_use: crate::inuse::InUse,
+    ) -> Result<Entry, crate::inuse::InUse> {
         if !self.entry_dir(digest).join("config.json").is_file() {
-            return Ok((None, Some(lock)));
+            return Err(in_use);
         }
-        let path = self.lock_path(digest);
-        let in_use = crate::inuse::InUse::downgrade(lock).map_err(io_err("locking", &path))?;
-        Ok((self.lookup_held(digest, in_use), None))
+        self.lookup_held(digest, in_use.clone()).ok_or(in_use)
     }
 
     fn lock_path(&self, digest: &Digest) -> PathBuf {
@@ -212,14 +222,18 @@ impl RootfsCache {
 
     /// Takes the exclusive lock on unpacking image `digest` (blocking while another kiln
     /// holds it), so concurrent runs of one image unpack it once: the others wait, then find
-    /// it in the cache. Released when dropped.
+    /// it in the cache. Released when dropped. It is not the in-use lock ([`RootfsCache::
+    /// hold`]): a run of the image, which holds that one shared while it runs, must not keep
+    /// a second run from unpacking, nor from finding the entry (once they shared one lock
+    /// file, a second run that missed the entry an instant before the first one committed it
+    /// waited for the first one's container to exit).
     ///
     /// # Errors
     /// When the lock file cannot be created or locked.
     pub fn lock_unpack(&self, digest: &Digest) -> Result<fs::File, Error> {
         let dir = self.root.join("locks");
         fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
-        let path = self.lock_path(digest);
+        let path = dir.join(format!("{}.unpack.lock", digest.hex()));
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -392,5 +406,34 @@ mod tests {
         let _staging = cache.stage().unwrap();
         assert!(!old.exists(), "a day-old unpack is abandoned");
         assert!(recent.exists(), "another run may still be unpacking");
+    }
+
+    #[test]
+    fn a_run_holding_an_image_keeps_nobody_from_unpacking_or_finding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = RootfsCache::new(dir.path());
+        let digest = Digest::of(b"manifest");
+        // A run: it unpacked the image and holds it in use while its container runs.
+        let running = cache.hold(&digest).unwrap();
+        let staging = cache.stage().unwrap();
+        let mut entry = cache.commit(staging, &digest, CONFIG).unwrap();
+        entry.in_use = running;
+        // Another run that missed the entry an instant earlier takes the unpack lock: at
+        // once, not when the first container exits.
+        let (done, finished) = std::sync::mpsc::channel();
+        let other = cache.clone();
+        let d = digest.clone();
+        std::thread::spawn(move || {
+            let in_use = other.hold(&d).unwrap();
+            let _unpacking = other.lock_unpack(&d).unwrap();
+            let _ = done.send(other.lookup_holding(&d, in_use).is_ok());
+        });
+        let found = finished.recv_timeout(std::time::Duration::from_secs(5));
+        assert_eq!(
+            found,
+            Ok(true),
+            "the second run found the entry without waiting"
+        );
+        drop(entry);
     }
 }

@@ -130,12 +130,22 @@ pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
         tracing::info!(%digest, rootfs = %entry.rootfs.display(), "rootfs from cache");
         return Ok(entry);
     }
-    let (found, lock) = {
+    let (found, held) = {
         let (cache, digest) = (cache.clone(), resolved.digest.clone());
-        tokio::task::spawn_blocking(move || {
-            let lock = cache.lock_unpack(&digest)?;
-            // Whoever held the lock before us may have unpacked it.
-            cache.lookup_locked(&digest, lock)
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            // In use from now on: a prune cannot remove the entry between its unpack and
+            // its run.
+            let in_use = cache.hold(&digest)?;
+            let in_use = match cache.lookup_holding(&digest, in_use) {
+                Ok(entry) => return Ok((Some(entry), None)),
+                Err(in_use) => in_use,
+            };
+            let unpacking = cache.lock_unpack(&digest)?;
+            // Whoever unpacked before us may have committed it.
+            Ok(match cache.lookup_holding(&digest, in_use) {
+                Ok(entry) => (Some(entry), None),
+                Err(in_use) => (None, Some((in_use, unpacking))),
+            })
         })
         .await
         .map_err(Error::Task)??
@@ -147,13 +157,9 @@ pub async fn prepare(client: &Client, opts: &Options) -> Result<Entry> {
     }
     let config = image::fetch_config(client, &resolved).await?;
     let mut entry = unpack_image(client, &cache, resolved, config, opts).await?;
-    if let Some(lock) = lock {
-        // Still holding the unpack lock: it becomes the in-use mark without a gap.
-        entry.in_use = crate::inuse::InUse::downgrade(lock).map_err(|source| Error::Io {
-            action: "locking",
-            path: entry.rootfs.clone(),
-            source,
-        })?;
+    if let Some((in_use, _unpacking)) = held {
+        // The unpack lock is released here, after the entry is committed.
+        entry.in_use = in_use;
     }
     Ok(entry)
 }

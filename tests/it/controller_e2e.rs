@@ -319,6 +319,19 @@ fn configure(deploy: &Path, key: &str, value: &str) {
     std::fs::write(&path, lines.join("\n") + "\n").unwrap();
 }
 
+/// `kubectl rollout status` of a Deployment in kiln's namespace, which must finish.
+fn rollout_status(kubectl: &Kubectl, deployment: &str, context: &dyn Fn() -> String) {
+    let target = format!("deployment/{deployment}");
+    let args = ["-n", SYSTEM, "rollout", "status", &target, "--timeout=120s"];
+    let out = kubectl.command(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{deployment}: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        context()
+    );
+}
+
 /// The holder of the controller's Lease.
 fn leader(api: &KubeApi) -> Option<String> {
     let lease = api.get("Lease", SYSTEM, "kiln-controller")?;
@@ -407,23 +420,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     configure(&deploy, "ca-bundle-configmap", "kiln-ca");
     kubectl.ok(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
     for deployment in ["kiln-webhook", "kiln-controller"] {
-        let status = kubectl
-            .command(&[
-                "-n",
-                SYSTEM,
-                "rollout",
-                "status",
-                &format!("deployment/{deployment}"),
-                "--timeout=120s",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            status.status.success(),
-            "{deployment}: {}\n{}",
-            String::from_utf8_lossy(&status.stderr),
-            context()
-        );
+        rollout_status(&kubectl, deployment, &context);
     }
     // Both controller replicas are Ready; one leads.
     let ready = wait(
@@ -569,23 +566,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         "restart",
         "deployment/kiln-controller",
     ]);
-    let out = kubectl
-        .command(&[
-            "-n",
-            SYSTEM,
-            "rollout",
-            "status",
-            "deployment/kiln-controller",
-            "--timeout=120s",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        context()
-    );
+    rollout_status(&kubectl, "kiln-controller", &context);
     let after = wait(
         "two new Ready controllers, one leading",
         Duration::from_secs(90),

@@ -112,10 +112,26 @@ fn wait_available(kubelet: &TestKubelet, name: &str, generation: i64) -> Deploym
         (fresh && rolled_out && condition(&s, "Available").0 == "True").then_some(s)
     });
     status.unwrap_or_else(|| {
-        let pod = kubelet.replica_pod(Kind::Deployment, "fns", name);
+        let pods = kubelet.replica_pods(Kind::Deployment, "fns", name);
+        let logs: Vec<String> = pods
+            .iter()
+            .map(|p| kubelet.all_logs("fns", Some(p)))
+            .collect();
+        let states: Vec<_> = pods
+            .iter()
+            .map(|p| {
+                (
+                    p.metadata.name.clone(),
+                    p.status
+                        .as_ref()
+                        .map(|s| (s.pod_ip.clone(), s.container_statuses.clone())),
+                )
+            })
+            .collect();
         panic!(
-            "{name} not available:\n{pod:#?}\n{}",
-            kubelet.all_logs("fns", pod.as_ref())
+            "{name} not available: {:?}\n{states:#?}\n{}",
+            kubelet.deployment_status("fns", name),
+            logs.join("\n")
         )
     })
 }

@@ -541,6 +541,55 @@ fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sa
     assert!(staging.is_empty(), "staging areas left: {staging:?}");
 }
 
+/// Three long-running `kiln run`s of one image started at once with an empty cache (as a
+/// kubelet starts a Deployment's replicas): each starts while the others run. One unpacks;
+/// the others wait for the unpack, not for the first container to exit.
+fn concurrent_long_running_runs_of_one_image_all_start(sandbox: &str) {
+    let kiln = Kiln::new();
+    let layout = function_layout(kiln.home.path());
+    let reg = Registry::start(RegistryKind::Plain);
+    let tagged = reg.reference("fn/user:v1");
+    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    let host = reg.host();
+    let entrypoint = r#"["/bin/sh", "-c", "echo started; exec busybox sleep 60"]"#;
+    let mut children: Vec<Child> = (0..3)
+        .map(|_| {
+            command(&kiln, sandbox)
+                .args(["run", &tagged, "--insecure-registry", &host])
+                .args(["--entrypoint", entrypoint])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for child in &mut children {
+        let stdout = child.stdout.take().unwrap();
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut started = 0;
+    while started < 3 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line == "started\n" => started += 1,
+            Ok(line) => panic!("unexpected first line {line:?}"),
+            Err(_) => break,
+        }
+    }
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(started, 3, "every run started while the others ran");
+}
+
 fn command(kiln: &Kiln, sandbox: &str) -> Command {
     let mut cmd = kiln.command();
     cmd.env("KILN_SANDBOX", sandbox);
@@ -575,4 +624,5 @@ in_each_sandbox!(
     an_entrypoint_replaces_the_images_and_drops_its_cmd,
     a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes,
     concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry,
+    concurrent_long_running_runs_of_one_image_all_start,
 );

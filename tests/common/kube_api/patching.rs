@@ -129,8 +129,20 @@ fn server_side_apply(
     };
     let api_version = route.kind.api_version();
     let sent_rv = meta::meta_str(&applied, "resourceVersion");
-    let force = query.flag("force");
     let schema = store.field_schema(route.kind);
+    let apply_onto = |live: &serde_json::Value| {
+        let force = query.flag("force");
+        apply::apply(
+            live,
+            &applied,
+            manager,
+            scope,
+            &api_version,
+            force,
+            schema.as_ref(),
+        )
+        .map_err(|c| conflict_status(&c))
+    };
     match store
         .get(route.kind, route.namespace.as_deref(), &name)
         .cloned()
@@ -149,16 +161,7 @@ fn server_side_apply(
                 "kind": route.kind.kind,
                 "metadata": { "name": name },
             });
-            let new = apply::apply(
-                &skeleton,
-                &applied,
-                manager,
-                scope,
-                &api_version,
-                force,
-                schema.as_ref(),
-            )
-            .map_err(|c| conflict_status(&c))?;
+            let new = apply_onto(&skeleton)?;
             // An apply that creates is a create too (k8s.io/apiserver endpoints/handlers/
             // patch.go, createAuthorizerAttributes), checked once the object is valid.
             store.create(
@@ -188,16 +191,7 @@ fn server_side_apply(
                     name,
                 });
             }
-            let new = apply::apply(
-                &live,
-                &applied,
-                manager,
-                scope,
-                &api_version,
-                force,
-                schema.as_ref(),
-            )
-            .map_err(|c| conflict_status(&c))?;
+            let new = apply_onto(&live)?;
             let (obj, _) = store.update(route.kind, &key(route), new, how)?;
             Ok((StatusCode::OK, obj))
         }

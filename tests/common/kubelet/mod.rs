@@ -54,6 +54,7 @@ mod job_run;
 pub mod plan;
 pub mod pod;
 pub mod replica;
+mod rollout;
 mod runner;
 pub mod spec;
 pub mod testbed;

@@ -79,19 +79,29 @@ fn refusal(err: kube::Error) -> (u16, String) {
     }
 }
 
-#[tokio::test]
-async fn functions_are_defaulted_and_validated_by_kiln_webhook_as_deploy_registers_it() {
+/// `kiln webhook` serving a certificate for its Service's names, and an API server with a
+/// `team` namespace where deploy/'s configurations call it, trusting the webhook's CA.
+async fn registered() -> (Pki, Webhook, KubeApi) {
     let pki = Pki::new();
     let dns = [
         "kiln-webhook.kiln-system.svc",
         "kiln-webhook.kiln-system.svc.cluster.local",
     ];
     let (cert, key) = pki.leaf_for_dns("svc", &dns);
-    let (mut hook, _, _) = Webhook::start(&pki, &cert, &key).await;
+    let (hook, _, _) = Webhook::start(&pki, &cert, &key).await;
     let api = KubeApi::start();
     api.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}));
-    let ca = std::fs::read_to_string(pki.path("ca.pem")).unwrap();
-    register(&api, &ca, hook.port);
+    register(
+        &api,
+        &std::fs::read_to_string(pki.path("ca.pem")).unwrap(),
+        hook.port,
+    );
+    (pki, hook, api)
+}
+
+#[tokio::test]
+async fn functions_are_defaulted_and_validated_by_kiln_webhook_as_deploy_registers_it() {
+    let (_pki, mut hook, api) = registered().await;
     let fns = functions(&api);
     let pp = PostParams::default();
 
@@ -225,16 +235,7 @@ async fn a_webhook_that_does_not_answer_in_its_timeout_fails_the_request_after_i
 
 #[tokio::test]
 async fn only_functions_the_selectors_pick_are_sent_to_the_webhook() {
-    let pki = Pki::new();
-    let (cert, key) = pki.leaf_for_dns("svc", &["kiln-webhook.kiln-system.svc"]);
-    let (hook, _, _) = Webhook::start(&pki, &cert, &key).await;
-    let api = KubeApi::start();
-    api.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}));
-    register(
-        &api,
-        &std::fs::read_to_string(pki.path("ca.pem")).unwrap(),
-        hook.port,
-    );
+    let (_pki, _hook, api) = registered().await;
     let mut config = api
         .get("ValidatingWebhookConfiguration", "", "kiln-functions")
         .unwrap();
@@ -265,16 +266,7 @@ async fn only_functions_the_selectors_pick_are_sent_to_the_webhook() {
 
 #[tokio::test]
 async fn a_dry_run_is_sent_to_webhooks_without_side_effects_and_stores_nothing() {
-    let pki = Pki::new();
-    let (cert, key) = pki.leaf_for_dns("svc", &["kiln-webhook.kiln-system.svc"]);
-    let (hook, _, _) = Webhook::start(&pki, &cert, &key).await;
-    let api = KubeApi::start();
-    api.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}}));
-    register(
-        &api,
-        &std::fs::read_to_string(pki.path("ca.pem")).unwrap(),
-        hook.port,
-    );
+    let (_pki, _hook, api) = registered().await;
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
