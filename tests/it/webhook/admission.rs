@@ -315,3 +315,108 @@ async fn a_dry_run_is_sent_to_webhooks_without_side_effects_and_stores_nothing()
         )
     );
 }
+
+/// A mutating webhook configuration `name` (webhooks are called in configuration-name order)
+/// calling `path` on the `kubernetes` Service in `default` (a name the in-memory API server's
+/// own certificate carries, so a test server can serve it), for ConfigMaps.
+fn config_map_hook(name: &str, path: &str, reinvocation: &str, failure: &str, ca: &str) -> Value {
+    json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{"name": format!("{name}.example.com"), "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": failure, "reinvocationPolicy": reinvocation,
+            "clientConfig": {"service": {"name": "kubernetes", "namespace": "default", "path": path},
+                             "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["configmaps"]}]}]})
+}
+
+/// Serves two mutating webhooks over TLS with the API server's certificate: `/a` records in
+/// annotation `a-saw-b` whether annotation `b` is there; `/b` adds `b`.
+async fn serve_a_and_b(api: &KubeApi) -> u16 {
+    use axum::routing::post;
+    async fn review(body: axum::Json<Value>, add: fn(&Value) -> Value) -> axum::Json<Value> {
+        let request = &body.0["request"];
+        let patch =
+            base64::engine::general_purpose::STANDARD.encode(add(&request["object"]).to_string());
+        axum::Json(
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": request["uid"], "allowed": true, "patchType": "JSONPatch",
+                         "patch": patch}}),
+        )
+    }
+    fn a(object: &Value) -> Value {
+        let saw = object["metadata"]["annotations"]["b"]
+            .is_string()
+            .to_string();
+        let mut ops = Vec::new();
+        if object["metadata"]["annotations"].is_null() {
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        }
+        ops.push(json!({"op": "add", "path": "/metadata/annotations/a-saw-b", "value": saw}));
+        Value::Array(ops)
+    }
+    fn b(object: &Value) -> Value {
+        let mut ops = Vec::new();
+        if object["metadata"]["annotations"].is_null() {
+            ops.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        }
+        ops.push(json!({"op": "add", "path": "/metadata/annotations/b", "value": "1"}));
+        Value::Array(ops)
+    }
+    let app = axum::Router::new()
+        .route("/a", post(|body| review(body, a)))
+        .route("/b", post(|body| review(body, b)));
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let listener =
+        crate::common::kube_api::tls::TlsListener::new(tcp, crate::common::kube_api::pki::pki());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    // The `kubernetes` Service's endpoint: a Ready Pod on 127.0.0.1.
+    api.insert(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "default"},
+        "spec": {"selector": {"app": "hooks"}, "ports": [{"port": 443, "targetPort": port}]}}));
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hooks", "namespace": "default", "labels": {"app": "hooks"}},
+        "spec": {"containers": [{"name": "hooks", "image": "x", "ports": [{"containerPort": port}]}]},
+        "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}));
+    port
+}
+
+#[tokio::test]
+async fn a_webhook_reinvoked_if_needed_sees_what_a_later_one_changed_and_ignore_fails_open() {
+    let api = KubeApi::start();
+    serve_a_and_b(&api).await;
+    let ca = api.ca_pem().to_string();
+    let cms: Api<ConfigMap> = Api::namespaced(api.client(), "default");
+    let create = |name: &str| {
+        let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+        let cms = cms.clone();
+        async move { cms.create(&PostParams::default(), &cm).await }
+    };
+    let annotation = |name: &str, key: &str| {
+        api.get("ConfigMap", "default", name).unwrap()["metadata"]["annotations"][key].clone()
+    };
+    // `a` runs before `b` (configurations by name); without reinvocation it never sees `b`.
+    api.insert(config_map_hook("a", "/a", "Never", "Fail", &ca));
+    api.insert(config_map_hook("b", "/b", "Never", "Fail", &ca));
+    create("once").await.unwrap();
+    assert_eq!(annotation("once", "a-saw-b"), "false");
+    assert_eq!(annotation("once", "b"), "1");
+    // IfNeeded: `b` changed the object after `a` ran, so `a` runs once more.
+    api.insert(config_map_hook("a", "/a", "IfNeeded", "Fail", &ca));
+    create("twice").await.unwrap();
+    assert_eq!(annotation("twice", "a-saw-b"), "true");
+    // failurePolicy Ignore: a webhook that cannot be called is passed over.
+    let mut broken = config_map_hook("c", "/a", "Never", "Ignore", &ca);
+    broken["webhooks"][0]["clientConfig"]["service"]["name"] = json!("nowhere");
+    api.insert(broken);
+    create("ignored").await.unwrap();
+    let mut failing = config_map_hook("d", "/a", "Never", "Fail", &ca);
+    failing["webhooks"][0]["clientConfig"]["service"]["name"] = json!("nowhere");
+    api.insert(failing);
+    let err = create("refused").await.unwrap_err();
+    let (code, message) = refusal(err);
+    assert_eq!(code, 500);
+    assert!(
+        message.contains("service \"nowhere\" not found"),
+        "{message}"
+    );
+}
