@@ -42,16 +42,6 @@ impl InUse {
         flock(&file, FlockOperation::LockShared)?;
         Ok(InUse(Some(Arc::new(file))))
     }
-
-    /// Turns an exclusive lock this process holds on the file into this shared mark (an
-    /// unpack that just finished keeps the entry in use without letting go in between).
-    ///
-    /// # Errors
-    /// When the lock cannot be converted.
-    pub fn downgrade(file: File) -> io::Result<InUse> {
-        flock(&file, FlockOperation::LockShared)?;
-        Ok(InUse(Some(Arc::new(file))))
-    }
 }
 
 /// The exclusive lock on `lock` if nobody holds it (for removing its entry), else `None`.
@@ -107,10 +97,5 @@ mod tests {
         let taken = try_exclusive(&lock).unwrap().expect("free");
         assert!(try_exclusive(&lock).unwrap().is_none());
         drop(taken);
-        let file = try_exclusive(&lock).unwrap().unwrap();
-        let kept = InUse::downgrade(file).unwrap();
-        assert!(try_exclusive(&lock).unwrap().is_none());
-        let _other_reader = InUse::shared(&lock).unwrap();
-        drop(kept);
     }
 }

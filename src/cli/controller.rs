@@ -70,7 +70,8 @@ pub struct ControllerArgs {
     #[arg(long, default_value = "kiln-registry")]
     pub registry_secret: String,
     /// A ConfigMap (key ca.crt) of CAs build Jobs trust for package and image registries
-    /// and git servers, in the controller's namespace (empty: none).
+    /// and git servers, in the controller's namespace (empty: none); the controller trusts
+    /// them too, for its registry lookups (read at start) and git references.
     #[arg(long, value_name = "NAME", env = "KILN_CA_BUNDLE_CONFIGMAP")]
     pub ca_bundle_configmap: Option<String>,
     /// The Secret (keys .npmrc, pip.conf) of private package registries, in a Function's
@@ -165,11 +166,20 @@ pub enum ServingArg {
 
 pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
     let config = config(&args).map_err(Failure::Usage)?;
-    let registry = Client::new(args.access.client_config().map_err(Failure::Usage)?)
-        .context("setting up the registry client")
-        .map_err(Failure::Usage)?;
     let client = kube_client(args.kubeconfig.as_deref())
         .await
+        .map_err(Failure::Usage)?;
+    let mut registry_config = args.access.client_config().map_err(Failure::Usage)?;
+    // The CAs the builds trust are the controller's too, for its own registry lookups (is
+    // the image built? which digest is the base?). Read once, at start.
+    if let Some(name) = &config.ca_bundle_configmap {
+        let pem = crate::controller::lookup::ca_bundle(&client, &config.namespace, name)
+            .await
+            .map_err(|e| Failure::Usage(anyhow::anyhow!("{}", e.chain())))?;
+        registry_config.extra_ca_pem.push(pem);
+    }
+    let registry = Client::new(registry_config)
+        .context("setting up the registry client")
         .map_err(Failure::Usage)?;
     let identity = std::env::var("POD_NAME")
         .ok()

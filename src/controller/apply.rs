@@ -46,7 +46,7 @@ where
         {
             return Ok(Outcome::Unchanged);
         }
-        tracing::info!(kind, name = %name, "reverting a change made to the object by hand");
+        tracing::info!(kind, name = %name, "reverting a change made to the object");
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     api.patch(&name, &params, &Patch::Apply(desired))
@@ -111,7 +111,7 @@ fn holds_at(live: &Value, desired: &Value, at: [Option<&str>; 2]) -> bool {
     match (desired, live) {
         (Value::Object(want), Value::Object(have)) => want.iter().all(|(k, v)| match have.get(k) {
             Some(h) => holds_at(h, v, [at[1], Some(k)]),
-            None => is_empty(v),
+            None => is_empty(v) || is_zero(v),
         }),
         (Value::Object(_) | Value::Array(_), Value::Null) => is_empty(desired),
         (Value::Array(want), Value::Array(have)) => match want.first().and_then(merge_key) {
@@ -138,6 +138,17 @@ fn merge_key(item: &Value) -> Option<&'static str> {
     const KEYS: [&str; 6] = ["name", "mountPath", "containerPort", "port", "uid", "type"];
     let object = item.as_object()?;
     KEYS.into_iter().find(|k| object.contains_key(*k))
+}
+
+/// `""`, `false` or `0`: what the API server omits for an `omitempty` field of a built-in
+/// kind (an env var's empty `value`, say), so a live object without it holds it.
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::String(s) => s.is_empty(),
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        _ => false,
+    }
 }
 
 fn is_empty(v: &Value) -> bool {
@@ -203,6 +214,12 @@ mod tests {
             *edited.pointer_mut(pointer).unwrap() = edit;
             assert!(!holds(&edited, &desired), "{pointer} changed by hand");
         }
+        // What the API server omits (`omitempty`): an empty env value, a false flag.
+        let omitted = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "f", "env": [{"name": "EMPTY", "value": ""}], "stdin": false}]}}}});
+        let stored = json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "f", "env": [{"name": "EMPTY"}]}]}}}});
+        assert!(holds(&stored, &omitted));
         let mut removed = live.clone();
         removed["metadata"]["labels"]
             .as_object_mut()

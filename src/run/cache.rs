@@ -141,8 +141,8 @@ impl RootfsCache {
         self.root.join(digest.algorithm()).join(digest.hex())
     }
 
-    /// The entry for manifest `digest`, if it is complete, marked in use (waiting while an
-    /// unpack or a prune of it is under way) and touched (its last use, for prune).
+    /// The entry for manifest `digest`, if it is complete, marked in use (waiting while a
+    /// prune removes it) and touched (its last use, for prune).
     pub fn lookup(&self, digest: &Digest) -> Option<Entry> {
         let in_use = crate::inuse::InUse::shared(&self.lock_path(digest)).ok()?;
         self.lookup_held(digest, in_use)

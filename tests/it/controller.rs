@@ -371,18 +371,53 @@ fn hand_edits_to_what_kiln_sets_are_reverted_and_a_steady_state_writes_nothing()
     let label = "serverless.kyma-project.io/function-name";
     assert_eq!(rendered["metadata"]["labels"][label], "hello");
 
-    // By hand, as `kubectl edit` would: another image, more replicas, a label kiln sets
-    // removed, and another label added (someone else's: it stays).
+    // By hand, as `kubectl edit` would (a PUT: its manager takes over what it changed):
+    // another image, more replicas, a label kiln sets removed, and another label added
+    // (someone else's: it stays).
     let mut edited = rendered.clone();
     edited["spec"]["template"]["spec"]["containers"][0]["image"] = json!("evil.example.com/x:1");
     edited["spec"]["replicas"] = json!(7);
     let labels = edited["metadata"]["labels"].as_object_mut().unwrap();
     labels.remove(label);
     labels.insert("team.example.com/owner".into(), json!("ops"));
-    env.api.insert(edited);
+    // Unconditional (no resourceVersion): the rollout stand-in writes the status meanwhile.
+    edited["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    let by_hand = kube::api::PostParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..Default::default()
+    };
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(env.api.client(), "team");
+    env.api.block_on(async {
+        let edited = serde_json::from_value(edited).unwrap();
+        deployments
+            .replace("hello", &by_hand, &edited)
+            .await
+            .unwrap();
+    });
     let mut service = env.api.get("Service", "team", "hello").unwrap();
     service["spec"]["ports"][0]["targetPort"] = json!(9090);
-    env.api.insert(service);
+    service["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(env.api.client(), "team");
+    env.api.block_on(async {
+        let service = serde_json::from_value(service).unwrap();
+        services.replace("hello", &by_hand, &service).await.unwrap();
+    });
+    let edited = env.api.get("Deployment", "team", "hello").unwrap();
+    let owners: Vec<&str> = edited["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap())
+        .collect();
+    assert!(owners.contains(&"kubectl-edit"), "{owners:?}");
 
     env.wait("the hand edits reverted", Duration::from_secs(30), || {
         let d = env.api.get("Deployment", "team", "hello").unwrap();

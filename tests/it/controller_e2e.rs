@@ -585,6 +585,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // and a Function applied meanwhile is built once.
     let old_leader = leader(&api).unwrap();
     kubectl.ok(&["-n", SYSTEM, "delete", "pod", &old_leader, "--wait=false"]);
+    let killed = Instant::now();
     kubectl.ok_with_input(
         &["-n", "team", "apply", "-f", "-"],
         &function_yaml(
@@ -594,7 +595,6 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
             WORDS_DEPENDENCIES,
         ),
     );
-    let killed = Instant::now();
     let new_leader = wait(
         "another replica to lead",
         Duration::from_secs(60),

@@ -95,11 +95,10 @@ pub fn used(api: &KubeApi) -> BTreeSet<Permission> {
 }
 
 /// Fails unless every permission deploy/rbac.yaml grants was used, but for
-/// `used_elsewhere`, and nothing was used that it does not grant.
+/// `used_elsewhere`. (The audit records only what RBAC allowed, so granting less than the
+/// controller needs shows as a 403 that fails the run itself, not here.)
 pub fn assert_rbac_is(api: &KubeApi, used_elsewhere: &[Permission]) {
     let (granted, used) = (granted(), used(api));
-    let missing: Vec<&Permission> = used.difference(&granted).collect();
-    assert!(missing.is_empty(), "used but not granted: {missing:?}");
     let unused: BTreeSet<Permission> = granted
         .difference(&used)
         .filter(|p| !used_elsewhere.contains(p))

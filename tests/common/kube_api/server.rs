@@ -512,12 +512,9 @@ fn replace(
     } else {
         Target::Main
     };
-    // Custom resources need optimistic concurrency on PUT; built-in kinds allow an
-    // unconditional update.
-    if route.kind.custom
-        && target == Target::Main
-        && meta::meta_str(&new, "resourceVersion").is_none()
-    {
+    // Custom resources need optimistic concurrency on PUT, of the object and of its status
+    // (the CRD strategies do not allow unconditional updates); built-in kinds allow one.
+    if route.kind.custom && meta::meta_str(&new, "resourceVersion").is_none() {
         return Err(Error::Invalid {
             kind: route.kind,
             name: route.name.clone().unwrap_or_default(),

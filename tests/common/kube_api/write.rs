@@ -178,6 +178,9 @@ impl Store {
                 .unwrap_or(("metadata.labels", &message));
             causes.push(Cause::new("FieldValueInvalid", field, rest));
         }
+        if kind.group == "admissionregistration.k8s.io" {
+            causes.extend(super::webhooks::validate_configuration(obj));
+        }
         if let Some(crd) = self.crd(kind) {
             causes.extend(crd.validate(obj, old));
         }

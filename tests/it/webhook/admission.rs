@@ -294,25 +294,33 @@ async fn a_dry_run_is_sent_to_webhooks_without_side_effects_and_stores_nothing()
         api.get("Function", "team", "good").is_none(),
         "a dry run stores nothing"
     );
-    // A webhook that declares side effects cannot be called on a dry run.
+    // A webhook with side effects cannot even be registered (admissionregistration/v1).
     let mut config = api
         .get("MutatingWebhookConfiguration", "", "kiln-functions")
         .unwrap();
     config["webhooks"][0]["sideEffects"] = json!("Some");
-    api.insert(config);
-    let spec = json!({"runtime": "nodejs22", "source": {"inline": {"source": "x"}}});
-    let err = functions(&api)
-        .create(&dry, &function("good", spec))
+    config["webhooks"][0]["timeoutSeconds"] = json!(60);
+    let configs = Api::<DynamicObject>::all_with(
+        api.client(),
+        &kube::api::ApiResource {
+            group: "admissionregistration.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "admissionregistration.k8s.io/v1".into(),
+            kind: "MutatingWebhookConfiguration".into(),
+            plural: "mutatingwebhookconfigurations".into(),
+        },
+    );
+    let config: DynamicObject = serde_json::from_value(config).unwrap();
+    let err = configs
+        .replace("kiln-functions", &PostParams::default(), &config)
         .await
         .unwrap_err();
-    assert_eq!(
-        refusal(err),
-        (
-            400,
-            "admission webhook \"defaulting.functions.serverless.kyma-project.io\" does not \
-             support dry run"
-                .into()
-        )
+    let (code, message) = refusal(err);
+    assert_eq!(code, 422);
+    assert!(
+        message.contains("webhooks[0].sideEffects: Unsupported value: \"Some\"")
+            && message.contains("webhooks[0].timeoutSeconds: Invalid value: 60"),
+        "{message}"
     );
 }
 

@@ -22,7 +22,7 @@ use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::error::{Error, Result};
+use super::error::{Cause, Error, Result};
 use super::kinds::{Kind, Route};
 use super::meta;
 use super::selector::LabelSelector;
@@ -82,6 +82,78 @@ impl Hook {
     fn selector(&self, field: &str) -> LabelSelector {
         LabelSelector::from_json(&self.spec[field]).unwrap_or_default()
     }
+}
+
+/// What admissionregistration/v1 validation refuses in a Mutating or Validating
+/// WebhookConfiguration: a webhook without a name, `sideEffects` other than `None` and
+/// `NoneOnDryRun`, no `admissionReviewVersions`, `timeoutSeconds` outside 1–30, a
+/// `failurePolicy`, `matchPolicy` or `reinvocationPolicy` it does not know.
+pub(super) fn validate_configuration(config: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    for (i, hook) in config["webhooks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = |field: &str| format!("webhooks[{i}].{field}");
+        let text = |field: &str| hook[field].as_str().map(str::to_string);
+        if text("name").is_none_or(|n| n.is_empty()) {
+            causes.push(Cause::new(
+                "FieldValueRequired",
+                at("name"),
+                "Required value",
+            ));
+        }
+        let supported = |field: &str, values: &[&str], required: bool| -> Option<Cause> {
+            match text(field) {
+                None if required => {
+                    let list: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+                    let message =
+                        format!("Required value: must specify one of {}", list.join(", "));
+                    Some(Cause::new("FieldValueRequired", at(field), message))
+                }
+                Some(v) if !values.contains(&v.as_str()) => {
+                    let list: Vec<String> = values.iter().map(|v| format!("{v:?}")).collect();
+                    let message = format!(
+                        "Unsupported value: {v:?}: supported values: {}",
+                        list.join(", ")
+                    );
+                    Some(Cause::new("FieldValueNotSupported", at(field), message))
+                }
+                _ => None,
+            }
+        };
+        causes.extend(supported("sideEffects", &["None", "NoneOnDryRun"], true));
+        causes.extend(supported("failurePolicy", &["Ignore", "Fail"], false));
+        causes.extend(supported("matchPolicy", &["Exact", "Equivalent"], false));
+        causes.extend(supported(
+            "reinvocationPolicy",
+            &["Never", "IfNeeded"],
+            false,
+        ));
+        if hook["admissionReviewVersions"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+        {
+            causes.push(Cause::new(
+                "FieldValueRequired",
+                at("admissionReviewVersions"),
+                "Required value: must specify one of v1, v1beta1",
+            ));
+        }
+        if let Some(t) = hook["timeoutSeconds"]
+            .as_i64()
+            .filter(|t| !(1..=30).contains(t))
+        {
+            causes.push(Cause::new(
+                "FieldValueInvalid",
+                at("timeoutSeconds"),
+                format!("Invalid value: {t}: the timeout value must be between 1 and 30 seconds"),
+            ));
+        }
+    }
+    causes
 }
 
 /// The webhooks whose rules and namespace selector match, in kube-apiserver's order
