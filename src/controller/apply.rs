@@ -3,7 +3,9 @@
 //! every value kiln sets (so an unchanged Function costs no write, and a hand edit of a field
 //! kiln owns is reverted by the next pass), creates for immutable objects, and deletes.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::Mutex;
 
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -26,24 +28,59 @@ pub enum Outcome {
     Unchanged,
 }
 
+/// Live objects found to hold what kiln applies, by kind, namespace and name: their
+/// resourceVersion and applied-hash then. An object unchanged since (same resourceVersion)
+/// that kiln would render the same (same hash) still holds it, so steady-state passes skip
+/// the comparison.
+#[derive(Default)]
+pub struct Verified(Mutex<HashMap<String, (String, String)>>);
+
+impl Verified {
+    fn key<K: Resource>(kind: &str, object: &K) -> String {
+        let meta = object.meta();
+        format!(
+            "{kind}/{}/{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default()
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// Applies `desired` unless `live` already carries its applied-hash and every value it
 /// sets ([`holds`]).
 ///
 /// # Errors
 /// The API request failed.
-pub async fn apply<K>(api: &Api<K>, kind: &str, desired: &K, live: Option<&K>) -> Result<Outcome>
+pub async fn apply<K>(
+    api: &Api<K>,
+    kind: &str,
+    desired: &K,
+    live: Option<&K>,
+    verified: &Verified,
+) -> Result<Outcome>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {
     let name = desired.meta().name.clone().unwrap_or_default();
     if let Some(live) = live
-        && applied_hash(live.meta()).is_some()
-        && applied_hash(live.meta()) == applied_hash(desired.meta())
+        && let Some(hash) = applied_hash(live.meta())
+        && Some(hash) == applied_hash(desired.meta())
     {
+        let key = Verified::key(kind, live);
+        let version = live.meta().resource_version.clone().unwrap_or_default();
+        let seen = (version, hash.to_string());
+        if verified.lock().get(&key) == Some(&seen) {
+            return Ok(Outcome::Unchanged);
+        }
         let (want, have) = (serde_json::to_value(desired), serde_json::to_value(live));
         if let (Ok(want), Ok(have)) = (&want, &have)
             && holds(have, want)
         {
+            verified.lock().insert(key, seen);
             return Ok(Outcome::Unchanged);
         }
         tracing::info!(kind, name = %name, "reverting a change made to the object");

@@ -52,16 +52,31 @@ async fn deployment(
     let desired = render::deployment::deployment(f, plan, &ctx.config, digest);
     let live = ctx.stores.deployments.get(&object_ref(ns, name));
     let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), ns);
-    let outcome = apply::apply(&api, "Deployment", &desired, live.as_deref()).await?;
+    let outcome =
+        apply::apply(&api, "Deployment", &desired, live.as_deref(), &ctx.verified).await?;
     let service = render::service::service(f);
     let live_service = ctx.stores.services.get(&object_ref(ns, name));
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), ns);
-    apply::apply(&services, "Service", &service, live_service.as_deref()).await?;
+    apply::apply(
+        &services,
+        "Service",
+        &service,
+        live_service.as_deref(),
+        &ctx.verified,
+    )
+    .await?;
     let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(ctx.client.clone(), ns);
     let live_hpa = ctx.stores.hpas.get(&object_ref(ns, name));
     match render::hpa::hpa(f, &ctx.config) {
         Some(hpa) => {
-            apply::apply(&hpas, "HorizontalPodAutoscaler", &hpa, live_hpa.as_deref()).await?;
+            apply::apply(
+                &hpas,
+                "HorizontalPodAutoscaler",
+                &hpa,
+                live_hpa.as_deref(),
+                &ctx.verified,
+            )
+            .await?;
         }
         None if live_hpa.is_some() => apply::delete(&hpas, "HorizontalPodAutoscaler", name).await?,
         None => {}
@@ -174,7 +189,14 @@ async fn knative(
         s.get(&kube::runtime::reflector::ObjectRef::new_with(name, resource.clone()).within(ns))
     });
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), ns, &resource);
-    let outcome = apply::apply(&api, "Knative Service", &desired, live.as_deref()).await?;
+    let outcome = apply::apply(
+        &api,
+        "Knative Service",
+        &desired,
+        live.as_deref(),
+        &ctx.verified,
+    )
+    .await?;
     if outcome != Outcome::Unchanged {
         st.set(
             Kind::Running,

@@ -90,7 +90,7 @@ async fn copy_secret(ctx: &Context, namespace: &str) -> Result<()> {
         .get_opt(name)
         .await
         .map_err(Error::kube(format!("reading Secret {namespace}/{name}")))?;
-    apply::apply(&to, "Secret", &copy, live.as_ref()).await?;
+    apply::apply(&to, "Secret", &copy, live.as_ref(), &ctx.verified).await?;
     Ok(())
 }
 
@@ -108,6 +108,6 @@ async fn copy_config_map(ctx: &Context, namespace: &str, name: &str) -> Result<(
         .get_opt(name)
         .await
         .map_err(Error::kube(format!("reading ConfigMap {namespace}/{name}")))?;
-    apply::apply(&to, "ConfigMap", &copy, live.as_ref()).await?;
+    apply::apply(&to, "ConfigMap", &copy, live.as_ref(), &ctx.verified).await?;
     Ok(())
 }

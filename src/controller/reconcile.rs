@@ -52,6 +52,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Namespaces whose registry Secret copy is fresh.
     pub plumbing: plumbing::Checked,
+    /// Children found to hold what was applied, and at which resourceVersion.
+    pub verified: super::apply::Verified,
 }
 
 /// When a pass whose Function was stale runs again at the latest.

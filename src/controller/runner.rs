@@ -141,6 +141,7 @@ pub async fn run(opts: Options) -> Result<()> {
         git_checked: Mutex::default(),
         catalog: Catalog::embedded(),
         plumbing: Default::default(),
+        verified: Default::default(),
         metrics: metrics.clone(),
         stores,
         config: opts.config.clone(),
