@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::core::v1::{
+    EnvVar, PodSecurityContext, ResourceRequirements, SecurityContext,
+};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +67,16 @@ pub struct FunctionSpec {
     pub runtime_image_override: Option<String>,
     /// The code: inline, or from a git repository.
     pub source: Source,
+    /// The Function Pod's security context. Fields left out keep kiln's (user and group
+    /// 10001, non-root, the RuntimeDefault seccomp profile); what the restricted Pod Security
+    /// Standard forbids is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
+    /// The Function container's security context. Fields left out keep kiln's (not
+    /// privileged, no privilege escalation, all capabilities dropped, a read-only root
+    /// filesystem, non-root); what the restricted Pod Security Standard forbids is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<SecurityContext>,
     /// Environment variables of the Function's container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
@@ -260,15 +272,24 @@ pub struct FunctionStatus {
     /// ConfigurationReady, BuildReady and Running.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Git: the directory built.
+    /// Git: the directory built (deprecated in Kyma for `gitRepository.baseDir`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_dir: Option<String>,
-    /// Git: the reference resolved.
+    /// Git: the reference resolved (deprecated in Kyma for `gitRepository.reference`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reference: Option<String>,
-    /// Git: the commit built.
+    /// Git: the commit built (deprecated in Kyma for `gitRepository.commit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit: Option<String>,
+    /// A git source: its URL, directory, reference and the commit built (Kyma's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_repository: Option<GitRepositoryStatus>,
+    /// The security context the Function's Pod runs with (Kyma's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
+    /// The security context the Function's container runs with (Kyma's field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<SecurityContext>,
     /// Replicas running (the scale subresource's status path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i32>,
@@ -296,6 +317,23 @@ pub struct FunctionStatus {
     /// The generation these conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// Where a git Function's code came from, in Kyma's shape.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GitRepositoryStatus {
+    /// The repository's URL.
+    pub url: String,
+    /// The Function's directory in the repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_dir: Option<String>,
+    /// The branch, tag or commit the spec names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
+    /// The commit built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
 }
 
 /// One condition, in Kyma's shape.

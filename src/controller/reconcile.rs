@@ -14,13 +14,14 @@ use tracing::Instrument;
 use super::builds::{self, Build};
 use super::conditions::{Kind, State, reason};
 use super::config::Config;
-use super::crd::Function;
+use super::crd::{Function, GitRepositoryStatus};
 use super::deploy;
 use super::error::{Error, Result};
 use super::lookup::{self, CommitResolver, Images, RegistryConfigs};
 use super::metrics::Metrics;
 use super::plan::{self, Lookups};
 use super::plumbing;
+use super::render;
 use super::slots::{BuildSlots, waiter};
 use super::status::{Working, Written};
 use super::stores::Stores;
@@ -134,6 +135,8 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
     st.status.build_resource_profile = Some(plan.build_resources.profile.clone());
     st.status.runtime_image = Some(plan.base.clone());
     st.status.runtime_image_override = f.spec.runtime_image_override.clone();
+    st.status.pod_security_context = Some(render::deployment::pod_security_context(f));
+    st.status.container_security_context = Some(render::deployment::container_security_context(f));
     match &plan.source {
         plan::SourcePlan::Git {
             commit, base_dir, ..
@@ -150,8 +153,15 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
             st.status.commit = Some(commit.clone());
             st.status.base_dir = Some(base_dir.clone());
             st.status.reference = git.map(|g| g.reference.clone());
+            st.status.git_repository = git.map(|g| GitRepositoryStatus {
+                url: g.url.clone(),
+                base_dir: Some(base_dir.clone()),
+                reference: Some(g.reference.clone()),
+                commit: Some(commit.clone()),
+            });
         }
         plan::SourcePlan::Inline { .. } => {
+            st.status.git_repository = None;
             if st
                 .condition(Kind::ConfigurationReady)
                 .is_none_or(|c| c.status != "True")

@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 use super::{tool_exists, try_run_with_input};
 
-/// The Kubernetes release whose schema objects are checked against (k8s-openapi's `v1_33`).
-pub const KUBERNETES_VERSION: &str = "1.33.0";
+/// The Kubernetes release whose schema objects are checked against (k8s-openapi's `v1_34`).
+pub const KUBERNETES_VERSION: &str = "1.34.0";
 /// The validator program and the PyPI release `.ci/run` installs.
 pub const VALIDATOR: &str = "kubernetes-validate";
 const VALIDATOR_PIN: &str = "kubernetes-validate==1.37.0";

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource};
+use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, FileKeySelector};
 
 use super::{Verdict, config_map_key, dns1123_subdomain, env_var_name};
 use crate::controller::crd::RESERVED_ENV;
@@ -80,6 +80,7 @@ fn check_source(field: &str, from: &EnvVarSource, verdict: &mut Verdict) {
         from.secret_key_ref.is_some(),
         from.field_ref.is_some(),
         from.resource_field_ref.is_some(),
+        from.file_key_ref.is_some(),
     ]
     .into_iter()
     .filter(|s| *s)
@@ -88,11 +89,14 @@ fn check_source(field: &str, from: &EnvVarSource, verdict: &mut Verdict) {
         verdict.error(
             field,
             format!(
-                "must have exactly one of configMapKeyRef, secretKeyRef, fieldRef and \
-                 resourceFieldRef (it has {set})"
+                "must have exactly one of configMapKeyRef, secretKeyRef, fieldRef, \
+                 resourceFieldRef and fileKeyRef (it has {set})"
             ),
         );
         return;
+    }
+    if let Some(r) = &from.file_key_ref {
+        check_file_key_ref(&format!("{field}.fileKeyRef"), r, verdict);
     }
     if let Some(r) = &from.config_map_key_ref {
         check_key_ref(
@@ -145,6 +149,47 @@ fn check_source(field: &str, from: &EnvVarSource, verdict: &mut Verdict) {
                 ),
             );
         }
+    }
+}
+
+/// The emptyDir volume of a Function's Pod, the only one an env file can be in.
+const ENV_FILE_VOLUME: &str = "tmp";
+
+/// `fileKeyRef` (Kubernetes' EnvFiles): a key of an env file in one of the Pod's emptyDir
+/// volumes. kiln passes it through, as Kyma does, and checks what the API server would.
+fn check_file_key_ref(field: &str, r: &FileKeySelector, verdict: &mut Verdict) {
+    if r.volume_name != ENV_FILE_VOLUME {
+        verdict.error(
+            format!("{field}.volumeName"),
+            format!(
+                "{:?} is not an emptyDir volume of the Function's Pod: env files can only be \
+                 read from {ENV_FILE_VOLUME:?} (mounted at /tmp)",
+                r.volume_name
+            ),
+        );
+    }
+    let path = std::path::Path::new(&r.path);
+    let escapes = path
+        .components()
+        .any(|c| !matches!(c, std::path::Component::Normal(_)));
+    if r.path.is_empty() || escapes {
+        verdict.error(
+            format!("{field}.path"),
+            format!(
+                "{:?} must be a relative path inside the volume, without '..'",
+                r.path
+            ),
+        );
+    }
+    let printable = r.key.chars().all(|c| c.is_ascii_graphic() && c != '=');
+    if r.key.is_empty() || r.key.len() > 128 || !printable {
+        verdict.error(
+            format!("{field}.key"),
+            format!(
+                "{:?} must be 1 to 128 printable ASCII characters other than '='",
+                r.key
+            ),
+        );
     }
 }
 

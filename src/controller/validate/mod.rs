@@ -5,7 +5,7 @@
 //! reason InvalidFunctionSpec, same messages). Pure: no I/O.
 //!
 //! Kyma's rules (legacy controller `validation.go`, v1alpha1 webhook) plus kiln's: the name is a
-//! DNS-1035 label and `<namespace>-<name>` a repository path component; the runtime is one of
+//! DNS-1035 label and `<namespace>/<name>` a repository path; the runtime is one of
 //! the catalog's (or a Kyma name it maps, with a warning); resource minimums, requests ≤
 //! limits; env, secretMount, label and annotation rules; the dependency manifest's syntax;
 //! git sources over HTTP(S) only (kiln's builder image has no `ssh`); a valid
@@ -18,6 +18,7 @@ mod env;
 pub mod names;
 mod pod;
 mod resources;
+mod security;
 mod source;
 
 use std::fmt;
@@ -102,6 +103,11 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
     pod::check_secret_mounts(&spec.secret_mounts, runtime, &mut verdict);
     pod::check_labels(&spec.labels, &mut verdict);
     pod::check_annotations(&spec.annotations, &mut verdict);
+    security::check(
+        spec.pod_security_context.as_ref(),
+        spec.container_security_context.as_ref(),
+        &mut verdict,
+    );
     source::check(&spec.source, runtime, &mut verdict);
     check_scaling(function, &mut verdict);
     verdict
@@ -149,8 +155,8 @@ fn check_name(function: &Function, verdict: &mut Verdict) {
         );
         return;
     }
-    // The image repository is `<registry>/<namespace>-<name>`.
-    let repository = format!("{namespace}-{name}");
+    // The image repository is `<registry>/<namespace>/<name>`.
+    let repository = format!("{namespace}/{name}");
     if let Err(e) = format!("registry.invalid/{repository}").parse::<Reference>() {
         verdict.error(
             "metadata.name",

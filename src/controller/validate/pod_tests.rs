@@ -187,3 +187,126 @@ fn annotations_follow_kubernetes_metadata_rules_and_size_limit() {
         json!({"Example.com/Note": "any value at all: ✓"}),
     )));
 }
+
+#[test]
+fn file_key_refs_name_an_env_file_in_the_pods_tmp_volume() {
+    let file = |volume: &str, path: &str, key: &str| {
+        json!([{"name": "A", "valueFrom": {"fileKeyRef": {
+            "volumeName": volume, "path": path, "key": key, "optional": true}}}])
+    };
+    valid(&verdict(env(file("tmp", "config.env", "MODE"))));
+    only_error(
+        &verdict(env(file("data", "config.env", "MODE"))),
+        "spec.env[0].valueFrom.fileKeyRef.volumeName",
+        "not an emptyDir volume of the Function's Pod",
+    );
+    only_error(
+        &verdict(env(file("tmp", "../etc/passwd", "MODE"))),
+        "spec.env[0].valueFrom.fileKeyRef.path",
+        "without '..'",
+    );
+    only_error(
+        &verdict(env(file("tmp", "config.env", "A=B"))),
+        "spec.env[0].valueFrom.fileKeyRef.key",
+        "other than '='",
+    );
+}
+
+fn security(pod: Value, container: Value) -> impl FnOnce(&mut Value) {
+    move |f| {
+        f["spec"]["podSecurityContext"] = pod;
+        f["spec"]["containerSecurityContext"] = container;
+    }
+}
+
+#[test]
+fn security_contexts_may_tighten_but_not_leave_the_restricted_standard() {
+    valid(&verdict(security(
+        json!({"runAsUser": 2000, "fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"},
+               "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}),
+        json!({"readOnlyRootFilesystem": false, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}),
+    )));
+    let refused = [
+        (
+            json!({"runAsUser": 0}),
+            json!({}),
+            "spec.podSecurityContext.runAsUser",
+            "as root",
+        ),
+        (
+            json!({"runAsNonRoot": false}),
+            json!({}),
+            "spec.podSecurityContext.runAsNonRoot",
+            "must be true",
+        ),
+        (
+            json!({"seccompProfile": {"type": "Unconfined"}}),
+            json!({}),
+            "spec.podSecurityContext.seccompProfile.type",
+            "RuntimeDefault or Localhost",
+        ),
+        (
+            json!({"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}),
+            json!({}),
+            "spec.podSecurityContext.sysctls[0].name",
+            "not a safe sysctl",
+        ),
+        (
+            json!({"seLinuxOptions": {"type": "spc_t"}}),
+            json!({}),
+            "spec.podSecurityContext.seLinuxOptions.type",
+            "container_t",
+        ),
+        (
+            json!({}),
+            json!({"privileged": true}),
+            "spec.containerSecurityContext.privileged",
+            "reaches the node",
+        ),
+        (
+            json!({}),
+            json!({"allowPrivilegeEscalation": true}),
+            "spec.containerSecurityContext.allowPrivilegeEscalation",
+            "must be false",
+        ),
+        (
+            json!({}),
+            json!({"capabilities": {"drop": ["NET_RAW"]}}),
+            "spec.containerSecurityContext.capabilities.drop",
+            "must include ALL",
+        ),
+        (
+            json!({}),
+            json!({"capabilities": {"drop": ["ALL"], "add": ["SYS_ADMIN"]}}),
+            "spec.containerSecurityContext.capabilities.add[0]",
+            "only NET_BIND_SERVICE",
+        ),
+        (
+            json!({}),
+            json!({"procMount": "Unmasked"}),
+            "spec.containerSecurityContext.procMount",
+            "must be Default",
+        ),
+        (
+            json!({}),
+            json!({"runAsUser": 0}),
+            "spec.containerSecurityContext.runAsUser",
+            "as root",
+        ),
+        (
+            json!({}),
+            json!({"appArmorProfile": {"type": "Unconfined"}}),
+            "spec.containerSecurityContext.appArmorProfile.type",
+            "RuntimeDefault or Localhost",
+        ),
+        (
+            json!({}),
+            json!({"windowsOptions": {"hostProcess": true}}),
+            "spec.containerSecurityContext.windowsOptions.hostProcess",
+            "must not be true",
+        ),
+    ];
+    for (pod, container, field, text) in refused {
+        only_error(&verdict(security(pod, container)), field, text);
+    }
+}

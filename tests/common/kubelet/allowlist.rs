@@ -32,6 +32,15 @@ const ENV_VAR: Shape = Object(&[
                 "fieldRef",
                 Object(&[("fieldPath", Any), ("apiVersion", Any)]),
             ),
+            (
+                "fileKeyRef",
+                Object(&[
+                    ("volumeName", Any),
+                    ("path", Any),
+                    ("key", Any),
+                    ("optional", Any),
+                ]),
+            ),
         ]),
     ),
 ]);
@@ -163,6 +172,7 @@ const POD_SPEC: Shape = Object(&[
         ]),
     ),
     ("automountServiceAccountToken", Any),
+    ("imagePullSecrets", List(&Object(&[("name", Any)]))),
     ("serviceAccountName", Any),
     ("serviceAccount", Any),
     ("terminationGracePeriodSeconds", Any),

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Container;
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{Container, FileKeySelector};
 
 use super::volumes::{ConfigError, Objects};
 
@@ -107,6 +109,7 @@ pub fn resolve(
     container: &Container,
     pod: &PodFields,
     objects: &Objects,
+    empty_dir: &dyn Fn(&str) -> Option<PathBuf>,
     overrides: &[(String, String)],
 ) -> Result<Vec<(String, String)>, ConfigError> {
     let mut env: Vec<(String, String)> = Vec::new();
@@ -146,6 +149,8 @@ pub fn resolve(
                         }
                     },
                 }
+            } else if let Some(r) = &from.file_key_ref {
+                file_key(r, empty_dir)?
             } else {
                 from.field_ref.as_ref().map(|r| pod.get(&r.field_path))
             }
@@ -166,6 +171,46 @@ pub fn resolve(
         }
     }
     Ok(env)
+}
+
+/// The value of `fileKeyRef` (EnvFiles): key `r.key` of the `KEY=VALUE` env file at `r.path`
+/// in emptyDir `r.volumeName`, read when the container starts (after the init containers
+/// that write it). A file or key that is missing defines nothing when `optional`, and is a
+/// CreateContainerConfigError otherwise.
+fn file_key(
+    r: &FileKeySelector,
+    empty_dir: &dyn Fn(&str) -> Option<PathBuf>,
+) -> Result<Option<String>, ConfigError> {
+    let optional = r.optional == Some(true);
+    let Some(dir) = empty_dir(&r.volume_name) else {
+        return Err(config_error(format!(
+            "fileKeyRef: volume {:?} is not an emptyDir volume of the pod",
+            r.volume_name
+        )));
+    };
+    let text = match std::fs::read_to_string(dir.join(&r.path)) {
+        Ok(text) => text,
+        Err(_) if optional => return Ok(None),
+        Err(e) => {
+            return Err(config_error(format!(
+                "couldn't read env file {:?} in volume {:?}: {e}",
+                r.path, r.volume_name
+            )));
+        }
+    };
+    let value = text
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .find(|(k, _)| k.trim() == r.key)
+        .map(|(_, v)| v.trim().to_string());
+    match value {
+        Some(v) => Ok(Some(v)),
+        None if optional => Ok(None),
+        None => Err(config_error(format!(
+            "couldn't find key {} in env file {:?}",
+            r.key, r.path
+        ))),
+    }
 }
 
 /// `command` and `args` with `$(VAR)` expanded against `env`; `None` where the container does

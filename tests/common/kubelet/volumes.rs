@@ -118,6 +118,17 @@ pub struct PodVolumes {
     service_account: Option<PathBuf>,
 }
 
+impl PodVolumes {
+    /// The host directory of emptyDir `name`, if the pod has one of that name (where
+    /// `fileKeyRef` env files are read from).
+    pub fn empty_dir(&self, name: &str) -> Option<&Path> {
+        self.volumes
+            .get(name)
+            .filter(|v| v.empty_dir)
+            .map(|v| v.dir.as_path())
+    }
+}
+
 fn io_error(what: &str, path: &Path, e: std::io::Error) -> ConfigError {
     ConfigError {
         reason: "ContainerCreating",
