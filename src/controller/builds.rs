@@ -6,20 +6,23 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, ListParams};
 
 use super::apply;
 use super::conditions::{Kind, State, reason};
 use super::crd::Function;
-use super::error::Result;
+use super::error::{Error, Result};
 use super::names;
-use super::plan::Plan;
+use super::plan::{Plan, SourcePlan};
 use super::reconcile::Context;
+use super::records;
 use super::render;
+use super::render::source::Copied;
 use super::slots::{is_active, waiter};
 use super::status::Working;
 use super::stores::object_ref;
+use crate::oci::Digest;
 
 /// Where the build of the current key stands.
 pub enum Build {
@@ -29,32 +32,39 @@ pub enum Build {
     Pending(Option<Duration>),
 }
 
-/// Advances the build of `plan.key`.
+/// Advances the build of `plan.key`. Only a digest in the controller's records (what its
+/// own build Jobs reported) is ever taken as built: an image under the build key's tag that
+/// the records do not hold is built again, whoever pushed it.
 ///
 /// # Errors
 /// API or registry failures (retried by the error policy).
 pub async fn step(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Result<Build> {
-    let ns = f.namespace_or_default();
+    let ns = ctx.config.build_namespace.as_str();
     let job_name = names::build_name(f, &plan.key);
-    if st.status.build_key.as_deref() != Some(plan.key.as_str()) {
+    let new_key = st.status.build_key.as_deref() != Some(plan.key.as_str());
+    if new_key {
         // A new build key: a new build, whatever happened to the last one.
         st.status.build_key = Some(plan.key.clone());
         st.status.failed_builds = None;
         cleanup(f, plan, ctx).await?;
-        if let Some(digest) = ctx.images.find(&plan.push_image).await? {
+    }
+    if let Some(digest) = records::recorded(ctx, f, &plan.key) {
+        if !new_key && built(st) && st.status.digest.as_deref() == Some(digest.as_str()) {
+            return Ok(Build::Built(digest));
+        }
+        // Built before (a revert, a Function created again): deployed if the registry still
+        // has it.
+        let image = format!("{}@{digest}", repository(plan));
+        if ctx.images.find(&image).await?.is_some() {
             ctx.slots.forget(&waiter(f));
             st.set(
                 Kind::BuildReady,
                 State::True,
                 reason::IMAGE_FOUND,
-                format!("image {} already built", plan.push_image),
+                format!("image {image} was built for this build key before"),
             );
-            return Ok(Build::Built(digest.to_string()));
+            return Ok(Build::Built(digest));
         }
-    } else if built(st)
-        && let Some(d) = &st.status.digest
-    {
-        return Ok(Build::Built(d.clone()));
     }
     let job = ctx.stores.jobs.get(&object_ref(ns, &job_name));
     match job {
@@ -63,14 +73,19 @@ pub async fn step(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) ->
                 Kind::BuildReady,
                 State::Unknown,
                 reason::JOB_RUNNING,
-                format!("Job {job_name} is building the image"),
+                format!("Job {ns}/{job_name} is building the image"),
             );
             Ok(Build::Pending(Some(Duration::from_secs(60))))
         }
         Some(job) if succeeded(&job) => finished(f, plan, ctx, st, &job).await,
-        Some(job) => failed(f, ctx, st, &job).await,
+        Some(job) => failed(ctx, st, &job).await,
         None => start(f, plan, ctx, st).await,
     }
+}
+
+/// The repository `plan`'s image is pushed to.
+fn repository(plan: &Plan) -> &str {
+    plan.push_image.rsplit_once(':').map_or("", |(r, _)| r)
 }
 
 fn built(st: &Working) -> bool {
@@ -83,7 +98,10 @@ fn succeeded(job: &Job) -> bool {
     job.status.as_ref().and_then(|s| s.succeeded).unwrap_or(0) > 0
 }
 
-/// The Job succeeded: the digest is its termination message (`repo@sha256:…`).
+/// The Job succeeded: the digest is the termination message of its `build` container
+/// (`repo@sha256:…`), which runs no third-party code; it goes into the records. No other
+/// container's message and no tag lookup counts: an install script writes the first, and
+/// anyone with push access the second.
 async fn finished(
     f: &Function,
     plan: &Plan,
@@ -92,29 +110,34 @@ async fn finished(
     job: &Job,
 ) -> Result<Build> {
     let name = job.metadata.name.clone().unwrap_or_default();
-    let message = termination_message(ctx, f.namespace_or_default(), &name).await?;
-    let repository = plan.push_image.rsplit_once(':').map_or("", |(r, _)| r);
-    let digest = match message.as_deref().and_then(|m| m.trim().rsplit_once('@')) {
-        Some((repo, digest)) if repo == repository && digest.starts_with("sha256:") => {
-            digest.to_string()
-        }
-        // No usable message: the registry knows what the tag names.
-        _ => match ctx.images.find(&plan.push_image).await? {
-            Some(d) => d.to_string(),
-            None => {
-                st.set(
-                    Kind::BuildReady,
-                    State::False,
-                    reason::JOB_FAILED,
-                    format!(
-                        "Job {name} succeeded but {} is not in the registry",
-                        plan.push_image
-                    ),
-                );
-                return Ok(Build::Pending(Some(ctx.config.build_retry_base)));
-            }
-        },
+    let repository = repository(plan);
+    let message = termination_message(ctx, &name, Some(render::job::BUILD_CONTAINER)).await?;
+    let reported = message
+        .as_deref()
+        .and_then(|m| m.trim().rsplit_once('@'))
+        .filter(|(repo, digest)| *repo == repository && digest.parse::<Digest>().is_ok());
+    let Some((_, digest)) = reported else {
+        st.status.failed_builds = Some(st.status.failed_builds.unwrap_or(0) + 1);
+        let delay = backoff(ctx, st.status.failed_builds.unwrap_or(1));
+        st.set(
+            Kind::BuildReady,
+            State::False,
+            reason::JOB_FAILED,
+            format!(
+                "Job {}/{name} succeeded but its build container reported no image of {repository} (termination message {:?}); it will be re-run in {}s",
+                ctx.config.build_namespace,
+                message.as_deref().unwrap_or_default().trim(),
+                delay.as_secs()
+            ),
+        );
+        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.build_namespace);
+        apply::delete(&api, "Job", &name).await?;
+        ctx.slots.wake(running_jobs(ctx));
+        return Ok(Build::Pending(Some(delay)));
     };
+    let digest = digest.to_string();
+    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+    records::record(ctx, f, &plan.key, &digest, u64::try_from(now).unwrap_or(0)).await?;
     if let Some(took) = job_duration(job) {
         ctx.metrics.build_finished(took);
     }
@@ -129,13 +152,13 @@ async fn finished(
         Kind::BuildReady,
         State::True,
         reason::JOB_FINISHED,
-        format!("Job {name} finished"),
+        format!("Job {}/{name} finished", ctx.config.build_namespace),
     );
     Ok(Build::Built(digest))
 }
 
 /// The Job failed: report why, and run it again once the backoff has passed.
-async fn failed(f: &Function, ctx: &Context, st: &mut Working, job: &Job) -> Result<Build> {
+async fn failed(ctx: &Context, st: &mut Working, job: &Job) -> Result<Build> {
     let name = job.metadata.name.clone().unwrap_or_default();
     let already_counted = st.condition(Kind::BuildReady).is_some_and(|c| {
         c.reason.as_deref() == Some(reason::JOB_FAILED)
@@ -158,7 +181,7 @@ async fn failed(f: &Function, ctx: &Context, st: &mut Working, job: &Job) -> Res
     });
     if since < delay {
         if !already_counted {
-            let why = termination_message(ctx, f.namespace_or_default(), &name)
+            let why = termination_message(ctx, &name, None)
                 .await?
                 .unwrap_or_else(|| "no message; see the Job's logs".into());
             let message = format!(
@@ -175,14 +198,16 @@ async fn failed(f: &Function, ctx: &Context, st: &mut Working, job: &Job) -> Res
         }
         return Ok(Build::Pending(Some(delay - since)));
     }
-    let api: Api<Job> = Api::namespaced(ctx.client.clone(), f.namespace_or_default());
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.build_namespace);
     apply::delete(&api, "Job", &name).await?;
     Ok(Build::Pending(Some(Duration::from_secs(1))))
 }
 
-/// No Job for this key: take a build slot and create the ConfigMap and the Job.
+/// No Job for this key: take a build slot and create, in the build namespace, what the Job
+/// mounts (the source ConfigMap, copies of the Function namespace's git and package-registry
+/// Secrets) and the Job.
 async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Result<Build> {
-    let ns = f.namespace_or_default();
+    let ns = ctx.config.build_namespace.as_str();
     let job = render::job::job(f, plan, &ctx.config);
     let job_name = job.metadata.name.clone().unwrap_or_default();
     let key = format!("{ns}/{job_name}");
@@ -213,15 +238,16 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
         return Ok(Build::Pending(Some(ctx.config.requeue * 6)));
     }
     let created = async {
-        super::plumbing::ensure(ctx, ns).await?;
-        if let Some(cm) = render::source::config_map(f, plan) {
+        super::plumbing::ensure_build_namespace(ctx).await?;
+        copy_secrets(f, plan, ctx).await?;
+        if let Some(cm) = render::source::config_map(f, plan, &ctx.config) {
             let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
             apply::create(&api, "ConfigMap", &cm).await?;
             st.set(
                 Kind::ConfigurationReady,
                 State::True,
                 reason::CONFIGMAP_CREATED,
-                format!("ConfigMap {job_name} holds the source"),
+                format!("ConfigMap {ns}/{job_name} holds the source"),
             );
         }
         let api: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
@@ -237,54 +263,97 @@ async fn start(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Re
         Kind::BuildReady,
         State::Unknown,
         reason::JOB_CREATED,
-        format!("Job {job_name} created to build {}", plan.push_image),
+        format!("Job {ns}/{job_name} created to build {}", plan.push_image),
     );
     Ok(Build::Pending(Some(Duration::from_secs(60))))
 }
 
-/// Deletes the Jobs and ConfigMaps of `f`'s other build keys.
-async fn cleanup(f: &Function, plan: &Plan, ctx: &Context) -> Result<()> {
-    let label = names::key_label(&plan.key);
+/// Copies the Function namespace's Secrets the build mounts (git credentials, the
+/// package-registry config) next to the Job: a Pod mounts Secrets of its own namespace only.
+async fn copy_secrets(f: &Function, plan: &Plan, ctx: &Context) -> Result<()> {
     let ns = f.namespace_or_default();
-    let stale = |labels: Option<&std::collections::BTreeMap<String, String>>| {
-        labels
-            .and_then(|l| l.get(names::BUILD_KEY))
-            .is_some_and(|k| *k != label)
+    let tenant: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    let git = match &plan.source {
+        SourcePlan::Git {
+            auth_secret: Some(name),
+            ..
+        } => Some((Copied::Git, name.as_str(), true)),
+        _ => None,
     };
-    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
-    for job in ctx.stores.jobs_of(f) {
-        if stale(job.metadata.labels.as_ref()) {
-            apply::delete(
-                &jobs,
-                "Job",
-                job.metadata.name.as_deref().unwrap_or_default(),
-            )
-            .await?;
-        }
-    }
-    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
-    for cm in ctx.stores.config_maps_of(f) {
-        if stale(cm.metadata.labels.as_ref()) {
-            apply::delete(
-                &cms,
-                "ConfigMap",
-                cm.metadata.name.as_deref().unwrap_or_default(),
-            )
-            .await?;
+    let packages = (
+        Copied::Packages,
+        ctx.config.package_registry_secret.as_str(),
+        false,
+    );
+    let copies: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.config.build_namespace);
+    for (which, name, required) in git.into_iter().chain([packages]) {
+        let original = tenant
+            .get_opt(name)
+            .await
+            .map_err(Error::kube(format!("reading Secret {ns}/{name}")))?;
+        match original {
+            Some(original) => {
+                let copy = render::source::secret_copy(f, plan, &ctx.config, which, &original);
+                apply::create(&copies, "Secret", &copy).await?;
+            }
+            None if required => {
+                return Err(Error::Missing(format!(
+                    "the git credentials Secret {ns}/{name} does not exist"
+                )));
+            }
+            None => {}
         }
     }
     Ok(())
 }
 
-/// The termination message of the Job's Pod: the container that failed, else the build.
-async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Option<String>> {
+/// Deletes what `f`'s other build keys keep in the build namespace: Jobs, ConfigMaps, and
+/// Secret copies.
+async fn cleanup(f: &Function, plan: &Plan, ctx: &Context) -> Result<()> {
+    let label = names::key_label(&plan.key);
+    let stale = |labels: Option<&std::collections::BTreeMap<String, String>>| {
+        labels
+            .and_then(|l| l.get(names::BUILD_KEY))
+            .is_some_and(|k| *k != label)
+    };
+    let ns = ctx.config.build_namespace.as_str();
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), ns);
+    for job in ctx.stores.jobs_of(f) {
+        if stale(job.metadata.labels.as_ref()) {
+            let name = job.metadata.name.as_deref().unwrap_or_default();
+            apply::delete(&jobs, "Job", name).await?;
+        }
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    for cm in ctx.stores.config_maps_of(f) {
+        if stale(cm.metadata.labels.as_ref()) {
+            let name = cm.metadata.name.as_deref().unwrap_or_default();
+            apply::delete(&cms, "ConfigMap", name).await?;
+        }
+    }
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), ns);
+    for secret in ctx.stores.secrets_of(f) {
+        if stale(secret.metadata.labels.as_ref()) {
+            let name = secret.metadata.name.as_deref().unwrap_or_default();
+            apply::delete(&secrets, "Secret", name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The termination message of the Job's Pod: of container `only`, or else of the container
+/// that failed, else of the last one that wrote one.
+async fn termination_message(
+    ctx: &Context,
+    job: &str,
+    only: Option<&str>,
+) -> Result<Option<String>> {
+    let ns = ctx.config.build_namespace.as_str();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job}")))
         .await
-        .map_err(super::error::Error::kube(format!(
-            "listing the Pods of Job {ns}/{job}"
-        )))?;
+        .map_err(Error::kube(format!("listing the Pods of Job {ns}/{job}")))?;
     let mut messages = Vec::new();
     for pod in list.items {
         let status = pod.status.unwrap_or_default();
@@ -293,7 +362,7 @@ async fn termination_message(ctx: &Context, ns: &str, job: &str) -> Result<Optio
             .into_iter()
             .flatten()
             .chain(status.container_statuses.into_iter().flatten());
-        for c in all {
+        for c in all.filter(|c| only.is_none_or(|name| c.name == name)) {
             if let Some(t) = c.state.and_then(|s| s.terminated) {
                 let message = t.message.unwrap_or_default();
                 if t.exit_code != 0 {

@@ -15,6 +15,10 @@ pub struct RuntimeImages {
     pub builder: String,
 }
 
+/// The ServiceAccount the controller keeps for Function Pods when the registry needs a pull
+/// Secret (Kyma's name).
+pub const DEFAULT_FUNCTION_SERVICE_ACCOUNT: &str = "serverless-function";
+
 /// What the controller renders to run a Function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Serving {
@@ -27,7 +31,7 @@ pub enum Serving {
 /// The controller's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
-    /// Where build Jobs push: `REGISTRY[/PREFIX]`; images are `<this>/<namespace>-<name>:<key>`.
+    /// Where build Jobs push: `REGISTRY[/PREFIX]`; images are `<this>/<namespace>/<name>:<key>`.
     pub registry: String,
     /// Where nodes pull from when it differs from `registry` (Kyma's NodePort address).
     pub pull_registry: Option<String>,
@@ -38,11 +42,19 @@ pub struct Config {
     pub insecure_registry: bool,
     /// Base and builder image per kiln runtime.
     pub runtimes: BTreeMap<String, RuntimeImages>,
-    /// The controller's own namespace: where the registry Secret and CA ConfigMap live.
+    /// The controller's own namespace: where the registry Secrets and CA ConfigMap live.
     pub namespace: String,
-    /// The `kubernetes.io/dockerconfigjson` Secret build Jobs push with (copied into each
-    /// Function's namespace when a build needs it).
+    /// Where build Jobs run, with their source ConfigMaps, the copies of the push Secret and
+    /// CA ConfigMap, and the controller's records of what it built. No tenant has access to
+    /// it: push credentials never enter a Function's namespace.
+    pub build_namespace: String,
+    /// The `kubernetes.io/dockerconfigjson` Secret build Jobs push with (copied into the
+    /// build namespace only).
     pub registry_secret: String,
+    /// A `kubernetes.io/dockerconfigjson` Secret with pull-only credentials, for registries
+    /// that need them to pull: copied into each Function's namespace, where the Function
+    /// ServiceAccount carries it as its `imagePullSecrets`. `None`: nodes pull anonymously.
+    pub pull_secret: Option<String>,
     /// A ConfigMap (key `ca.crt`) with CAs the builds trust for package and image registries.
     pub ca_bundle_configmap: Option<String>,
     /// The per-namespace Secret with `.npmrc` / `pip.conf` for private package registries.
@@ -67,7 +79,9 @@ pub struct Config {
     pub serving: Serving,
     /// The HPA's CPU target.
     pub target_cpu_utilization: i32,
-    /// The runtime Pods' service account (Kyma's `serverless-function`), if any.
+    /// The runtime Pods' ServiceAccount (Kyma's `serverless-function`). With a
+    /// [`Config::pull_secret`] the controller keeps it in each Function's namespace, carrying
+    /// the pull Secret; without one it must exist, or `None` uses the namespace's `default`.
     pub function_service_account: Option<String>,
     /// `TRACE_COLLECTOR_ENDPOINT` for Functions.
     pub trace_collector_endpoint: Option<String>,
@@ -88,7 +102,9 @@ impl Config {
             insecure_registry: false,
             runtimes,
             namespace: "kiln-system".into(),
+            build_namespace: "kiln-builds".into(),
             registry_secret: "kiln-registry".into(),
+            pull_secret: None,
             ca_bundle_configmap: None,
             package_registry_secret: "serverless-package-registry-config".into(),
             max_build_jobs: 5,
@@ -111,5 +127,14 @@ impl Config {
     /// The registry nodes pull from.
     pub fn pull_registry(&self) -> &str {
         self.pull_registry.as_deref().unwrap_or(&self.registry)
+    }
+
+    /// The ServiceAccount Function Pods run as, if not the namespace's `default`.
+    pub fn function_service_account(&self) -> Option<&str> {
+        match (&self.function_service_account, &self.pull_secret) {
+            (Some(name), _) => Some(name),
+            (None, Some(_)) => Some(DEFAULT_FUNCTION_SERVICE_ACCOUNT),
+            (None, None) => None,
+        }
     }
 }

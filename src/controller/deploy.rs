@@ -35,6 +35,7 @@ pub async fn step(
 ) -> Result<Option<Duration>> {
     st.status.image = Some(format!("{}@{digest}", plan.pull_repository));
     st.status.pod_selector = Some(names::selector_string(&names::selector_labels(f)));
+    super::plumbing::ensure_function_namespace(ctx, f.namespace_or_default()).await?;
     match ctx.config.serving {
         Serving::Deployment => deployment(f, plan, ctx, st, digest).await,
         Serving::Knative => knative(f, plan, ctx, st, digest).await,

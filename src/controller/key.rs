@@ -80,9 +80,12 @@ pub fn build_key(inputs: &KeyInputs<'_>) -> String {
     h.finish().0.hex().to_string()
 }
 
-/// The image repository of a Function: `<registry>/<namespace>-<name>` (Kyma's naming).
+/// The image repository of a Function: `<registry>/<namespace>/<name>`. One path component
+/// per namespace, so that a registry's access rules (a token server's, a cloud registry's
+/// IAM) can give each tenant its own prefix; Kyma's `<namespace>-<name>` gave Function `c`
+/// in namespace `a-b` and Function `b-c` in namespace `a` one repository.
 pub fn repository(registry: &str, namespace: &str, name: &str) -> String {
-    format!("{}/{namespace}-{name}", registry.trim_end_matches('/'))
+    format!("{}/{namespace}/{name}", registry.trim_end_matches('/'))
 }
 
 #[cfg(test)]
@@ -171,10 +174,12 @@ mod tests {
     }
 
     #[test]
-    fn the_repository_is_kymas_namespace_dash_name() {
+    fn each_namespace_is_a_repository_prefix_of_its_own() {
         assert_eq!(
             repository("reg:5000/fn/", "team", "hello"),
-            "reg:5000/fn/team-hello"
+            "reg:5000/fn/team/hello"
         );
+        // Kyma's `<namespace>-<name>` made these one repository.
+        assert_ne!(repository("r", "a-b", "c"), repository("r", "a", "b-c"));
     }
 }

@@ -13,9 +13,13 @@ use super::crd::{API_VERSION, Function};
 pub const FUNCTION_NAME: &str = "serverless.kyma-project.io/function-name";
 /// `serverless.kyma-project.io/managed-by`.
 pub const MANAGED_BY: &str = "serverless.kyma-project.io/managed-by";
+/// `serverless.kyma-project.io/function-namespace`: on what the controller keeps for a
+/// Function in the build namespace, where no owner reference can name it.
+pub const FUNCTION_NAMESPACE: &str = "serverless.kyma-project.io/function-namespace";
 /// `serverless.kyma-project.io/uuid`: the Function's UID.
 pub const UUID: &str = "serverless.kyma-project.io/uuid";
-/// `serverless.kyma-project.io/resource`: `deployment` on runtime Pods, `build` on build Jobs.
+/// `serverless.kyma-project.io/resource`: `deployment` on runtime Pods, `build` on build Jobs
+/// and what they mount, `images` on a Function's record of built images.
 pub const RESOURCE: &str = "serverless.kyma-project.io/resource";
 /// The build key (its first 32 hex digits: label values are at most 63 characters).
 pub const BUILD_KEY: &str = "serverless.kyma-project.io/build-key";
@@ -27,6 +31,9 @@ pub const CONTROLLER: &str = "function-controller";
 pub const FIELD_MANAGER: &str = "kiln-controller";
 /// `app.kubernetes.io/name`: `kubectl logs -l app.kubernetes.io/name=<function>`.
 pub const APP_NAME: &str = "app.kubernetes.io/name";
+/// The Function annotation that gives its Pods a ServiceAccount token (`"true"`); without
+/// it they have none.
+pub const AUTOMOUNT_TOKEN: &str = "kiln.io/automount-service-account-token";
 
 /// The labels every child carries: Kyma's internal labels.
 pub fn internal_labels(f: &Function) -> BTreeMap<String, String> {
@@ -60,6 +67,23 @@ pub fn selector_string(labels: &BTreeMap<String, String>) -> String {
         .map(|(k, v)| format!("{k}={v}"))
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The labels of what the controller keeps for `f` in the build namespace: the internal
+/// labels, the Function's namespace, and `resource`. No owner reference can cross
+/// namespaces, so the controller deletes these itself: with their build key, or once the
+/// Function's UID is gone.
+pub fn build_labels(f: &Function, resource: &str) -> BTreeMap<String, String> {
+    let mut labels = internal_labels(f);
+    labels.insert(FUNCTION_NAMESPACE.into(), f.namespace_or_default().into());
+    labels.insert(RESOURCE.into(), resource.into());
+    labels
+}
+
+/// The name of `f`'s record of built images in the build namespace: `<namespace>.<name>`
+/// (a namespace and a Function name are DNS labels, so this is unique and a valid name).
+pub fn records_name(f: &Function) -> String {
+    format!("{}.{}", f.namespace_or_default(), f.name_or_empty())
 }
 
 /// The owner reference to the Function, on every child: deleting the Function deletes them.

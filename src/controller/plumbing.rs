@@ -1,14 +1,17 @@
-//! Per-namespace plumbing (Kyma kept the same, serverless@legacy `internal/controllers/
-//! kubernetes`): a build Job runs in its Function's namespace and mounts the registry Secret
-//! and the CA ConfigMap from there, so the controller keeps copies of the ones in its own
-//! namespace wherever it builds. Checked at most every few minutes per namespace, and written
-//! only when the copy differs.
+//! Per-namespace plumbing. The build namespace gets copies of the push Secret and the CA
+//! ConfigMap from the controller's namespace, which its build Jobs mount. A Function's
+//! namespace gets, only when the registry needs credentials to pull, a copy of the pull-only
+//! Secret and the Function ServiceAccount carrying it as `imagePullSecrets` (Kyma kept a
+//! `serverless-function` ServiceAccount the same way, serverless@legacy
+//! `internal/controllers/kubernetes`); push credentials never go there. A copy labelled
+//! `serverless.kyma-project.io/managed-by: user` is left alone (Kyma's rule). Each namespace
+//! is checked at most every few minutes, and written only when a copy differs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 
@@ -20,34 +23,89 @@ use super::reconcile::Context;
 /// How long a namespace's copies are trusted without a look.
 const FRESH: Duration = Duration::from_secs(300);
 
+/// The value of [`names::MANAGED_BY`] that keeps the controller off a copy.
+const MANAGED_BY_USER: &str = "user";
+
 /// Namespaces whose copies were checked, and when.
 #[derive(Default)]
 pub struct Checked(Mutex<HashMap<String, Instant>>);
 
-/// Makes sure `namespace` has the registry Secret (and the CA ConfigMap, if configured).
+impl Checked {
+    fn fresh(&self, namespace: &str) -> bool {
+        let checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        checked
+            .get(namespace)
+            .is_some_and(|at| at.elapsed() < FRESH)
+    }
+
+    fn mark(&self, namespace: &str) {
+        let mut checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        checked.insert(namespace.to_string(), Instant::now());
+    }
+}
+
+/// Makes sure the build namespace has the push Secret (and the CA ConfigMap, if configured).
 ///
 /// # Errors
 /// The originals are missing, or an API request failed.
-pub async fn ensure(ctx: &Context, namespace: &str) -> Result<()> {
-    if namespace == ctx.config.namespace {
+pub async fn ensure_build_namespace(ctx: &Context) -> Result<()> {
+    let namespace = ctx.config.build_namespace.as_str();
+    if namespace == ctx.config.namespace || ctx.plumbing.fresh(namespace) {
         return Ok(());
     }
-    {
-        let checked = ctx.plumbing.0.lock().unwrap_or_else(|e| e.into_inner());
-        if checked
-            .get(namespace)
-            .is_some_and(|at| at.elapsed() < FRESH)
-        {
-            return Ok(());
-        }
-    }
-    copy_secret(ctx, namespace).await?;
+    copy_secret(
+        ctx,
+        &ctx.config.registry_secret,
+        namespace,
+        "build Jobs push with it",
+    )
+    .await?;
     if let Some(cm) = &ctx.config.ca_bundle_configmap {
         copy_config_map(ctx, namespace, cm).await?;
     }
-    let mut checked = ctx.plumbing.0.lock().unwrap_or_else(|e| e.into_inner());
-    checked.insert(namespace.to_string(), Instant::now());
+    ctx.plumbing.mark(namespace);
     Ok(())
+}
+
+/// Makes sure a Function's namespace has the pull Secret and the Function ServiceAccount
+/// carrying it, when the registry needs one; otherwise it is left alone.
+///
+/// # Errors
+/// The pull Secret is missing, or an API request failed.
+pub async fn ensure_function_namespace(ctx: &Context, namespace: &str) -> Result<()> {
+    let (Some(pull), Some(account)) = (
+        &ctx.config.pull_secret,
+        ctx.config.function_service_account(),
+    ) else {
+        return Ok(());
+    };
+    if namespace == ctx.config.namespace || ctx.plumbing.fresh(namespace) {
+        return Ok(());
+    }
+    copy_secret(ctx, pull, namespace, "Function Pods pull with it").await?;
+    let mut sa = ServiceAccount {
+        metadata: copy_meta(account, namespace),
+        image_pull_secrets: Some(vec![LocalObjectReference { name: pull.clone() }]),
+        // Pods that need a token ask for one themselves.
+        automount_service_account_token: Some(false),
+        ..ServiceAccount::default()
+    };
+    super::render::stamp(&mut sa, |s| &mut s.metadata);
+    let api: Api<ServiceAccount> = Api::namespaced(ctx.client.clone(), namespace);
+    let live = api.get_opt(account).await.map_err(Error::kube(format!(
+        "reading ServiceAccount {namespace}/{account}"
+    )))?;
+    if !managed_by_user(live.as_ref().map(|l| &l.metadata)) {
+        apply::apply(&api, "ServiceAccount", &sa, live.as_ref(), &ctx.verified).await?;
+    }
+    ctx.plumbing.mark(namespace);
+    Ok(())
+}
+
+fn managed_by_user(meta: Option<&ObjectMeta>) -> bool {
+    meta.and_then(|m| m.labels.as_ref())
+        .and_then(|l| l.get(names::MANAGED_BY))
+        .is_some_and(|v| v == MANAGED_BY_USER)
 }
 
 fn copy_meta(name: &str, namespace: &str) -> ObjectMeta {
@@ -62,8 +120,7 @@ fn copy_meta(name: &str, namespace: &str) -> ObjectMeta {
     }
 }
 
-async fn copy_secret(ctx: &Context, namespace: &str) -> Result<()> {
-    let name = &ctx.config.registry_secret;
+async fn copy_secret(ctx: &Context, name: &str, namespace: &str, why: &str) -> Result<()> {
     let from: Api<Secret> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     let original = from
         .get_opt(name)
@@ -74,7 +131,7 @@ async fn copy_secret(ctx: &Context, namespace: &str) -> Result<()> {
         )))?
         .ok_or_else(|| {
             Error::Missing(format!(
-                "the registry Secret {}/{name} does not exist: build Jobs push with it",
+                "the registry Secret {}/{name} does not exist: {why}",
                 ctx.config.namespace
             ))
         })?;
@@ -90,7 +147,9 @@ async fn copy_secret(ctx: &Context, namespace: &str) -> Result<()> {
         .get_opt(name)
         .await
         .map_err(Error::kube(format!("reading Secret {namespace}/{name}")))?;
-    apply::apply(&to, "Secret", &copy, live.as_ref(), &ctx.verified).await?;
+    if !managed_by_user(live.as_ref().map(|l| &l.metadata)) {
+        apply::apply(&to, "Secret", &copy, live.as_ref(), &ctx.verified).await?;
+    }
     Ok(())
 }
 

@@ -18,23 +18,27 @@ pub struct Preset {
     pub requests: (&'static str, &'static str),
     /// Limits (cpu, memory).
     pub limits: (&'static str, &'static str),
+    /// The `sizeLimit` of each of a build Pod's emptyDirs (build profiles only): what an
+    /// install may write to one before the kubelet evicts the Pod.
+    pub scratch: &'static str,
 }
 
 /// The Function profiles, Kyma's numbers.
 pub const FUNCTION_PRESETS: [Preset; 5] = [
-    preset("XS", ("50m", "64Mi"), ("150m", "256Mi")),
-    preset("S", ("100m", "128Mi"), ("200m", "256Mi")),
-    preset("M", ("200m", "256Mi"), ("400m", "512Mi")),
-    preset("L", ("400m", "512Mi"), ("800m", "1024Mi")),
-    preset("XL", ("800m", "1024Mi"), ("1600m", "2048Mi")),
+    preset("XS", ("50m", "64Mi"), ("150m", "256Mi"), ""),
+    preset("S", ("100m", "128Mi"), ("200m", "256Mi"), ""),
+    preset("M", ("200m", "256Mi"), ("400m", "512Mi"), ""),
+    preset("L", ("400m", "512Mi"), ("800m", "1024Mi"), ""),
+    preset("XL", ("800m", "1024Mi"), ("1600m", "2048Mi"), ""),
 ];
 
-/// The build profiles, Kyma's numbers.
+/// The build profiles, Kyma's numbers; the emptyDir limits are kiln's (Kyma set none),
+/// below the 8 GiB a dependency layer may unpack to.
 pub const BUILD_PRESETS: [Preset; 4] = [
-    preset("local-dev", ("200m", "200Mi"), ("400m", "400Mi")),
-    preset("slow", ("200m", "200Mi"), ("700m", "700Mi")),
-    preset("normal", ("500m", "700Mi"), ("1100m", "1100Mi")),
-    preset("fast", ("900m", "1100Mi"), ("1700m", "1100Mi")),
+    preset("local-dev", ("200m", "200Mi"), ("400m", "400Mi"), "1Gi"),
+    preset("slow", ("200m", "200Mi"), ("700m", "700Mi"), "2Gi"),
+    preset("normal", ("500m", "700Mi"), ("1100m", "1100Mi"), "4Gi"),
+    preset("fast", ("900m", "1100Mi"), ("1700m", "1100Mi"), "8Gi"),
 ];
 
 /// Kyma's default Function profile (module chart).
@@ -48,11 +52,13 @@ const fn preset(
     name: &'static str,
     requests: (&'static str, &'static str),
     limits: (&'static str, &'static str),
+    scratch: &'static str,
 ) -> Preset {
     Preset {
         name,
         requests,
         limits,
+        scratch,
     }
 }
 
@@ -86,6 +92,9 @@ pub struct Resolved {
     pub profile: String,
     /// Requests and limits.
     pub resources: ResourceRequirements,
+    /// The `sizeLimit` of each emptyDir (builds): the profile's, or for explicit resources
+    /// their `ephemeral-storage` limit, else the default profile's. Empty for Functions.
+    pub scratch: String,
 }
 
 /// The Function container's resources: explicit ones, a named profile, or `default` (a
@@ -115,19 +124,24 @@ fn resolve(
     resources: Option<&ResourceRequirements>,
     default: &str,
 ) -> Resolved {
+    let fallback = find(table, default).unwrap_or(table[0]);
     if let Some(resources) = resources {
+        let storage = resources
+            .limits
+            .as_ref()
+            .and_then(|l| l.get("ephemeral-storage"))
+            .map(|q| q.0.clone());
         return Resolved {
             profile: CUSTOM.into(),
             resources: resources.clone(),
+            scratch: storage.unwrap_or_else(|| fallback.scratch.into()),
         };
     }
-    let preset = profile
-        .and_then(|p| find(table, p))
-        .or_else(|| find(table, default))
-        .unwrap_or(table[0]);
+    let preset = profile.and_then(|p| find(table, p)).unwrap_or(fallback);
     Resolved {
         profile: preset.name.into(),
         resources: preset.requirements(),
+        scratch: preset.scratch.into(),
     }
 }
 
@@ -153,6 +167,22 @@ mod tests {
             profile: None,
             resources: Some(ResourceRequirements::default()),
         };
-        assert_eq!(build_resources(Some(&explicit), "slow").profile, CUSTOM);
+        let custom = build_resources(Some(&explicit), "slow");
+        assert_eq!(
+            (custom.profile.as_str(), custom.scratch.as_str()),
+            (CUSTOM, "2Gi")
+        );
+        let storage = BuildResources {
+            profile: None,
+            resources: Some(ResourceRequirements {
+                limits: Some(BTreeMap::from([(
+                    "ephemeral-storage".to_string(),
+                    Quantity("3Gi".into()),
+                )])),
+                ..ResourceRequirements::default()
+            }),
+        };
+        assert_eq!(build_resources(Some(&storage), "slow").scratch, "3Gi");
+        assert_eq!(b.scratch, "4Gi");
     }
 }

@@ -12,7 +12,8 @@ use futures_util::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{self, Controller};
@@ -30,7 +31,7 @@ use super::metrics::Metrics;
 use super::reconcile::{Context, error_policy, reconcile};
 use super::server::{self, Shared};
 use super::slots::{BuildSlots, StillWaiting, is_active};
-use super::stores::{Stores, knative_resource, managed_selector};
+use super::stores::{Stores, function_of, knative_resource, managed_selector};
 use crate::runtime::Catalog;
 
 /// How the controller process runs.
@@ -96,16 +97,19 @@ pub async fn run(opts: Options) -> Result<()> {
     }
     metrics.set_leading(true);
     let client = opts.client.clone();
-    let (config_maps, cm_stream) = cache::<ConfigMap>(&client);
-    let (jobs, job_stream) = cache::<Job>(&client);
-    let (deployments, deploy_stream) = cache::<Deployment>(&client);
-    let (services, service_stream) = cache::<Service>(&client);
-    let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client);
+    let builds = opts.config.build_namespace.clone();
+    let (config_maps, cm_stream) = cache::<ConfigMap>(&client, Some(&builds));
+    let (jobs, job_stream) = cache::<Job>(&client, Some(&builds));
+    let (secrets, secret_stream) = cache::<Secret>(&client, Some(&builds));
+    let (deployments, deploy_stream) = cache::<Deployment>(&client, None);
+    let (services, service_stream) = cache::<Service>(&client, None);
+    let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client, None);
     *jobs_for_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs.clone());
     let knative = (opts.config.serving == Serving::Knative).then(|| knative_cache(&client));
     let stores = Stores::new(
         config_maps,
         jobs,
+        secrets,
         deployments,
         services,
         hpas,
@@ -120,8 +124,11 @@ pub async fn run(opts: Options) -> Result<()> {
         Api::<Function>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns_stream(cm_stream)
-    .owns_stream(job_stream)
+    // What the build namespace holds names its Function by labels: no owner reference can
+    // cross namespaces.
+    .watches_stream(cm_stream, |o| function_ref(&o.metadata))
+    .watches_stream(job_stream, |o| function_ref(&o.metadata))
+    .watches_stream(secret_stream, |o| function_ref(&o.metadata))
     .owns_stream(deploy_stream)
     .owns_stream(service_stream)
     .owns_stream(hpa_stream);
@@ -159,6 +166,7 @@ pub async fn run(opts: Options) -> Result<()> {
         }
         None => controller.reconcile_all_on(hangups),
     };
+    let sweeper = tokio::spawn(super::sweep::run(ctx.clone(), controller.store()));
     let queue = ctx.clone();
     let controller = controller
         .with_config(controller::Config::default().concurrency(opts.workers))
@@ -179,7 +187,7 @@ pub async fn run(opts: Options) -> Result<()> {
             queue.metrics.set_queued(queue.slots.waiting());
             std::future::ready(())
         });
-    match &candidate {
+    let outcome = match &candidate {
         Some(c) => {
             tokio::select! {
                 () = controller => Ok(()),
@@ -190,7 +198,15 @@ pub async fn run(opts: Options) -> Result<()> {
             controller.await;
             Ok(())
         }
-    }
+    };
+    sweeper.abort();
+    outcome
+}
+
+/// The Function a build-namespace object belongs to, by its labels.
+fn function_ref(meta: &ObjectMeta) -> Option<reflector::ObjectRef<Function>> {
+    let (namespace, name) = function_of(meta)?;
+    Some(reflector::ObjectRef::new(name).within(namespace))
 }
 
 /// Whether a queued Function still waits, by the Functions' watch cache.
@@ -203,19 +219,31 @@ fn still_waiting(functions: Store<Function>) -> StillWaiting {
     })
 }
 
-/// A watch cache of `K` objects the controller manages, and the stream that feeds it.
+/// A watch cache of `K` objects the controller manages (in `namespace`, or everywhere), and
+/// the stream that feeds it.
 fn cache<K>(
     client: &kube::Client,
+    namespace: Option<&str>,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (reader, writer) = reflector::store();
     let config = watcher::Config::default().labels(&managed_selector());
-    let stream = watcher(Api::<K>::all(client.clone()), config)
+    let api = match namespace {
+        Some(ns) => Api::<K>::namespaced(client.clone(), ns),
+        None => Api::<K>::all(client.clone()),
+    };
+    let stream = watcher(api, config)
         .default_backoff()
         .reflect(writer)
         .touched_objects();

@@ -1,12 +1,16 @@
-//! The watch caches of everything the controller creates (ConfigMaps, Jobs, Deployments,
-//! Services, HPAs, Knative Services), filtered to its own label. Reconciles read children
+//! The watch caches of everything the controller creates, filtered to its own label: in the
+//! build namespace, ConfigMaps, Jobs and Secrets; everywhere, Deployments, Services, HPAs
+//! and Knative Services. Reconciles read children
 //! from here, not from the API server: a steady-state resync costs no requests. The same
 //! watch streams wake the owning Function's reconcile when a child changes.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::watch;
@@ -30,10 +34,12 @@ pub fn knative_resource() -> ApiResource {
 /// The caches.
 #[derive(Clone)]
 pub struct Stores {
-    /// Source ConfigMaps.
+    /// ConfigMaps in the build namespace: build sources, the records of built images.
     pub config_maps: Store<ConfigMap>,
-    /// Build Jobs.
+    /// Build Jobs (in the build namespace).
     pub jobs: Store<Job>,
+    /// Secrets in the build namespace: the build's copies of tenants' Secrets.
+    pub secrets: Store<Secret>,
     /// Deployments.
     pub deployments: Store<Deployment>,
     /// Services.
@@ -51,6 +57,7 @@ impl Stores {
     pub fn new(
         config_maps: Store<ConfigMap>,
         jobs: Store<Job>,
+        secrets: Store<Secret>,
         deployments: Store<Deployment>,
         services: Store<Service>,
         hpas: Store<HorizontalPodAutoscaler>,
@@ -60,6 +67,7 @@ impl Stores {
         let stores = Stores {
             config_maps,
             jobs,
+            secrets,
             deployments,
             services,
             hpas,
@@ -75,6 +83,7 @@ impl Stores {
             // An error means the writer was dropped: the controller is shutting down.
             let _ = caches.config_maps.wait_until_ready().await;
             let _ = caches.jobs.wait_until_ready().await;
+            let _ = caches.secrets.wait_until_ready().await;
             let _ = caches.deployments.wait_until_ready().await;
             let _ = caches.services.wait_until_ready().await;
             let _ = caches.hpas.wait_until_ready().await;
@@ -93,14 +102,19 @@ impl Stores {
         let _ = ready.wait_for(|r| *r).await;
     }
 
-    /// The Jobs of Function `f` (any build key).
-    pub fn jobs_of(&self, f: &Function) -> Vec<std::sync::Arc<Job>> {
-        owned(self.jobs.state(), f, |j| &j.metadata)
+    /// The build Jobs of Function `f` (any build key).
+    pub fn jobs_of(&self, f: &Function) -> Vec<Arc<Job>> {
+        of_function(self.jobs.state(), f, |j| &j.metadata)
     }
 
-    /// The ConfigMaps of Function `f`.
-    pub fn config_maps_of(&self, f: &Function) -> Vec<std::sync::Arc<ConfigMap>> {
-        owned(self.config_maps.state(), f, |c| &c.metadata)
+    /// The build ConfigMaps of Function `f` (its record too).
+    pub fn config_maps_of(&self, f: &Function) -> Vec<Arc<ConfigMap>> {
+        of_function(self.config_maps.state(), f, |c| &c.metadata)
+    }
+
+    /// The build Secret copies of Function `f`.
+    pub fn secrets_of(&self, f: &Function) -> Vec<Arc<Secret>> {
+        of_function(self.secrets.state(), f, |s| &s.metadata)
     }
 }
 
@@ -112,20 +126,19 @@ pub fn object_ref<K: kube::Resource<DynamicType = ()>>(
     ObjectRef::new(name).within(namespace)
 }
 
-fn owned<K>(
-    all: Vec<std::sync::Arc<K>>,
-    f: &Function,
-    meta: impl Fn(&K) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Vec<std::sync::Arc<K>> {
-    let uid = f.metadata.uid.as_deref();
+/// The Function a build-namespace object was made for, by its labels: `(namespace, name)`.
+pub fn function_of(meta: &ObjectMeta) -> Option<(&str, &str)> {
+    let labels = meta.labels.as_ref()?;
+    Some((
+        labels.get(names::FUNCTION_NAMESPACE)?.as_str(),
+        labels.get(names::FUNCTION_NAME)?.as_str(),
+    ))
+}
+
+/// What the build namespace holds for the Function named as `f` (whichever UID it had).
+fn of_function<K>(all: Vec<Arc<K>>, f: &Function, meta: impl Fn(&K) -> &ObjectMeta) -> Vec<Arc<K>> {
+    let id = (f.namespace_or_default(), f.name_or_empty());
     all.into_iter()
-        .filter(|o| {
-            let m = meta(o);
-            m.namespace.as_deref() == f.metadata.namespace.as_deref()
-                && m.owner_references
-                    .iter()
-                    .flatten()
-                    .any(|r| Some(r.uid.as_str()) == uid)
-        })
+        .filter(|o| function_of(meta(o)) == Some(id))
         .collect()
 }

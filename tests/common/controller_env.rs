@@ -16,6 +16,8 @@ use super::registry::{Registry, RegistryKind};
 
 /// The controller's namespace in the tests.
 pub const SYSTEM: &str = "kiln-system";
+/// Where build Jobs run (deploy/'s and the controller's default).
+pub const BUILDS: &str = "kiln-builds";
 
 /// A small image in the registry, used as base and builder where nothing really builds.
 #[derive(Clone, Debug)]
@@ -51,7 +53,15 @@ impl ControllerEnv {
     /// defaults (every runtime on the small image, push to `<registry>/functions`, no leader
     /// election, 1 s build retries).
     pub fn start(extra: &[&str]) -> ControllerEnv {
-        let registry = Registry::start(RegistryKind::Plain);
+        Self::start_with(RegistryKind::Plain, extra)
+    }
+
+    /// Like [`ControllerEnv::start`] with a registry of `kind` (plain HTTP, anonymous or with
+    /// token auth): the controller and the push Secret `kiln-registry` then hold the
+    /// registry's full credentials.
+    pub fn start_with(kind: RegistryKind, extra: &[&str]) -> ControllerEnv {
+        assert_ne!(kind, RegistryKind::BasicTls, "the controller tests talk plain HTTP");
+        let registry = Registry::start(kind);
         let dir = tempfile::tempdir().expect("tempdir");
         let layout = images::make_layout(dir.path());
         let digest = images::tagged_digest(&layout, "base");
@@ -72,7 +82,7 @@ impl ControllerEnv {
             ],
             ..Default::default()
         });
-        Self::seed(&api);
+        Self::seed(&api, &registry);
         // The controller is who deploy/ makes it: its ServiceAccount, with deploy/rbac.yaml's
         // permissions and no more.
         let kubeconfig = dir.path().join("kubeconfig");
@@ -94,11 +104,12 @@ impl ControllerEnv {
         env
     }
 
-    fn seed(api: &KubeApi) {
+    fn seed(api: &KubeApi, registry: &Registry) {
+        api.insert(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": BUILDS}}));
         for object in rbac_objects() {
             api.insert(object);
         }
-        let config = super::base64(br#"{"auths":{}}"#);
+        let config = super::base64(&docker_config(registry, registry.credentials()));
         api.insert(json!({
             "apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
             "metadata": {"name": "kiln-registry", "namespace": SYSTEM},
@@ -132,6 +143,10 @@ impl ControllerEnv {
             "--log-format".into(),
             "json".into(),
         ];
+        if self.registry.credentials().is_some() {
+            let config = self.registry.docker_config_dir().join("config.json");
+            args.extend(["--registry-auth".into(), config.display().to_string()]);
+        }
         if !extra.contains(&"--leader-lease") {
             args.push("--no-leader-election".into());
         }
@@ -327,6 +342,22 @@ impl ControllerEnv {
             .collect()
     }
 
+    /// What a build of Function `namespace/name` keeps in the build namespace, of `kind`
+    /// (Jobs, source ConfigMaps, Secret copies), by the labels that name the Function.
+    pub fn build_objects(&self, kind: &str, namespace: &str, name: &str) -> Vec<Value> {
+        self.api
+            .list(kind)
+            .into_iter()
+            .filter(|o| o["metadata"]["namespace"] == BUILDS)
+            .filter(|o| {
+                let labels = &o["metadata"]["labels"];
+                labels["serverless.kyma-project.io/function-namespace"] == namespace
+                    && labels["serverless.kyma-project.io/function-name"] == name
+                    && labels["serverless.kyma-project.io/resource"] == "build"
+            })
+            .collect()
+    }
+
     /// The controller's /metrics text.
     pub fn metrics(&self) -> String {
         scrape(self.metrics_port)
@@ -403,6 +434,15 @@ impl Drop for ControllerEnv {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// A `.dockerconfigjson` for `registry` with `credentials` (`{"auths":{}}` without).
+pub fn docker_config(registry: &Registry, credentials: Option<(&str, &str)>) -> Vec<u8> {
+    let auths = credentials.map_or(json!({}), |(user, password)| {
+        let auth = super::base64(format!("{user}:{password}").as_bytes());
+        json!({ registry.host(): {"auth": auth} })
+    });
+    json!({ "auths": auths }).to_string().into_bytes()
 }
 
 /// The objects of deploy/rbac.yaml: the controller's ServiceAccount, roles and bindings.

@@ -34,6 +34,8 @@ pub enum Outcome {
         tag: String,
         /// The layout's digest for that tag.
         digest: String,
+        /// `USER:PASSWORD` to push with, if the registry wants credentials.
+        creds: Option<String>,
     },
     /// Report this digest without pushing anything.
     Report(String),
@@ -205,14 +207,19 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
             layout,
             tag,
             digest,
+            creds,
         } => {
-            let status = std::process::Command::new("skopeo")
-                .args([
-                    "copy",
-                    "--quiet",
-                    "--dest-tls-verify=false",
-                    "--preserve-digests",
-                ])
+            let mut skopeo = std::process::Command::new("skopeo");
+            skopeo.args([
+                "copy",
+                "--quiet",
+                "--dest-tls-verify=false",
+                "--preserve-digests",
+            ]);
+            if let Some(creds) = creds {
+                skopeo.args(["--dest-creds", creds]);
+            }
+            let status = skopeo
                 .arg(format!("oci:{}:{tag}", layout.display()))
                 .arg(format!("docker://{image}"))
                 .status();

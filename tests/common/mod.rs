@@ -18,6 +18,7 @@ pub mod k8s_validate;
 pub mod kiln;
 pub mod kube_api;
 pub mod kubectl;
+pub mod netpol;
 pub mod registry;
 pub mod schema;
 pub mod skopeo;

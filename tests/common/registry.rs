@@ -15,6 +15,10 @@ use super::{base64, free_port, harness_dir, require_tool, run};
 pub const USER: &str = "testuser";
 /// Password accepted by the `BasicTls` registry and the token server.
 pub const PASSWORD: &str = "testpass";
+/// A user the token server gives pull access only.
+pub const PULL_USER: &str = "puller";
+/// The pull-only user's password.
+pub const PULL_PASSWORD: &str = "pullpass";
 /// `service` of the token-auth registry (the JWT audience).
 pub const TOKEN_SERVICE: &str = "kiln-test-registry";
 /// `issuer` of the token-auth registry.
@@ -288,7 +292,7 @@ impl Registry {
         let child = cmd
             .arg(harness_dir().join("tokensrv.py"))
             .arg(&state)
-            .args([TOKEN_ISSUER, USER, PASSWORD])
+            .args([TOKEN_ISSUER, USER, PASSWORD, PULL_USER, PULL_PASSWORD])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log"))
             .stderr(log)

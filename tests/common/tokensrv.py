@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A minimal Docker/OCI distribution token server for kiln's integration tests.
 
-Usage: tokensrv.py STATE_DIR ISSUER USER PASSWORD
+Usage: tokensrv.py STATE_DIR ISSUER USER PASSWORD [PULL_USER PULL_PASSWORD]
 
 Listens on 127.0.0.1 on a port picked by the kernel. At start it creates a fresh RSA key and a
 self-signed certificate, writes STATE_DIR/signcert.pem (the registry's rootcertbundle), then
@@ -14,7 +14,8 @@ POST /token  (form: grant_type=password, username, password, service, scope; or
      (TTL: $KILN_TOKEN_TTL seconds, default 300)
   -> 401 without credentials or with wrong ones.
 Scopes may be repeated parameters and/or space-separated within one parameter. The JWT grants
-exactly the requested scopes. Every request appends one line "STATUS<TAB>SCOPES" (scopes
+exactly the requested scopes to USER, and only their `pull` actions to PULL_USER (a robot with
+read-only access, as registries give them): the registry then refuses its pushes. Every request appends one line "STATUS<TAB>SCOPES" (scopes
 joined by one space, never credentials) to STATE_DIR/requests.log, and its grant (basic,
 password, refresh_token or none) to STATE_DIR/grants.log.
 """
@@ -36,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
 STATE_DIR, ISSUER, USER, PASSWORD = sys.argv[1:5]
+PULL_USER, PULL_PASSWORD = (sys.argv[5:7] + [None, None])[:2]
 # Token lifetime in seconds (KILN_TOKEN_TTL, default 300).
 TTL = int(os.environ.get("KILN_TOKEN_TTL", "300"))
 # The OAuth2 refresh token (docker config `identitytoken`) this server accepts for USER.
@@ -96,12 +98,24 @@ def access_for(scopes):
     return access
 
 
-def make_jwt(service, scopes):
+def pull_only(scopes):
+    """The scopes with every action but `pull` removed."""
+    out = []
+    for scope in scopes:
+        parts = scope.split(":")
+        if len(parts) < 3:
+            continue
+        actions = [a for a in parts[-1].split(",") if a == "pull"]
+        out.append(":".join(parts[:-1] + [",".join(actions)]))
+    return out
+
+
+def make_jwt(service, scopes, subject):
     now = int(time.time())
     header = {"typ": "JWT", "alg": "RS256", "x5c": [CERT_DER_B64]}
     claims = {
         "iss": ISSUER,
-        "sub": USER,
+        "sub": subject,
         "aud": service,
         "exp": now + TTL,
         "nbf": now - 30,
@@ -147,7 +161,10 @@ class Handler(BaseHTTPRequestHandler):
     def handle_token(self, params, creds, grant):
         scopes = parse_scopes(params.get("scope", []))
         service = (params.get("service") or [""])[0]
-        ok = creds == (USER, PASSWORD)
+        puller = PULL_USER is not None and creds == (PULL_USER, PULL_PASSWORD)
+        ok = creds == (USER, PASSWORD) or puller
+        if puller:
+            scopes = pull_only(scopes)
         with LOG_LOCK, open(os.path.join(STATE_DIR, "requests.log"), "a") as f:
             f.write(f"{200 if ok else 401}\t{' '.join(scopes)}\n")
         with LOG_LOCK, open(os.path.join(STATE_DIR, "grants.log"), "a") as f:
@@ -159,7 +176,7 @@ class Handler(BaseHTTPRequestHandler):
                 {"WWW-Authenticate": 'Basic realm="kiln-test-token"'},
             )
             return
-        token = make_jwt(service, scopes)
+        token = make_jwt(service, scopes, creds[0])
         self.reply(
             200,
             {

@@ -8,7 +8,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::controller_env::{ControllerEnv, SYSTEM, node_function, write_yaml};
+use common::controller_env::{BUILDS, ControllerEnv, SYSTEM, node_function, write_yaml};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 use serde_json::{Value, json};
 
@@ -19,6 +19,7 @@ fn push(env: &ControllerEnv) -> Outcome {
         layout: env.tiny.layout.clone(),
         tag: "base".into(),
         digest: env.tiny.digest.clone(),
+        creds: None,
     }
 }
 
@@ -51,14 +52,14 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
             .is_some_and(|(s, r, _)| s == "Unknown" && (r == "JobCreated" || r == "JobRunning"))
     });
     env.wait_condition("team", "hello", "ConfigurationReady", "True", None);
-    let cms = env.owned("ConfigMap", "team", "hello");
+    let cms = env.build_objects("ConfigMap", "team", "hello");
     assert_eq!(cms.len(), 1);
     assert_eq!(cms[0]["data"]["source"], HELLO);
     assert_eq!(
         cms[0]["data"]["dependencies"], "{}",
         "an empty Node.js dependency list becomes {{}}"
     );
-    let jobs = env.owned("Job", "team", "hello");
+    let jobs = env.build_objects("Job", "team", "hello");
     assert_eq!(jobs.len(), 1);
     let job = &jobs[0];
     assert_eq!(job["spec"]["backoffLimit"], 0);
@@ -141,11 +142,18 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
     assert_eq!(lookup_mount(build), Some(json!(true)));
     let image = job_arg(&serde_json::from_value(job.clone()).unwrap(), "--image").unwrap();
     assert!(
-        image.starts_with(&format!("{}/functions/team-hello:", env.registry.host())),
+        image.starts_with(&format!("{}/functions/team/hello:", env.registry.host())),
         "{image}"
     );
-    // The registry Secret was copied into the Function's namespace for the Job to mount.
-    assert!(env.api.get("Secret", "team", "kiln-registry").is_some());
+    // The Job runs in the build namespace, where the push Secret was copied for it to
+    // mount; the Function's namespace never gets it.
+    assert_eq!(job["metadata"]["namespace"], "kiln-builds");
+    assert!(
+        env.api
+            .get("Secret", "kiln-builds", "kiln-registry")
+            .is_some()
+    );
+    assert!(env.api.get("Secret", "team", "kiln-registry").is_none());
     let dir = tempfile::tempdir().unwrap();
     let file = write_yaml(dir.path(), "build.yaml", &[job.clone(), cms[0].clone()]);
     common::k8s_validate::validate_file(&file).unwrap_or_else(|e| panic!("{e}"));
@@ -167,7 +175,7 @@ fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_imag
     let f = env.function("team", "hello");
     let status = &f["status"];
     assert_eq!(status["digest"], env.tiny.digest.as_str());
-    let repo = format!("{}/functions/team-hello", env.registry.host());
+    let repo = format!("{}/functions/team/hello", env.registry.host());
     assert_eq!(status["image"], format!("{repo}@{}", env.tiny.digest));
     assert_eq!(
         env.condition("team", "hello", "BuildReady").unwrap().1,
@@ -228,18 +236,27 @@ fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_imag
     common::k8s_validate::validate_file(&file).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(builds.stats().ended.len(), 1);
 
-    // The same Function again: its image is in the registry under its build key.
+    // The same Function again: the controller's record has its image. (What the build
+    // namespace held for it is swept; no owner reference can reach there.)
     env.api.delete("Function", "team", "hello");
     env.wait(
-        "the children garbage-collected",
+        "the children garbage-collected and the build swept",
         Duration::from_secs(20),
-        || env.api.get("Deployment", "team", "hello").is_none(),
+        || {
+            env.api.get("Deployment", "team", "hello").is_none()
+                && env.build_objects("Job", "team", "hello").is_empty()
+                && env.build_objects("ConfigMap", "team", "hello").is_empty()
+        },
+    );
+    assert!(
+        env.api.get("ConfigMap", BUILDS, "team.hello").is_some(),
+        "the record outlives the Function"
     );
     env.create_function("team", &yaml);
     env.wait_condition("team", "hello", "BuildReady", "True", Some("ImageFound"));
     env.wait_condition("team", "hello", "Running", "True", None);
     assert!(
-        env.owned("Job", "team", "hello").is_empty(),
+        env.build_objects("Job", "team", "hello").is_empty(),
         "no Job for an image that exists"
     );
     assert_eq!(builds.stats().ended.len(), 1);
@@ -314,7 +331,7 @@ fn an_env_change_updates_the_deployment_and_a_source_change_builds_again() {
     env.create_function("team", &node_function("hello", HELLO, None));
     env.wait_condition("team", "hello", "Running", "True", None);
     let key = env.function("team", "hello")["status"]["buildKey"].clone();
-    let first_job = env.owned("Job", "team", "hello")[0]["metadata"]["name"].clone();
+    let first_job = env.build_objects("Job", "team", "hello")[0]["metadata"]["name"].clone();
 
     let mut f = env.function("team", "hello");
     f["spec"]["env"] = json!([{"name": "MODE", "value": "fast"}]);
@@ -346,11 +363,11 @@ fn an_env_change_updates_the_deployment_and_a_source_change_builds_again() {
     });
     env.wait_condition("team", "hello", "Running", "True", None);
     assert_ne!(env.function("team", "hello")["status"]["buildKey"], key);
-    let jobs = env.owned("Job", "team", "hello");
+    let jobs = env.build_objects("Job", "team", "hello");
     assert_eq!(jobs.len(), 1, "the superseded Job is deleted");
     assert_ne!(jobs[0]["metadata"]["name"], first_job);
     assert_eq!(
-        env.owned("ConfigMap", "team", "hello").len(),
+        env.build_objects("ConfigMap", "team", "hello").len(),
         1,
         "and its ConfigMap"
     );
@@ -720,7 +737,7 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
         let at = args.iter().position(|a| a == flag)?;
         args.get(at + 1).and_then(Value::as_str).map(str::to_string)
     };
-    let job = env.owned("Job", "team", "from-git")[0].clone();
+    let job = env.build_objects("Job", "team", "from-git")[0].clone();
     assert_eq!(
         source_arg(&job, "--git").as_deref(),
         Some(server.url("fns").as_str())
@@ -746,7 +763,7 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
         env.function("team", "from-git")["status"]["commit"] == second.as_str()
     });
     env.wait_condition("team", "from-git", "Running", "True", None);
-    let jobs = env.owned("Job", "team", "from-git");
+    let jobs = env.build_objects("Job", "team", "from-git");
     assert_eq!(
         source_arg(&jobs[0], "--git-ref").as_deref(),
         Some(second.as_str())

@@ -35,6 +35,8 @@ const PUSH_TOKEN: &str = "kiln-e2e-push-token-5b1f0c9e";
 /// A string only the Function's own source holds: the scan's positive control.
 const CANARY: &str = "kiln-scan-canary-7f3a90d1";
 const SYSTEM: &str = "kiln-system";
+/// kiln's build namespace (deploy/namespace.yaml).
+const BUILDS: &str = "kiln-builds";
 
 /// `kiln base build RUNTIME` into `reg` (README: `$REG/kiln/RUNTIME:latest` and the builder),
 /// with a stripped copy of this kiln inside, and the kiln image too when `kiln_image` names it.
@@ -305,6 +307,21 @@ fn story(api: &KubeApi, kubelet: &TestKubelet) -> String {
     out
 }
 
+/// The objects of `kind` the controller keeps in the build namespace for Function
+/// `team/name` (its record of built images aside).
+fn build_objects(api: &KubeApi, kind: &str, name: &str) -> Vec<Value> {
+    api.list(kind)
+        .into_iter()
+        .filter(|o| o["metadata"]["namespace"] == BUILDS)
+        .filter(|o| {
+            let labels = &o["metadata"]["labels"];
+            labels["serverless.kyma-project.io/function-namespace"] == "team"
+                && labels["serverless.kyma-project.io/function-name"] == name
+                && labels["serverless.kyma-project.io/resource"] == "build"
+        })
+        .collect()
+}
+
 /// Sets `key=value` in the deploy/ copy's config.env, as the README says to.
 fn configure(deploy: &Path, key: &str, value: &str) {
     let path = deploy.join("config.env");
@@ -414,8 +431,24 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         "kiln-ca",
         &format!("--from-file=ca.crt={}", ca_file.display()),
     ]);
+    // The pull-only Secret Function namespaces get (this registry would let anyone pull; the
+    // copy and the ServiceAccount carrying it are what is checked here, and
+    // tenancy::a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it checks that such a
+    // Secret cannot push).
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "create",
+        "secret",
+        "docker-registry",
+        "kiln-pull",
+        &format!("--docker-server={host}"),
+        "--docker-username=puller",
+        "--docker-password=pull-only",
+    ]);
     let deploy = deploy_with_image(work.path(), &kiln_image);
     configure(&deploy, "registry", &reg);
+    configure(&deploy, "pull-secret", "kiln-pull");
     configure(&deploy, "insecure-registry", &host);
     configure(&deploy, "ca-bundle-configmap", "kiln-ca");
     kubectl.ok(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
@@ -476,9 +509,32 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     ]
     .join("---\n");
     kubectl.ok_with_input(&["-n", "team", "apply", "-f", "-"], &manifests);
-    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/kyma/hello-node.yaml");
-    kubectl.ok(&["-n", "team", "apply", "-f", example.to_str().unwrap()]);
-    for name in ["words", "yaml", "scan", "git-scan", "hello-node"] {
+    for example in ["hello-node", "hardened"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/kyma")
+            .join(format!("{example}.yaml"));
+        kubectl.ok(&["-n", "team", "apply", "-f", path.to_str().unwrap()]);
+    }
+    // What restricted PodSecurity would refuse in the Function's Pods is refused at once.
+    let mut privileged: Value = serde_yaml::from_str(&function_yaml(
+        "privileged",
+        "nodejs22",
+        "module.exports = { main: () => 'root' };\n",
+        "",
+    ))
+    .unwrap();
+    privileged["spec"]["containerSecurityContext"] = json!({"privileged": true});
+    let privileged_file = work.path().join("privileged.json");
+    std::fs::write(&privileged_file, privileged.to_string()).unwrap();
+    let refused = kubectl.run(&["-n", "team", "apply", "-f", privileged_file.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("denied the request")
+            && stderr.contains("spec.containerSecurityContext.privileged"),
+        "{stderr}"
+    );
+    for name in ["words", "yaml", "scan", "git-scan", "hello-node", "hardened"] {
         wait(
             &format!("{name} Running"),
             Duration::from_secs(300),
@@ -540,6 +596,64 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     assert_clean_scan(
         &scan_report("git-scan"),
         "/workspace/git/function/handler.js",
+    );
+    let git_status = &api.get("Function", "team", "git-scan").unwrap()["status"];
+    assert_eq!(git_status["gitRepository"]["url"], git.url("fns").as_str());
+    assert_eq!(git_status["gitRepository"]["baseDir"], "/fn");
+    assert_eq!(
+        git_status["gitRepository"]["commit"], git_status["commit"],
+        "{git_status}"
+    );
+
+    // Today's Kyma fields reach the Pod: the security contexts over kiln's restricted
+    // defaults (runAsUser from the container's, runAsGroup from the Pod's), and an optional
+    // env file that is not there leaves its variable unset.
+    let (code, body) = http(kubelet.port("team", "hardened").unwrap(), "GET", "");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap(),
+        json!({"uid": 3000, "gid": 2000, "rootWritable": false, "fromFile": null})
+    );
+
+    // Tenants apart: the Function namespace holds no push credentials, only the pull Secret
+    // on the ServiceAccount its Pods run as, and those Pods have no API token.
+    assert!(api.get("Secret", "team", "kiln-registry").is_none());
+    assert!(api.get("Secret", BUILDS, "kiln-registry").is_some());
+    let pull = api.get("Secret", "team", "kiln-pull").expect("the pull Secret");
+    assert_eq!(pull["type"], "kubernetes.io/dockerconfigjson");
+    let account = api
+        .get("ServiceAccount", "team", "serverless-function")
+        .expect("the Functions' ServiceAccount");
+    assert_eq!(account["imagePullSecrets"], json!([{"name": "kiln-pull"}]));
+    let team_pods: Vec<_> = kubelet
+        .pods()
+        .into_iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some("team"))
+        .collect();
+    assert!(team_pods.len() >= 6, "{}", team_pods.len());
+    for pod in &team_pods {
+        let spec = pod.spec.clone().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("serverless-function"));
+        let volumes = spec.volumes.unwrap_or_default();
+        assert!(
+            !volumes.iter().any(|v| v.projected.is_some()),
+            "a token in {:?}: {volumes:?}",
+            pod.metadata.name
+        );
+    }
+    // Builds ran in kiln's namespace, never in the tenant's.
+    let is_build = |p: &k8s_openapi::api::core::v1::Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key("job-name"))
+    };
+    assert!(!team_pods.iter().any(is_build));
+    assert!(
+        kubelet
+            .pods()
+            .iter()
+            .any(|p| is_build(p) && p.metadata.namespace.as_deref() == Some(BUILDS))
     );
     wait(
         "broken's build to fail",
@@ -664,19 +778,21 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         "one build's ConfigMap left",
         Duration::from_secs(60),
         context,
+        || (build_objects(&api, "ConfigMap", "words").len() == 1).then_some(()),
+    );
+
+    // A deleted Function's builds go with it: Job, ConfigMap and git credentials' copy.
+    assert_eq!(build_objects(&api, "Secret", "git-scan").len(), 1);
+    kubectl.ok(&["-n", "team", "delete", "function", "git-scan"]);
+    wait(
+        "git-scan's builds swept",
+        Duration::from_secs(60),
+        context,
         || {
-            let left = api
-                .list("ConfigMap")
-                .into_iter()
-                .filter(|c| c["metadata"]["namespace"] == "team")
-                .filter(|c| {
-                    c["metadata"]["name"]
-                        .as_str()
-                        .unwrap()
-                        .starts_with("words-build-")
-                })
-                .count();
-            (left == 1).then_some(())
+            ["Job", "ConfigMap", "Secret"]
+                .iter()
+                .all(|kind| build_objects(&api, kind, "git-scan").is_empty())
+                .then_some(())
         },
     );
 

@@ -229,6 +229,7 @@ fn rendered(serving: &[&str]) -> (Value, Value) {
         layout: env.tiny.layout.clone(),
         tag: "base".into(),
         digest: env.tiny.digest.clone(),
+        creds: None,
     };
     let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(300), move |_| {
         outcome.clone()
@@ -246,7 +247,7 @@ fn rendered(serving: &[&str]) -> (Value, Value) {
     env.wait("the build Job, then what runs the image", WAIT, || {
         job = job
             .take()
-            .or_else(|| env.owned("Job", "team", "hello").into_iter().next());
+            .or_else(|| env.build_objects("Job", "team", "hello").into_iter().next());
         job.is_some() && env.api.get(kind, "team", "hello").is_some()
     });
     (job.unwrap(), env.api.get(kind, "team", "hello").unwrap())

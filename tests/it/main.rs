@@ -46,5 +46,6 @@ mod registry_client;
 mod registry_faults;
 mod run;
 mod runtime_servers;
+mod tenancy;
 mod warm;
 mod webhook;

@@ -1,14 +1,15 @@
 //! The Function's Deployment (Kyma's shape, serverless@legacy `buildDeployment`): the image
 //! by digest, the runtime env, `/healthz` probes, Pods as user 10001 with a read-only root
-//! filesystem and a /tmp emptyDir, the secret mounts, and resources from the Function
-//! profile. Also the runtime container itself, which the Knative renderer reuses.
+//! filesystem and a /tmp emptyDir (or the security contexts the Function sets), no
+//! ServiceAccount token unless the Function asks for one, the secret mounts, and resources
+//! from the Function profile. Also the runtime container itself, which the Knative renderer reuses.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Container, ContainerPort, EmptyDirVolumeSource, EnvVar, HTTPGetAction, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, Volume, VolumeMount,
+    PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -99,16 +100,62 @@ pub fn pod_spec(f: &Function, plan: &Plan, config: &Config, digest: &str) -> Pod
     PodSpec {
         containers: vec![container(f, plan, config, digest)],
         volumes: Some(volumes),
-        service_account_name: config.function_service_account.clone(),
-        security_context: Some(PodSecurityContext {
-            run_as_user: Some(FUNCTION_UID),
-            run_as_group: Some(FUNCTION_UID),
-            run_as_non_root: Some(true),
-            seccomp_profile: Some(runtime_default_seccomp()),
-            ..PodSecurityContext::default()
-        }),
+        service_account_name: config.function_service_account().map(str::to_string),
+        automount_service_account_token: Some(wants_token(f)),
+        security_context: Some(pod_security_context(f)),
         ..PodSpec::default()
     }
+}
+
+/// Whether the Function asked for a ServiceAccount token ([`names::AUTOMOUNT_TOKEN`]).
+pub fn wants_token(f: &Function) -> bool {
+    f.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(names::AUTOMOUNT_TOKEN))
+        .is_some_and(|v| v == "true")
+}
+
+/// The Pod's security context: `spec.podSecurityContext` with what it leaves out taken from
+/// kiln's (user and group 10001, non-root, RuntimeDefault seccomp), as Kyma fills its own.
+pub fn pod_security_context(f: &Function) -> PodSecurityContext {
+    let mut p = f.spec.pod_security_context.clone().unwrap_or_default();
+    p.run_as_user.get_or_insert(FUNCTION_UID);
+    p.run_as_group.get_or_insert(FUNCTION_UID);
+    p.run_as_non_root.get_or_insert(true);
+    p.seccomp_profile
+        .get_or_insert_with(runtime_default_seccomp);
+    p
+}
+
+/// The container's security context: `spec.containerSecurityContext` with what it leaves
+/// out taken from kiln's restricted one. The user and group default to the Pod's, so that
+/// a Knative Service, which carries only the container's, runs as the same user.
+pub fn container_security_context(f: &Function) -> SecurityContext {
+    let base = restricted_container();
+    let pod = pod_security_context(f);
+    let mut c = f
+        .spec
+        .container_security_context
+        .clone()
+        .unwrap_or_default();
+    c.privileged = c.privileged.or(base.privileged);
+    c.allow_privilege_escalation = c
+        .allow_privilege_escalation
+        .or(base.allow_privilege_escalation);
+    c.read_only_root_filesystem = c
+        .read_only_root_filesystem
+        .or(base.read_only_root_filesystem);
+    c.run_as_non_root = c.run_as_non_root.or(base.run_as_non_root);
+    if c.capabilities.is_none() {
+        c.capabilities = base.capabilities;
+    }
+    if c.seccomp_profile.is_none() {
+        c.seccomp_profile = pod.seccomp_profile;
+    }
+    c.run_as_user = c.run_as_user.or(pod.run_as_user);
+    c.run_as_group = c.run_as_group.or(pod.run_as_group);
+    c
 }
 
 /// The function container.
@@ -126,9 +173,6 @@ pub fn container(f: &Function, plan: &Plan, config: &Config, digest: &str) -> Co
             ..VolumeMount::default()
         });
     }
-    let mut security = restricted_container();
-    security.run_as_user = Some(FUNCTION_UID);
-    security.run_as_group = Some(FUNCTION_UID);
     Container {
         name: FUNCTION_CONTAINER.into(),
         image: Some(format!("{}@{digest}", plan.pull_repository)),
@@ -144,7 +188,7 @@ pub fn container(f: &Function, plan: &Plan, config: &Config, digest: &str) -> Co
         startup_probe: Some(probe(5, None, 30)),
         readiness_probe: Some(probe(5, Some(2), 1)),
         liveness_probe: Some(probe(5, Some(4), 3)),
-        security_context: Some(security),
+        security_context: Some(container_security_context(f)),
         volume_mounts: Some(mounts),
         ..Container::default()
     }

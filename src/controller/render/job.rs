@@ -21,10 +21,11 @@ use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, EmptyDirVolumeSource, KeyToPath, PodSecurityContext, PodSpec,
     PodTemplateSpec, SecretVolumeSource, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::source::{DEPENDENCIES_KEY, SOURCE_KEY};
-use super::{child_meta, restricted_container, runtime_default_seccomp, stamp};
+use super::source::{Copied, DEPENDENCIES_KEY, SOURCE_KEY, copy_name};
+use super::{build_meta, restricted_container, runtime_default_seccomp, stamp};
 use crate::controller::config::Config;
 use crate::controller::crd::Function;
 use crate::controller::names;
@@ -56,13 +57,13 @@ const TERMINATION_LOG: &str = "/dev/termination-log";
 /// The build Job of `plan`.
 pub fn job(f: &Function, plan: &Plan, config: &Config) -> Job {
     let name = names::build_name(f, &plan.key);
-    let mut labels = names::object_labels(f);
-    labels.insert(names::BUILD_KEY.into(), names::key_label(&plan.key));
-    labels.insert(names::RESOURCE.into(), "build".into());
-    let mut pod_labels = labels.clone();
+    let metadata = build_meta(f, plan, config, &name);
+    // The Function's own labels stay off: in the build namespace a label could make a
+    // NetworkPolicy select the Pod.
+    let mut pod_labels = metadata.labels.clone().unwrap_or_default();
     pod_labels.insert(names::APP_NAME.into(), f.name_or_empty().into());
     let mut job = Job {
-        metadata: child_meta(f, &name, labels),
+        metadata,
         spec: Some(JobSpec {
             backoff_limit: Some(0),
             parallelism: Some(1),
@@ -77,7 +78,7 @@ pub fn job(f: &Function, plan: &Plan, config: &Config) -> Job {
                     )])),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(pod_spec(f, plan, config, &name)),
+                spec: Some(pod_spec(f, plan, config)),
             },
             ..JobSpec::default()
         }),
@@ -91,7 +92,7 @@ fn deadline_seconds(config: &Config) -> i64 {
     i64::try_from(config.build_deadline.as_secs()).unwrap_or(i64::MAX)
 }
 
-fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpec {
+fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
     let cached = config.cache_repo.is_some();
     let source = git_source_args(f, plan, config).map(|args| {
         let mut mounts = vec![
@@ -154,7 +155,7 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config, cm_name: &str) -> PodSpe
         }),
         init_containers: Some(source.into_iter().chain(lookup).chain([deps]).collect()),
         containers: vec![build],
-        volumes: Some(volumes(plan, config, cm_name)),
+        volumes: Some(volumes(f, plan, config)),
         ..PodSpec::default()
     }
 }
@@ -348,10 +349,14 @@ pub fn registry_host(registry: &str) -> String {
     registry.split('/').next().unwrap_or_default().to_string()
 }
 
-fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
+fn volumes(f: &Function, plan: &Plan, config: &Config) -> Vec<Volume> {
+    // What one install may write before the kubelet evicts the Pod: the build profile's.
     let empty = |name: &str| Volume {
         name: name.into(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(plan.build_resources.scratch.clone())),
+            medium: None,
+        }),
         ..Volume::default()
     };
     let mut volumes = vec![empty("deps"), empty("tmp-deps"), empty("tmp-build")];
@@ -370,7 +375,7 @@ fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
         volumes.push(Volume {
             name: "source".into(),
             config_map: Some(ConfigMapVolumeSource {
-                name: cm_name.into(),
+                name: names::build_name(f, &plan.key),
                 items: Some(vec![
                     item(SOURCE_KEY, &plan.runtime.source.handler),
                     item(DEPENDENCIES_KEY, &plan.runtime.dependencies.manifest),
@@ -386,9 +391,11 @@ fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
         Some((".dockerconfigjson", "config.json")),
         false,
     ));
+    // The Function namespace's package-registry config, copied next to the Job when it
+    // has one.
     volumes.push(secret_volume(
         "package-registry",
-        &config.package_registry_secret,
+        &copy_name(f, plan, Copied::Packages),
         None,
         true,
     ));
@@ -403,11 +410,16 @@ fn volumes(plan: &Plan, config: &Config, cm_name: &str) -> Vec<Volume> {
         });
     }
     if let SourcePlan::Git {
-        auth_secret: Some(secret),
+        auth_secret: Some(_),
         ..
     } = &plan.source
     {
-        volumes.push(secret_volume("git-auth", secret, None, false));
+        volumes.push(secret_volume(
+            "git-auth",
+            &copy_name(f, plan, Copied::Git),
+            None,
+            false,
+        ));
     }
     volumes
 }

@@ -19,8 +19,10 @@ use k8s_openapi::api::core::v1::{Capabilities, SeccompProfile, SecurityContext};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 
+use super::config::Config;
 use super::crd::Function;
 use super::names;
+use super::plan::Plan;
 use crate::oci::Hasher;
 
 /// Metadata of a child of `f`: its name, the Function's namespace, labels, the owner
@@ -31,6 +33,20 @@ pub fn child_meta(f: &Function, name: &str, labels: BTreeMap<String, String>) ->
         namespace: Some(f.namespace_or_default().into()),
         labels: Some(labels),
         owner_references: Some(vec![names::owner_reference(f)]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Metadata of what a build of `plan` keeps in the build namespace: `name`, the build labels
+/// and the build key. No owner reference: one cannot cross namespaces (the garbage collector
+/// would take it for a missing owner and delete the object).
+pub fn build_meta(f: &Function, plan: &Plan, config: &Config, name: &str) -> ObjectMeta {
+    let mut labels = names::build_labels(f, "build");
+    labels.insert(names::BUILD_KEY.into(), names::key_label(&plan.key));
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(config.build_namespace.clone()),
+        labels: Some(labels),
         ..ObjectMeta::default()
     }
 }

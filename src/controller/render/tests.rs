@@ -178,7 +178,7 @@ fn the_build_job_is_unprivileged_and_keeps_push_credentials_from_the_install() {
     assert_ne!(tmp(deps), tmp(build), "each stage has its own /tmp");
     assert!(
         plan.push_image
-            .starts_with("reg:5000/functions/team-hello:")
+            .starts_with("reg:5000/functions/team/hello:")
     );
 }
 
@@ -249,6 +249,7 @@ fn a_git_function_is_fetched_once_and_only_the_fetch_sees_the_git_credentials() 
     let volumes = pod.volumes.unwrap();
     let volume = |name: &str| volumes.iter().find(|v| v.name == name).unwrap();
     assert!(volume("git-source").empty_dir.is_some());
+    // The build's own copy of the Function namespace's Secret, next to the Job.
     assert_eq!(
         volume("git-auth")
             .secret
@@ -256,7 +257,13 @@ fn a_git_function_is_fetched_once_and_only_the_fetch_sees_the_git_credentials() 
             .unwrap()
             .secret_name
             .as_deref(),
-        Some("git-creds")
+        Some(
+            format!(
+                "{}-git",
+                crate::controller::names::build_name(&f, &plan.key)
+            )
+            .as_str()
+        )
     );
 }
 
@@ -291,7 +298,7 @@ fn the_deployment_runs_the_digest_as_user_10001_with_the_runtime_env_last() {
     assert_restricted(c);
     assert_eq!(
         c.image.as_deref(),
-        Some(format!("reg:5000/functions/team-hello@{}", digest('d')).as_str())
+        Some(format!("reg:5000/functions/team/hello@{}", digest('d')).as_str())
     );
     let env: Vec<(String, String)> = c
         .env
@@ -401,4 +408,122 @@ fn the_applied_hash_changes_with_the_content_only() {
     assert_eq!(before, hash(&f));
     f.spec.env[0].value = Some("hello".into());
     assert_ne!(before, hash(&f));
+}
+
+#[test]
+fn a_build_runs_in_the_build_namespace_with_bounded_scratch_and_no_tenant_labels() {
+    let (f, config) = (function(), config());
+    let plan = plan_of(&f, &config);
+    let job = job::job(&f, &plan, &config);
+    assert_eq!(job.metadata.namespace.as_deref(), Some("kiln-builds"));
+    assert!(
+        job.metadata.owner_references.is_none(),
+        "an owner reference cannot cross namespaces"
+    );
+    let labels = job.metadata.labels.clone().unwrap();
+    assert_eq!(labels[crate::controller::names::FUNCTION_NAMESPACE], "team");
+    assert_eq!(labels[crate::controller::names::FUNCTION_NAME], "hello");
+    assert!(
+        !labels.contains_key("team"),
+        "the Function's own labels stay out"
+    );
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    for v in pod.volumes.iter().flatten() {
+        if let Some(e) = &v.empty_dir {
+            assert_eq!(
+                e.size_limit.as_ref().map(|q| q.0.as_str()),
+                Some("4Gi"),
+                "{}: the normal build profile's limit",
+                v.name
+            );
+        }
+    }
+    let secret = |name: &str| {
+        pod.volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == name)
+            .and_then(|v| v.secret.clone())
+            .unwrap()
+    };
+    let build = crate::controller::names::build_name(&f, &plan.key);
+    assert_eq!(
+        secret("package-registry").secret_name,
+        Some(format!("{build}-packages"))
+    );
+    assert_eq!(
+        secret("registry-auth").secret_name.as_deref(),
+        Some("kiln-registry")
+    );
+    let cm = source::config_map(&f, &plan, &config).unwrap();
+    assert_eq!(cm.metadata.namespace.as_deref(), Some("kiln-builds"));
+    assert_eq!(cm.metadata.name.as_deref(), Some(build.as_str()));
+}
+
+#[test]
+fn function_pods_get_no_token_unless_asked_and_the_pull_service_account_with_a_pull_secret() {
+    let (mut f, mut config) = (function(), config());
+    let plan = plan_of(&f, &config);
+    let pod = |f: &Function, config: &Config| {
+        deployment::deployment(f, &plan, config, &digest('d').to_string())
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    let p = pod(&f, &config);
+    assert_eq!(p.automount_service_account_token, Some(false));
+    assert_eq!(p.service_account_name, None);
+    config.pull_secret = Some("kiln-pull".into());
+    assert_eq!(
+        pod(&f, &config).service_account_name.as_deref(),
+        Some("serverless-function")
+    );
+    f.metadata.annotations = Some(BTreeMap::from([(
+        crate::controller::names::AUTOMOUNT_TOKEN.to_string(),
+        "true".to_string(),
+    )]));
+    assert_eq!(pod(&f, &config).automount_service_account_token, Some(true));
+}
+
+#[test]
+fn the_functions_security_contexts_override_kilns_field_by_field() {
+    use k8s_openapi::api::core::v1::{PodSecurityContext, SecurityContext};
+    let mut f = function();
+    let ps = deployment::pod_security_context(&f);
+    assert_eq!(
+        (ps.run_as_user, ps.run_as_group),
+        (Some(10001), Some(10001))
+    );
+    f.spec.pod_security_context = Some(PodSecurityContext {
+        run_as_user: Some(2000),
+        fs_group: Some(3000),
+        ..PodSecurityContext::default()
+    });
+    f.spec.container_security_context = Some(SecurityContext {
+        read_only_root_filesystem: Some(false),
+        ..SecurityContext::default()
+    });
+    let ps = deployment::pod_security_context(&f);
+    assert_eq!(
+        (
+            ps.run_as_user,
+            ps.run_as_group,
+            ps.fs_group,
+            ps.run_as_non_root
+        ),
+        (Some(2000), Some(10001), Some(3000), Some(true))
+    );
+    assert_eq!(ps.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let cs = deployment::container_security_context(&f);
+    assert_eq!(cs.read_only_root_filesystem, Some(false));
+    assert_eq!(
+        cs.run_as_user,
+        Some(2000),
+        "the Pod's user, not kiln's default"
+    );
+    assert_eq!(cs.allow_privilege_escalation, Some(false));
+    assert_eq!(cs.privileged, Some(false));
+    assert_eq!(cs.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
 }

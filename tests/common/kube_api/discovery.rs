@@ -37,6 +37,7 @@ fn builtin_names(kind: &Kind) -> (Vec<&'static str>, Vec<&'static str>) {
         ("", "namespaces") => &["ns"],
         ("", "serviceaccounts") => &["sa"],
         ("apps", "deployments") => &["deploy"],
+        ("networking.k8s.io", "networkpolicies") => &["netpol"],
         ("autoscaling", "horizontalpodautoscalers") => &["hpa"],
         ("events.k8s.io", "events") => &["ev"],
         ("apiextensions.k8s.io", "customresourcedefinitions") => &["crd", "crds"],

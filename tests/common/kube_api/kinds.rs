@@ -115,6 +115,12 @@ pub static BUILTIN: &[Kind] = &[
         "horizontalpodautoscalers",
     )),
     kind("coordination.k8s.io", "v1", "Lease", "leases"),
+    kind(
+        "networking.k8s.io",
+        "v1",
+        "NetworkPolicy",
+        "networkpolicies",
+    ),
     kind("events.k8s.io", "v1", "Event", "events"),
     kind("rbac.authorization.k8s.io", "v1", "Role", "roles"),
     kind(

@@ -103,6 +103,15 @@ impl Store {
                 ),
             ));
         };
+        // The plugin gives a Pod without imagePullSecrets its ServiceAccount's.
+        let own_pull_secrets = spec["imagePullSecrets"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
+        if !own_pull_secrets
+            && let Some(secrets) = sa["imagePullSecrets"].as_array().filter(|a| !a.is_empty())
+        {
+            spec["imagePullSecrets"] = json!(secrets);
+        }
         let automount = spec["automountServiceAccountToken"]
             .as_bool()
             .or_else(|| sa["automountServiceAccountToken"].as_bool())

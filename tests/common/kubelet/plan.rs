@@ -86,7 +86,18 @@ pub fn prepare(
         node_name: NODE_NAME.into(),
         ip: input.ip.clone(),
     };
-    let plan = |c: &Container| plan_container(config, input, &volumes, &fields, objects, c);
+    let pull_auth = pull_credentials(config, input, objects, &dir)?;
+    let plan = |c: &Container| {
+        plan_container(
+            config,
+            input,
+            &volumes,
+            &fields,
+            objects,
+            pull_auth.as_deref(),
+            c,
+        )
+    };
     let init = input.spec.init_containers.iter().flatten().map(plan);
     let init = init.collect::<Result<Vec<_>, _>>()?;
     let main = input.spec.containers.iter().map(plan);
@@ -102,12 +113,67 @@ fn service_account(spec: &PodSpec) -> String {
         .unwrap_or_else(|| "default".into())
 }
 
+/// The pod's `imagePullSecrets` (the ServiceAccount's, copied in by admission), merged over
+/// the node's own `--registry-auth` into one docker config for the pulls: `None` when the
+/// pod names none. A Secret that does not exist is skipped, as the kubelet does (the pull
+/// then goes without it).
+fn pull_credentials(
+    config: &Config,
+    input: &PodInput,
+    objects: &Objects,
+    pod_dir: &Path,
+) -> Result<Option<PathBuf>, ConfigError> {
+    let names: Vec<&str> = input
+        .spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|r| r.name.as_str())
+        .collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let node = config
+        .run_args
+        .iter()
+        .position(|a| a == "--registry-auth")
+        .and_then(|i| config.run_args.get(i + 1));
+    let mut auths = serde_json::Map::new();
+    if let Some(file) = node
+        && let Ok(text) = std::fs::read_to_string(file)
+        && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+    {
+        auths.extend(v["auths"].as_object().cloned().unwrap_or_default());
+    }
+    for name in names {
+        let Some(data) = objects.secret(&input.namespace, name) else {
+            continue;
+        };
+        let Some(v) = data
+            .get(".dockerconfigjson")
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(b).ok())
+        else {
+            continue;
+        };
+        auths.extend(v["auths"].as_object().cloned().unwrap_or_default());
+    }
+    let file = pod_dir.join("pull").join("config.json");
+    let written = std::fs::create_dir_all(file.parent().unwrap_or(pod_dir))
+        .and_then(|()| std::fs::write(&file, serde_json::json!({"auths": auths}).to_string()));
+    written.map_err(|e| ConfigError {
+        reason: "ContainerCreating",
+        message: format!("writing the pull credentials {}: {e}", file.display()),
+    })?;
+    Ok(Some(file))
+}
+
 fn plan_container(
     config: &Config,
     input: &PodInput,
     volumes: &PodVolumes,
     fields: &PodFields,
     objects: &Objects,
+    pull_auth: Option<&Path>,
     c: &Container,
 ) -> Result<Plan, ConfigError> {
     let image = c.image.clone().unwrap_or_default();
@@ -117,7 +183,17 @@ fn plan_container(
         "--cache-dir".into(),
         config.cache_dir.display().to_string(),
     ];
-    args.extend(config.run_args.iter().cloned());
+    let mut node_args = config.run_args.iter().cloned();
+    while let Some(arg) = node_args.next() {
+        if arg == "--registry-auth" && pull_auth.is_some() {
+            node_args.next();
+            continue;
+        }
+        args.push(arg);
+    }
+    if let Some(file) = pull_auth {
+        args.extend(["--registry-auth".into(), file.display().to_string()]);
+    }
     let (uid, gid, non_root) = effective_ids(&input.spec, c);
     if let Some(uid) = uid {
         if non_root && uid == 0 {
@@ -149,7 +225,14 @@ fn plan_container(
             ),
         ]);
     }
-    env.extend(env::resolve(c, fields, objects, &input.overrides)?);
+    let env_file = |volume: &str| volumes.empty_dir(volume).map(Path::to_path_buf);
+    env.extend(env::resolve(
+        c,
+        fields,
+        objects,
+        &env_file,
+        &input.overrides,
+    )?);
     let (command, arguments) = env::command_line(c, &env);
     if let Some(command) = command {
         let json = serde_json::to_string(&command).unwrap_or_default();

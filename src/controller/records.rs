@@ -1,0 +1,179 @@
+//! The controller's record of the images its own build Jobs built: one ConfigMap per Function
+//! in the build namespace (`<namespace>.<name>`), mapping build keys to the manifest digest
+//! the build container reported. The controller deploys a digest only if it is recorded
+//! here: an image that someone else pushed under a build key's tag (a tenant with push
+//! access, a registry shared with another cluster) is never taken for a build. Tenants
+//! cannot write the build namespace. The record keeps the latest [`MAX_ENTRIES`] keys, so
+//! reverting a Function to an earlier version deploys the image built then.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Api;
+
+use super::apply;
+use super::crd::Function;
+use super::error::{Error, Result};
+use super::names;
+use super::reconcile::Context;
+use super::render::stamp;
+use super::stores::object_ref;
+
+/// How many build keys a Function's record keeps.
+pub const MAX_ENTRIES: usize = 16;
+
+/// The digest recorded for `f`'s build `key`, from the watch cache.
+pub fn recorded(ctx: &Context, f: &Function, key: &str) -> Option<String> {
+    let name = names::records_name(f);
+    let record = ctx
+        .stores
+        .config_maps
+        .get(&object_ref(&ctx.config.build_namespace, &name))?;
+    entry(record.data.as_ref()?.get(key)?).map(|(digest, _)| digest.to_string())
+}
+
+/// Records that `f`'s build `key` made `digest`, at `now` (Unix seconds).
+///
+/// # Errors
+/// The API request failed.
+pub async fn record(ctx: &Context, f: &Function, key: &str, digest: &str, now: u64) -> Result<()> {
+    let ns = &ctx.config.build_namespace;
+    let name = names::records_name(f);
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
+    // Read, not from the cache: a record written a moment ago may not be there yet, and
+    // applying without its entries would drop them.
+    let live = api
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("reading ConfigMap {ns}/{name}")))?;
+    let held = live
+        .as_ref()
+        .and_then(|cm| cm.data.as_ref()?.get(key))
+        .and_then(|v| entry(v))
+        .is_some_and(|(d, _)| d == digest);
+    if held {
+        return Ok(());
+    }
+    let desired = render(f, ns, live.as_ref(), key, digest, now);
+    apply::apply(&api, "ConfigMap", &desired, live.as_ref(), &ctx.verified).await?;
+    Ok(())
+}
+
+/// Whether `cm` is a record of built images.
+pub fn is_record(cm: &ConfigMap) -> bool {
+    cm.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(names::RESOURCE))
+        .is_some_and(|r| r == "images")
+}
+
+/// When the latest entry of a record was written (Unix seconds).
+pub fn latest(cm: &ConfigMap) -> Option<u64> {
+    cm.data
+        .as_ref()?
+        .values()
+        .filter_map(|v| entry(v).map(|(_, at)| at))
+        .max()
+}
+
+/// `(digest, recorded at)` of an entry's value `"<digest> <unix seconds>"`.
+fn entry(value: &str) -> Option<(&str, u64)> {
+    let (digest, at) = value.split_once(' ')?;
+    digest
+        .starts_with("sha256:")
+        .then_some(())
+        .and_then(|()| Some((digest, at.parse().ok()?)))
+}
+
+/// The record with `key` → `digest` added to what `live` holds, the oldest entries dropped
+/// past [`MAX_ENTRIES`].
+pub fn render(
+    f: &Function,
+    namespace: &str,
+    live: Option<&ConfigMap>,
+    key: &str,
+    digest: &str,
+    now: u64,
+) -> ConfigMap {
+    let mut entries: Vec<(String, String, u64)> = live
+        .and_then(|cm| cm.data.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.as_str() != key)
+        .filter_map(|(k, v)| entry(v).map(|(d, at)| (k.clone(), d.to_string(), at)))
+        .collect();
+    entries.push((key.to_string(), digest.to_string(), now));
+    entries.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
+    entries.truncate(MAX_ENTRIES);
+    let data: BTreeMap<String, String> = entries
+        .into_iter()
+        .map(|(k, d, at)| (k, format!("{d} {at}")))
+        .collect();
+    let mut cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(names::records_name(f)),
+            namespace: Some(namespace.into()),
+            labels: Some(names::build_labels(f, "images")),
+            ..ObjectMeta::default()
+        },
+        data: Some(data),
+        ..ConfigMap::default()
+    };
+    stamp(&mut cm, |c| &mut c.metadata);
+    cm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function() -> Function {
+        let mut f = Function::new("hello", Default::default());
+        f.metadata.namespace = Some("team".into());
+        f.metadata.uid = Some("u-1".into());
+        f
+    }
+
+    fn digest(i: usize) -> String {
+        format!("sha256:{i:064x}")
+    }
+
+    #[test]
+    fn the_record_keeps_the_latest_keys_and_ignores_what_it_did_not_write() {
+        let f = function();
+        let mut cm = render(&f, "kiln-builds", None, "k0", &digest(0), 100);
+        assert_eq!(cm.metadata.name.as_deref(), Some("team.hello"));
+        assert_eq!(cm.metadata.namespace.as_deref(), Some("kiln-builds"));
+        let labels = cm.metadata.labels.clone().unwrap();
+        assert_eq!(labels[names::FUNCTION_NAMESPACE], "team");
+        assert_eq!(labels[names::RESOURCE], "images");
+        assert!(cm.metadata.owner_references.is_none());
+        for i in 1..=MAX_ENTRIES {
+            cm = render(
+                &f,
+                "kiln-builds",
+                Some(&cm),
+                &format!("k{i}"),
+                &digest(i),
+                100 + i as u64,
+            );
+        }
+        let data = cm.data.clone().unwrap();
+        assert_eq!(data.len(), MAX_ENTRIES);
+        assert!(!data.contains_key("k0"), "the oldest entry goes");
+        assert_eq!(data["k16"], format!("{} 116", digest(16)));
+        // The same key again moves it to now; a value not in kiln's form is dropped.
+        cm.data
+            .as_mut()
+            .unwrap()
+            .insert("junk".into(), "latest".into());
+        let cm = render(&f, "kiln-builds", Some(&cm), "k1", &digest(1), 200);
+        let data = cm.data.unwrap();
+        assert_eq!(data["k1"], format!("{} 200", digest(1)));
+        assert!(!data.contains_key("junk"));
+        assert_eq!(entry("sha256:ab 7"), Some(("sha256:ab", 7)));
+        assert_eq!(entry("md5:ab 7"), None);
+    }
+}
