@@ -27,9 +27,13 @@ prints the CRD) in every namespace and, for each, builds the image with a build 
 HPA (or a Knative Service). It finds the API server from KUBECONFIG or, in a Pod, from its \
 service account.
 
-Images are pushed to REGISTRY/<namespace>-<name>:<build key>; an image whose tag exists is never \
-built again. Build Jobs push with the dockerconfigjson Secret --registry-secret, copied from \
---namespace into each Function's namespace.
+Images are pushed to REGISTRY/<namespace>/<name>:<build key>. Build Jobs run in \
+--build-namespace, a namespace no tenant can reach, and push with the dockerconfigjson Secret \
+--registry-secret, copied there from --namespace: push credentials never enter a Function's \
+namespace. A Function's namespace gets at most the pull-only Secret --pull-secret, on the \
+ServiceAccount its Pods run as. The controller deploys only digests its own build Jobs \
+reported, which it records in --build-namespace; an image some other party pushed under a \
+build key's tag is never deployed.
 
 Example:
   kiln controller --registry registry.example.com/functions \\
@@ -66,9 +70,19 @@ pub struct ControllerArgs {
     /// leader Lease live.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kiln-system")]
     pub namespace: String,
-    /// The kubernetes.io/dockerconfigjson Secret build Jobs push with.
+    /// The kubernetes.io/dockerconfigjson Secret build Jobs push with, in --namespace.
     #[arg(long, default_value = "kiln-registry")]
     pub registry_secret: String,
+    /// Where build Jobs run (with their source ConfigMaps and the push Secret's copy): a
+    /// namespace of kiln's own that no tenant may read.
+    #[arg(long, env = "KILN_BUILD_NAMESPACE", default_value = "kiln-builds")]
+    pub build_namespace: String,
+    /// A kubernetes.io/dockerconfigjson Secret in --namespace with pull-only credentials,
+    /// for a registry that needs them to pull (empty: nodes pull anonymously). It is copied
+    /// into each Function's namespace and carried by the Function ServiceAccount
+    /// (--function-service-account, default serverless-function), which the controller keeps.
+    #[arg(long, value_name = "NAME", env = "KILN_PULL_SECRET")]
+    pub pull_secret: Option<String>,
     /// A ConfigMap (key ca.crt) of CAs build Jobs trust for package and image registries
     /// and git servers, in the controller's namespace (empty: none); the controller trusts
     /// them too, for its registry lookups (read at start) and git references.
@@ -105,7 +119,10 @@ pub struct ControllerArgs {
     /// The HPA's target CPU utilization, in percent.
     #[arg(long, default_value_t = 50)]
     pub target_cpu_utilization: i32,
-    /// The runtime Pods' service account (carrying imagePullSecrets).
+    /// The runtime Pods' ServiceAccount. With --pull-secret the controller keeps it in
+    /// each Function's namespace (default serverless-function); without, it must exist there
+    /// (default: the namespace's `default`). Function Pods mount no token from it unless the
+    /// Function has the annotation kiln.io/automount-service-account-token: "true".
     #[arg(long, value_name = "NAME")]
     pub function_service_account: Option<String>,
     /// TRACE_COLLECTOR_ENDPOINT for Functions.
@@ -275,6 +292,13 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     config.insecure_registry = args.access.insecure_hosts().contains(&registry_host);
     config.namespace = args.namespace.clone();
     config.registry_secret = args.registry_secret.clone();
+    crate::controller::validate::dns1123_label(&args.build_namespace)
+        .map_err(|e| anyhow!("invalid --build-namespace {:?}: {e}", args.build_namespace))?;
+    config.build_namespace = args.build_namespace.clone();
+    config.pull_secret = args
+        .pull_secret
+        .clone()
+        .filter(|name| !name.trim().is_empty());
     // An empty name (an empty ConfigMap key in deploy/config.env) means none.
     config.ca_bundle_configmap = args
         .ca_bundle_configmap
