@@ -60,7 +60,11 @@ impl ControllerEnv {
     /// token auth): the controller and the push Secret `kiln-registry` then hold the
     /// registry's full credentials.
     pub fn start_with(kind: RegistryKind, extra: &[&str]) -> ControllerEnv {
-        assert_ne!(kind, RegistryKind::BasicTls, "the controller tests talk plain HTTP");
+        assert_ne!(
+            kind,
+            RegistryKind::BasicTls,
+            "the controller tests talk plain HTTP"
+        );
         let registry = Registry::start(kind);
         let dir = tempfile::tempdir().expect("tempdir");
         let layout = images::make_layout(dir.path());

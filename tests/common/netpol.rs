@@ -108,10 +108,14 @@ impl Cluster {
             _ => ("ingress", "from"),
         };
         selecting.iter().any(|p| {
-            p["spec"][rules].as_array().into_iter().flatten().any(|rule| {
-                self.peers_match(&rule[peers], namespace, other)
-                    && ports_match(&rule["ports"], port, protocol)
-            })
+            p["spec"][rules]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|rule| {
+                    self.peers_match(&rule[peers], namespace, other)
+                        && ports_match(&rule["ports"], port, protocol)
+                })
         })
     }
 

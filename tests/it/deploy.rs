@@ -161,7 +161,11 @@ fn build_pod_labels() -> Vec<(String, String)> {
     f.metadata.namespace = Some("team".into());
     f.metadata.uid = Some("u-1".into());
     f.metadata.labels = Some([("kiln.io/registry".to_string(), "true".to_string())].into());
-    let digest = |c: char| format!("sha256:{}", c.to_string().repeat(64)).parse().unwrap();
+    let digest = |c: char| {
+        format!("sha256:{}", c.to_string().repeat(64))
+            .parse()
+            .unwrap()
+    };
     let catalog = kiln::runtime::Catalog::embedded();
     let lookups = plan::Lookups {
         base: ("reg/kiln/nodejs22".into(), digest('b')),
@@ -197,14 +201,24 @@ fn network_policies_let_build_pods_reach_dns_and_registries_and_nothing_else_in_
         !labels.iter().any(|(k, _)| k == "kiln.io/registry"),
         "a Function's own labels could make a policy select its build"
     );
-    let owned: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let owned: Vec<(&str, &str)> = labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let build = Peer::pod("kiln-builds", &owned, "10.244.2.9");
     let dns = Peer::pod("kube-system", &[("k8s-app", "kube-dns")], "10.244.0.5");
     let registry = Peer::pod("registry", &[("kiln.io/registry", "true")], "10.244.3.4");
     let function = Peer::pod("team", &[("app.kubernetes.io/name", "hello")], "10.244.1.7");
-    let webhook = Peer::pod("kiln-system", &[("app.kubernetes.io/name", "kiln-webhook")], "10.244.0.8");
-    let controller =
-        Peer::pod("kiln-system", &[("app.kubernetes.io/name", "kiln-controller")], "10.244.0.9");
+    let webhook = Peer::pod(
+        "kiln-system",
+        &[("app.kubernetes.io/name", "kiln-webhook")],
+        "10.244.0.8",
+    );
+    let controller = Peer::pod(
+        "kiln-system",
+        &[("app.kubernetes.io/name", "kiln-controller")],
+        "10.244.0.9",
+    );
     let npm = Peer::external("104.16.3.35");
     let api_server = Peer::external("10.0.0.1");
     let metadata = Peer::external("169.254.169.254");
@@ -212,12 +226,36 @@ fn network_policies_let_build_pods_reach_dns_and_registries_and_nothing_else_in_
         (&build, &dns, 53, "UDP", "cluster DNS"),
         (&build, &dns, 53, "TCP", "cluster DNS over TCP"),
         (&build, &npm, 443, "TCP", "a package registry"),
-        (&build, &registry, 5000, "TCP", "an in-cluster registry, by its label"),
-        (&function, &npm, 443, "TCP", "Function Pods: no policy, as on Kyma"),
-        (&function, &api_server, 443, "TCP", "Function Pods: no policy"),
+        (
+            &build,
+            &registry,
+            5000,
+            "TCP",
+            "an in-cluster registry, by its label",
+        ),
+        (
+            &function,
+            &npm,
+            443,
+            "TCP",
+            "Function Pods: no policy, as on Kyma",
+        ),
+        (
+            &function,
+            &api_server,
+            443,
+            "TCP",
+            "Function Pods: no policy",
+        ),
         (&api_server, &webhook, 8443, "TCP", "admission requests"),
         (&function, &controller, 8080, "TCP", "metrics"),
-        (&controller, &api_server, 443, "TCP", "the controller's egress is open"),
+        (
+            &controller,
+            &api_server,
+            443,
+            "TCP",
+            "the controller's egress is open",
+        ),
     ];
     for (from, to, port, protocol, what) in allowed {
         assert!(cluster.allows(from, to, port, protocol), "refused: {what}");
@@ -229,8 +267,20 @@ fn network_policies_let_build_pods_reach_dns_and_registries_and_nothing_else_in_
         (&build, &controller, 8080, "TCP", "the controller"),
         (&build, &npm, 22, "TCP", "the internet beyond HTTP(S)"),
         (&function, &build, 8080, "TCP", "anything into a build Pod"),
-        (&function, &webhook, 9443, "TCP", "the webhook beyond its port"),
-        (&function, &controller, 8443, "TCP", "the controller beyond metrics"),
+        (
+            &function,
+            &webhook,
+            9443,
+            "TCP",
+            "the webhook beyond its port",
+        ),
+        (
+            &function,
+            &controller,
+            8443,
+            "TCP",
+            "the controller beyond metrics",
+        ),
     ];
     for (from, to, port, protocol, what) in refused {
         assert!(!cluster.allows(from, to, port, protocol), "allowed: {what}");

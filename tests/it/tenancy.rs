@@ -20,7 +20,10 @@ fn manifest_digest(env: &ControllerEnv, reference: &str) -> String {
 }
 
 fn deployed_image(env: &ControllerEnv, namespace: &str, name: &str) -> String {
-    let d = env.api.get("Deployment", namespace, name).expect("a Deployment");
+    let d = env
+        .api
+        .get("Deployment", namespace, name)
+        .expect("a Deployment");
     d["spec"]["template"]["spec"]["containers"][0]["image"]
         .as_str()
         .unwrap()
@@ -71,8 +74,14 @@ fn an_image_planted_under_a_functions_build_key_is_never_deployed_and_the_functi
     let image = deployed_image(&env, "team", "hello");
     assert!(image.ends_with(&env.tiny.digest), "{image}");
     assert!(!image.contains(&planted), "{image}");
-    assert_eq!(env.function("team", "hello")["status"]["digest"], env.tiny.digest.as_str());
-    let record = env.api.get("ConfigMap", BUILDS, "team.hello").expect("the record");
+    assert_eq!(
+        env.function("team", "hello")["status"]["digest"],
+        env.tiny.digest.as_str()
+    );
+    let record = env
+        .api
+        .get("ConfigMap", BUILDS, "team.hello")
+        .expect("the record");
     let entries: Vec<&Value> = record["data"].as_object().unwrap().values().collect();
     assert_eq!(entries.len(), 1);
     assert!(entries[0].as_str().unwrap().starts_with(&env.tiny.digest));
@@ -104,7 +113,10 @@ fn a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it() {
     // Secret. The build ran in kiln-builds, with the push Secret's copy there.
     assert!(env.api.get("Secret", "team", "kiln-registry").is_none());
     assert!(env.api.get("Secret", BUILDS, "kiln-registry").is_some());
-    let secret = env.api.get("Secret", "team", "kiln-pull").expect("the pull Secret");
+    let secret = env
+        .api
+        .get("Secret", "team", "kiln-pull")
+        .expect("the pull Secret");
     assert_eq!(secret["type"], "kubernetes.io/dockerconfigjson");
     let sa = env
         .api
@@ -132,12 +144,23 @@ fn a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it() {
             .output()
             .unwrap()
     };
-    let inspect = skopeo(&["inspect", "--tls-verify=false", "--raw", &format!("docker://{image}")]);
+    let inspect = skopeo(&[
+        "inspect",
+        "--tls-verify=false",
+        "--raw",
+        &format!("docker://{image}"),
+    ]);
     assert!(inspect.status.success(), "{inspect:?}");
-    let target = format!("docker://{}/functions/team/hello:planted", env.registry.host());
+    let target = format!(
+        "docker://{}/functions/team/hello:planted",
+        env.registry.host()
+    );
     let layout = format!("oci:{}:base", env.tiny.layout.display());
     let push = skopeo(&["copy", "--dest-tls-verify=false", &layout, &target]);
-    assert!(!push.status.success(), "a push with the pull Secret went through");
+    assert!(
+        !push.status.success(),
+        "a push with the pull Secret went through"
+    );
     let stderr = String::from_utf8_lossy(&push.stderr);
     assert!(
         stderr.contains("denied") || stderr.contains("unauthorized"),

@@ -145,7 +145,7 @@ impl Reviewer {
             Ok(f) => f,
             Err(e) => {
                 let message = format!("Function {name:?} is invalid: {e}");
-                return Ok(Answer::deny(message, Vec::new()));
+                return Ok(Answer::deny(name, message, Vec::new()));
             }
         };
         let mut verdict = validate(&function, &self.catalog);
@@ -175,7 +175,7 @@ impl Reviewer {
             .collect();
         Ok(Answer {
             warnings: verdict.warnings,
-            ..Answer::deny(message, causes)
+            ..Answer::deny(name, message, causes)
         })
     }
 }
@@ -218,14 +218,14 @@ struct Types {
 struct Answer {
     patch: Option<json_patch::Patch>,
     warnings: Vec<String>,
-    /// The message and the per-field causes.
-    denied: Option<(String, Vec<Value>)>,
+    /// The Function's name, the message, and the causes (field and message each).
+    denied: Option<(String, String, Vec<Value>)>,
 }
 
 impl Answer {
-    fn deny(message: String, causes: Vec<Value>) -> Answer {
+    fn deny(name: &str, message: String, causes: Vec<Value>) -> Answer {
         Answer {
-            denied: Some((message, causes)),
+            denied: Some((name.to_string(), message, causes)),
             ..Answer::default()
         }
     }
@@ -245,13 +245,13 @@ fn response(uid: &str, answer: Answer) -> Value {
     if !answer.warnings.is_empty() {
         response["warnings"] = answer.warnings.into();
     }
-    if let Some((message, causes)) = answer.denied {
+    if let Some((name, message, causes)) = answer.denied {
         response["status"] = json!({
             "status": "Failure",
             "code": 422,
             "reason": "Invalid",
             "message": message,
-            "details": {"group": GROUP, "kind": "Function", "causes": causes},
+            "details": {"name": name, "group": GROUP, "kind": "Function", "causes": causes},
         });
     }
     json!({"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response})

@@ -114,6 +114,11 @@ fn validate_denies_with_422_invalid_and_every_field() {
         message.contains("; spec.env[0].name: \"1BAD\""),
         "{message}"
     );
+    // kubectl names the object from the details: `The Function "hello" is invalid: …`.
+    assert_eq!(
+        (&status["details"]["name"], &status["details"]["kind"]),
+        (&json!("hello"), &json!("Function"))
+    );
     let fields: Vec<&str> = status["details"]["causes"]
         .as_array()
         .unwrap()
