@@ -31,7 +31,9 @@ pub enum Outcome {
 /// Live objects found to hold what kiln applies, by kind, namespace and name: their
 /// resourceVersion and applied-hash then. An object unchanged since (same resourceVersion)
 /// that kiln would render the same (same hash) still holds it, so steady-state passes skip
-/// the comparison.
+/// the comparison. Deleted objects (a build's, a deleted Function's) are not taken out one by
+/// one; the whole map is dropped when it reaches [`Verified::MAX`] entries, which costs one
+/// comparison per object on the next pass.
 #[derive(Default)]
 pub struct Verified(Mutex<HashMap<String, (String, String)>>);
 
@@ -45,8 +47,19 @@ impl Verified {
         )
     }
 
+    /// At most this many entries are kept.
+    pub const MAX: usize = 1 << 16;
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, String)>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn insert(&self, key: String, seen: (String, String)) {
+        let mut map = self.lock();
+        if map.len() >= Self::MAX && !map.contains_key(&key) {
+            map.clear();
+        }
+        map.insert(key, seen);
     }
 }
 
@@ -80,7 +93,7 @@ where
         if let (Ok(want), Ok(have)) = (&want, &have)
             && holds(have, want)
         {
-            verified.lock().insert(key, seen);
+            verified.insert(key, seen);
             return Ok(Outcome::Unchanged);
         }
         tracing::info!(kind, name = %name, "reverting a change made to the object");
@@ -211,8 +224,21 @@ fn same_quantity(at: [Option<&str>; 2], want: &str, have: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::holds;
+    use super::{Verified, holds};
     use serde_json::json;
+
+    #[test]
+    fn the_verified_map_is_bounded() {
+        let verified = Verified::default();
+        let seen = || ("1".to_string(), "h".to_string());
+        for i in 0..Verified::MAX {
+            verified.insert(format!("Job/b/{i}"), seen());
+        }
+        verified.insert("Job/b/0".into(), seen());
+        assert_eq!(verified.lock().len(), Verified::MAX);
+        verified.insert("Job/b/new".into(), seen());
+        assert_eq!(verified.lock().len(), 1);
+    }
 
     #[test]
     fn a_live_object_holds_what_was_applied_whatever_the_server_added() {

@@ -322,6 +322,21 @@ fn build_objects(api: &KubeApi, kind: &str, name: &str) -> Vec<Value> {
         .collect()
 }
 
+/// `kubectl create secret docker-registry NAME` in kiln's namespace.
+fn registry_secret(kubectl: &Kubectl, name: &str, host: &str, user: &str, password: &str) {
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "create",
+        "secret",
+        "docker-registry",
+        name,
+        &format!("--docker-server={host}"),
+        &format!("--docker-username={user}"),
+        &format!("--docker-password={password}"),
+    ]);
+}
+
 /// Sets `key=value` in the deploy/ copy's config.env, as the README says to.
 fn configure(deploy: &Path, key: &str, value: &str) {
     let path = deploy.join("config.env");
@@ -407,17 +422,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // server has its own CA), then deploy/.
     let kubectl = Kubectl::admin(&api, work.path());
     kubectl.ok(&["create", "namespace", SYSTEM]);
-    kubectl.ok(&[
-        "-n",
-        SYSTEM,
-        "create",
-        "secret",
-        "docker-registry",
-        "kiln-registry",
-        &format!("--docker-server={host}"),
-        "--docker-username=robot",
-        &format!("--docker-password={PUSH_TOKEN}"),
-    ]);
+    registry_secret(&kubectl, "kiln-registry", &host, "robot", PUSH_TOKEN);
     let git = GitServer::start(GitServerKind::BasicTls);
     let ca = std::fs::read_to_string(host_ca_bundle()).unwrap()
         + &std::fs::read_to_string(git.ca_pem()).unwrap();
@@ -435,17 +440,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // copy and the ServiceAccount carrying it are what is checked here, and
     // tenancy::a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it checks that such a
     // Secret cannot push).
-    kubectl.ok(&[
-        "-n",
-        SYSTEM,
-        "create",
-        "secret",
-        "docker-registry",
-        "kiln-pull",
-        &format!("--docker-server={host}"),
-        "--docker-username=puller",
-        "--docker-password=pull-only",
-    ]);
+    registry_secret(&kubectl, "kiln-pull", &host, "puller", "pull-only");
     let deploy = deploy_with_image(work.path(), &kiln_image);
     configure(&deploy, "registry", &reg);
     configure(&deploy, "pull-secret", "kiln-pull");

@@ -109,7 +109,7 @@ impl Reviewer {
         record.allowed = answer.denied.is_none();
         record.patched = answer.patch.as_ref().map_or(0, |p| p.0.len());
         record.warnings = answer.warnings.len();
-        record.message = answer.denied.as_ref().map(|d| d.0.clone());
+        record.message = answer.denied.as_ref().map(|d| d.message.clone());
         Ok((response(&request.uid, answer), record))
     }
 
@@ -218,14 +218,26 @@ struct Types {
 struct Answer {
     patch: Option<json_patch::Patch>,
     warnings: Vec<String>,
-    /// The Function's name, the message, and the causes (field and message each).
-    denied: Option<(String, String, Vec<Value>)>,
+    denied: Option<Denial>,
+}
+
+/// Why a Function is refused.
+struct Denial {
+    /// The Function's name (kubectl prints `The Function "NAME" is invalid: …`).
+    name: String,
+    message: String,
+    /// Per field: `{reason, field, message}`.
+    causes: Vec<Value>,
 }
 
 impl Answer {
     fn deny(name: &str, message: String, causes: Vec<Value>) -> Answer {
         Answer {
-            denied: Some((name.to_string(), message, causes)),
+            denied: Some(Denial {
+                name: name.to_string(),
+                message,
+                causes,
+            }),
             ..Answer::default()
         }
     }
@@ -245,7 +257,12 @@ fn response(uid: &str, answer: Answer) -> Value {
     if !answer.warnings.is_empty() {
         response["warnings"] = answer.warnings.into();
     }
-    if let Some((name, message, causes)) = answer.denied {
+    if let Some(Denial {
+        name,
+        message,
+        causes,
+    }) = answer.denied
+    {
         response["status"] = json!({
             "status": "Failure",
             "code": 422,
