@@ -481,7 +481,8 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         &format!("--from-literal=username={GIT_USER}"),
         &format!("--from-literal=password={GIT_PASSWORD}"),
     ]);
-    let sa_token = api.service_account_token("team", "default");
+    // The token a build Pod would get, were it mounted: builds run in kiln-builds.
+    let sa_token = api.service_account_token(BUILDS, "default");
     let node = node_words("words");
     let python = function_yaml(
         "yaml",
