@@ -54,7 +54,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> u8 {
-    kiln::telemetry::init(&cli.global);
+    kiln::telemetry::init(cli.global.log_format, cli.global.verbose, cli.global.quiet);
     // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code;
     // `kiln webhook` shuts down gracefully on them.
     let outcome = if matches!(cli.command, cli::Command::Run(_) | cli::Command::Webhook(_)) {

@@ -4,13 +4,23 @@
 
 use std::io::IsTerminal;
 
+use clap::ValueEnum;
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{GlobalArgs, LogFormat};
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human view on a terminal, plain lines otherwise.
+    Auto,
+    /// Plain text lines with timestamps.
+    Text,
+    /// JSON lines.
+    Json,
+}
 
-/// Installs the global subscriber.
-pub fn init(args: &GlobalArgs) {
-    let default = match (args.quiet, args.verbose) {
+/// Installs the global subscriber: `format`, with `verbose` (-v count) or `quiet` (-q).
+pub fn init(format: LogFormat, verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
         (false, 1) => "kiln=debug,info",
@@ -20,14 +30,14 @@ pub fn init(args: &GlobalArgs) {
     let tty = std::io::stderr().is_terminal();
     // On a terminal, long steps are live lines (`progress`), which log lines print above;
     // with -q there is nothing to show.
-    let live = tty && args.log_format == LogFormat::Auto && !args.quiet;
+    let live = tty && format == LogFormat::Auto && !quiet;
     if live {
         crate::progress::enable_terminal();
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(|| crate::progress::StderrWriter);
-    match (args.log_format, tty) {
+    match (format, tty) {
         (LogFormat::Json, _) => builder
             .json()
             .with_current_span(true)

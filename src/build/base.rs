@@ -89,7 +89,7 @@ impl BaseRef {
     /// A malformed registry reference, or `oci:` without a directory.
     pub fn parse(s: &str) -> Result<BaseRef, registry::Error> {
         if let Some(rest) = s.strip_prefix("oci:") {
-            let (dir, name) = split_layout_ref(rest);
+            let (dir, name) = oci::layout::split_layout_ref(rest);
             if dir.is_empty() {
                 return Err(registry::Error::InvalidReference {
                     input: s.into(),
@@ -102,23 +102,6 @@ impl BaseRef {
             });
         }
         Ok(BaseRef::Registry(s.parse()?))
-    }
-}
-
-/// Splits `DIR[:NAME]`. Names may contain `/` (the store names Functions `functions/NAME`)
-/// and directories may contain `:`, so the first `:` whose left side is an existing OCI layout
-/// wins; failing that (a layout still to be written), a `:` after the last `/` starts the name.
-pub fn split_layout_ref(s: &str) -> (&str, Option<String>) {
-    for (i, _) in s.match_indices(':') {
-        let dir = &s[..i];
-        if !dir.is_empty() && std::path::Path::new(dir).join("oci-layout").is_file() {
-            return (dir, Some(s[i + 1..].to_string()));
-        }
-    }
-    let slash = s.rfind('/').map_or(0, |i| i + 1);
-    match s[slash..].rfind(':') {
-        Some(i) => (&s[..slash + i], Some(s[slash + i + 1..].to_string())),
-        None => (s, None),
     }
 }
 
@@ -226,19 +209,4 @@ fn config_descriptor(doc: &Document, name: &str) -> Result<oci::Descriptor, Erro
         problem: format!("manifest {} does not parse: {e}", doc.digest),
     })?;
     Ok(manifest.config)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn layout_references_split_at_the_last_colon_after_the_last_slash() {
-        assert_eq!(
-            split_layout_ref("./out/img:v1"),
-            ("./out/img", Some("v1".into()))
-        );
-        assert_eq!(split_layout_ref("/a:b/img"), ("/a:b/img", None));
-        assert_eq!(split_layout_ref("img"), ("img", None));
-    }
 }

@@ -169,10 +169,10 @@ impl FunctionManifest {
             .name
             .ok_or_else(|| bad("metadata.name is missing".into()))?;
         // The name becomes the image name, a store entry and, in a cluster, a Service name.
-        crate::controller::validate::names::dns1035_label(&name)
+        crate::k8s_names::dns1035_label(&name)
             .map_err(|e| bad(format!("metadata.name {name:?} is not a valid name: {e}")))?;
         if let Some(ns) = &raw.metadata.namespace {
-            crate::controller::validate::names::dns1123_label(ns)
+            crate::k8s_names::dns1123_label(ns)
                 .map_err(|e| bad(format!("metadata.namespace {ns:?} is not valid: {e}")))?;
         }
         let runtime = raw

@@ -14,7 +14,9 @@ pub mod termination;
 mod warm;
 mod webhook;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
+
+pub use crate::telemetry::LogFormat;
 
 pub use build::BuildArgs;
 
@@ -46,17 +48,6 @@ pub struct GlobalArgs {
     /// Only warnings and errors on stderr.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
-}
-
-/// How log lines are written.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human view on a terminal, plain lines otherwise.
-    Auto,
-    /// Plain text lines with timestamps.
-    Text,
-    /// JSON lines.
-    Json,
 }
 
 /// kiln's commands.

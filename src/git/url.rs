@@ -96,7 +96,7 @@ fn is_ssh(text: &str) -> bool {
 /// `text` for an error message, without a password should it hold one.
 fn shown_url(text: &str) -> String {
     match url::Url::parse(text) {
-        Ok(url) => crate::registry::redact_url(&url),
+        Ok(url) => crate::redact::redact_url(&url),
         // scp-like `user@host:path` holds no password; anything else unparsable is shown
         // only up to an `@`, which could follow one.
         Err(_) => match text.rfind('@') {

@@ -377,9 +377,36 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Splits `DIR[:NAME]`. Names may contain `/` (the store names Functions `functions/NAME`)
+/// and directories may contain `:`, so the first `:` whose left side is an existing OCI layout
+/// wins; failing that (a layout still to be written), a `:` after the last `/` starts the name.
+pub fn split_layout_ref(s: &str) -> (&str, Option<String>) {
+    for (i, _) in s.match_indices(':') {
+        let dir = &s[..i];
+        if !dir.is_empty() && std::path::Path::new(dir).join("oci-layout").is_file() {
+            return (dir, Some(s[i + 1..].to_string()));
+        }
+    }
+    let slash = s.rfind('/').map_or(0, |i| i + 1);
+    match s[slash..].rfind(':') {
+        Some(i) => (&s[..slash + i], Some(s[slash + i + 1..].to_string())),
+        None => (s, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layout_references_split_at_the_last_colon_after_the_last_slash() {
+        assert_eq!(
+            split_layout_ref("./out/img:v1"),
+            ("./out/img", Some("v1".into()))
+        );
+        assert_eq!(split_layout_ref("/a:b/img"), ("/a:b/img", None));
+        assert_eq!(split_layout_ref("img"), ("img", None));
+    }
 
     #[test]
     fn concurrent_writers_into_one_layout_lose_no_image() {

@@ -20,8 +20,8 @@ use super::challenge::BearerChallenge;
 use super::credentials::Credential;
 use super::error::{Error, Result};
 use super::failure::is_retryable_status;
-use super::redact::redact_url;
 use super::transport::{error_body, read_capped};
+use crate::redact::redact_url;
 
 /// Token lifetime the spec tells clients to assume when the server does not say.
 const DEFAULT_TOKEN_SECONDS: u64 = 60;

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use url::Url;
 
 use super::error::Error;
-use super::redact::redact_url;
+use crate::redact::redact_url;
 
 /// One entry of the OCI distribution error envelope `{"errors":[{code,message,detail}]}`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

@@ -24,11 +24,11 @@ use super::auth::Scope;
 use super::credentials::CredentialStore;
 use super::error::{Error, ErrorInfo, Result};
 use super::failure::{host_port, is_retryable_status, parse_envelope};
-use super::redact::redact_url;
 use super::reference::api_host;
 use super::retry::{RetryPolicy, retry};
 use super::session::Registry;
 use super::upload::UploadPolicy;
+use crate::redact::redact_url;
 
 /// Error bodies are read up to this size (they are small JSON envelopes).
 const ERROR_BODY_LIMIT: usize = 64 * 1024;

@@ -10,9 +10,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use super::Error;
-use super::rootpath::{self, Last};
 use super::unpack;
 use crate::oci::{Digest, ImageConfig};
+use crate::rootpath::{self, Last};
 
 /// Mount points the sandbox needs, created in a fresh rootfs so that running it never has to
 /// change the cached tree: directories, then files.

@@ -4,9 +4,10 @@
 use std::io;
 use std::path::PathBuf;
 
-use super::{rootpath, unpack, user};
+use super::{unpack, user};
 use crate::oci::{self, Digest};
 use crate::registry::{self, Reference};
+use crate::rootpath;
 use crate::sandbox::{self, Signal};
 
 /// Errors of `kiln run`.

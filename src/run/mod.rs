@@ -29,7 +29,6 @@ mod error;
 pub mod image;
 pub mod process;
 pub mod reference;
-pub use crate::rootpath;
 pub mod unpack;
 pub mod user;
 

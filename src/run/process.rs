@@ -8,9 +8,9 @@ use std::process::ExitStatus;
 
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::rootpath::{self, Last};
 use super::{Error, Options, user};
 use crate::oci::ImageConfig;
+use crate::rootpath::{self, Last};
 use crate::sandbox::{self, Bind, Sandbox, Signal};
 
 /// The host's DNS configuration, bound read-only into the sandbox when present.

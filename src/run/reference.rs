@@ -81,9 +81,9 @@ impl FromStr for ImageRef {
     }
 }
 
-/// Splits `DIR[:NAME]` as [`crate::build::base::split_layout_ref`] does.
+/// Splits `DIR[:NAME]` as [`crate::oci::layout::split_layout_ref`] does.
 fn split_name(s: &str) -> (&str, Selector) {
-    match crate::build::base::split_layout_ref(s) {
+    match crate::oci::layout::split_layout_ref(s) {
         (dir, Some(name)) => (dir, Selector::Name(name)),
         (dir, None) => (dir, Selector::Only),
     }

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use super::rootpath::{self, Last};
+use crate::rootpath::{self, Last};
 
 /// Numeric ids to run as, and the home directory from `/etc/passwd` when known.
 #[derive(Clone, Debug, PartialEq, Eq)]

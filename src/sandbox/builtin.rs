@@ -21,7 +21,7 @@ use rustix::process::WaitOptions;
 use rustix::thread::{CapabilitySet, CapabilitySets};
 
 use super::{Error, Result, Sandbox};
-use crate::run::rootpath::{self, Last};
+use crate::rootpath::{self, Last};
 
 /// The hidden subcommand that runs as the sandbox's init process.
 pub const INIT: &str = "__sandbox-init";

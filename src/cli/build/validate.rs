@@ -8,7 +8,7 @@ use super::Extra;
 use super::GitArgs;
 use super::{BuildArgs, CompressionArg, Env, LockfileInstallArg, StageArg, cache_repo};
 use crate::build::{
-    self, FunctionSpec, Options, Stage, Target,
+    FunctionSpec, Options, Stage, Target,
     base::BaseRef,
     deps::{InstallEnv, Isolation},
     function::FunctionManifest,
@@ -257,7 +257,7 @@ fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> 
             let rest = output
                 .strip_prefix("oci:")
                 .ok_or_else(|| anyhow!("--output {output:?} must start with oci:"))?;
-            let (dir, name) = build::base::split_layout_ref(rest);
+            let (dir, name) = crate::oci::layout::split_layout_ref(rest);
             if dir.is_empty() {
                 return Err(anyhow!(
                     "--output {output:?} names no directory; expected oci:DIR[:NAME]"

@@ -15,7 +15,7 @@
 //! `Error` enum here; a [`Verdict`] lists [`Violation`]s (field path + message) and warnings.
 
 mod env;
-pub mod names;
+pub use crate::k8s_names as names;
 mod pod;
 mod resources;
 mod security;
