@@ -14,9 +14,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use kiln::build::source::{WalkRules, walk};
 use kiln::oci::MediaType;
 use kiln::oci::layer::write_layer_with_threads;
+use kiln::oci::source::{WalkRules, walk};
 
 const RUNS: usize = 5;
 

@@ -29,7 +29,7 @@ pub fn reference(text: &str) {
         assert_eq!(again, r, "{text:?} -> {printed:?}");
     }
     let _ = text.parse::<crate::run::ImageRef>();
-    let _ = crate::build::base::BaseRef::parse(text);
+    let _ = crate::image::resolve::BaseRef::parse(text);
 }
 
 /// A manifest (or index) and a config from a registry: media-type sniffing, index parsing and

@@ -9,9 +9,11 @@ pub mod build;
 pub mod capped;
 pub mod cli;
 pub mod controller;
+pub mod fetch;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod git;
+pub mod image;
 pub mod inuse;
 pub mod k8s_names;
 pub mod oci;
@@ -25,3 +27,5 @@ pub mod runtime;
 pub mod sandbox;
 pub mod tarmeter;
 pub mod telemetry;
+#[cfg(test)]
+pub(crate) mod testing;

@@ -89,7 +89,7 @@ fn is_temp_file(name: &str) -> bool {
     ]
     .iter()
     .any(|p| name.starts_with(p))
-        || (name.starts_with('.') && name.ends_with(crate::base::download::PART_SUFFIX))
+        || (name.starts_with('.') && name.ends_with(crate::fetch::download::PART_SUFFIX))
 }
 
 pub use crate::run::cache::ABANDONED_AFTER;

@@ -9,12 +9,12 @@ use serde::Serialize;
 use tempfile::TempDir;
 
 use super::debian::{self, LockedPackage};
-use super::npm;
 use super::packages;
 use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
 use super::rootfs;
-use crate::build::publish::{BlobPlan, Role};
-use crate::build::source;
+use crate::fetch::npm;
+use crate::image::publish::{BlobPlan, Role};
+use crate::oci::source;
 use crate::oci::{
     self, ConfigEdit, Content, EntryKind, Image, LayerBlob, LayerEntry, MediaType, NewLayer,
 };

@@ -4,9 +4,9 @@
 
 use super::assemble::{Error, Sources};
 use super::debian::{self, Keyring, Mirror};
-use super::npm::NpmTarball;
 use super::packages;
 use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
+use crate::fetch::npm::NpmTarball;
 
 /// Resolves a recipe against the mirror (verified InRelease, Packages by hash) and the npm
 /// registry into a lock.

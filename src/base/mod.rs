@@ -5,10 +5,8 @@
 pub mod assemble;
 pub mod bytecode;
 pub mod debian;
-pub mod download;
 pub mod licenses;
 pub mod lock;
-pub mod npm;
 pub mod packages;
 pub mod recipe;
 pub mod rootfs;

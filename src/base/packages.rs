@@ -21,8 +21,8 @@ use std::process::Command;
 use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 use serde::{Deserialize, Serialize};
 
-use super::npm::{self, NpmTarball};
 pub use super::wheels::{install_wheels, lock_pip};
+use crate::fetch::npm::{self, NpmTarball, admits};
 
 /// The `[packages]` table of a recipe.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -88,7 +88,7 @@ pub enum Error {
     Npm(#[from] npm::Error),
     /// Downloading a wheel.
     #[error(transparent)]
-    Download(super::download::Error),
+    Download(crate::fetch::download::Error),
     /// A wheel whose bytes are not the locked ones.
     #[error("wheel {url} has SHA-256 {actual}, the lock file pins {expected}")]
     Hash {
@@ -207,17 +207,6 @@ struct LockEntry {
     os: Vec<String>,
     #[serde(default)]
     cpu: Vec<String>,
-}
-
-/// Whether an npm `os`/`cpu` list admits `value` (empty admits all; `!x` excludes).
-pub(crate) fn admits(list: &[String], value: &str) -> bool {
-    if list.is_empty() {
-        return true;
-    }
-    if list.iter().any(|v| v.strip_prefix('!') == Some(value)) {
-        return false;
-    }
-    list.iter().any(|v| v == value) || list.iter().all(|v| v.starts_with('!'))
 }
 
 /// The tree of a `package-lock.json` (version 2 or 3), for linux/x64.

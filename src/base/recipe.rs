@@ -5,8 +5,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::debian::LockedPackage;
-use super::npm::NpmTarball;
 use super::packages::{LockedNpmPath, LockedWheel, PackagesRecipe};
+use crate::fetch::npm::NpmTarball;
 
 /// Which of the two images an input belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

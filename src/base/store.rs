@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::assemble::{self, Assembled, Sources};
 use super::recipe;
-use crate::build::publish::{LayoutPublisher, PublishInput, Publisher};
+use crate::image::publish::{LayoutPublisher, PublishInput, Publisher};
 use crate::oci::Layout;
 use crate::registry::{Client, ClientConfig};
 
@@ -28,7 +28,7 @@ pub enum Error {
     },
     /// Writing the layout.
     #[error(transparent)]
-    Publish(#[from] crate::build::publish::Error),
+    Publish(#[from] crate::image::publish::Error),
     /// The store directory or its lock.
     #[error("using the image store {path}")]
     Io {
@@ -120,7 +120,7 @@ pub async fn write_layout(
     dir: &Path,
     runtime: &str,
     scratch: &Path,
-) -> Result<Vec<String>, crate::build::publish::Error> {
+) -> Result<Vec<String>, crate::image::publish::Error> {
     let mut references = Vec::new();
     for (assembly, name) in [
         (&built.base, runtime.to_string()),

@@ -12,8 +12,8 @@ use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 use serde::Deserialize;
 use sha2::Sha256;
 
-use super::download;
 use super::packages::{Error, LockedWheel, Result, io_err, run};
+use crate::fetch::download;
 
 /// Resolves `requirements` into exact wheels for CPython `python` on manylinux x86_64 with
 /// pip's resolver (`--dry-run --report`: nothing is installed), binary wheels only.
@@ -272,22 +272,9 @@ pub(crate) mod tests {
         );
     }
 
-    /// A wheel file of `members` (name, bytes, mode).
-    pub(crate) fn wheel(members: &[(&str, &[u8], u32)]) -> tempfile::NamedTempFile {
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let mut zip = zip::ZipWriter::new(file.reopen().unwrap());
-        for (name, bytes, mode) in members {
-            let options = zip::write::SimpleFileOptions::default().unix_permissions(*mode);
-            zip.start_file(*name, options).unwrap();
-            std::io::Write::write_all(&mut zip, bytes).unwrap();
-        }
-        zip.finish().unwrap();
-        file
-    }
-
     #[test]
     fn a_wheel_installs_its_library_and_leaves_out_scripts() {
-        let whl = wheel(&[
+        let whl = crate::testing::wheel(&[
             ("pkg/__init__.py", b"x = 1\n", 0o644),
             ("pkg/tool.so", b"ELF", 0o755),
             ("pkg-1.dist-info/METADATA", b"Name: pkg\n", 0o644),
@@ -324,7 +311,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_wheel_member_that_leaves_its_directory_is_refused() {
-        let whl = wheel(&[("../evil.py", b"x", 0o644)]);
+        let whl = crate::testing::wheel(&[("../evil.py", b"x", 0o644)]);
         let dest = tempfile::tempdir().unwrap();
         let e = unpack_wheel(whl.path(), "https://f/evil-1-py3-none-any.whl", dest.path())
             .unwrap_err()

@@ -4,13 +4,13 @@
 
 use std::path::PathBuf;
 
-use super::base::{BaseRef, ResolvedBase};
 use super::cache::LayerCache;
 use super::function::Function;
 use super::publish::{
     BlobPlan, LayoutPublisher, PublishInput, Published, Publisher, RegistryPublisher, Role,
 };
 use super::{Error, Options, Target, plan};
+use crate::image::resolve::{BaseRef, ResolvedBase};
 use crate::oci::{self, Digest, Image, LayerBlob, NewLayer, layer::write_layer};
 use crate::registry::Client;
 

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::source::{self, Tree, WalkRules};
+use crate::oci::source::{self, Tree, WalkRules};
 use crate::oci::{Content, EntryKind};
 use crate::runtime::{self, Language, ManifestError, RuntimeSpec};
 

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::source::Tree;
 use crate::oci::layer::{Content, EntryKind};
+use crate::oci::source::Tree;
 
 /// File bytes an install keeps in memory; past this, files are written to the scratch
 /// directory and read back by the layer writer.

@@ -4,7 +4,6 @@
 //! both to the base and publishes; [`run_deps`] is a split build's first half.
 
 mod assemble;
-pub mod base;
 pub mod cache;
 pub mod deps;
 pub mod egress;
@@ -18,10 +17,7 @@ pub mod memtree;
 pub(crate) mod pep440;
 pub mod pinned;
 pub mod plan;
-pub mod publish;
-pub mod pushed;
 pub mod remote_cache;
-pub mod source;
 mod split;
 pub mod stage;
 mod warm;
@@ -30,11 +26,12 @@ use std::path::{Path, PathBuf};
 
 use tracing::Instrument;
 
-use crate::oci::{self, Digest, Image, Platform};
+use crate::image::resolve::{self, BaseRef};
+use crate::image::{publish, pushed};
+use crate::oci::{self, Digest, Image, Platform, source};
 use crate::registry::{Client, Reference};
 use crate::runtime::RuntimeSpec;
 use assemble::DepLayer;
-use base::BaseRef;
 use cache::LayerCache;
 use deps::InstallEnv;
 use function::{Function, FunctionManifest};
@@ -210,7 +207,7 @@ pub enum Error {
     Stage(#[from] stage::Error),
     /// The base image.
     #[error(transparent)]
-    Base(#[from] base::Error),
+    Base(#[from] resolve::Error),
     /// The dependency install.
     #[error("installing dependencies")]
     Install(#[from] deps::Error),
@@ -289,7 +286,7 @@ impl Error {
             Error::Stage(e) => e.is_input_error(),
             // The image exists but not for the platform asked for: like `kiln run`, a usage
             // error (another --platform or --base).
-            Error::Base(base::Error::NoPlatform { .. }) => true,
+            Error::Base(resolve::Error::NoPlatform { .. }) => true,
             Error::Function(_)
             | Error::GitFunction { .. }
             | Error::RegistryConfig { .. }
@@ -326,8 +323,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
                 (None, None)
             }
         };
-        publish::authorize_up_front(client, opts).await?;
-        let base = base::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
+        authorize_up_front(client, opts).await?;
+        let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
         // The dependency key, not the layer: enough for the build key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
@@ -512,4 +509,16 @@ pub(super) fn install_command(
         Some(history) => format!("{command} {history}"),
         None => command,
     }
+}
+
+/// [`publish::authorize_up_front`] for a build's target, base and cache repository.
+async fn authorize_up_front(client: &Client, opts: &Options) -> Result<(), publish::Error> {
+    let Target::Registry(target) = &opts.target else {
+        return Ok(());
+    };
+    let base = match &opts.base {
+        BaseRef::Registry(base) => Some(base),
+        _ => None,
+    };
+    publish::authorize_up_front(client, target, base, opts.cache_repo.as_ref()).await
 }

@@ -82,7 +82,7 @@ pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
 
 /// The config edit for a Function image, without the build key ([`with_build_key`] adds it).
 pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
-    let created = rfc3339(input.epoch);
+    let created = crate::oci::rfc3339(input.epoch);
     let mut env: Vec<(String, String)> = input
         .runtime
         .image
@@ -135,39 +135,9 @@ pub fn key_tag(key: &Digest) -> String {
     format!("kiln-{}", key.hex())
 }
 
-/// Formats seconds since the epoch as RFC 3339 UTC (`1970-01-01T00:00:00Z`).
-pub fn rfc3339(epoch: u64) -> String {
-    let days = (epoch / 86_400) as i64;
-    let secs = epoch % 86_400;
-    // Civil-from-days (Howard Hinnant's algorithm), valid for the whole u64 seconds range
-    // anyone will pass.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_formats_known_instants() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
-    }
 
     #[test]
     fn the_edit_carries_the_runtime_contract_env_and_labels() {

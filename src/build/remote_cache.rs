@@ -143,7 +143,7 @@ pub fn entry_manifest(
         ),
         (
             "org.opencontainers.image.created".to_string(),
-            super::plan::rfc3339(about.epoch),
+            crate::oci::rfc3339(about.epoch),
         ),
     ]);
     let files = std::iter::once(&about.inputs.manifest)

@@ -9,9 +9,7 @@ use tracing::Instrument;
 use super::assemble::DepLayer;
 use super::cache::LayerCache;
 use super::function::{self, Function};
-use super::{
-    Error, Options, install, install_command, load, open_cache, publish, remote_cache, stage,
-};
+use super::{Error, Options, install, install_command, load, open_cache, remote_cache, stage};
 use crate::oci::Digest;
 use crate::registry::{Client, Reference};
 
@@ -172,7 +170,7 @@ pub(super) async fn staged_layer(
                 .into());
             }
         };
-        publish::authorize_up_front(client, opts).await?;
+        super::authorize_up_front(client, opts).await?;
         let gone = || stage::Error::EntryGone {
             key: layer.key.clone(),
             repo: repo.to_string(),

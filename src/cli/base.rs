@@ -10,7 +10,7 @@ use super::Failure;
 use super::registry::RegistryArgs;
 use crate::base::assemble::{self, Sources};
 use crate::base::{debian, recipe, store};
-use crate::build::publish::{PublishInput, Publisher, RegistryPublisher};
+use crate::image::publish::{PublishInput, Publisher, RegistryPublisher};
 use crate::registry::{Client, Reference};
 
 /// `kiln base` subcommands.
@@ -107,7 +107,7 @@ pub(super) fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
         None => npm_registry().context("finding the npm registry; pass --npm-registry URL")?,
     };
     let cache_dir = super::cache_dir(args.cache_dir.as_deref())?;
-    let http = crate::base::download::client_builder().build()?;
+    let http = crate::fetch::download::client_builder().build()?;
     Ok(Sources {
         http,
         mirror,

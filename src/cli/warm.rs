@@ -12,9 +12,9 @@ use futures_util::{StreamExt, stream};
 
 use super::Failure;
 use super::registry::RegistryArgs;
-use crate::build::base::{BaseRef, resolve};
-use crate::build::publish::{PublishInput, Publisher, RegistryPublisher};
-use crate::build::{self, Warmed, publish::BlobPlan};
+use crate::build::{self, Warmed};
+use crate::image::publish::{BlobPlan, PublishInput, Publisher, RegistryPublisher, Role};
+use crate::image::resolve::{BaseRef, resolve};
 use crate::oci::{Image, Platform};
 use crate::registry::{Client, Reference};
 use crate::runtime::Catalog;
@@ -321,7 +321,7 @@ async fn copy_image(
         .iter()
         .map(|d| BlobPlan {
             descriptor: d.clone(),
-            role: build::publish::Role::Base,
+            role: Role::Base,
             local: None,
             remote: None,
         })

@@ -15,11 +15,12 @@ pub mod layer;
 pub mod layout;
 mod manifest;
 mod media_type;
+pub mod source;
 pub mod validate;
 pub mod zstd;
 
 pub use chunks::ChunkReader;
-pub use config::{History, ImageConfig, RootFs, RunConfig};
+pub use config::{History, ImageConfig, RootFs, RunConfig, rfc3339};
 pub use descriptor::{Descriptor, Platform};
 pub use digest::{Digest, DigestError, Hasher, HashingReader, HashingWriter};
 pub use image::{Base, ConfigEdit, Image, NewLayer};

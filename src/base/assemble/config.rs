@@ -6,13 +6,12 @@ use std::collections::BTreeMap;
 use super::super::recipe::Recipe;
 use super::super::rootfs;
 use super::KILN_IN_BUILDER;
-use crate::build::plan;
 use crate::oci::{Base, ConfigEdit, Document, MediaType};
 
 /// The base image's config: the recipe's environment, user, working directory and
 /// entrypoint, and labels naming the runtime and its SBOM.
 pub(super) fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
-    let created = plan::rfc3339(epoch);
+    let created = crate::oci::rfc3339(epoch);
     let labels = BTreeMap::from([
         ("dev.kiln.runtime".to_string(), recipe.runtime.clone()),
         ("dev.kiln.sbom".to_string(), sbom.to_string()),
@@ -60,7 +59,7 @@ pub(super) fn builder_edit(mut edit: ConfigEdit, recipe: &Recipe) -> ConfigEdit 
 /// The kiln image's config: kiln as the entrypoint (`kiln controller …`, `kiln webhook …`),
 /// as the nonroot user 65532 of distroless images, which the Deployments in deploy/ run as.
 pub(super) fn kiln_edit(epoch: u64) -> ConfigEdit {
-    let created = plan::rfc3339(epoch);
+    let created = crate::oci::rfc3339(epoch);
     let labels = BTreeMap::from([
         (
             "org.opencontainers.image.created".to_string(),

@@ -187,7 +187,7 @@ pub async fn fetch_deb(
         .await
         .map_err(Error::io("creating directory", &dir))?;
     let url = join(mirror_url, &pkg.filename)?;
-    let part = crate::base::download::part_path(&dir, &expected);
+    let part = crate::fetch::download::part_path(&dir, &expected);
     let outcome = download(http, &url, pkg, &part).await;
     if outcome.is_err() {
         // Best effort: the download error is what matters to the caller.
@@ -295,7 +295,7 @@ pub async fn fetch_debs(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::base::download::test_server::{Answer, serve_with};
+    use crate::fetch::download::test_server::{Answer, serve_with};
 
     #[tokio::test]
     async fn a_mirror_that_sends_without_end_fails_at_the_limit() {

@@ -8,8 +8,8 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 
 use super::{Error, PARALLEL_DOWNLOADS, Plan, REGISTRY, bin_dir, io};
 use crate::build::memtree::{Building, IN_MEMORY};
-use crate::build::source::Tree;
 use crate::oci::layer::{Content, EntryKind};
+use crate::oci::source::Tree;
 
 /// Downloads (or takes from `cache_dir/npm/`) every tarball of `plan`, verified against its
 /// integrity, and returns the tree npm would write into `node_modules`, ready to layer. The

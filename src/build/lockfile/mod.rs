@@ -27,9 +27,9 @@ use std::path::{Component, Path, PathBuf};
 use serde::Deserialize;
 
 use super::function::DepInputs;
-use crate::base::download;
-use crate::base::npm::{self, NpmTarball};
-use crate::base::packages::admits;
+use crate::fetch::download;
+use crate::fetch::npm::admits;
+use crate::fetch::npm::{self, NpmTarball};
 use crate::oci::Platform;
 use crate::runtime::{Language, RuntimeSpec};
 

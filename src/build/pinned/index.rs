@@ -9,8 +9,8 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use super::{Error, Requirement, Target, pages, python_admits};
-use crate::base::download;
 use crate::build::pep440::Version;
+use crate::fetch::download;
 
 /// The index kiln asks for a project's files, as pip does (its default; a `pip.conf` makes
 /// pip run): PEP 691's JSON form of the simple API.

@@ -39,9 +39,9 @@ pub(crate) use wheel::{headers, unpack_for_checks};
 use super::function::DepInputs;
 use super::memtree::{Building, IN_MEMORY};
 use super::pep440::{self, Environment, Version};
-use super::source::Tree;
-use crate::base::download;
+use crate::fetch::download;
 use crate::oci::Platform;
+use crate::oci::source::Tree;
 use crate::runtime::{Language, RuntimeSpec};
 
 /// Requests at once.

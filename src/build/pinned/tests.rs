@@ -144,7 +144,7 @@ fn build_from(
     let plan = plan_of(requirements).unwrap();
     let files: Vec<_> = wheels
         .iter()
-        .map(|(_, members)| crate::base::wheels::tests::wheel(members))
+        .map(|(_, members)| crate::testing::wheel(members))
         .collect();
     let names: Vec<String> = wheels.iter().map(|(n, _)| n.to_string()).collect();
     let paths: Vec<PathBuf> = files.iter().map(|f| f.path().to_path_buf()).collect();

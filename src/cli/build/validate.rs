@@ -9,10 +9,10 @@ use super::GitArgs;
 use super::{BuildArgs, CompressionArg, Env, LockfileInstallArg, StageArg, cache_repo};
 use crate::build::{
     FunctionSpec, Options, Stage, Target,
-    base::BaseRef,
     deps::{InstallEnv, Isolation},
     function::FunctionManifest,
 };
+use crate::image::resolve::BaseRef;
 use crate::oci::Platform;
 use crate::registry::{ClientConfig, Reference};
 use crate::runtime::{Catalog, RuntimeSpec};

@@ -6,7 +6,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use super::{
     BlobPlan, BlobReport, Error, Outcome, PublishInput, Published, Publisher, Role, registry_err,
 };
-use crate::build::base::BaseLocation;
+use crate::image::resolve::BaseLocation;
 use crate::oci::Layout;
 use crate::registry::Client;
 use std::path::PathBuf;

@@ -375,6 +375,17 @@ pub fn unpack_package(tgz: &Path, dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Whether an npm `os`/`cpu` list admits `value` (empty admits all; `!x` excludes).
+pub fn admits(list: &[String], value: &str) -> bool {
+    if list.is_empty() {
+        return true;
+    }
+    if list.iter().any(|v| v.strip_prefix('!') == Some(value)) {
+        return false;
+    }
+    list.iter().any(|v| v == value) || list.iter().all(|v| v.starts_with('!'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
-use crate::oci::{Content, EntryKind, LayerEntry};
+use super::{Content, EntryKind, LayerEntry};
 use crate::rootpath::{self, Last};
 
 /// The Function's own ignore file.

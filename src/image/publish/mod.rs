@@ -12,7 +12,7 @@ mod layout;
 
 pub use layout::LayoutPublisher;
 
-use super::base::{BaseLocation, ResolvedBase};
+use super::resolve::{BaseLocation, ResolvedBase};
 use crate::oci::{self, Descriptor, Digest, Image};
 use crate::registry::{self, BlobOutcome, BlobSource, Client, Reference, Scope};
 
@@ -141,18 +141,17 @@ fn registry_err(
 /// An invalid registry name.
 pub async fn authorize_up_front(
     client: &Client,
-    opts: &crate::build::Options,
+    target: &Reference,
+    base: Option<&Reference>,
+    cache: Option<&Reference>,
 ) -> Result<(), Error> {
-    let crate::build::Target::Registry(target) = &opts.target else {
-        return Ok(());
-    };
     let mut scopes = vec![Scope::push(&target.repository)];
-    if let crate::build::BaseRef::Registry(base) = &opts.base
+    if let Some(base) = base
         && base.registry == target.registry
     {
         scopes.push(Scope::pull(&base.repository));
     }
-    if let Some(cache) = &opts.cache_repo
+    if let Some(cache) = cache
         && cache.registry == target.registry
     {
         scopes.push(Scope::push(&cache.repository));
@@ -199,7 +198,7 @@ pub struct RegistryPublisher {
     pub key_tag: Option<String>,
     /// The record of blobs this machine pushed to the target repository, whose `HEAD`s are
     /// skipped; `None` checks every blob.
-    pub pushed: Option<crate::build::pushed::PushedBlobs>,
+    pub pushed: Option<crate::image::pushed::PushedBlobs>,
     /// Concurrent blob pushes.
     pub jobs: usize,
 }
