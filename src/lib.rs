@@ -2,7 +2,35 @@
 //! dependency manifest, runtime name) into an OCI image by appending a dependency layer and a
 //! source layer to a runtime base image, and pushes it to a registry.
 //!
-//! Dependencies point one way: `cli → build → {oci, registry, runtime}`; `oci` is pure.
+//! # Layers
+//!
+//! Dependencies point one way, down this list: a module imports (`crate::…`) only the modules
+//! named in its entry, all of them further down. `tests/it/layering.rs` reads this list and
+//! every `crate::` path in `src/`, and fails on an arrow the list does not allow. `testing`
+//! (unit-test helpers) may be used by any module.
+//!
+//! - `cli`, `fuzzing`: anything.
+//! - `controller`: `git` `runtime` `registry` `oci` `k8s_names` `redact` `capped`.
+//! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
+//! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `k8s_names`
+//!   `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
+//!   `tarmeter` `capped`.
+//! - `run`: `registry` `sandbox` `oci` `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//! - `image`: `registry` `oci` `progress` `capped`.
+//! - `fetch`: `progress` `rootpath` `capped`.
+//! - `git`: `redact` `progress` `capped`.
+//! - `registry`: `oci` `redact` `progress` `capped`.
+//! - `runtime`: `oci`.
+//! - `sandbox`: `rootpath`.
+//! - `oci`: `rootpath` `tarmeter` `capped`.
+//! - `telemetry`: `progress`.
+//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `tarmeter`, `testing`:
+//!   nothing.
+//!
+//! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
+//! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and
+//! `base` stand on.
 
 pub mod base;
 pub mod build;

@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 use super::debian::LockedPackage;
 use super::packages::{LockedNpmPath, LockedWheel, PackagesRecipe};
 use crate::fetch::npm::NpmTarball;
+// The files compiled in (build.rs lists the folders).
+use crate::runtime::table::BASE_IMAGES as EMBEDDED;
 
 /// Which of the two images an input belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,25 +172,6 @@ pub enum Error {
         known: String,
     },
 }
-
-/// The recipes and locks compiled into the binary, by runtime.
-const EMBEDDED: &[(&str, &str, &str)] = &[
-    (
-        "nodejs22",
-        include_str!("../../base-images/nodejs22/recipe.toml"),
-        include_str!("../../base-images/nodejs22/lock.toml"),
-    ),
-    (
-        "nodejs24",
-        include_str!("../../base-images/nodejs24/recipe.toml"),
-        include_str!("../../base-images/nodejs24/lock.toml"),
-    ),
-    (
-        "python313",
-        include_str!("../../base-images/python313/recipe.toml"),
-        include_str!("../../base-images/python313/lock.toml"),
-    ),
-];
 
 /// The embedded recipe and lock of `runtime`.
 ///

@@ -82,13 +82,35 @@ pub fn synthesize(root: &Path) -> Result<(), Error> {
         link(root, "etc/localtime", "/usr/share/zoneinfo/Etc/UTC")?;
         write(root, "etc/timezone", "Etc/UTC\n")?;
     }
-    if root.join("usr/bin/python3.13").exists() {
-        link(root, "usr/bin/python3", "python3.13")?;
+    if let Some(python) = versioned_python(root)? {
+        link(root, "usr/bin/python3", &python)?;
     }
     if root.join("usr/bin/dash").exists() {
         link(root, "usr/bin/sh", "dash")?;
     }
     trim_docs(root)
+}
+
+/// The one `python3.N` interpreter in `usr/bin`, which `python3` links to (python3-minimal
+/// would have made the link; the recipe's Debian packages name the version).
+fn versioned_python(root: &Path) -> Result<Option<String>, Error> {
+    let bin = root.join("usr/bin");
+    let Ok(entries) = fs::read_dir(&bin) else {
+        return Ok(None);
+    };
+    let mut found: Vec<String> = Vec::new();
+    for entry in entries {
+        let name = entry.map_err(err("reading", &bin))?.file_name();
+        let name = name.to_string_lossy();
+        let minor = name.strip_prefix("python3.");
+        if minor.is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit())) {
+            found.push(name.into_owned());
+        }
+    }
+    Ok(match found.as_slice() {
+        [one] => Some(one.clone()),
+        _ => None,
+    })
 }
 
 /// The builder's extra packages: only the links their scripts would have made.

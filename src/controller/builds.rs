@@ -11,11 +11,11 @@ use kube::api::{Api, ListParams};
 
 use super::apply;
 use super::conditions::{Kind, State, reason};
+use super::context::Context;
 use super::crd::Function;
 use super::error::{Error, Result};
 use super::names;
 use super::plan::{Plan, SourcePlan};
-use super::reconcile::Context;
 use super::records;
 use super::render;
 use super::render::source::Copied;

@@ -7,6 +7,7 @@ pub mod apply;
 pub mod builds;
 pub mod conditions;
 pub mod config;
+pub mod context;
 pub mod crd;
 pub mod defaults;
 pub mod deploy;

@@ -7,42 +7,19 @@
 //! `serverless.kyma-project.io/managed-by: user` is left alone (Kyma's rule). Each namespace
 //! is checked at most every few minutes, and written only when a copy differs.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{ConfigMap, LocalObjectReference, Secret, ServiceAccount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 
 use super::apply;
+use super::context::Context;
 use super::error::{Error, Result};
 use super::names;
-use super::reconcile::Context;
-
-/// How long a namespace's copies are trusted without a look.
-const FRESH: Duration = Duration::from_secs(300);
 
 /// The value of [`names::MANAGED_BY`] that keeps the controller off a copy.
 const MANAGED_BY_USER: &str = "user";
-
-/// Namespaces whose copies were checked, and when.
-#[derive(Default)]
-pub struct Checked(Mutex<HashMap<String, Instant>>);
-
-impl Checked {
-    fn fresh(&self, namespace: &str) -> bool {
-        let checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        checked
-            .get(namespace)
-            .is_some_and(|at| at.elapsed() < FRESH)
-    }
-
-    fn mark(&self, namespace: &str) {
-        let mut checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        checked.insert(namespace.to_string(), Instant::now());
-    }
-}
 
 /// Makes sure the build namespace has the push Secret (and the CA ConfigMap, if configured).
 ///

@@ -3,59 +3,23 @@
 //! image) → deploy by digest → write the status once. Each step sets its condition; a step
 //! that must wait ends the pass with a requeue.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use tracing::Instrument;
 
 use super::builds::{self, Build};
 use super::conditions::{Kind, State, reason};
-use super::config::Config;
+use super::context::Context;
 use super::crd::{Function, GitRepositoryStatus};
 use super::deploy;
 use super::error::{Error, Result};
-use super::lookup::{self, CommitResolver, Images, RegistryConfigs};
-use super::metrics::Metrics;
+use super::lookup;
 use super::plan::{self, Lookups};
-use super::plumbing;
 use super::render;
-use super::slots::{BuildSlots, waiter};
+use super::slots::waiter;
 use super::status::{Working, Written};
-use super::stores::Stores;
-use crate::runtime::Catalog;
-
-/// Everything a reconcile uses, shared by all of them.
-pub struct Context {
-    /// The API client.
-    pub client: kube::Client,
-    /// The settings.
-    pub config: Config,
-    /// The runtimes.
-    pub catalog: Catalog,
-    /// Image digests and "is it built?".
-    pub images: Images,
-    /// Package-registry config digests.
-    pub registry_configs: RegistryConfigs,
-    /// Git references to commits.
-    pub git: Arc<dyn CommitResolver>,
-    /// When each Function's git reference was last resolved, to what.
-    pub git_checked: Mutex<HashMap<String, (String, String, Instant)>>,
-    /// The build cap.
-    pub slots: BuildSlots,
-    /// The watch caches of what the controller made.
-    pub stores: Stores,
-    /// Events.
-    pub recorder: Recorder,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Namespaces whose registry Secret copy is fresh.
-    pub plumbing: plumbing::Checked,
-    /// Children found to hold what was applied, and at which resourceVersion.
-    pub verified: super::apply::Verified,
-}
 
 /// When a pass whose Function was stale runs again at the latest.
 const STALE_RETRY: Duration = Duration::from_secs(1);

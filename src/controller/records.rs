@@ -13,10 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 
 use super::apply;
+use super::context::Context;
 use super::crd::Function;
 use super::error::{Error, Result};
 use super::names;
-use super::reconcile::Context;
 use super::render::stamp;
 use super::stores::object_ref;
 

@@ -23,12 +23,13 @@ use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 
 use super::config::{Config, Serving};
+use super::context::Context;
 use super::crd::Function;
 use super::error::{Error, Result};
 use super::leader::Candidate;
 use super::lookup::{CommitResolver, Images, RegistryConfigs};
 use super::metrics::Metrics;
-use super::reconcile::{Context, error_policy, reconcile};
+use super::reconcile::{error_policy, reconcile};
 use super::server::{self, Shared};
 use super::slots::{BuildSlots, StillWaiting, is_active};
 use super::stores::{Stores, function_of, knative_resource, managed_selector};

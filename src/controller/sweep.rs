@@ -18,8 +18,8 @@ use kube::api::Api;
 use kube::runtime::reflector::Store;
 
 use super::apply;
+use super::context::Context;
 use super::crd::Function;
-use super::reconcile::Context;
 use super::records;
 use super::stores::function_of;
 

@@ -2,22 +2,8 @@
 
 use super::RuntimeSpec;
 use super::alias::Alias;
-
-/// The runtime files, by folder name. A new runtime is a new folder plus a line here.
-const EMBEDDED: &[(&str, &str)] = &[
-    (
-        "nodejs22",
-        include_str!("../../runtimes/nodejs22/runtime.toml"),
-    ),
-    (
-        "nodejs24",
-        include_str!("../../runtimes/nodejs24/runtime.toml"),
-    ),
-    (
-        "python313",
-        include_str!("../../runtimes/python313/runtime.toml"),
-    ),
-];
+// The files compiled in (build.rs lists the folders).
+use super::table::RUNTIMES as EMBEDDED;
 
 /// The raw text of an embedded runtime file.
 #[cfg(test)]
@@ -71,11 +57,15 @@ impl Catalog {
 
     /// The runtime for a manifest's `runtime` name: a kiln runtime, or one of Kyma's names
     /// mapped to the nearest kiln runtime (then the [`Alias`] used is returned too, for the
-    /// warning).
+    /// warning). A real runtime wins over an alias of the same name, so adding
+    /// `runtimes/python314` builds 3.14, whatever the alias table still says.
     ///
     /// # Errors
     /// [`UnknownRuntime`] for a name that is neither.
     pub fn resolve(&self, name: &str) -> Result<(&RuntimeSpec, Option<Alias>), UnknownRuntime> {
+        if let Some(runtime) = self.runtimes.iter().find(|r| r.name == name) {
+            return Ok((runtime, None));
+        }
         match super::alias::lookup(name) {
             Some(alias) => Ok((self.get(alias.kiln)?, Some(alias))),
             None => self.get(name).map(|r| (r, None)).map_err(|mut e| {
@@ -122,6 +112,21 @@ mod tests {
         assert_eq!((spec.name.as_str(), alias), ("nodejs24", None));
         let err = catalog.resolve("ruby3").unwrap_err().to_string();
         assert!(err.contains("nodejs20 (as nodejs22)"), "{err}");
+    }
+
+    #[test]
+    fn a_real_runtime_wins_over_an_alias_of_its_name() {
+        let text = embedded_text("python313")
+            .unwrap()
+            .replace("name = \"python313\"", "name = \"python314\"");
+        let mut catalog = Catalog::embedded();
+        catalog
+            .runtimes
+            .push(RuntimeSpec::parse("python314", &text).unwrap());
+        let (spec, alias) = catalog.resolve("python314").unwrap();
+        assert_eq!((spec.name.as_str(), alias), ("python314", None));
+        let (spec, alias) = catalog.resolve("python312").unwrap();
+        assert_eq!((spec.name.as_str(), alias.is_some()), ("python313", true));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod alias;
 mod catalog;
 mod manifest;
+pub mod table;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -42,6 +42,7 @@ mod kubectl;
 mod kubelet_api;
 mod kubelet_jobs;
 mod kubelet_replicas;
+mod layering;
 mod registry_client;
 mod registry_faults;
 mod run;

@@ -1,0 +1,68 @@
+//! What every reconcile shares: the API client, the settings, the caches and lookups, the
+//! build slots and the watch stores. Its own file so that the steps (builds, deploy,
+//! plumbing, records, sweep) and the reconcile that calls them all import it from here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::runtime::events::Recorder;
+
+use super::apply::Verified;
+use super::config::Config;
+use super::lookup::{CommitResolver, Images, RegistryConfigs};
+use super::metrics::Metrics;
+use super::slots::BuildSlots;
+use super::stores::Stores;
+use crate::runtime::Catalog;
+
+/// Everything a reconcile uses, shared by all of them.
+pub struct Context {
+    /// The API client.
+    pub client: kube::Client,
+    /// The settings.
+    pub config: Config,
+    /// The runtimes.
+    pub catalog: Catalog,
+    /// Image digests and "is it built?".
+    pub images: Images,
+    /// Package-registry config digests.
+    pub registry_configs: RegistryConfigs,
+    /// Git references to commits.
+    pub git: Arc<dyn CommitResolver>,
+    /// When each Function's git reference was last resolved, to what.
+    pub git_checked: Mutex<HashMap<String, (String, String, Instant)>>,
+    /// The build cap.
+    pub slots: BuildSlots,
+    /// The watch caches of what the controller made.
+    pub stores: Stores,
+    /// Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Namespaces whose registry Secret copy is fresh.
+    pub plumbing: Checked,
+    /// Children found to hold what was applied, and at which resourceVersion.
+    pub verified: Verified,
+}
+
+/// How long a namespace's copies are trusted without a look.
+const FRESH: Duration = Duration::from_secs(300);
+
+/// Namespaces whose copies were checked, and when.
+#[derive(Default)]
+pub struct Checked(Mutex<HashMap<String, Instant>>);
+
+impl Checked {
+    pub(super) fn fresh(&self, namespace: &str) -> bool {
+        let checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        checked
+            .get(namespace)
+            .is_some_and(|at| at.elapsed() < FRESH)
+    }
+
+    pub(super) fn mark(&self, namespace: &str) {
+        let mut checked = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        checked.insert(namespace.to_string(), Instant::now());
+    }
+}
