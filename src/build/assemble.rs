@@ -5,11 +5,13 @@
 use std::path::PathBuf;
 
 use super::cache::LayerCache;
+use super::error::Error;
 use super::function::Function;
+use super::options::{Options, Target};
+use super::plan;
 use super::publish::{
     BlobPlan, LayoutPublisher, PublishInput, Published, Publisher, RegistryPublisher, Role,
 };
-use super::{Error, Options, Target, plan};
 use crate::image::resolve::{BaseRef, ResolvedBase};
 use crate::oci::{self, Digest, Image, LayerBlob, NewLayer, layer::write_layer};
 use crate::registry::Client;

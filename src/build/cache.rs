@@ -142,6 +142,17 @@ impl LayerCache {
     }
 }
 
+/// The layer cache at `opts.cache_dir`.
+///
+/// # Errors
+/// The directory cannot be made or read.
+pub fn open_cache(opts: &super::Options) -> Result<LayerCache, super::Error> {
+    LayerCache::open(&opts.cache_dir).map_err(|source| super::Error::Cache {
+        path: opts.cache_dir.clone(),
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@
 //! - A tag: one manifest `GET`; its annotation, or for a Docker manifest its config's label.
 //! - A layout: the named image's manifest, and every blob it lists present.
 
+use super::options::{Options, Target};
 use super::plan::{BUILD_KEY_LABEL, key_tag};
-use super::{Options, Target};
 use crate::oci::{Digest, Document, ImageConfig, Layout, Manifest, MediaType};
 use crate::registry::{self, Client, Reference};
 
@@ -30,11 +30,11 @@ pub(super) async fn find(
     client: &Client,
     opts: &Options,
     key: &Digest,
-) -> Result<Option<Found>, super::Error> {
+) -> Result<Option<Found>, super::error::Error> {
     match &opts.target {
         Target::Registry(target) => in_registry(client, target, key, opts.tag_by_key)
             .await
-            .map_err(|source| super::Error::Lookup {
+            .map_err(|source| super::error::Error::Lookup {
                 target: target.to_string(),
                 source: Box::new(source),
             }),

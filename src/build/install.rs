@@ -4,7 +4,11 @@
 
 use super::cache::{self, LayerCache};
 use super::deps::{self, InstallEnv};
-use super::{Error, Options, function, lockfile, pinned, remote_cache, source};
+use super::error::Error;
+use super::function::{self, Function};
+use super::options::Options;
+use super::{lockfile, pinned, remote_cache};
+use crate::oci::source;
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
 use crate::registry::{Client, Reference};
 
@@ -375,7 +379,7 @@ pub(super) async fn from_cache_repo(
         diff_id: entry.diff_id.clone(),
         size: entry.size,
     };
-    if let super::Target::Registry(target) = &opts.target
+    if let super::options::Target::Registry(target) = &opts.target
         && target.registry == entry.repo.registry
     {
         tracing::info!(%key, digest = %entry.digest, cache_repo = %repo, "dependency layer from the cache repository (mounted, not downloaded)");
@@ -419,5 +423,25 @@ pub(super) async fn from_cache_repo(
             tracing::warn!(error = %e, "could not keep the downloaded dependency layer; installing");
             Ok(None)
         }
+    }
+}
+
+/// The install command line, as the history text names it; `history` says how kiln installs
+/// without the package manager, when it does ([`history`]).
+pub(super) fn install_command(
+    opts: &Options,
+    function: &Function,
+    history: Option<&'static str>,
+) -> String {
+    let Some(inputs) = &function.deps else {
+        return opts.runtime.install_command(false).join(" ");
+    };
+    let command = opts
+        .runtime
+        .install_command(inputs.lock.is_some())
+        .join(" ");
+    match history {
+        Some(history) => format!("{command} {history}"),
+        None => command,
     }
 }

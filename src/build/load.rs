@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use super::error::Error;
 use super::function::{self, DepInputs, Function, NamedBytes};
-use super::{Error, FunctionSpec, Options};
+use super::options::{FunctionSpec, Options};
 use crate::runtime::RuntimeSpec;
 
 /// A loaded Function and what keeps its files alive.

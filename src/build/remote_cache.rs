@@ -13,10 +13,14 @@
 //! first.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use serde_json::json;
 
+use super::cache;
 use super::function::DepInputs;
+use super::options::Options;
+use crate::oci;
 use crate::oci::{Descriptor, Digest, Document, MediaType};
 use crate::registry::{self, BlobSource, Client, Reference};
 
@@ -207,6 +211,35 @@ pub async fn store(
     let tagged = repo.with_tag(&tag(key))?;
     client.put_manifest(&tagged, entry).await?;
     Ok(())
+}
+
+/// Pushes the cache repository entry of the dependency layer `layer` (its bytes at `local`,
+/// or mounted from `mount_from` on the same registry) for `key`.
+#[allow(clippy::too_many_arguments)]
+pub async fn push_cache_entry(
+    client: &Client,
+    opts: &Options,
+    repo: &Reference,
+    key: &Digest,
+    layer: &cache::CachedLayer,
+    inputs: &DepInputs,
+    install: &str,
+    local: &Path,
+    mount_from: Option<&str>,
+) -> Result<(), crate::registry::Error> {
+    let about = Describe {
+        runtime: &opts.runtime.name,
+        install,
+        inputs,
+        epoch: opts.epoch,
+    };
+    let descriptor = oci::Descriptor::new(
+        super::dependency_media_type(opts.compression),
+        layer.digest.clone(),
+        layer.size,
+    );
+    let entry = entry_manifest(key, &descriptor, &layer.diff_id, &about);
+    store(client, repo, key, &entry, &descriptor, local, mount_from).await
 }
 
 #[cfg(test)]

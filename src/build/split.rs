@@ -8,8 +8,10 @@ use tracing::Instrument;
 
 use super::assemble::DepLayer;
 use super::cache::LayerCache;
+use super::error::Error;
 use super::function::{self, Function};
-use super::{Error, Options, install, install_command, load, open_cache, remote_cache, stage};
+use super::options::Options;
+use super::{install, load, remote_cache, stage};
 use crate::oci::Digest;
 use crate::registry::{Client, Reference};
 
@@ -26,7 +28,7 @@ pub async fn run_lookup(
 ) -> Result<stage::Lookup, Error> {
     let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "lookup");
     async move {
-        let cache = open_cache(opts)?;
+        let cache = super::cache::open_cache(opts)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let inputs = loaded.function.deps.as_ref();
         let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
@@ -113,7 +115,7 @@ pub(super) async fn staged_layer(
         opts.epoch,
     );
     let inputs = function.deps.clone();
-    let install_command = install_command(opts, function, history);
+    let install_command = install::install_command(opts, function, history);
     let compression = opts.compression;
     let verified = tokio::task::spawn_blocking(move || {
         let expected = stage::Expected {
@@ -170,7 +172,7 @@ pub(super) async fn staged_layer(
                 .into());
             }
         };
-        super::authorize_up_front(client, opts).await?;
+        opts.authorize_up_front(client).await?;
         let gone = || stage::Error::EntryGone {
             key: layer.key.clone(),
             repo: repo.to_string(),
