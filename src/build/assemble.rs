@@ -33,10 +33,10 @@ pub(super) struct DepLayer {
     pub _in_use: crate::inuse::InUse,
 }
 
-/// The image's config edit and build key: known once the source layer is written and the
+/// The image's config edit and image key: known once the source layer is written and the
 /// dependency key computed, before anything is installed or uploaded.
 pub(super) struct Planned {
-    pub build_key: Digest,
+    pub image_key: Digest,
     edit: oci::ConfigEdit,
     source_created_by: String,
 }
@@ -72,10 +72,10 @@ pub(super) fn plan(
         source_created_by: &source_created_by,
         compression: opts.compression,
     };
-    let build_key = plan::build_key(&layers, &edit);
+    let image_key = plan::image_key(&layers, &edit);
     Planned {
-        edit: plan::with_build_key(edit, &build_key),
-        build_key,
+        edit: plan::with_image_key(edit, &image_key),
+        image_key,
         source_created_by,
     }
 }
@@ -158,7 +158,7 @@ pub(super) async fn publish(
     image: &Image,
     base: &ResolvedBase,
     new: Vec<BlobPlan>,
-    build_key: &Digest,
+    image_key: &Digest,
 ) -> Result<Published, Error> {
     let base_layers = image.layers.len() - new.len();
     let mut layers: Vec<BlobPlan> = image.layers[..base_layers]
@@ -183,7 +183,7 @@ pub(super) async fn publish(
             RegistryPublisher {
                 client: client.clone(),
                 target: target.clone(),
-                key_tag: opts.tag_by_key.then(|| plan::key_tag(build_key)),
+                key_tag: opts.tag_by_key.then(|| plan::key_tag(image_key)),
                 pushed: Some(super::pushed::PushedBlobs::new(&opts.cache_dir, target)),
                 jobs: opts.jobs,
             }

@@ -1,4 +1,4 @@
-//! Whether the target already holds this build's image: the build key is known before any
+//! Whether the target already holds this build's image: the image key is known before any
 //! dependency is installed or blob uploaded, and kiln writes it into every image (config
 //! label, and manifest annotation for OCI manifests). A build whose key is found prints the
 //! existing digest and stops. A missing tag or repository is simply not found.
@@ -23,7 +23,7 @@ pub struct Found {
     pub digest: Digest,
 }
 
-/// Looks for an image with build key `key` where this build would put its image. A registry
+/// Looks for an image with image key `key` where this build would put its image. A registry
 /// that fails the lookup (after its retries) fails the build: the push would meet the same
 /// registry, and retrying there again would only multiply the wait.
 pub(super) async fn find(

@@ -71,7 +71,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         opts.authorize_up_front(client).await?;
         let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
-        // The dependency key, not the layer: enough for the build key. `--stage publish`
+        // The dependency key, not the layer: enough for the image key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
         let dep_key = match (&deps, function.deps.as_ref().zip(planned.take()), &opts.stage) {
             (None, Some((inputs, planned)), Stage::All | Stage::Deps(_) | Stage::Lookup(_)) => {
@@ -85,13 +85,13 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         // `--no-cache` rebuilds: no existing image is taken either.
         let found = match opts.use_cache {
-            true => existing::find(client, opts, &planned.build_key).await?,
+            true => existing::find(client, opts, &planned.image_key).await?,
             false => None,
         };
         if let Some(found) = found {
-            tracing::info!(reference = %found.reference, build_key = %planned.build_key, "the target already holds this build: nothing to install or push");
+            tracing::info!(reference = %found.reference, image_key = %planned.image_key, "the target already holds this build: nothing to install or push");
             let published = Published { reference: found.reference, digest: found.digest, blobs: Vec::new() };
-            return Ok(Output { published, build_key: planned.build_key, image: None, unchanged: true, commit: loaded.commit });
+            return Ok(Output { published, image_key: planned.image_key, image: None, unchanged: true, commit: loaded.commit });
         }
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
@@ -104,14 +104,14 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             }
             (None, _, _) => None,
         };
-        let build_key = planned.build_key.clone();
+        let image_key = planned.image_key.clone();
         let assembled = assemble::assemble(&base, deps.as_ref(), source, planned)?;
-        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans, &build_key).await?;
+        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans, &image_key).await?;
         tracing::info!(reference = %published.reference, "built");
         if let (Some(repo), Some(dep), Some(inputs)) = (store_in, &deps, &function.deps) {
             store_in_cache_repo(client, opts, &repo, dep, inputs, &install::install_command(opts, function, history)).await;
         }
-        Ok(Output { published, build_key, image: Some(assembled.image), unchanged: false, commit: loaded.commit })
+        Ok(Output { published, image_key, image: Some(assembled.image), unchanged: false, commit: loaded.commit })
     }
     .instrument(span)
     .await

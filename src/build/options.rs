@@ -123,11 +123,11 @@ pub fn dependency_media_type(compression: oci::Compression) -> oci::MediaType {
 pub struct Output {
     /// Where it went and what each blob did.
     pub published: Published,
-    /// The build key label.
-    pub build_key: Digest,
+    /// The image key label.
+    pub image_key: Digest,
     /// The image documents; `None` when the target already held this build.
     pub image: Option<Image>,
-    /// The target already held an image of this build key: nothing was installed or pushed.
+    /// The target already held an image of this image key: nothing was installed or pushed.
     pub unchanged: bool,
     /// The commit built, for a git source.
     pub commit: Option<String>,

@@ -1,12 +1,13 @@
 //! Pure build planning: the config edit a Function's image gets (runtime env, user, labels,
-//! annotations) and the build key that identifies a build's inputs. No I/O.
+//! annotations) and the image key that identifies a build's inputs (its `dev.kiln.build-key`
+//! label; not the controller's build key, which is computed before any layer exists). No I/O.
 
 use std::collections::BTreeMap;
 
 use crate::oci::{ConfigEdit, Digest, Hasher};
 use crate::runtime::RuntimeSpec;
 
-/// Label carrying the build key.
+/// Label carrying the image key.
 pub const BUILD_KEY_LABEL: &str = "dev.kiln.build-key";
 /// Label carrying the runtime name.
 pub const RUNTIME_LABEL: &str = "dev.kiln.runtime";
@@ -48,12 +49,12 @@ pub struct KeyLayers<'a> {
     pub compression: crate::oci::Compression,
 }
 
-/// The build key: a digest over every input of the image — the exact base manifest, the
+/// The image key: a digest over every input of the image — the exact base manifest, the
 /// dependency key, the source layer and its history text, and the whole config edit (runtime
 /// contract, names, epoch, base name) but the key itself. Same key, same image; it is known
 /// before any dependency is installed or any blob uploaded, which is what lets a build find
 /// that its image already exists.
-pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
+pub fn image_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
     let mut h = Hasher::new();
     let none = String::from("none");
     let edit = serde_json::to_string(edit).unwrap_or_default();
@@ -80,7 +81,7 @@ pub fn build_key(layers: &KeyLayers<'_>, edit: &ConfigEdit) -> Digest {
     h.finish().0
 }
 
-/// The config edit for a Function image, without the build key ([`with_build_key`] adds it).
+/// The config edit for a Function image, without the image key ([`with_image_key`] adds it).
 pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
     let created = crate::oci::rfc3339(input.epoch);
     let mut env: Vec<(String, String)> = input
@@ -120,9 +121,9 @@ pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
     }
 }
 
-/// The edit with the build key as a config label and a manifest annotation (so one manifest
+/// The edit with the image key as a config label and a manifest annotation (so one manifest
 /// fetch tells whether a tag holds this build).
-pub fn with_build_key(mut edit: ConfigEdit, key: &Digest) -> ConfigEdit {
+pub fn with_image_key(mut edit: ConfigEdit, key: &Digest) -> ConfigEdit {
     edit.labels
         .insert(BUILD_KEY_LABEL.to_string(), key.to_string());
     edit.annotations
@@ -160,8 +161,8 @@ mod tests {
             source_created_by: "kiln: source",
             compression: crate::oci::Compression::Gzip,
         };
-        let key = build_key(&layers, &config_edit(&input));
-        let edit = with_build_key(config_edit(&input), &key);
+        let key = image_key(&layers, &config_edit(&input));
+        let edit = with_image_key(config_edit(&input), &key);
         let env: BTreeMap<_, _> = edit.env.iter().cloned().collect();
         assert_eq!(env["FUNC_NAME"], "hello");
         assert_eq!(env["SERVICE_NAMESPACE"], "team");
@@ -194,7 +195,7 @@ mod tests {
             source_created_by: "kiln: source",
             compression: crate::oci::Compression::Gzip,
         };
-        let key = |l: &KeyLayers<'_>, i: &PlanInput<'_>| build_key(l, &config_edit(i));
+        let key = |l: &KeyLayers<'_>, i: &PlanInput<'_>| image_key(l, &config_edit(i));
         let reference = key(&layers, &input);
         assert_eq!(reference, key(&layers, &input), "deterministic");
         let other = Digest::of(b"other");

@@ -34,7 +34,7 @@ pub(super) fn write_outputs(
             "stage": if matches!(stage, Stage::Publish(_)) { "publish" } else { "all" },
             "reference": output.published.reference,
             "digest": output.published.digest,
-            "buildKey": output.build_key,
+            "buildKey": output.image_key,
             "unchanged": output.unchanged,
             "commit": output.commit,
             "blobs": output.published.blobs,

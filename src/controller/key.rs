@@ -10,8 +10,30 @@
 //! the base directory — and the digest of the package-registry config (`.npmrc`/`pip.conf`:
 //! hashed, never in clear), or `none`.
 
-use super::plan::SourcePlan;
 use crate::oci::{Digest, Hasher};
+
+/// The code of a build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SourcePlan {
+    /// From the manifest: the handler and the sanitized dependency manifest.
+    Inline {
+        /// The handler source.
+        source: String,
+        /// The dependency manifest (an empty Node.js one becomes `{}`, as in Kyma).
+        dependencies: String,
+    },
+    /// From git, at a resolved commit.
+    Git {
+        /// The repository URL.
+        url: String,
+        /// The commit.
+        commit: String,
+        /// The Function's directory in the repository.
+        base_dir: String,
+        /// The Secret with `username` and `password`, if any.
+        auth_secret: Option<String>,
+    },
+}
 
 /// Bump when the image kiln builds from the same inputs changes shape.
 const FORMAT: &str = "kiln-function-key-v1";

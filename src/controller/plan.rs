@@ -6,32 +6,10 @@ use crate::runtime::{Language, RuntimeSpec};
 
 use super::config::Config;
 use super::crd::Function;
+pub use super::key::SourcePlan;
 use super::key::{self, KeyInputs};
 use super::presets::{self, Resolved};
 use crate::oci::Digest;
-
-/// The code of a build.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SourcePlan {
-    /// From the manifest: the handler and the sanitized dependency manifest.
-    Inline {
-        /// The handler source.
-        source: String,
-        /// The dependency manifest (an empty Node.js one becomes `{}`, as in Kyma).
-        dependencies: String,
-    },
-    /// From git, at a resolved commit.
-    Git {
-        /// The repository URL.
-        url: String,
-        /// The commit.
-        commit: String,
-        /// The Function's directory in the repository.
-        base_dir: String,
-        /// The Secret with `username` and `password`, if any.
-        auth_secret: Option<String>,
-    },
-}
 
 /// What the reconciler resolved for a Function.
 #[derive(Clone, Debug)]
