@@ -157,7 +157,8 @@ fn peak_rss_while_writing_a_one_gigabyte_layer() {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let (secs, _) = kiln_seconds(dir.path(), cores, scratch.path());
     println!(
-        "1 GB layer on {cores} threads: {secs:.1} s, peak RSS {:.0} MB (before writing: {before:.0} MB)",
+        "1 GB layer on {cores} threads: {secs:.1} s, peak RSS {:.0} MB (before writing: \
+            {before:.0} MB)",
         peak_rss_mb()
     );
 }

@@ -69,7 +69,8 @@ fn reconcile_throughput_at_steady_state() {
             env.running() == functions
         });
         println!(
-            "setup: {functions} Functions built (stand-in builds, 50 at a time) and running in {:.1} s",
+            "setup: {functions} Functions built (stand-in builds, 50 at a time) and running in \
+                {:.1} s",
             started.elapsed().as_secs_f64()
         );
     }
@@ -84,7 +85,8 @@ fn reconcile_throughput_at_steady_state() {
     std::thread::sleep(Duration::from_millis(300));
     let requests = env.api.requests();
     println!(
-        "first pass after a restart (process start, lists, watches, caches filled): {functions} reconciles in {took:.2} s; API requests {} reads + {} writes; registry requests {}",
+        "first pass after a restart (process start, lists, watches, caches filled): {functions} \
+            reconciles in {took:.2} s; API requests {} reads + {} writes; registry requests {}",
         requests.iter().filter(|r| !r.write).count(),
         requests.iter().filter(|r| r.write).count(),
         env.registry.access_log().len() - log_before
@@ -110,12 +112,14 @@ fn reconcile_throughput_at_steady_state() {
         writes.push(w as f64 / functions as f64);
         registry.push(reg as f64 / functions as f64);
         println!(
-            "pass {pass}: {functions} reconciles in {took:.2} s = {:.0}/s; API requests {reads} reads + {w} writes; registry requests {reg}",
+            "pass {pass}: {functions} reconciles in {took:.2} s = {:.0}/s; API requests {reads} \
+                reads + {w} writes; registry requests {reg}",
             functions as f64 / took
         );
     }
     println!(
-        "median of {PASSES} passes: {:.0} reconciles/s; {:.3} API requests and {:.3} writes per reconcile; {:.3} registry requests per reconcile",
+        "median of {PASSES} passes: {:.0} reconciles/s; {:.3} API requests and {:.3} writes per \
+            reconcile; {:.3} registry requests per reconcile",
         median(rates),
         median(api),
         median(writes.clone()),

@@ -21,12 +21,11 @@
 //! - `fetch`: `progress` `rootpath` `capped`.
 //! - `git`: `redact` `progress` `capped`.
 //! - `registry`: `oci` `redact` `progress` `capped`.
-//! - `runtime`: `oci`.
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `telemetry`: `progress`.
-//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `tarmeter`, `testing`:
-//!   nothing.
+//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `runtime`, `tarmeter`,
+//!   `testing`: nothing.
 //!
 //! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
 //! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and

@@ -46,7 +46,8 @@ mod tests {
     #[test]
     fn userinfo_and_state_and_signatures_are_removed() {
         let url = Url::parse(
-            "https://user:hunter2@reg.example/v2/a/blobs/uploads/u1?_state=SECRET&digest=sha256%3Aab#frag",
+            "https://user:hunter2@reg.example/v2/a/blobs/uploads/u1?_state=SECRET&digest=\
+                sha256%3Aab#frag",
         )
         .unwrap();
         let shown = redact_url(&url);
@@ -61,7 +62,8 @@ mod tests {
     #[test]
     fn token_like_query_values_are_hidden_and_scopes_kept() {
         let url = Url::parse(
-            "https://auth.example/token?service=reg&scope=repository%3Aa%3Apull&access_token=T0K&X-Amz-Signature=S1G",
+            "https://auth.example/token?service=reg&scope=repository%3Aa%3Apull&access_token=T0K&\
+                X-Amz-Signature=S1G",
         )
         .unwrap();
         let shown = redact_url(&url);

@@ -88,7 +88,8 @@ pub enum Error {
     },
     /// The recipe names runtime packages the lock does not pin.
     #[error(
-        "the lock file pins none of the [packages] of the {runtime} recipe: run `kiln base lock {runtime}`"
+        "the lock file pins none of the [packages] of the {runtime} recipe: run `kiln base lock \
+            {runtime}`"
     )]
     UnlockedPackages {
         /// The runtime.

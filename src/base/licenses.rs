@@ -153,7 +153,8 @@ mod tests {
 
     #[test]
     fn wheel_licenses_prefer_the_expression_then_a_short_license_then_classifiers() {
-        let m = "Metadata-Version: 2.4\nName: Prometheus_Client\nLicense-Expression: Apache-2.0 AND BSD-2-Clause\nLicense: long\n\nbody License: no\n";
+        let m = "Metadata-Version: 2.4\nName: Prometheus_Client\nLicense-Expression: Apache-2.0 \
+            AND BSD-2-Clause\nLicense: long\n\nbody License: no\n";
         assert_eq!(
             wheel_metadata(m),
             (
@@ -161,9 +162,11 @@ mod tests {
                 vec!["Apache-2.0 AND BSD-2-Clause".into()]
             )
         );
-        let m = "Name: requests\nLicense: Apache 2.0\nClassifier: License :: OSI Approved :: Apache Software License\n";
+        let m = "Name: requests\nLicense: Apache 2.0\nClassifier: License :: OSI Approved :: \
+            Apache Software License\n";
         assert_eq!(wheel_metadata(m).1, ["Apache 2.0"]);
-        let m = "Name: bottle\nLicense: UNKNOWN\nClassifier: License :: OSI Approved :: MIT License\nClassifier: Programming Language :: Python\n";
+        let m = "Name: bottle\nLicense: UNKNOWN\nClassifier: License :: OSI Approved :: MIT \
+            License\nClassifier: Programming Language :: Python\n";
         assert_eq!(wheel_metadata(m).1, ["MIT License"]);
         assert!(wheel_metadata("Name: x\n").1.is_empty());
         assert_eq!(normalise("Foo.Bar__baz"), "foo-bar-baz");

@@ -57,7 +57,8 @@ pub fn synthesize(root: &Path) -> Result<(), Error> {
         root,
         "etc/passwd",
         &format!(
-            "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\napp:x:{IMAGE_UID}:{IMAGE_UID}:function:/tmp:/usr/sbin/nologin\n"
+            "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/\
+                usr/sbin/nologin\napp:x:{IMAGE_UID}:{IMAGE_UID}:function:/tmp:/usr/sbin/nologin\n"
         ),
     )?;
     write(

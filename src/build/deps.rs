@@ -94,7 +94,8 @@ const CA_VARS: [&str; 4] = [
 pub enum Error {
     /// The tool is not on PATH.
     #[error(
-        "{tool} is not on PATH; the {runtime} runtime installs dependencies with it (install it, or build inside the runtime's builder image)"
+        "{tool} is not on PATH; the {runtime} runtime installs dependencies with it (install it, \
+            or build inside the runtime's builder image)"
     )]
     ToolMissing {
         /// The program.
@@ -104,7 +105,9 @@ pub enum Error {
     },
     /// The host toolchain is not the runtime's.
     #[error(
-        "{tool} on PATH is {found:?} but the {runtime} runtime needs {expected}*: install dependencies in a builder image instead (--deps-sandbox auto with --builder-image REF, or drop --base to use the runtime's own) or put a matching {tool} on PATH"
+        "{tool} on PATH is {found:?} but the {runtime} runtime needs {expected}*: install \
+            dependencies in a builder image instead (--deps-sandbox auto with --builder-image REF, \
+            or drop --base to use the runtime's own) or put a matching {tool} on PATH"
     )]
     ToolchainMismatch {
         /// The program.
@@ -538,7 +541,8 @@ async fn read_output(
             message: Box::new(line.clone()),
         };
         crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
-            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line(), "dependency install running");
+            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line(), "dependency install \
+                running");
         })
     };
     // stdout only feeds the last line; stderr is also kept for the error's tail.

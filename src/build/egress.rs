@@ -171,7 +171,8 @@ async fn handle(mut client: TcpStream, policy: &Policy) -> std::io::Result<()> {
         .await;
     };
     if !policy.allows(&host, port) {
-        tracing::warn!(%host, port, "the install tried to reach a host that is not a package registry; refused");
+        tracing::warn!(%host, port, "the install tried to reach a host that is not a package \
+            registry; refused");
         let why = format!("{host}:{port} is not a package registry this install may reach");
         return refuse(&mut client, "403 Forbidden", &why).await;
     }
@@ -279,7 +280,8 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<(String, Vec<u8>)>
 async fn refuse(client: &mut TcpStream, status: &str, why: &str) -> std::io::Result<()> {
     let body = format!("kiln: {why}\n");
     let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: \
+            close\r\n\r\n{body}",
         body.len()
     );
     client.write_all(response.as_bytes()).await
@@ -303,7 +305,8 @@ mod tests {
             &[
                 config(
                     ".npmrc",
-                    "registry=https://npm.corp.example/repo/\n@acme:registry=https://acme.example:8443/\n\
+                    "registry=https://npm.corp.example/repo/\n@acme:registry=https://acme.example:\
+                        8443/\n\
                      //npm.corp.example/:_authToken=secret\nproxy=http://evil.example/\n",
                 ),
                 config(

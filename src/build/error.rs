@@ -87,7 +87,11 @@ pub enum Error {
     },
     /// Dependencies to install in a sandbox, but no builder image that matches the base.
     #[error(
-        "--deps-sandbox {sandbox} needs --builder-image REF to install the dependencies: the base {base} is not the {runtime} runtime's own, so kiln cannot know which toolchain matches it; pass --builder-image REF (the builder image that matches the base; `kiln base build {runtime}` makes one), or --deps-sandbox none to install with the toolchain on PATH (its version is checked)"
+        "--deps-sandbox {sandbox} needs --builder-image REF to install the dependencies: the base \
+            {base} is not the {runtime} runtime's own, so kiln cannot know which toolchain matches \
+            it; pass --builder-image REF (the builder image that matches the base; `kiln base \
+            build {runtime}` makes one), or --deps-sandbox none to install with the toolchain on \
+            PATH (its version is checked)"
     )]
     NoBuilder {
         /// The `--deps-sandbox` mode.
@@ -99,7 +103,9 @@ pub enum Error {
     },
     /// `--compression zstd` on a Docker v2 base: that format has no zstd layer type.
     #[error(
-        "--compression zstd needs an OCI base image: {base} is a Docker v2 image, whose format has no zstd layer type; use --compression gzip, or a base in OCI format (`skopeo copy --format oci`)"
+        "--compression zstd needs an OCI base image: {base} is a Docker v2 image, whose format has \
+            no zstd layer type; use --compression gzip, or a base in OCI format (`skopeo copy \
+            --format oci`)"
     )]
     NoZstd {
         /// The base as the user named it.

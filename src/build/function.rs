@@ -182,7 +182,11 @@ impl FunctionManifest {
         let inline = match (raw.spec.source.inline, raw.spec.source.git_repository) {
             (Some(inline), None) => inline,
             (None, Some(_)) => {
-                return Err(bad("spec.source.gitRepository is not built by `kiln build --function`; build it with --git URL --git-ref REFERENCE --git-base-dir BASEDIR".into()));
+                return Err(bad(
+                    "spec.source.gitRepository is not built by `kiln build --function`; \
+                    build it with --git URL --git-ref REFERENCE --git-base-dir BASEDIR"
+                        .into(),
+                ));
             }
             _ => {
                 return Err(bad(
@@ -338,7 +342,14 @@ mod tests {
     fn a_function_manifest_builds_like_the_cluster() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.yaml");
-        fs::write(&path, "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {name: hello, namespace: team}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: |\n        module.exports = { main: () => 'hi' }\n").unwrap();
+        fs::write(
+            &path,
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: \
+            Function\nmetadata: {name: hello, namespace: team}\nspec:\n  runtime: nodejs22\n  \
+            source:\n    inline:\n      source: |\n        module.exports = { main: () => 'hi' \
+            }\n",
+        )
+        .unwrap();
         let m = FunctionManifest::read(&path).unwrap();
         assert_eq!((m.name.as_str(), m.runtime.as_str()), ("hello", "nodejs22"));
         let catalog = Catalog::embedded();
@@ -355,7 +366,13 @@ mod tests {
     fn git_sources_and_other_kinds_are_refused_clearly() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("f.yaml");
-        fs::write(&path, "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata: {name: x}\nspec: {runtime: python313, source: {gitRepository: {url: u}}}\n").unwrap();
+        fs::write(
+            &path,
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: \
+            Function\nmetadata: {name: x}\nspec: {runtime: python313, source: {gitRepository: \
+            {url: u}}}\n",
+        )
+        .unwrap();
         let err = FunctionManifest::read(&path).unwrap_err().to_string();
         assert!(err.contains("gitRepository"), "{err}");
         fs::write(&path, "kind: Pod\nmetadata: {}\nspec: {source: {}}\n").unwrap();

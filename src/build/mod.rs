@@ -55,11 +55,16 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         tracing::info!(files = function.tree.file_count(), "collected source");
-        let mut planned = function.deps.as_ref().map(|inputs| install::lockfile_plan(opts, inputs));
+        let mut planned = function
+            .deps
+            .as_ref()
+            .map(|inputs| install::lockfile_plan(opts, inputs));
         let history = planned.as_ref().and_then(install::history);
         let (deps, mut store_in) = match &opts.stage {
             // Before anything is fetched: a bad stage directory should not wait for the network.
-            Stage::Publish(dir) => staged_layer(client, opts, &cache, function, history, dir).await?,
+            Stage::Publish(dir) => {
+                staged_layer(client, opts, &cache, function, history, dir).await?
+            }
             Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
                 if let Some(planned) = &planned {
                     // Before anything is fetched: a usage error should not wait for the network.
@@ -70,18 +75,32 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         };
         opts.authorize_up_front(client).await?;
         let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
-        tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base image");
+        tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base \
+            image");
         // The dependency key, not the layer: enough for the image key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
-        let dep_key = match (&deps, function.deps.as_ref().zip(planned.take()), &opts.stage) {
+        let dep_key = match (
+            &deps,
+            function.deps.as_ref().zip(planned.take()),
+            &opts.stage,
+        ) {
             (None, Some((inputs, planned)), Stage::All | Stage::Deps(_) | Stage::Lookup(_)) => {
                 Some(install::dependency_key(client, opts, &cache, inputs, planned).await?)
             }
             _ => None,
         };
-        let layer_type = base.base.family().layer(opts.compression).ok_or_else(|| Error::NoZstd { base: opts.base_name.clone() })?;
+        let layer_type =
+            base.base
+                .family()
+                .layer(opts.compression)
+                .ok_or_else(|| Error::NoZstd {
+                    base: opts.base_name.clone(),
+                })?;
         let source = assemble::source_layer(opts, &cache, function, layer_type).await?;
-        let keyed = deps.as_ref().map(|d| &d.key).or(dep_key.as_ref().map(|k| &k.key));
+        let keyed = deps
+            .as_ref()
+            .map(|d| &d.key)
+            .or(dep_key.as_ref().map(|k| &k.key));
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         // `--no-cache` rebuilds: no existing image is taken either.
         let found = match opts.use_cache {
@@ -89,29 +108,87 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             false => None,
         };
         if let Some(found) = found {
-            tracing::info!(reference = %found.reference, image_key = %planned.image_key, "the target already holds this build: nothing to install or push");
-            let published = Published { reference: found.reference, digest: found.digest, blobs: Vec::new() };
-            return Ok(Output { published, image_key: planned.image_key, image: None, unchanged: true, commit: loaded.commit });
+            tracing::info!(reference = %found.reference, image_key = %planned.image_key, "the \
+                target already holds this build: nothing to install or push");
+            let published = Published {
+                reference: found.reference,
+                digest: found.digest,
+                blobs: Vec::new(),
+            };
+            return Ok(Output {
+                published,
+                image_key: planned.image_key,
+                image: None,
+                unchanged: true,
+                commit: loaded.commit,
+            });
         }
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
             (None, Some(inputs), Some(dep_key)) => {
-                let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, opts.cache_repo.as_ref()).await?;
-                let local = layer.remote.is_none().then(|| cache.blob_path(&layer.cached.digest));
-                let created_by = stage::created_by(&install::install_command(opts, function, history), &layer.key);
+                let layer = install::dependency_layer(
+                    client,
+                    opts,
+                    &cache,
+                    inputs,
+                    dep_key,
+                    opts.cache_repo.as_ref(),
+                )
+                .await?;
+                let local = layer
+                    .remote
+                    .is_none()
+                    .then(|| cache.blob_path(&layer.cached.digest));
+                let created_by = stage::created_by(
+                    &install::install_command(opts, function, history),
+                    &layer.key,
+                );
                 store_in = layer.store_in;
-                Some(DepLayer { key: layer.key, digest: layer.cached.digest, diff_id: layer.cached.diff_id, size: layer.cached.size, created_by, local, remote: layer.remote, _copy: None, _in_use: layer.in_use })
+                Some(DepLayer {
+                    key: layer.key,
+                    digest: layer.cached.digest,
+                    diff_id: layer.cached.diff_id,
+                    size: layer.cached.size,
+                    created_by,
+                    local,
+                    remote: layer.remote,
+                    _copy: None,
+                    _in_use: layer.in_use,
+                })
             }
             (None, _, _) => None,
         };
         let image_key = planned.image_key.clone();
         let assembled = assemble::assemble(&base, deps.as_ref(), source, planned)?;
-        let published = assemble::publish(client, opts, &cache, &assembled.image, &base, assembled.plans, &image_key).await?;
+        let published = assemble::publish(
+            client,
+            opts,
+            &cache,
+            &assembled.image,
+            &base,
+            assembled.plans,
+            &image_key,
+        )
+        .await?;
         tracing::info!(reference = %published.reference, "built");
         if let (Some(repo), Some(dep), Some(inputs)) = (store_in, &deps, &function.deps) {
-            store_in_cache_repo(client, opts, &repo, dep, inputs, &install::install_command(opts, function, history)).await;
+            store_in_cache_repo(
+                client,
+                opts,
+                &repo,
+                dep,
+                inputs,
+                &install::install_command(opts, function, history),
+            )
+            .await;
         }
-        Ok(Output { published, image_key, image: Some(assembled.image), unchanged: false, commit: loaded.commit })
+        Ok(Output {
+            published,
+            image_key,
+            image: Some(assembled.image),
+            unchanged: false,
+            commit: loaded.commit,
+        })
     }
     .instrument(span)
     .await
@@ -142,25 +219,52 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
             let history = install::history(&planned);
             install::require_builder(opts, &planned)?;
             let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?;
-            let created_by = stage::created_by(&install::install_command(opts, function, history), &dep_key.key);
+            let created_by = stage::created_by(
+                &install::install_command(opts, function, history),
+                &dep_key.key,
+            );
             let media_type = dependency_media_type(opts.compression);
             match lookup_hit(opts, inputs, &dep_key.key).await? {
                 Some(found) => {
-                    tracing::info!(key = %dep_key.key, digest = %found.digest, "the cache repository has the dependency layer (--stage lookup): nothing to install");
-                    record.dependencies = Some(stage::StagedLayer { key: dep_key.key, media_type, digest: found.digest, diff_id: found.diff_id, size: found.size, created_by, in_cache_repo: true });
+                    tracing::info!(key = %dep_key.key, digest = %found.digest, "the cache \
+                        repository has the dependency layer (--stage lookup): nothing to install");
+                    record.dependencies = Some(stage::StagedLayer {
+                        key: dep_key.key,
+                        media_type,
+                        digest: found.digest,
+                        diff_id: found.diff_id,
+                        size: found.size,
+                        created_by,
+                        in_cache_repo: true,
+                    });
                 }
                 None => {
                     // The install stage has no registry credentials: the local cache only.
-                    let install::Layer { key, cached, .. } = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
+                    let install::Layer { key, cached, .. } =
+                        install::dependency_layer(client, opts, &cache, inputs, dep_key, None)
+                            .await?;
                     blob = Some(cache.blob_path(&cached.digest));
-                    record.dependencies = Some(stage::StagedLayer { key, media_type, digest: cached.digest, diff_id: cached.diff_id, size: cached.size, created_by, in_cache_repo: false });
+                    record.dependencies = Some(stage::StagedLayer {
+                        key,
+                        media_type,
+                        digest: cached.digest,
+                        diff_id: cached.diff_id,
+                        size: cached.size,
+                        created_by,
+                        in_cache_repo: false,
+                    });
                 }
             }
         }
         let (dir, written) = (dir.to_path_buf(), record.clone());
-        tokio::task::spawn_blocking(move || stage::write(&dir, &written, blob.as_deref())).await??;
-        tracing::info!(layer = ?record.dependencies.as_ref().map(|l| &l.digest), "staged the dependencies");
-        Ok(DepsOutput { record, commit: loaded.commit })
+        tokio::task::spawn_blocking(move || stage::write(&dir, &written, blob.as_deref()))
+            .await??;
+        tracing::info!(layer = ?record.dependencies.as_ref().map(|l| &l.digest), "staged the \
+            dependencies");
+        Ok(DepsOutput {
+            record,
+            commit: loaded.commit,
+        })
     }
     .instrument(span)
     .await
@@ -192,10 +296,13 @@ async fn store_in_cache_repo(
     .await
     {
         Ok(()) => {
-            tracing::info!(cache_repo = %repo, tag = %remote_cache::tag(&dep.key), "stored the dependency layer in the cache repository")
+            tracing::info!(cache_repo = %repo, tag = %remote_cache::tag(&dep.key), "stored the \
+                dependency layer in the cache repository")
         }
         Err(e) => {
-            tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "could not store the dependency layer in the cache repository")
+            tracing::warn!(cache_repo = %repo, error = %format!("{:\
+                #}", anyhow::Error::new(e)), "could not store the dependency layer in the cache \
+                repository")
         }
     }
 }

@@ -43,11 +43,14 @@ pub async fn run_lookup(
                     Some(stage::Found { digest: entry.digest, diff_id: entry.diff_id, size: entry.size })
                 }
                 Ok(None) => {
-                    tracing::info!(key = %dep_key, cache_repo = %repo, "dependency layer not in the cache repository: the install stage installs it");
+                    tracing::info!(key = %dep_key, cache_repo = %repo, "dependency layer not in \
+                        the cache repository: the install stage installs it");
                     None
                 }
                 Err(e) => {
-                    tracing::warn!(cache_repo = %repo, error = %format!("{:#}", anyhow::Error::new(e)), "the cache repository cannot be used; the install stage installs without it");
+                    tracing::warn!(cache_repo = %repo, error = %format!("{:\
+                        #}", anyhow::Error::new(e)), "the cache repository cannot be used; the \
+                        install stage installs without it");
                     None
                 }
             };
@@ -73,7 +76,8 @@ pub(super) async fn lookup_hit(
         return Ok(None);
     };
     if lookup.key.as_ref() != Some(key) {
-        tracing::warn!(%key, lookup = ?lookup.key.as_ref().map(Digest::to_string), "--stage lookup computed another dependency key (run every stage with the same flags); installing");
+        tracing::warn!(%key, lookup = ?lookup.key.as_ref().map(Digest::to_string), "--stage lookup \
+            computed another dependency key (run every stage with the same flags); installing");
         return Ok(None);
     }
     Ok(lookup.found)
@@ -180,7 +184,8 @@ pub(super) async fn staged_layer(
         let (cached, remote) = install::from_cache_repo(client, opts, cache, &layer.key, &repo)
             .await
             .map_err(|e| {
-                tracing::warn!(error = %format!("{:#}", anyhow::Error::new(e)), "reading the cache repository");
+                tracing::warn!(error = %format!("{:#}", anyhow::Error::new(e)), "reading the cache \
+                    repository");
                 gone()
             })?
             .filter(|(cached, _)| cached.digest == found.digest)
@@ -201,19 +206,23 @@ pub(super) async fn staged_layer(
             None,
         ));
     };
-    tracing::info!(key = %layer.key, digest = %layer.digest, "dependency layer from the stage directory");
+    tracing::info!(key = %layer.key, digest = %layer.digest, "dependency layer from the stage \
+        directory");
     // Installed by the install stage: stored in the cache repository under the lookup's key
     // only, never one the install stage made up.
     let store_in = match lookup_key {
         Some(key) if key == layer.key => repo,
         _ if repo.is_none() => None,
         Some(key) => {
-            tracing::warn!(lookup = %key, staged = %layer.key, "the install stage's dependency key is not the one --stage lookup computed: the layer is used in this image but not stored in the cache repository");
+            tracing::warn!(lookup = %key, staged = %layer.key, "the install stage's dependency key \
+                is not the one --stage lookup computed: the layer is used in this image but not \
+                stored in the cache repository");
             None
         }
         None => {
             tracing::warn!(
-                "no --lookup-dir: the dependency layer is not stored in the cache repository, since its key would come from the install stage (run --stage lookup first)"
+                "no --lookup-dir: the dependency layer is not stored in the cache repository, \
+                    since its key would come from the install stage (run --stage lookup first)"
             );
             None
         }

@@ -20,7 +20,14 @@ use validate::validate;
 /// Flags of `kiln build`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  kiln build ./hello --runtime nodejs22 --image registry.example.com/team/hello:1.0\n  kiln build ./hello --runtime python313 --output oci:./out/hello\n  kiln build --function hello.yaml --image registry.example.com/team/hello\n  kiln build --git https://github.com/org/fns.git --git-ref main --git-base-dir /hello --runtime nodejs22 --output oci:./out\n\nA split build (install scripts never see push credentials):\n  kiln build ./hello --runtime nodejs22 --stage deps --stage-dir /workspace/deps\n  kiln build ./hello --runtime nodejs22 --stage publish --stage-dir /workspace/deps --image REF"
+    after_help = "Examples:\n  kiln build ./hello --runtime nodejs22 --image \
+        registry.example.com/team/hello:1.0\n  kiln build ./hello --runtime python313 --output \
+        oci:./out/hello\n  kiln build --function hello.yaml --image \
+        registry.example.com/team/hello\n  kiln build --git https://github.com/org/fns.git \
+        --git-ref main --git-base-dir /hello --runtime nodejs22 --output oci:./out\n\nA split \
+        build (install scripts never see push credentials):\n  kiln build ./hello --runtime \
+        nodejs22 --stage deps --stage-dir /workspace/deps\n  kiln build ./hello --runtime nodejs22 \
+        --stage publish --stage-dir /workspace/deps --image REF"
 )]
 pub struct BuildArgs {
     /// The Function directory: handler.js + package.json (Node.js) or handler.py +
@@ -316,7 +323,9 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             // Assembling the runtime's images runs npm: publish runs no program.
             if !crate::base::store::has_images(store, &opts.runtime.name) {
                 return Err(Failure::Usage(anyhow!(
-                    "--stage publish runs no program, so it cannot assemble the {runtime} runtime's base image into {}: pass --base REF, or run `kiln base build {runtime}` (or a whole build) first",
+                    "--stage publish runs no program, so it cannot assemble the {runtime} \
+                        runtime's base image into {}: pass --base REF, or run `kiln base build \
+                        {runtime}` (or a whole build) first",
                     store.display(),
                     runtime = opts.runtime.name
                 )));
@@ -396,13 +405,12 @@ pub(super) fn warm_options(flags: &[OsString]) -> anyhow::Result<Options> {
     .args;
     let env = Env::read();
     let (mut opts, _, extra) = validate(&args, &env)?;
-    let store = extra
-        .store
-        .ok_or_else(|| {
-            anyhow!(
-                "the Function overrides the base image (spec.runtimeImageOverride or KILN_BASE): kiln warm prepares builds on the runtime's own base images only"
-            )
-        })?;
+    let store = extra.store.ok_or_else(|| {
+        anyhow!(
+            "the Function overrides the base image (spec.runtimeImageOverride or KILN_BASE): \
+                    kiln warm prepares builds on the runtime's own base images only"
+        )
+    })?;
     let builder = format!(
         "oci:{}:{}",
         store.display(),
@@ -424,7 +432,8 @@ pub(super) fn cache_repo(s: &str) -> anyhow::Result<crate::registry::Reference> 
         .with_context(|| format!("invalid --cache-repo {s:?}"))?;
     if reference.tag.is_some() || reference.digest.is_some() {
         return Err(anyhow!(
-            "--cache-repo {s:?}: name a repository without a tag or digest (kiln tags each entry deps-KEY), e.g. {}",
+            "--cache-repo {s:?}: name a repository without a tag or digest (kiln tags each entry \
+                deps-KEY), e.g. {}",
             reference.repository_path()
         ));
     }

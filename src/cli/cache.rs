@@ -15,7 +15,8 @@ pub enum CacheCommand {
     /// stay. Temporary files that killed builds and runs left, untouched for a day, go
     /// whatever the options say.
     #[command(
-        after_help = "Examples:\n  kiln cache prune --older-than 7d\n  kiln cache prune --max-size 10G\n  kiln cache prune --older-than 12h --max-size 2G --dry-run"
+        after_help = "Examples:\n  kiln cache prune --older-than 7d\n  kiln cache prune --max-size \
+            10G\n  kiln cache prune --older-than 12h --max-size 2G --dry-run"
     )]
     Prune(PruneArgs),
 }

@@ -52,7 +52,8 @@ impl GitArgs {
         if self.git_auth_dir.is_some() && !source.url.is_https() {
             // gix would refuse at the first 401; say so before anything is sent.
             anyhow::bail!(
-                "--git-auth-dir needs an https:// URL: credentials are never sent in clear text to {}",
+                "--git-auth-dir needs an https:// URL: credentials are never sent in clear text to \
+                    {}",
                 source.url
             );
         }

@@ -68,7 +68,8 @@ impl RegistryArgs {
         for host in &self.insecure_hosts() {
             if let Some((_, rest)) = host.split_once("://") {
                 return Err(anyhow!(
-                    "--insecure-registry {host:?} has a URL scheme; give HOST[:PORT] only, e.g. --insecure-registry {}",
+                    "--insecure-registry {host:?} has a URL scheme; give HOST[:PORT] only, e.g. \
+                        --insecure-registry {}",
                     rest.trim_end_matches('/'),
                 ));
             }

@@ -24,7 +24,8 @@ filesystem read-only as /, a fresh writable tmpfs /tmp, /proc, a minimal /dev, t
 UTS namespaces. It SHARES THE HOST NETWORK, so the function's port is reachable on the host \
 (and the function can reach everything the host can). It runs as the image's User, or the \
 --user ids (default root inside the sandbox, which is your own user, without capabilities, \
-outside), with only the image's Env, the --env values and HOME. Layers are unpacked once per image into the cache \
+outside), with only the image's Env, the --env values and HOME. Layers are unpacked once per image \
+    into the cache \
 directory.
 
 SIGINT and SIGTERM are forwarded to the function (a second one kills it). Exit code: the \

@@ -168,7 +168,8 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
     }
     if functions.is_empty() && args.registry.is_none() {
         return Err(anyhow!(
-            "nothing to do: pass --registry REGISTRY for the runtimes' images (and --cache-repo REPO with Functions)"
+            "nothing to do: pass --registry REGISTRY for the runtimes' images (and --cache-repo \
+                REPO with Functions)"
         ));
     }
     let registry = args

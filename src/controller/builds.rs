@@ -124,7 +124,8 @@ async fn finished(
             State::False,
             reason::JOB_FAILED,
             format!(
-                "Job {}/{name} succeeded but its build container reported no image of {repository} (termination message {:?}); it will be re-run in {}s",
+                "Job {}/{name} succeeded but its build container reported no image of {repository} \
+                    (termination message {:?}); it will be re-run in {}s",
                 ctx.config.build_namespace,
                 message.as_deref().unwrap_or_default().trim(),
                 delay.as_secs()

@@ -44,7 +44,8 @@ pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
     derive = "Default",
     category = "kyma-serverless",
     shortname = "fn",
-    doc = "A serverless Function: source and dependencies built into an image by kiln, then deployed",
+    doc = "A serverless Function: source and dependencies built into an image by kiln, then \
+        deployed",
     scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.podSelector"}"#,
     printcolumn = r#"{"name":"Configured","type":"string","jsonPath":".status.conditions[?(@.type=='ConfigurationReady')].status"}"#,
     printcolumn = r#"{"name":"Built","type":"string","jsonPath":".status.conditions[?(@.type=='BuildReady')].status"}"#,
@@ -81,8 +82,10 @@ pub struct FunctionSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new(
-        "self.all(e, !(e.name in ['FUNC_RUNTIME', 'FUNC_HANDLER', 'FUNC_PORT', 'MOD_NAME', 'NODE_PATH', 'PYTHONPATH']))"
-    ).message("the env names FUNC_RUNTIME, FUNC_HANDLER, FUNC_PORT, MOD_NAME, NODE_PATH and PYTHONPATH are reserved"))]
+        "self.all(e, !(e.name in ['FUNC_RUNTIME', 'FUNC_HANDLER', 'FUNC_PORT', 'MOD_NAME', \
+            'NODE_PATH', 'PYTHONPATH']))"
+    ).message("the env names FUNC_RUNTIME, FUNC_HANDLER, FUNC_PORT, MOD_NAME, NODE_PATH and \
+        PYTHONPATH are reserved"))]
     pub env: Vec<EnvVar>,
     /// Resources of the Function's Pods and of its build Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]

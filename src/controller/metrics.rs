@@ -154,21 +154,25 @@ impl Metrics {
         );
         let _ = writeln!(
             out,
-            "# HELP kiln_build_queue_depth Functions waiting for a build slot.\n# TYPE kiln_build_queue_depth gauge\nkiln_build_queue_depth {}",
+            "# HELP kiln_build_queue_depth Functions waiting for a build slot.\n# TYPE \
+                kiln_build_queue_depth gauge\nkiln_build_queue_depth {}",
             self.queued.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             out,
-            "# HELP kiln_leader 1 while this replica leads (reconciles), 0 on a standby.\n# TYPE kiln_leader gauge\nkiln_leader {}",
+            "# HELP kiln_leader 1 while this replica leads (reconciles), 0 on a standby.\n# TYPE \
+                kiln_leader gauge\nkiln_leader {}",
             u8::from(self.leading())
         );
         let _ = writeln!(
             out,
-            "# HELP kiln_builds_running Build Jobs running.\n# TYPE kiln_builds_running gauge\nkiln_builds_running {running}"
+            "# HELP kiln_builds_running Build Jobs running.\n# TYPE kiln_builds_running \
+                gauge\nkiln_builds_running {running}"
         );
         let _ = writeln!(
             out,
-            "# HELP kiln_builds_started_total Build Jobs created.\n# TYPE kiln_builds_started_total counter\nkiln_builds_started_total {}",
+            "# HELP kiln_builds_started_total Build Jobs created.\n# TYPE \
+                kiln_builds_started_total counter\nkiln_builds_started_total {}",
             self.builds_started.load(Ordering::Relaxed)
         );
         self.reconcile_seconds

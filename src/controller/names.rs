@@ -140,7 +140,9 @@ mod tests {
         let selector = selector_string(&selector_labels(&function("hello")));
         assert_eq!(
             selector,
-            "serverless.kyma-project.io/function-name=hello,serverless.kyma-project.io/managed-by=function-controller,serverless.kyma-project.io/resource=deployment,serverless.kyma-project.io/uuid=u-1"
+            "serverless.kyma-project.io/function-name=hello,serverless.kyma-project.io/managed-by=\
+                function-controller,serverless.kyma-project.io/resource=deployment,\
+                serverless.kyma-project.io/uuid=u-1"
         );
     }
 

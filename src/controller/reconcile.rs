@@ -188,7 +188,16 @@ async fn lookups(
     runtime: &str,
 ) -> Result<Option<Lookups>> {
     let Some(images) = ctx.config.runtimes.get(runtime) else {
-        st.set(Kind::BuildReady, State::False, reason::IMAGE_UNRESOLVED, format!("the controller has no base and builder images for runtime {runtime}: configure them (--base-image/--builder-image {runtime}=REF)"));
+        st.set(
+            Kind::BuildReady,
+            State::False,
+            reason::IMAGE_UNRESOLVED,
+            format!(
+                "the controller \
+            has no base and builder images for runtime {runtime}: configure them \
+            (--base-image/--builder-image {runtime}=REF)"
+            ),
+        );
         return Ok(None);
     };
     let base_ref = f

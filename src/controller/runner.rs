@@ -192,7 +192,8 @@ pub async fn run(opts: Options) -> Result<()> {
         Some(c) => {
             tokio::select! {
                 () = controller => Ok(()),
-                () = c.keep() => Err(Error::Missing("lost the leader lease; exiting so that another replica takes over".into())),
+                () = c.keep() => Err(Error::Missing("lost the leader lease; exiting so that \
+                    another replica takes over".into())),
             }
         }
         None => {

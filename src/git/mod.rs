@@ -195,7 +195,9 @@ pub fn fetch_tree(
 pub enum Error {
     /// An SSH URL.
     #[error(
-        "kiln clones over HTTPS only, and {url} is an SSH URL: SSH would need the `ssh` program, which the builder image does not have; use the repository's https:// URL (with --git-auth-dir for credentials)"
+        "kiln clones over HTTPS only, and {url} is an SSH URL: SSH would need the `ssh` program, \
+            which the builder image does not have; use the repository's https:// URL (with \
+            --git-auth-dir for credentials)"
     )]
     Ssh {
         /// The URL as given, password masked.
@@ -275,7 +277,8 @@ pub enum Error {
     },
     /// The server asked for credentials and none were given.
     #[error(
-        "{url} needs credentials (HTTP 401): pass --git-auth-dir DIR holding the files username and password"
+        "{url} needs credentials (HTTP 401): pass --git-auth-dir DIR holding the files username \
+            and password"
     )]
     CredentialsRequired {
         /// The repository.
@@ -283,7 +286,8 @@ pub enum Error {
     },
     /// The credentials were rejected (HTTP 401).
     #[error(
-        "{url} rejected the credentials (HTTP 401): check the username and password files in --git-auth-dir"
+        "{url} rejected the credentials (HTTP 401): check the username and password files in \
+            --git-auth-dir"
     )]
     Unauthorized {
         /// The repository.
@@ -291,7 +295,8 @@ pub enum Error {
     },
     /// Access was denied (HTTP 403).
     #[error(
-        "{url} denied access (HTTP 403): check the username and password files in --git-auth-dir, and that the user may read the repository"
+        "{url} denied access (HTTP 403): check the username and password files in --git-auth-dir, \
+            and that the user may read the repository"
     )]
     Forbidden {
         /// The repository.

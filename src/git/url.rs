@@ -36,7 +36,8 @@ impl RemoteUrl {
         }
         if !url.username().is_empty() || url.password().is_some() {
             return Err(unsupported(
-                "it carries credentials, which would show in the Job's arguments; put them in the username and password files of --git-auth-dir",
+                "it carries credentials, which would show in the Job's arguments; put them in the \
+                    username and password files of --git-auth-dir",
             ));
         }
         if url.query().is_some() || url.fragment().is_some() {

@@ -25,7 +25,8 @@ fn helper(dir: &Path, name: &str, server: &str, username: &str, secret: &str) {
     let script = format!(
         "#!/bin/sh\nread -r server\n[ \"$1\" = get ] || exit 3\n\
          if [ \"$server\" = '{server}' ]; then\n\
-         printf '{{\"ServerURL\":\"%s\",\"Username\":\"{username}\",\"Secret\":\"{secret}\"}}' \"$server\"\n\
+         printf '{{\"ServerURL\":\"%s\",\"Username\":\"{username}\",\"Secret\":\"{secret}\"}}' \
+             \"$server\"\n\
          else echo 'credentials not found in native keychain'; exit 1; fi\n"
     );
     write_script(dir, name, &script);

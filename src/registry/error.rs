@@ -114,7 +114,8 @@ pub enum Error {
         limit: u64,
     },
     /// The request did not get an HTTP response.
-    #[error("cannot reach {host} ({method} {url}): {}{}", kind_text(*.kind), hint_text(*.hint, .host))]
+    #[error("cannot reach {host} ({method} {url}): \
+        {}{}", kind_text(*.kind), hint_text(*.hint, .host))]
     Transport {
         /// `host[:port]` that was contacted.
         host: String,

@@ -180,7 +180,8 @@ impl Registry {
                     };
                     cx.stats.request();
                     let token = fetch_token(&request).await?;
-                    debug!(registry = %self.name, scopes = ?st.wanted.to_strings(), "got registry token");
+                    debug!(registry = %self.name, scopes = ?st.wanted.to_strings(), "got registry \
+                        token");
                     st.token = Some(token);
                 }
                 Ok(st.token.as_ref().map(|t| t.header.clone()))

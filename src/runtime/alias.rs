@@ -49,7 +49,8 @@ impl Alias {
     /// The warning shown when a manifest uses this name.
     pub fn warning(&self) -> String {
         format!(
-            "runtime {} is built as {}: kiln has no {} runtime; set spec.runtime: {} to silence this",
+            "runtime {} is built as {}: kiln has no {} runtime; set spec.runtime: {} to silence \
+                this",
             self.kyma, self.kiln, self.kyma, self.kiln
         )
     }

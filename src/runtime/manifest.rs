@@ -313,7 +313,8 @@ mod tests {
 
     #[test]
     fn requirement_lines_are_checked() {
-        let good = "# comment\nrequests==2.32.3  # pinned\nPyYAML>=6\nuvicorn[standard] ; python_version>'3'\n-r other.txt\nfoo @ https://x/y.whl\nbar \\\n  ==1.0\n";
+        let good = "# comment\nrequests==2.32.3  # pinned\nPyYAML>=6\nuvicorn[standard] ; \
+            python_version>'3'\n-r other.txt\nfoo @ https://x/y.whl\nbar \\\n  ==1.0\n";
         validate_manifest(Language::Python, "requirements.txt", good).unwrap();
         let err = validate_manifest(
             Language::Python,
@@ -329,7 +330,8 @@ mod tests {
 
     #[test]
     fn requirements_that_bypass_the_index_are_refused_with_their_line() {
-        let ok = "requests==2.32.3 --hash=sha256:abc\n--only-binary :all:\n--pre\nuvicorn[standard]>=0.30 ; python_version > '3.8'\nPyYAML\n";
+        let ok = "requests==2.32.3 --hash=sha256:abc\n--only-binary \
+            :all:\n--pre\nuvicorn[standard]>=0.30 ; python_version > '3.8'\nPyYAML\n";
         check_registry_only(Language::Python, "requirements.txt", ok).unwrap();
         let refused = [
             "-e git+https://github.com/a/b.git#egg=b",

@@ -113,7 +113,8 @@ async fn pass(client: &kube::Client, issued: &mut BTreeSet<String>) -> Result<()
         let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
         let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
             "metadata": {"name": secret_name, "namespace": ns, "annotations": {
-                "cert-manager.io/certificate-name": name, "cert-manager.io/issuer-name": issuer_name,
+                "cert-manager.io/certificate-name": name, "cert-manager.io/\
+                    issuer-name": issuer_name,
                 "cert-manager.io/issuer-kind": "Issuer"}},
             "data": {"tls.crt": b64(&crt), "tls.key": b64(&key), "ca.crt": b64(&crt)}});
         Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &secrets)

@@ -468,7 +468,8 @@ pub fn node_function(name: &str, source: &str, dependencies: Option<&str>) -> St
         )
     });
     format!(
-        "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: {name}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: {}\n{deps}",
+        "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: \
+            {name}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: {}\n{deps}",
         serde_json::to_string(source).expect("JSON string")
     )
 }

@@ -88,7 +88,8 @@ impl Publisher {
                 let answer = format!("{{\"accepted\":{}}}", seen.len());
                 let _ = write!(
                     stream,
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \
+                        {}\r\nConnection: close\r\n\r\n{answer}",
                     answer.len()
                 );
             }

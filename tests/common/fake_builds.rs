@@ -238,7 +238,8 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
             "name": format!("{name}-pod"),
             "namespace": ns,
             "labels": {"job-name": name, "batch.kubernetes.io/job-name": name},
-            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job.metadata.uid, "controller": true}],
+            "ownerReferences": [{"apiVersion": "batch/\
+                v1", "kind": "Job", "name": name, "uid": job.metadata.uid, "controller": true}],
         },
         "spec": {"containers": [{"name": "build", "image": "x"}]},
     }))

@@ -282,7 +282,8 @@ fn serve(st: &State, client: TcpStream) -> std::io::Result<()> {
                 "{{\"errors\":[{{\"code\":\"UNAVAILABLE\",\"message\":\"injected {status}\"}}]}}"
             );
             let mut out = format!(
-                "HTTP/1.1 {status} Injected\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n",
+                "HTTP/1.1 {status} Injected\r\nContent-Type: application/json\r\nContent-Length: \
+                    {}\r\nConnection: close\r\n",
                 body.len()
             );
             if let Some(secs) = retry_after {
@@ -299,7 +300,9 @@ fn serve(st: &State, client: TcpStream) -> std::io::Result<()> {
             st.record(at, &request, "answered 401 (expired token)".into());
             let body = r#"{"errors":[{"code":"UNAUTHORIZED","message":"token expired"}]}"#;
             let out = format!(
-                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: {}\r\nWWW-Authenticate: {challenge},error=\"invalid_token\"\r\nConnection: close\r\n\r\n{body}",
+                "HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: \
+                    {}\r\nWWW-Authenticate: {challenge},error=\"invalid_token\"\r\nConnection: \
+                    close\r\n\r\n{body}",
                 body.len()
             );
             let mut client = client;

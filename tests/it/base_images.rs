@@ -648,7 +648,12 @@ fn npm_dependencies_installed_in_the_builder_serve_the_function() {
         answer.contains(r#"["one","two"]"#),
         "lodash works: {answer}"
     );
-    let secret = common::run(Command::new("sh").arg("-c").arg(format!("for l in {}/blobs/sha256/*; do (tar xzOf $l 2>/dev/null || cat $l); done | grep -c KILN-SECRET-TOKEN || true", out.display())));
+    let secret = common::run(Command::new("sh").arg("-c").arg(format!(
+        "for l in {}/blobs/sha256/*; \
+        do (tar xzOf $l 2>/dev/null || cat $l); done | grep -c KILN-SECRET-TOKEN || \
+        true",
+        out.display()
+    )));
     assert_eq!(
         secret.trim(),
         "0",
@@ -932,7 +937,8 @@ fn build_on_bases_and_get(
 /// The SBOM file of the base image in `bases`.
 fn base_sbom(bases: &Path) -> String {
     common::run(Command::new("sh").arg("-c").arg(format!(
-        "for l in {}/blobs/sha256/*; do tar xzOf $l usr/share/kiln/sbom.json 2>/dev/null || true; done",
+        "for l in {}/blobs/sha256/*; do tar xzOf $l usr/share/kiln/sbom.json 2>/dev/null || true; \
+            done",
         bases.display()
     )))
 }

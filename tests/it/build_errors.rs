@@ -422,7 +422,9 @@ fn a_function_manifest_whose_name_is_not_a_dns_label_is_refused() {
         std::fs::write(
             &file,
             format!(
-                "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: {name:?}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: 'module.exports = {{ main: () => 1 }}'\n"
+                "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  \
+                    name: {name:?}\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      \
+                    source: 'module.exports = {{ main: () => 1 }}'\n"
             ),
         )
         .unwrap();
@@ -465,7 +467,8 @@ fn dependencies_that_bypass_the_package_registry_are_refused_unless_allowed() {
     let node = s.fixture("hello-node");
     std::fs::write(
         node.join("package.json"),
-        "{\n  \"name\": \"x\",\n  \"dependencies\": {\n    \"x\": \"git+https://evil.example/x.git\"\n  }\n}\n",
+        "{\n  \"name\": \"x\",\n  \"dependencies\": {\n    \"x\": \
+            \"git+https://evil.example/x.git\"\n  }\n}\n",
     )
     .unwrap();
     let err = s.build(&node, "nodejs22", &[]).failure(2).to_string();

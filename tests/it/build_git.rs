@@ -234,7 +234,10 @@ fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
     let (run, _) = build_git(&kiln, work.path(), &url, &flags(bad));
     let err = run.failure(1);
     assert!(
-        err.contains(&format!("{url} rejected the credentials (HTTP 401): check the username and password files in --git-auth-dir")),
+        err.contains(&format!(
+            "{url} rejected the credentials (HTTP 401): check the username and \
+            password files in --git-auth-dir"
+        )),
         "{err}"
     );
     assert!(
@@ -599,7 +602,8 @@ fn endless_listing_server(finite: usize) -> (String, std::sync::Arc<std::sync::a
                 let pkt = |s: &str| format!("{:04x}{s}", s.len() + 4);
                 let id = "1".repeat(40);
                 let mut head = String::from(
-                    "HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-advertisement\r\n\
+                    "HTTP/1.1 200 OK\r\nContent-Type: \
+                        application/x-git-upload-pack-advertisement\r\n\
                      Cache-Control: no-cache\r\nConnection: close\r\n\r\n",
                 );
                 head += &pkt("# service=git-upload-pack\n");

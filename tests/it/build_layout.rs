@@ -69,7 +69,12 @@ fn copies_with_different_mtimes_owners_and_umask_build_the_same_image() {
     let b = work.path().join("b/hello");
     Command::new("sh")
         .arg("-c")
-        .arg(format!("umask 077 && mkdir -p {b} && cp -r {a}/. {b}/ && find {b} -exec touch -d '2021-06-01 12:00' {{}} +", a = a.display(), b = b.display()))
+        .arg(format!(
+            "umask 077 && mkdir -p {b} && cp -r {a}/. {b}/ && find {b} -exec touch -d \
+            '2021-06-01 12:00' {{}} +",
+            a = a.display(),
+            b = b.display()
+        ))
         .status()
         .unwrap();
     fs::set_permissions(b.join("handler.js"), fs::Permissions::from_mode(0o600)).unwrap();
@@ -125,7 +130,9 @@ fn a_function_manifest_builds_the_same_image_as_its_directory() {
     fs::write(
         &manifest,
         format!(
-            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: hello\n  namespace: team\nspec:\n  runtime: nodejs22\n  source:\n    inline:\n      source: |\n        {}\n",
+            "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: \
+                hello\n  namespace: team\nspec:\n  runtime: nodejs22\n  source:\n    \
+                inline:\n      source: |\n        {}\n",
             source.trim_end()
         ),
     )
@@ -173,7 +180,9 @@ fn kymas_runtime_names_build_as_the_nearest_kiln_runtime_with_a_warning() {
             fs::write(
                 &manifest,
                 format!(
-                    "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  name: hello\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      source: |\n        {source}\n"
+                    "apiVersion: serverless.kyma-project.io/v1alpha2\nkind: Function\nmetadata:\n  \
+                        name: hello\nspec:\n  runtime: {runtime}\n  source:\n    inline:\n      \
+                        source: |\n        {source}\n"
                 ),
             )
             .unwrap();

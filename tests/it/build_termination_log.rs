@@ -96,7 +96,8 @@ fn a_failed_npm_install_records_npms_error() {
 fn a_failed_install_leaks_no_registry_credentials_into_the_message() {
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let npmrc = "registry=http://kiln:KILN-TERM-SECRET-77@127.0.0.1:9/\nfetch-retries=0\n//127.0.0.1:9/:_authToken=KILN-TERM-TOKEN-88\n";
+    let npmrc = "registry=http://kiln:KILN-TERM-SECRET-77@127.0.0.1:9/\nfetch-retries=0\n//\
+        127.0.0.1:9/:_authToken=KILN-TERM-TOKEN-88\n";
     let (dir, builder) = failing_function(work.path(), Some(npmrc));
     let out = output(work.path());
     let (run, message) = build(

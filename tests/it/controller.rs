@@ -294,7 +294,12 @@ fn a_failed_build_reports_why_and_runs_again_after_a_backoff() {
         let (outcome, failures) = (push(&env), failures.clone());
         move |_| {
             if failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-                Outcome::Fail("installing dependencies: `npm install` failed (exit status: 1); last lines of its output:\nnpm error 404 Not Found - GET https://registry.npmjs.org/left-pad-nope".into())
+                Outcome::Fail(
+                    "installing dependencies: `npm install` failed (exit status: 1); \
+                    last lines of its output:\nnpm error 404 Not Found - GET \
+                    https://registry.npmjs.org/left-pad-nope"
+                        .into(),
+                )
             } else {
                 outcome.clone()
             }
@@ -633,7 +638,8 @@ fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let mut ready = service;
-    ready["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "url": "http://kn.team.svc.cluster.local"});
+    ready["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "url": "http://\
+        kn.team.svc.cluster.local"});
     env.api.insert(ready);
     env.wait_condition("team", "kn", "Running", "True", Some("ServiceReady"));
     // The permissions of deploy/rbac.yaml that the end-to-end run (Deployments) leaves out.
@@ -716,7 +722,8 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
     let _rollouts = FakeRollouts::start(env.api.client());
     let manifest = json!({
         "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
-        "metadata": {"name": "from-git", "annotations": {"serverless.kyma-project.io/continuousGitCheckout": "true"}},
+        "metadata": {"name": "from-git", "annotations": {"serverless.kyma-project.io/\
+            continuousGitCheckout": "true"}},
         "spec": {"runtime": "nodejs22", "source": {"gitRepository": {"url": server.url("fns"), "baseDir": "/fn", "reference": branch}}},
     });
     env.create_function("team", &serde_yaml::to_string(&manifest).unwrap());

@@ -76,7 +76,8 @@ fn http(port: u16, method: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let req = format!(
-        "{method} / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
+            text/plain\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();
@@ -221,7 +222,9 @@ fn node_words(comment: &str) -> String {
         "words",
         "nodejs22",
         &format!(
-            "// {comment}\nconst _ = require('lodash');\nmodule.exports = {{ main: (event, context) => ({{ words: _.words(event.data), name: context['function-name'], greeting: process.env.GREETING }}) }};\n"
+            "// {comment}\nconst _ = require('lodash');\nmodule.exports = {{ main: (event, \
+                context) => ({{ words: _.words(event.data), name: context['function-name'], \
+                greeting: process.env.GREETING }}) }};\n"
         ),
         WORDS_DEPENDENCIES,
     )
@@ -487,7 +490,8 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     let python = function_yaml(
         "yaml",
         "python312",
-        "import yaml\n\ndef main(event, context):\n    return yaml.safe_dump({'parsed': yaml.safe_load(event['data'])})\n",
+        "import yaml\n\ndef main(event, context):\n    return yaml.safe_dump({'parsed': \
+            yaml.safe_load(event['data'])})\n",
         "PyYAML==6.0.2\n",
     );
     let broken = function_yaml(
@@ -719,7 +723,8 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         &function_yaml(
             "shout",
             "nodejs22",
-            "const _ = require('lodash');\nmodule.exports = { main: (event) => _.toUpper(event.data) };\n",
+            "const _ = require('lodash');\nmodule.exports = { main: (event) => \
+                _.toUpper(event.data) };\n",
             WORDS_DEPENDENCIES,
         ),
     );

@@ -58,7 +58,8 @@ fn an_install_script_reads_no_credentials_no_source_and_no_other_functions_cache
     let script = format!(
         "const fs=require('fs');const out={{}};for(const p of {list}){{try{{out[p]=fs.statSync(p)\
          .isDirectory()?'LISTED '+fs.readdirSync(p).join(','):'READ '+fs.readFileSync(p,'utf8')}}\
-         catch(e){{out[p]='NO '+e.code}}}}console.error('probes='+JSON.stringify(out));process.exit(1)"
+         catch(e){{out[p]='NO \
+             '+e.code}}}}console.error('probes='+JSON.stringify(out));process.exit(1)"
     );
     let manifest = serde_json::json!({
         "name": "probe",
@@ -158,7 +159,8 @@ fn reaches_only_the_registry(sandbox: &str) {
          const probe=([name,url,viaProxy])=>new Promise(done=>{{const u=new URL(url);\
          const p=viaProxy&&proxy?new URL(proxy):null;\
          const req=http.request({{host:p?p.hostname:u.hostname,port:p?p.port:(u.port||80),\
-         path:p?url:u.pathname,timeout:3000}},res=>{{out[name]='HTTP '+res.statusCode;res.resume();done()}});\
+         path:p?url:u.pathname,timeout:3000}},res=>{{out[name]='HTTP \
+             '+res.statusCode;res.resume();done()}});\
          req.on('timeout',()=>{{out[name]='timeout';req.destroy()}});\
          req.on('error',e=>{{out[name]=out[name]||e.code;done()}});req.end()}});\
          Promise.all({targets}.map(probe)).then(()=>{{out.proxy=proxy;\
@@ -337,15 +339,20 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
         "poisoner",
         "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
          fs.writeFileSync(path.join(c,'planted'),'A was here');\
-         const walk=d=>{for(const e of fs.readdirSync(d,{withFileTypes:true})){const p=path.join(d,e.name);\
-         if(e.isDirectory())walk(p);else{try{fs.chmodSync(p,0o644);fs.writeFileSync(p,'module.exports=()=>\"pwned\"')}catch(_){}}}};\
+         const walk=d=>{for(const e of fs.readdirSync(d,{withFileTypes:true})){const \
+             p=path.join(d,e.name);\
+         \
+             if(e.isDirectory())walk(p);else{try{fs.chmodSync(p,0o644);fs.writeFileSync(p,\
+             'module.exports=()=>\"pwned\"')}catch(_){}}}};\
          walk(c)",
     );
     // B: report what its cache holds, and what is-number is.
     let out = install(
         "victim",
         "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
-         fs.writeFileSync('node_modules/probe.json',JSON.stringify({planted:fs.existsSync(path.join(c,'planted')),\
+         \
+             fs.writeFileSync('node_modules/probe.json',JSON.stringify({planted:\
+             fs.existsSync(path.join(c,'planted')),\
          isNumber:require('is-number')(5)}))",
     );
     let probe: serde_json::Value = serde_json::from_slice(&layer_file(&out, "probe.json")).unwrap();

@@ -190,7 +190,8 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
 
     // A namespace label PodSecurity cannot read is invalid.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let bad = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/enforce": "strict"}}});
+    let bad = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/\
+        enforce": "strict"}}});
     let err = namespaces
         .create(&pp, &serde_json::from_value(bad).unwrap())
         .await
@@ -205,7 +206,8 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
                 .into()
         )
     );
-    let good = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}});
+    let good = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/\
+        enforce": "restricted"}}});
     namespaces
         .create(&pp, &serde_json::from_value(good).unwrap())
         .await

@@ -39,11 +39,13 @@ fn kubectl_applies_deploy_server_side_and_reads_scales_and_deletes_functions() {
     let out = kubectl.ok(&["apply", "--server-side", "-k", deploy]);
     for line in [
         "namespace/kiln-system serverside-applied",
-        "customresourcedefinition.apiextensions.k8s.io/functions.serverless.kyma-project.io serverside-applied",
+        "customresourcedefinition.apiextensions.k8s.io/functions.serverless.kyma-project.io \
+            serverside-applied",
         "clusterrole.rbac.authorization.k8s.io/kiln-controller serverside-applied",
         "deployment.apps/kiln-controller serverside-applied",
         "certificate.cert-manager.io/kiln-webhook serverside-applied",
-        "validatingwebhookconfiguration.admissionregistration.k8s.io/kiln-functions serverside-applied",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/kiln-functions \
+            serverside-applied",
     ] {
         assert!(out.contains(line), "{line} in:\n{out}");
     }

@@ -84,7 +84,8 @@ fn a_job_runs_its_init_container_then_its_container_sharing_files_env_and_user()
     let init = container(
         "deps",
         &bed.image,
-        "busybox id -u > /work/uid; busybox id -g >> /work/uid; echo '$(GREETING)' > /work/greeting; \
+        "busybox id -u > /work/uid; busybox id -g >> /work/uid; echo '$(GREETING)' > \
+            /work/greeting; \
          busybox cp /src/handler.js /work/",
     );
     let init = with(
@@ -93,7 +94,8 @@ fn a_job_runs_its_init_container_then_its_container_sharing_files_env_and_user()
             "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "GREETING", "value": "hello-$(POD)-$$(POD)"}],
             "volumeMounts": [{"name": "work", "mountPath": "/work"},
-                             {"name": "src", "mountPath": "/src/handler.js", "subPath": "handler.js"}],
+                             {"name": "src", "mountPath": "/src/\
+                                 handler.js", "subPath": "handler.js"}],
         }),
     );
     let main = container(

@@ -248,7 +248,8 @@ fn an_arrow_against_the_layers_is_caught_however_it_is_written() {
     std::fs::create_dir_all(dir.path().join("oci")).unwrap();
     std::fs::create_dir_all(dir.path().join("build")).unwrap();
     std::fs::write(dir.path().join("lib.rs"), lib).unwrap();
-    let fine = "use crate::registry::Client;\nuse crate::{\n    oci::{self, Digest},\n    registry,\n};\n\
+    let fine = "use crate::registry::Client;\nuse crate::{\n    oci::{self, Digest},\n    \
+        registry,\n};\n\
                 // crate::cli::Args in a comment is no import\nfn f() { crate::oci::x(); }\n";
     std::fs::write(dir.path().join("build/mod.rs"), fine).unwrap();
     std::fs::write(dir.path().join("oci/mod.rs"), "pub struct Digest;\n").unwrap();

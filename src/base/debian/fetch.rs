@@ -224,7 +224,8 @@ async fn cached_copy_is_valid(dest: &Path, pkg: &LockedPackage) -> Result<bool> 
     if digest.hex().eq_ignore_ascii_case(&pkg.sha256) && size == pkg.size {
         return Ok(true);
     }
-    warn!(package = %pkg.name, path = %dest.display(), actual = %digest, "replacing corrupt cached .deb");
+    warn!(package = %pkg.name, path = %dest.display(), actual = %digest, "replacing corrupt cached \
+        .deb");
     tokio::fs::remove_file(dest)
         .await
         .map_err(Error::io("removing corrupt .deb", dest))?;

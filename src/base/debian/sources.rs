@@ -212,11 +212,14 @@ Enabled: no
     fn one_line_sources_with_options_and_overlay_suites() {
         let list = "\
 # deb http://commented.example/debian trixie main
-deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.example/debian-security trixie-security main
+deb [arch=amd64 signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] \
+    http://mirror.example/debian-security trixie-security main
 deb https://vendor.example/apt nodistro main
-deb [ signed-by=/usr/share/keyrings/debian-archive-keyring.gpg ] http://mirror.example/debian trixie-updates main
+deb [ signed-by=/usr/share/keyrings/debian-archive-keyring.gpg ] http://mirror.example/debian \
+    trixie-updates main
 deb-src http://mirror.example/debian trixie main
-deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.example/debian trixie main non-free-firmware # tail
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.example/debian trixie \
+    main non-free-firmware # tail
 ";
         let entries = parse_sources(list, SourcesFormat::OneLine);
         assert_eq!(entries.len(), 5, "{entries:?}");
@@ -232,7 +235,8 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://mirror.exa
     #[test]
     fn a_third_party_repository_is_not_taken_for_debian() {
         let entries = parse_sources(
-            "deb [signed-by=/usr/share/keyrings/vendor.gpg] http://vendor.example/apt stable main\n",
+            "deb [signed-by=/usr/share/keyrings/vendor.gpg] http://vendor.example/apt stable \
+                main\n",
             SourcesFormat::OneLine,
         );
         assert_eq!(find_debian_mirror(&entries), None);

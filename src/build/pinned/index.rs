@@ -264,7 +264,8 @@ pub(super) fn choose(
         }
         Some((_, f)) => Err(format!("{} has no SHA-256 on the index", f.filename)),
         None => Err(format!(
-            "{} {} has no wheel for CPython {}.{} on manylinux {} (pip would build it from source or report it)",
+            "{} {} has no wheel for CPython {}.{} on manylinux {} (pip would build it from source \
+                or report it)",
             r.name, r.version, target.python.0, target.python.1, target.machine
         )),
     }

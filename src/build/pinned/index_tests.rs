@@ -221,9 +221,20 @@ async fn page_server(
                 .unwrap()
                 .push((head.contains("if-none-match"), revalidating));
             let answer = match revalidating {
-                true => format!("HTTP/1.1 304 Not Modified\r\nCache-Control: max-age={max_age}\r\nConnection: close\r\n\r\n").into_bytes(),
+                true => format!(
+                    "HTTP/1.1 304 Not Modified\r\nCache-Control: \
+                    max-age={max_age}\r\nConnection: close\r\n\r\n"
+                )
+                .into_bytes(),
                 false => {
-                    let mut a = format!("HTTP/1.1 200 OK\r\nContent-Type: application/vnd.pypi.simple.v1+json\r\nCache-Control: max-age={max_age}, public\r\nETag: \"v1\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", page.len()).into_bytes();
+                    let mut a = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: \
+                        application/vnd.pypi.simple.v1+json\r\nCache-Control: max-age={max_age}, \
+                        public\r\nETag: \"v1\"\r\nContent-Length: {}\r\nConnection: \
+                        close\r\n\r\n",
+                        page.len()
+                    )
+                    .into_bytes();
                     a.extend_from_slice(page);
                     a
                 }

@@ -106,7 +106,8 @@ fn records_are_written_as_pythons_csv_writes_them() {
 
 #[test]
 fn entry_points_give_scripts_and_odd_ones_go_to_pip() {
-    let text = "[console_scripts]\nnormalizer = charset_normalizer.cli:cli_detect\n\n[other]\nx = y:z\n[gui_scripts]\ng = pkg.gui:App.run [extra]\n";
+    let text = "[console_scripts]\nnormalizer = charset_normalizer.cli:cli_detect\n\n[other]\nx = \
+        y:z\n[gui_scripts]\ng = pkg.gui:App.run [extra]\n";
     let eps = entry_points(text, "w.whl").ok().unwrap();
     assert_eq!(
         eps["normalizer"],

@@ -103,7 +103,8 @@ pub struct Verified {
 pub enum Error {
     /// A file is missing or cannot be opened.
     #[error(
-        "opening {path}: run the stage that writes it for this Function first (`kiln build --stage deps --stage-dir DIR`, or `--stage lookup --lookup-dir DIR` for a lookup directory)"
+        "opening {path}: run the stage that writes it for this Function first (`kiln build --stage \
+            deps --stage-dir DIR`, or `--stage lookup --lookup-dir DIR` for a lookup directory)"
     )]
     Open {
         /// The file.
@@ -114,7 +115,8 @@ pub enum Error {
     },
     /// A symlink, directory, device or other non-regular file.
     #[error(
-        "{path} is {kind}, not a regular file; refusing it: only `kiln build --stage deps` writes the stage directory"
+        "{path} is {kind}, not a regular file; refusing it: only `kiln build --stage deps` writes \
+            the stage directory"
     )]
     NotRegular {
         /// The file.
@@ -133,7 +135,8 @@ pub enum Error {
     },
     /// The record describes another build.
     #[error(
-        "{path} does not describe this build: its {field} is {recorded}, this build's is {current}; run both stages with the same Function and flags"
+        "{path} does not describe this build: its {field} is {recorded}, this build's is \
+            {current}; run both stages with the same Function and flags"
     )]
     Mismatch {
         /// The record.
@@ -147,7 +150,8 @@ pub enum Error {
     },
     /// The layer `--stage lookup` found is gone from the cache repository, or unusable.
     #[error(
-        "the dependency layer {key} that --stage lookup found in {repo} cannot be used now: it is gone or does not verify; run the build again (its lookup will then miss and install)"
+        "the dependency layer {key} that --stage lookup found in {repo} cannot be used now: it is \
+            gone or does not verify; run the build again (its lookup will then miss and install)"
     )]
     EntryGone {
         /// The dependency key.

@@ -135,12 +135,14 @@ pub(super) fn validate(
     };
     if args.source_dir.is_some() && !matches!(stage, Stage::Source(_)) {
         return Err(anyhow!(
-            "--source-dir is where --stage source writes the git source; the later stages take it as the Function's directory"
+            "--source-dir is where --stage source writes the git source; the later stages take it \
+                as the Function's directory"
         ));
     }
     if args.lookup_dir.is_some() && matches!(stage, Stage::All | Stage::Source(_)) {
         return Err(anyhow!(
-            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage publish read it"
+            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage \
+                publish read it"
         ));
     }
     let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
@@ -187,7 +189,8 @@ pub(super) fn validate(
 fn check_new_dir(dir: &Path) -> anyhow::Result<()> {
     if dir.symlink_metadata().is_ok() {
         return Err(anyhow!(
-            "--source-dir {} already exists: --stage source writes the Function into a new directory; name one that does not exist yet",
+            "--source-dir {} already exists: --stage source writes the Function into a new \
+                directory; name one that does not exist yet",
             dir.display()
         ));
     }

@@ -211,7 +211,8 @@ fn a_git_function_is_fetched_once_and_only_the_fetch_sees_the_git_credentials() 
     let source = &inits[0];
     assert_restricted(source);
     let fetch = format!(
-        "build --git https://git.example.com/fns.git --git-ref {} --git-base-dir /hello --git-auth-dir /kiln/git",
+        "build --git https://git.example.com/fns.git --git-ref {} --git-base-dir /hello \
+            --git-auth-dir /kiln/git",
         "a".repeat(40)
     );
     assert!(args(source).starts_with(&fetch), "{}", args(source));

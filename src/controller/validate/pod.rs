@@ -41,7 +41,10 @@ pub(super) fn check_secret_mounts(
         } else if let Some(first) = names.get(name) {
             verdict.error(
                 format!("{field}.secretName"),
-                format!("{name:?} is already mounted by spec.secretMounts[{first}]; mount each Secret once"),
+                format!(
+                    "{name:?} is already mounted by spec.secretMounts[{first}]; mount each \
+                    Secret once"
+                ),
             );
         } else {
             names.insert(name, i);
@@ -53,7 +56,8 @@ pub(super) fn check_secret_mounts(
             Some(first) => verdict.error(
                 format!("{field}.mountPath"),
                 format!(
-                    "{:?} is already used by spec.secretMounts[{first}]; give each mount its own path",
+                    "{:?} is already used by spec.secretMounts[{first}]; give each mount its own \
+                        path",
                     mount.mount_path
                 ),
             ),

@@ -119,7 +119,10 @@ fn check_user(field: &str, non_root: Option<bool>, user: Option<i64>, verdict: &
     if user == Some(0) {
         verdict.error(
             format!("{field}.runAsUser"),
-            format!("0 runs the Function as root, and {WHY}; choose another user or leave it unset (10001)"),
+            format!(
+                "0 runs the Function as root, and {WHY}; choose another user or leave it unset \
+                (10001)"
+            ),
         );
     }
 }

@@ -56,7 +56,8 @@ fn dependencies_that_bypass_the_package_registry_are_refused_at_admission() {
             "requests==2.32\n--extra-index-url https://evil.example/simple\n",
         ),
         field,
-        "requirements.txt line 2: \"--extra-index-url https://evil.example/simple\" adds a package index",
+        "requirements.txt line 2: \"--extra-index-url https://evil.example/simple\" adds a package \
+            index",
     );
     only_error(
         &deps("nodejs22", "{\"dependencies\": {\"x\": \"github:evil/x\"}}"),

@@ -197,7 +197,8 @@ mod tests {
     use serde_json::json;
 
     /// What `kubectl create namespace team` sent (captured from kubectl 1.37.1).
-    const NAMESPACE: &str = "6b387300 0a0f0a0276311209 4e616d657370616365 121c0a140a047465616d12001a0022002a0032003800420012001a020a00 1a00 2200";
+    const NAMESPACE: &str = "6b387300 0a0f0a0276311209 4e616d657370616365 \
+        121c0a140a047465616d12001a0022002a0032003800420012001a020a00 1a00 2200";
 
     fn hex(s: &str) -> Vec<u8> {
         let s: String = s.split_whitespace().collect();

@@ -27,8 +27,11 @@ pub fn table(kind: &Kind, objects: &[Value], resource_version: &str) -> Value {
         "description": "Name must be unique within a namespace.", "priority": 0})];
     let custom: Vec<Value> = kind.crd.map(|c| c.columns.clone()).unwrap_or_default();
     if custom.is_empty() {
-        columns.push(json!({"name": "Age", "type": "date", "format": "", "priority": 0,
-            "description": "CreationTimestamp is a timestamp representing the server time when this object was created."}));
+        columns.push(
+            json!({"name": "Age", "type": "date", "format": "", "priority": 0,
+            "description": "CreationTimestamp is a timestamp representing the server time when \
+                this object was created."}),
+        );
     }
     for c in &custom {
         columns.push(json!({

@@ -127,7 +127,8 @@ impl Store {
                 {"type": "NamesAccepted", "status": "True", "reason": "NoConflicts",
                  "message": "no conflicts found", "lastTransitionTime": meta::now()},
                 {"type": "Established", "status": "True", "reason": "InitialNamesAccepted",
-                 "message": "the initial names have been accepted", "lastTransitionTime": meta::now()},
+                 "message": "the initial names have been \
+                     accepted", "lastTransitionTime": meta::now()},
             ],
         });
         if established != crd {

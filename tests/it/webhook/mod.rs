@@ -166,7 +166,8 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "not a valid Secret name",
         ),
         (
-            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/s"}, {"secretName": "b", "mountPath": "/s/"}]}}),
+            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/\
+                s"}, {"secretName": "b", "mountPath": "/s/"}]}}),
             "spec.secretMounts[1].mountPath",
             "already used by spec.secretMounts[0]",
         ),
@@ -176,7 +177,8 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "would hide /tmp",
         ),
         (
-            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/usr/src/app/function/s"}]}}),
+            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/usr/src/app/\
+                function/s"}]}}),
             "spec.secretMounts[0].mountPath",
             "is inside /usr/src/app/function",
         ),
@@ -186,7 +188,8 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "package.json line 1: must be a JSON object",
         ),
         (
-            json!({"spec": {"runtime": "python313", "source": {"inline": {"dependencies": "flask==\n"}}}}),
+            json!({"spec": {"runtime": "python313", "source": {"inline": {"dependencies": "flask==\
+                \n"}}}}),
             "spec.source.inline.dependencies",
             "requirements.txt line 1",
         ),
@@ -206,17 +209,21 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "reserved",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "git@github.com:o/r.git", "baseDir": "/", "reference": "main"}}}}),
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "git@github.com:o/\
+                r.git", "baseDir": "/", "reference": "main"}}}}),
             "spec.source.gitRepository.url",
             "ssh program",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://github.com/o/r.git", "baseDir": "/", "reference": "main", "auth": {"type": "key", "secretName": "k"}}}}}),
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://\
+                github.com/o/\
+                r.git", "baseDir": "/", "reference": "main", "auth": {"type": "key", "secretName": "k"}}}}}),
             "spec.source.gitRepository.auth.type",
             "builder image does not have",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://github.com/o/r.git", "baseDir": " ", "reference": "main"}}}}),
+            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://\
+                github.com/o/r.git", "baseDir": " ", "reference": "main"}}}}),
             "spec.source.gitRepository.baseDir",
             "is blank",
         ),
