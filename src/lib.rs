@@ -5,7 +5,7 @@
 //! # Layers
 //!
 //! Dependencies point one way, down this list: a module imports (`crate::…`) only the modules
-//! named in its entry, all of them further down. `tests/it/layering.rs` reads this list and
+//! named in its entry, all of them further down. `tests/it/structure.rs` reads this list and
 //! every `crate::` path in `src/`, and fails on an arrow the list does not allow. `testing`
 //! (unit-test helpers) may be used by any module.
 //!
@@ -21,11 +21,12 @@
 //! - `fetch`: `progress` `rootpath` `capped`.
 //! - `git`: `redact` `progress` `capped`.
 //! - `registry`: `oci` `redact` `progress` `capped`.
+//! - `runtime`: `oci`.
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `telemetry`: `progress`.
-//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `runtime`, `tarmeter`,
-//!   `testing`: nothing.
+//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `tarmeter`, `testing`:
+//!   nothing.
 //!
 //! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
 //! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and

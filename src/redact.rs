@@ -1,6 +1,7 @@
-//! URL redaction for errors and logs (registries and git remotes). URLs can carry secrets: userinfo, the signed
-//! `_state` of an upload session, pre-signed storage redirects (`X-Amz-Signature`, `sig`) and
-//! token query parameters. Only query keys known to be harmless keep their values.
+//! URL redaction for errors and logs (registries and git remotes). URLs can carry secrets:
+//! userinfo, the signed `_state` of an upload session, pre-signed storage redirects
+//! (`X-Amz-Signature`, `sig`) and token query parameters. Only query keys known to be
+//! harmless keep their values.
 
 use url::Url;
 

@@ -521,7 +521,12 @@ impl Stage<'_> {
     ) -> Result<NewLayer> {
         let blob = oci::layer::write_layer(entries, self.epoch, MediaType::OciLayerGzip, &self.dir)
             .map_err(|source| Error::Layer { what, source })?;
-        tracing::info!(layer = what, digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote layer");
+        tracing::info!(
+            layer = what,
+            digest = %blob.descriptor.digest,
+            size = blob.descriptor.size,
+            "wrote layer",
+        );
         let layer = NewLayer {
             descriptor: blob.descriptor.clone(),
             diff_id: blob.diff_id.clone(),

@@ -322,8 +322,10 @@ mod tests {
             "node_modules/a/node_modules/@s/b":{"version":"2.0.0","integrity":"sha512-BB=="},
             "node_modules/alias":{"name":"real","version":"3.0.0","integrity":"sha512-CC=="},
             "node_modules/dev":{"version":"1.0.0","integrity":"sha512-DD==","dev":true},
-            "node_modules/darwin":{"version":"1.0.0","integrity":"sha512-EE==","optional":true,"os":["darwin"]},
-            "node_modules/notwin":{"version":"1.0.0","integrity":"sha512-FF==","optional":true,"os":["!win32"],"cpu":["x64"]}
+            "node_modules/darwin":{"version":"1.0.0","integrity":"sha512-EE==","optional":true,
+                "os":["darwin"]},
+            "node_modules/notwin":{"version":"1.0.0","integrity":"sha512-FF==","optional":true,
+                "os":["!win32"],"cpu":["x64"]}
         }}"#;
         let tree = parse_package_lock(text).unwrap();
         let got: Vec<(&str, &str)> = tree
@@ -343,9 +345,11 @@ mod tests {
 
     #[test]
     fn a_linked_or_unhashed_package_fails_the_lock() {
-        let link = r#"{"lockfileVersion":3,"packages":{"node_modules/a":{"link":true,"resolved":"../a"}}}"#;
+        let link = "{\"lockfileVersion\":3,\"packages\":\
+            {\"node_modules/a\":{\"link\":true,\"resolved\":\"../a\"}}}";
         assert!(parse_package_lock(link).is_err());
-        let sha1 = r#"{"lockfileVersion":3,"packages":{"node_modules/a":{"version":"1","integrity":"sha1-AA=="}}}"#;
+        let sha1 = "{\"lockfileVersion\":3,\"packages\":\
+            {\"node_modules/a\":{\"version\":\"1\",\"integrity\":\"sha1-AA==\"}}}";
         let e = parse_package_lock(sha1).unwrap_err().to_string();
         assert!(e.contains("not sha512"), "{e}");
     }

@@ -91,8 +91,11 @@ pub async fn ensure(
     if has_images(dir, runtime) {
         return Ok(());
     }
-    tracing::info!(runtime, store = %dir.display(), "assembling the runtime's base and builder \
-        images (first use)");
+    tracing::info!(
+        runtime,
+        store = %dir.display(),
+        "assembling the runtime's base and builder images (first use)",
+    );
     let (recipe, lock_file) = recipe::embedded(runtime)?;
     // Shared images: one fixed timestamp, whatever the Function's SOURCE_DATE_EPOCH.
     let built = assemble::assemble(src, &recipe, &lock_file, 0, kiln_binary)

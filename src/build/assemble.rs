@@ -147,8 +147,11 @@ pub(super) async fn source_layer(
             what: "source",
             source,
         })?;
-    tracing::info!(digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote source \
-        layer");
+    tracing::info!(
+        digest = %blob.descriptor.digest,
+        size = blob.descriptor.size,
+        "wrote source layer",
+    );
     Ok(blob)
 }
 

@@ -541,8 +541,11 @@ async fn read_output(
             message: Box::new(line.clone()),
         };
         crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
-            tracing::info!(elapsed_s = elapsed.as_secs(), last_line = %line(), "dependency install \
-                running");
+            tracing::info!(
+                elapsed_s = elapsed.as_secs(),
+                last_line = %line(),
+                "dependency install running",
+            );
         })
     };
     // stdout only feeds the last line; stderr is also kept for the error's tail.

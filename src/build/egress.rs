@@ -171,8 +171,11 @@ async fn handle(mut client: TcpStream, policy: &Policy) -> std::io::Result<()> {
         .await;
     };
     if !policy.allows(&host, port) {
-        tracing::warn!(%host, port, "the install tried to reach a host that is not a package \
-            registry; refused");
+        tracing::warn!(
+            %host,
+            port,
+            "the install tried to reach a host that is not a package registry; refused",
+        );
         let why = format!("{host}:{port} is not a package registry this install may reach");
         return refuse(&mut client, "403 Forbidden", &why).await;
     }

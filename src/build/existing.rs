@@ -67,8 +67,11 @@ async fn in_registry(
                     .get_manifest(&by_key.with_digest(existing.digest.clone()), &[])
                     .await?;
                 client.put_manifest(target, &doc).await?;
-                tracing::info!(tag = %target, digest = %existing.digest, "moved the tag to the \
-                    image already built for this key");
+                tracing::info!(
+                    tag = %target,
+                    digest = %existing.digest,
+                    "moved the tag to the image already built for this key",
+                );
             }
         }
         return Ok(Some(found(existing.digest)));

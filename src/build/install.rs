@@ -157,8 +157,10 @@ pub(super) async fn dependency_key(
     match &plan {
         Err(why) => {
             let tool = tool(opts);
-            tracing::info!(reason = %why, "the dependencies need {tool}: the lock file does not \
-                decide them alone");
+            tracing::info!(
+                reason = %why,
+                "the dependencies need {tool}: the lock file does not decide them alone",
+            );
         }
         Ok(Direct::Npm(_)) => {
             let key = deps::cache_key(
@@ -277,9 +279,11 @@ pub(super) async fn dependency_layer(
             Ok(Some((cached, remote))) => return Ok(layer(cached, remote, None, false)),
             Ok(None) => store_in = Some(repo.clone()),
             Err(e) => {
-                tracing::warn!(cache_repo = %repo, error = %format!("{:\
-                    #}", anyhow::Error::new(e)), "the cache repository cannot be used; installing \
-                    without it");
+                tracing::warn!(
+                    cache_repo = %repo,
+                    error = %format!("{:#}", anyhow::Error::new(e)),
+                    "the cache repository cannot be used; installing without it",
+                );
             }
         }
     }
@@ -307,8 +311,10 @@ pub(super) async fn dependency_layer(
             match pinned::install(&plan, &http, &opts.cache_dir, scratch.path()).await? {
                 pinned::Outcome::Installed(tree) => Some(Installed::Tree(tree)),
                 pinned::Outcome::NeedsPip(why) => {
-                    tracing::info!(reason = %why, "the dependencies need pip: the pinned wheels do \
-                        not decide them alone");
+                    tracing::info!(
+                        reason = %why,
+                        "the dependencies need pip: the pinned wheels do not decide them alone",
+                    );
                     None
                 }
             }
@@ -346,8 +352,12 @@ pub(super) async fn dependency_layer(
         })
     });
     let blob = blob.await??;
-    tracing::info!(%key, digest = %blob.descriptor.digest, size = blob.descriptor.size, "wrote \
-        dependency layer");
+    tracing::info!(
+        %key,
+        digest = %blob.descriptor.digest,
+        size = blob.descriptor.size,
+        "wrote dependency layer",
+    );
     let cached = cache
         .put_blocking(&key, blob)
         .await
@@ -387,12 +397,20 @@ pub(super) async fn from_cache_repo(
     if let super::options::Target::Registry(target) = &opts.target
         && target.registry == entry.repo.registry
     {
-        tracing::info!(%key, digest = %entry.digest, cache_repo = %repo, "dependency layer from \
-            the cache repository (mounted, not downloaded)");
+        tracing::info!(
+            %key,
+            digest = %entry.digest,
+            cache_repo = %repo,
+            "dependency layer from the cache repository (mounted, not downloaded)",
+        );
         return Ok(Some((cached, Some(entry.repo))));
     }
-    tracing::warn!(%key, cache_repo = %repo, "the cache repository is not on the target's \
-        registry: downloading the dependency layer to upload it");
+    tracing::warn!(
+        %key,
+        cache_repo = %repo,
+        "the cache repository is not on the target's registry: downloading the dependency layer to \
+            upload it",
+    );
     let descriptor = oci::Descriptor::new(
         super::dependency_media_type(opts.compression),
         entry.digest.clone(),
@@ -416,8 +434,12 @@ pub(super) async fn from_cache_repo(
         .ok()
         .and_then(Result::ok);
     if diff_id.as_ref() != Some(&entry.diff_id) {
-        tracing::warn!(%key, cache_repo = %repo, "the cached dependency layer does not decompress \
-            to the diff ID its entry names: ignored; installing");
+        tracing::warn!(
+            %key,
+            cache_repo = %repo,
+            "the cached dependency layer does not decompress to the diff ID its entry names: \
+                ignored; installing",
+        );
         return Ok(None);
     }
     let blob = LayerBlob {
@@ -428,8 +450,10 @@ pub(super) async fn from_cache_repo(
     match cache.put_blocking(key, blob).await {
         Ok(cached) => Ok(Some((cached, None))),
         Err(e) => {
-            tracing::warn!(error = %e, "could not keep the downloaded dependency layer; \
-                installing");
+            tracing::warn!(
+                error = %e,
+                "could not keep the downloaded dependency layer; installing",
+            );
             Ok(None)
         }
     }

@@ -133,7 +133,12 @@ pub async fn run_source(
         access.clone(),
         dest.to_path_buf(),
     );
-    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "source");
+    let span = tracing::info_span!(
+        "build",
+        function = %opts.name,
+        runtime = %opts.runtime.name,
+        stage = "source",
+    );
     tokio::task::spawn_blocking(move || {
         span.in_scope(|| {
             let scratch = tempfile::tempdir().map_err(|source| Error::Cache {

@@ -75,8 +75,11 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         };
         opts.authorize_up_front(client).await?;
         let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
-        tracing::info!(base = %opts.base_name, digest = %base.base.manifest.digest, "resolved base \
-            image");
+        tracing::info!(
+            base = %opts.base_name,
+            digest = %base.base.manifest.digest,
+            "resolved base image",
+        );
         // The dependency key, not the layer: enough for the image key. `--stage publish`
         // installs nothing: its layer is the staged one, or none.
         let dep_key = match (
@@ -108,8 +111,11 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             false => None,
         };
         if let Some(found) = found {
-            tracing::info!(reference = %found.reference, image_key = %planned.image_key, "the \
-                target already holds this build: nothing to install or push");
+            tracing::info!(
+                reference = %found.reference,
+                image_key = %planned.image_key,
+                "the target already holds this build: nothing to install or push",
+            );
             let published = Published {
                 reference: found.reference,
                 digest: found.digest,
@@ -201,7 +207,12 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
 /// # Errors
 /// See [`Error`].
 pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<DepsOutput, Error> {
-    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "deps");
+    let span = tracing::info_span!(
+        "build",
+        function = %opts.name,
+        runtime = %opts.runtime.name,
+        stage = "deps",
+    );
     async move {
         let cache = cache::open_cache(opts)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
@@ -226,8 +237,12 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
             let media_type = dependency_media_type(opts.compression);
             match lookup_hit(opts, inputs, &dep_key.key).await? {
                 Some(found) => {
-                    tracing::info!(key = %dep_key.key, digest = %found.digest, "the cache \
-                        repository has the dependency layer (--stage lookup): nothing to install");
+                    tracing::info!(
+                        key = %dep_key.key,
+                        digest = %found.digest,
+                        "the cache repository has the dependency layer (--stage lookup): nothing \
+                            to install",
+                    );
                     record.dependencies = Some(stage::StagedLayer {
                         key: dep_key.key,
                         media_type,
@@ -259,8 +274,10 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         let (dir, written) = (dir.to_path_buf(), record.clone());
         tokio::task::spawn_blocking(move || stage::write(&dir, &written, blob.as_deref()))
             .await??;
-        tracing::info!(layer = ?record.dependencies.as_ref().map(|l| &l.digest), "staged the \
-            dependencies");
+        tracing::info!(
+            layer = ?record.dependencies.as_ref().map(|l| &l.digest),
+            "staged the dependencies",
+        );
         Ok(DepsOutput {
             record,
             commit: loaded.commit,
@@ -296,13 +313,18 @@ async fn store_in_cache_repo(
     .await
     {
         Ok(()) => {
-            tracing::info!(cache_repo = %repo, tag = %remote_cache::tag(&dep.key), "stored the \
-                dependency layer in the cache repository")
+            tracing::info!(
+                cache_repo = %repo,
+                tag = %remote_cache::tag(&dep.key),
+                "stored the dependency layer in the cache repository",
+            )
         }
         Err(e) => {
-            tracing::warn!(cache_repo = %repo, error = %format!("{:\
-                #}", anyhow::Error::new(e)), "could not store the dependency layer in the cache \
-                repository")
+            tracing::warn!(
+                cache_repo = %repo,
+                error = %format!("{:#}", anyhow::Error::new(e)),
+                "could not store the dependency layer in the cache repository",
+            )
         }
     }
 }

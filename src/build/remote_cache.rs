@@ -78,8 +78,11 @@ pub async fn lookup(
             repo: repo.repository_only(),
         })),
         Err(problem) => {
-            tracing::warn!(entry = %tagged, problem, "ignoring a dependency cache entry kiln did \
-                not write for this key; installing");
+            tracing::warn!(
+                entry = %tagged,
+                problem,
+                "ignoring a dependency cache entry kiln did not write for this key; installing",
+            );
             Ok(None)
         }
     }

@@ -26,7 +26,12 @@ pub async fn run_lookup(
     opts: &Options,
     dir: &Path,
 ) -> Result<stage::Lookup, Error> {
-    let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name, stage = "lookup");
+    let span = tracing::info_span!(
+        "build",
+        function = %opts.name,
+        runtime = %opts.runtime.name,
+        stage = "lookup",
+    );
     async move {
         let cache = super::cache::open_cache(opts)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
@@ -36,27 +41,52 @@ pub async fn run_lookup(
         if let (Some(inputs), Some(repo)) = (inputs, &repo) {
             let planned = install::lockfile_plan(opts, inputs);
             install::require_builder(opts, &planned)?;
-            let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?.key;
+            let dep_key = install::dependency_key(client, opts, &cache, inputs, planned)
+                .await?
+                .key;
             found = match remote_cache::lookup(client, repo, &dep_key).await {
                 Ok(Some(entry)) => {
-                    tracing::info!(key = %dep_key, digest = %entry.digest, cache_repo = %repo, "the cache repository has the dependency layer");
-                    Some(stage::Found { digest: entry.digest, diff_id: entry.diff_id, size: entry.size })
+                    tracing::info!(
+                        key = %dep_key,
+                        digest = %entry.digest,
+                        cache_repo = %repo,
+                        "the cache repository has the dependency layer",
+                    );
+                    Some(stage::Found {
+                        digest: entry.digest,
+                        diff_id: entry.diff_id,
+                        size: entry.size,
+                    })
                 }
                 Ok(None) => {
-                    tracing::info!(key = %dep_key, cache_repo = %repo, "dependency layer not in \
-                        the cache repository: the install stage installs it");
+                    tracing::info!(
+                        key = %dep_key,
+                        cache_repo = %repo,
+                        "dependency layer not in the cache repository: the install stage installs \
+                            it",
+                    );
                     None
                 }
                 Err(e) => {
-                    tracing::warn!(cache_repo = %repo, error = %format!("{:\
-                        #}", anyhow::Error::new(e)), "the cache repository cannot be used; the \
-                        install stage installs without it");
+                    tracing::warn!(
+                        cache_repo = %repo,
+                        error = %format!("{:#}", anyhow::Error::new(e)),
+                        "the cache repository cannot be used; the install stage installs without \
+                            it",
+                    );
                     None
                 }
             };
             key = Some(dep_key);
         }
-        let lookup = stage::Lookup::new(&opts.runtime.name, opts.epoch, inputs, key, repo.map(|r| r.to_string()).unwrap_or_default(), found);
+        let lookup = stage::Lookup::new(
+            &opts.runtime.name,
+            opts.epoch,
+            inputs,
+            key,
+            repo.map(|r| r.to_string()).unwrap_or_default(),
+            found,
+        );
         let (dir, written) = (dir.to_path_buf(), lookup.clone());
         tokio::task::spawn_blocking(move || stage::write_lookup(&dir, &written)).await??;
         Ok(lookup)
@@ -76,8 +106,12 @@ pub(super) async fn lookup_hit(
         return Ok(None);
     };
     if lookup.key.as_ref() != Some(key) {
-        tracing::warn!(%key, lookup = ?lookup.key.as_ref().map(Digest::to_string), "--stage lookup \
-            computed another dependency key (run every stage with the same flags); installing");
+        tracing::warn!(
+            %key,
+            lookup = ?lookup.key.as_ref().map(Digest::to_string),
+            "--stage lookup computed another dependency key (run every stage with the same flags); \
+                installing",
+        );
         return Ok(None);
     }
     Ok(lookup.found)
@@ -184,8 +218,10 @@ pub(super) async fn staged_layer(
         let (cached, remote) = install::from_cache_repo(client, opts, cache, &layer.key, &repo)
             .await
             .map_err(|e| {
-                tracing::warn!(error = %format!("{:#}", anyhow::Error::new(e)), "reading the cache \
-                    repository");
+                tracing::warn!(
+                    error = %format!("{:#}", anyhow::Error::new(e)),
+                    "reading the cache repository",
+                );
                 gone()
             })?
             .filter(|(cached, _)| cached.digest == found.digest)
@@ -206,17 +242,23 @@ pub(super) async fn staged_layer(
             None,
         ));
     };
-    tracing::info!(key = %layer.key, digest = %layer.digest, "dependency layer from the stage \
-        directory");
+    tracing::info!(
+        key = %layer.key,
+        digest = %layer.digest,
+        "dependency layer from the stage directory",
+    );
     // Installed by the install stage: stored in the cache repository under the lookup's key
     // only, never one the install stage made up.
     let store_in = match lookup_key {
         Some(key) if key == layer.key => repo,
         _ if repo.is_none() => None,
         Some(key) => {
-            tracing::warn!(lookup = %key, staged = %layer.key, "the install stage's dependency key \
-                is not the one --stage lookup computed: the layer is used in this image but not \
-                stored in the cache repository");
+            tracing::warn!(
+                lookup = %key,
+                staged = %layer.key,
+                "the install stage's dependency key is not the one --stage lookup computed: the \
+                    layer is used in this image but not stored in the cache repository",
+            );
             None
         }
         None => {

@@ -90,7 +90,12 @@ pub struct BuildArgs {
     pub cache_dir: Option<PathBuf>,
     /// After the build, prune the cache to this size, least recently used first, as
     /// `kiln cache prune --max-size` does (a build Job's cap on a shared cache volume).
-    #[arg(long, value_name = "SIZE", env = "KILN_CACHE_MAX_SIZE", value_parser = super::run::parse_size)]
+    #[arg(
+        long,
+        value_name = "SIZE",
+        env = "KILN_CACHE_MAX_SIZE",
+        value_parser = super::run::parse_size,
+    )]
     pub cache_max_size: Option<u64>,
     /// Rebuild: reinstall dependencies even when a cached layer matches (locally or in
     /// --cache-repo), and push even when the target already holds an image of this build.
@@ -156,7 +161,12 @@ pub struct BuildArgs {
     /// each, and installs them as pip does if their metadata needs no other package;
     /// otherwise pip runs. The build's log says which and why. Part of the dependency cache
     /// key.
-    #[arg(long, value_enum, default_value_t = LockfileInstallArg::Auto, env = "KILN_LOCKFILE_INSTALL")]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = LockfileInstallArg::Auto,
+        env = "KILN_LOCKFILE_INSTALL",
+    )]
     pub lockfile_install: LockfileInstallArg,
     /// Which part of the build to run. `deps` only installs the dependencies (running the
     /// packages' install scripts) and writes the layer and a record of it into --stage-dir:
@@ -169,7 +179,16 @@ pub struct BuildArgs {
     /// credentials, fetches the --git source into --source-dir and prints the commit; the
     /// later stages then build that directory, so no stage that runs install scripts needs
     /// the credentials, and the repository is fetched once.
-    #[arg(long, value_enum, default_value_t = StageArg::All, requires_if("deps", "stage_dir"), requires_if("publish", "stage_dir"), requires_if("lookup", "lookup_dir"), requires_if("lookup", "cache_repo"), requires_if("source", "source_dir"))]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = StageArg::All,
+        requires_if("deps", "stage_dir"),
+        requires_if("publish", "stage_dir"),
+        requires_if("lookup", "lookup_dir"),
+        requires_if("lookup", "cache_repo"),
+        requires_if("source", "source_dir"),
+    )]
     pub stage: StageArg,
     /// The directory `--stage deps` writes and `--stage publish` reads.
     #[arg(long, value_name = "DIR")]

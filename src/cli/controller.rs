@@ -268,9 +268,9 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     let mut builders = pairs("--builder-image", &args.builder_images)?;
     let mut runtimes = BTreeMap::new();
     for (runtime, base) in bases {
-        let builder = builders.remove(&runtime).ok_or_else(|| {
-            anyhow!("--base-image {runtime}=… has no --builder-image {runtime}=…: builds need both")
-        })?;
+        let missing =
+            || anyhow!("--base-image {runtime}=… has no --builder-image: builds need both");
+        let builder = builders.remove(&runtime).ok_or_else(missing)?;
         runtimes.insert(runtime, RuntimeImages { base, builder });
     }
     if let Some(runtime) = builders.keys().next() {

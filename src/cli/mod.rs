@@ -40,7 +40,13 @@ pub struct Cli {
 pub struct GlobalArgs {
     /// Log format on stderr: `auto` is a compact human view on a terminal and plain lines
     /// otherwise; `json` is one JSON object per line (build Jobs).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Auto, env = "KILN_LOG_FORMAT")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Auto,
+        env = "KILN_LOG_FORMAT",
+    )]
     pub log_format: LogFormat,
     /// More output (-v debug, -vv trace). `RUST_LOG` overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

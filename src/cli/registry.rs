@@ -29,11 +29,23 @@ pub struct RegistryArgs {
     pub insecure_registry: Vec<String>,
     /// Time allowed for one registry request (a transfer gets more in proportion to its size,
     /// and fails sooner when no byte moves for this long), in seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600), env = "KILN_REGISTRY_TIMEOUT")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        value_parser = clap::value_parser!(u64).range(1..=3600),
+        env = "KILN_REGISTRY_TIMEOUT",
+    )]
     pub registry_timeout: u64,
     /// How often a failed registry request is retried (503, 429, resets, timeouts; never
     /// 4xx answers), with capped exponential backoff and the registry's Retry-After.
-    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=20), env = "KILN_REGISTRY_RETRIES")]
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u32).range(0..=20),
+        env = "KILN_REGISTRY_RETRIES",
+    )]
     pub registry_retries: u32,
 }
 

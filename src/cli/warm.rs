@@ -81,10 +81,20 @@ pub struct WarmArgs {
     pub ca_bundle: Option<PathBuf>,
     /// The layer compression the builds use (`kiln build --compression`): part of the
     /// dependency key.
-    #[arg(long, value_enum, default_value_t = super::build::CompressionArg::Gzip, env = "KILN_COMPRESSION")]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = super::build::CompressionArg::Gzip,
+        env = "KILN_COMPRESSION",
+    )]
     pub compression: super::build::CompressionArg,
     /// As `kiln build --lockfile-install`: part of the dependency key.
-    #[arg(long, value_enum, default_value_t = super::build::LockfileInstallArg::Auto, env = "KILN_LOCKFILE_INSTALL")]
+    #[arg(
+        long,
+        value_enum,
+        default_value_t = super::build::LockfileInstallArg::Auto,
+        env = "KILN_LOCKFILE_INSTALL",
+    )]
     pub lockfile_install: super::build::LockfileInstallArg,
     /// Registry access.
     #[command(flatten)]

@@ -251,10 +251,11 @@ mod tests {
         });
         let live = json!({
             "metadata": {"labels": {"app": "a", "extra": "x"}, "uid": "u"},
-            "spec": {"replicas": 2, "strategy": {"type": "RollingUpdate"}, "template": {"spec": {"containers": [
+            "spec": {"replicas": 2, "strategy": {"type": "RollingUpdate"},
+                     "template": {"spec": {"containers": [
                 {"name": "sidecar", "image": "s"},
-                {"name": "f", "image": "r@sha256:\
-                    1", "imagePullPolicy": "IfNotPresent", "args": ["a"],
+                {"name": "f", "image": "r@sha256:1", "imagePullPolicy": "IfNotPresent",
+                 "args": ["a"],
                  "resources": {"limits": {"cpu": "500m", "memory": "128Mi"}}},
             ]}}},
             "status": {"replicas": 2},

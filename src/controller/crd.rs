@@ -46,10 +46,14 @@ pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
     shortname = "fn",
     doc = "A serverless Function: source and dependencies built into an image by kiln, then \
         deployed",
-    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.podSelector"}"#,
-    printcolumn = r#"{"name":"Configured","type":"string","jsonPath":".status.conditions[?(@.type=='ConfigurationReady')].status"}"#,
-    printcolumn = r#"{"name":"Built","type":"string","jsonPath":".status.conditions[?(@.type=='BuildReady')].status"}"#,
-    printcolumn = r#"{"name":"Running","type":"string","jsonPath":".status.conditions[?(@.type=='Running')].status"}"#,
+    scale = "{\"specReplicasPath\":\".spec.replicas\",\"statusReplicasPath\":\".status.replicas\",\
+        \"labelSelectorPath\":\".status.podSelector\"}",
+    printcolumn = "{\"name\":\"Configured\",\"type\":\"string\",\"jsonPath\":\
+        \".status.conditions[?(@.type=='ConfigurationReady')].status\"}",
+    printcolumn = "{\"name\":\"Built\",\"type\":\"string\",\"jsonPath\":\
+        \".status.conditions[?(@.type=='BuildReady')].status\"}",
+    printcolumn = "{\"name\":\"Running\",\"type\":\"string\",\"jsonPath\":\
+        \".status.conditions[?(@.type=='Running')].status\"}",
     printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
     printcolumn = r#"{"name":"Version","type":"integer","jsonPath":".metadata.generation"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#

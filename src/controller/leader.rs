@@ -50,15 +50,21 @@ impl Candidate {
             match self.try_hold().await {
                 Ok(true) => {
                     reachable.store(true, Ordering::Relaxed);
-                    tracing::info!(lease = %self.name, identity = %self.identity, "became the \
-                        leader");
+                    tracing::info!(
+                        lease = %self.name,
+                        identity = %self.identity,
+                        "became the leader",
+                    );
                     return;
                 }
                 Ok(false) => reachable.store(true, Ordering::Relaxed),
                 Err(e) => {
                     reachable.store(false, Ordering::Relaxed);
-                    tracing::warn!(error = %e.chain(), lease = %self.name, "competing for the \
-                        lease");
+                    tracing::warn!(
+                        error = %e.chain(),
+                        lease = %self.name,
+                        "competing for the lease",
+                    );
                 }
             }
             tokio::time::sleep(self.period()).await;

@@ -32,7 +32,11 @@ pub const CONTINUOUS_GIT_CHECKOUT: &str = "serverless.kyma-project.io/continuous
 /// # Errors
 /// API, registry or git failures; the error policy retries them with backoff.
 pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
-    let span = tracing::info_span!("reconcile", namespace = %f.namespace_or_default(), function = %f.name_or_empty());
+    let span = tracing::info_span!(
+        "reconcile",
+        namespace = %f.namespace_or_default(),
+        function = %f.name_or_empty(),
+    );
     async move {
         ctx.stores.wait_ready().await;
         let started = Instant::now();
@@ -50,7 +54,12 @@ pub async fn reconcile(f: Arc<Function>, ctx: Arc<Context>) -> Result<Action> {
 
 /// The error policy: log, and try again after a while.
 pub fn error_policy(f: Arc<Function>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(namespace = %f.namespace_or_default(), function = %f.name_or_empty(), error = %error.chain(), "reconcile failed");
+    tracing::warn!(
+        namespace = %f.namespace_or_default(),
+        function = %f.name_or_empty(),
+        error = %error.chain(),
+        "reconcile failed",
+    );
     Action::requeue(Duration::from_secs(15))
 }
 

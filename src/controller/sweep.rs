@@ -83,8 +83,12 @@ async fn sweep(ctx: &Context, functions: &Store<Function>) -> super::error::Resu
     let ns = ctx.config.build_namespace.as_str();
     let client = &ctx.client;
     for o in orphans(ctx.stores.jobs.state(), &live, |j| &j.metadata) {
-        tracing::info!(namespace = %o.namespace, function = %o.function, job = %o.name, "deleting \
-            the build Job of a deleted Function");
+        tracing::info!(
+            namespace = %o.namespace,
+            function = %o.function,
+            job = %o.name,
+            "deleting the build Job of a deleted Function",
+        );
         apply::delete(&Api::<Job>::namespaced(client.clone(), ns), "Job", &o.name).await?;
     }
     let now = u64::try_from(k8s_openapi::jiff::Timestamp::now().as_second()).unwrap_or(0);

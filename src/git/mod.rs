@@ -7,7 +7,8 @@
 //! ```no_run
 //! # fn demo() -> Result<(), kiln::git::Error> {
 //! use kiln::git::{self, Access};
-//! let commit = git::resolve_reference("https://github.com/org/fns.git", "main", &Access::default())?;
+//! let url = "https://github.com/org/fns.git";
+//! let commit = git::resolve_reference(url, "main", &Access::default())?;
 //! # let _ = commit; Ok(()) }
 //! ```
 

@@ -154,8 +154,10 @@ impl Writer<'_> {
                     rustix::fs::symlinkat(target, dir, name).map_err(io("creating the symlink"))?;
                 }
                 EntryKind::Commit => {
-                    tracing::warn!(path = %child, "skipping a git submodule: kiln does not fetch \
-                        submodules");
+                    tracing::warn!(
+                        path = %child,
+                        "skipping a git submodule: kiln does not fetch submodules",
+                    );
                     self.skipped_submodules.push(child);
                 }
             }

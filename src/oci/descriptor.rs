@@ -47,7 +47,7 @@ impl Descriptor {
 }
 
 /// The platform an image runs on
-/// (<https://github.com/opencontainers/image-spec/blob/main/image-index.md#image-index-property-descriptions>).
+/// (<https://github.com/opencontainers/image-spec/blob/main/image-index.md>, "platform").
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Platform {
     /// CPU architecture in GOARCH terms (`amd64`, `arm64`).

@@ -1,6 +1,7 @@
 //! Content digests (`sha256:<hex>`) and the hashing adapters that compute them while bytes
 //! stream through a writer or reader. Only SHA-256 is produced or accepted: it is what every
-//! registry and the OCI image-spec require (<https://github.com/opencontainers/image-spec/blob/main/descriptor.md#digests>).
+//! registry and the OCI image-spec require
+//! (<https://github.com/opencontainers/image-spec/blob/main/descriptor.md#digests>).
 
 use std::fmt;
 use std::io::{self, Read, Write};

@@ -251,8 +251,9 @@ pub(crate) mod tests {
         );
         let config = Document::new(family.config(), config.into_bytes());
         let manifest = format!(
-            r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"{}","digest":"{}","size":{}}},
-            "layers":[{{"mediaType":"{}","digest":"{}","size":10}}]}}"#,
+            "{{\"schemaVersion\":2,\"mediaType\":\"{}\",\"config\":{{\"mediaType\":\"{}\",\
+                \"digest\":\"{}\",\"size\":{}}},
+            \"layers\":[{{\"mediaType\":\"{}\",\"digest\":\"{}\",\"size\":10}}]}}",
             family.manifest(),
             family.config(),
             config.digest,

@@ -1,6 +1,7 @@
-//! OCI image layouts on disk (<https://github.com/opencontainers/image-spec/blob/main/image-layout.md>):
-//! `oci-layout`, `index.json` and content-addressed `blobs/sha256/<hex>`. Blobs are written
-//! to a temp file and renamed, so a reader never sees a partial blob.
+//! OCI image layouts on disk
+//! (<https://github.com/opencontainers/image-spec/blob/main/image-layout.md>): `oci-layout`,
+//! `index.json` and content-addressed `blobs/sha256/<hex>`. Blobs are written to a temp file
+//! and renamed, so a reader never sees a partial blob.
 
 use std::fs;
 use std::io::{self, Write};

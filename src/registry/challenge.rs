@@ -179,7 +179,8 @@ mod tests {
     #[test]
     fn bearer_challenges_with_quoted_commas_and_several_scopes_parse() {
         let h = headers(&[
-            r#"Bearer realm="https://auth.example/token",service="reg.example",scope="repository:a/b:pull,push repository:c:pull",error="insufficient_scope""#,
+            "Bearer realm=\"https://auth.example/token\",service=\"reg.example\",scope=\
+                \"repository:a/b:pull,push repository:c:pull\",error=\"insufficient_scope\"",
         ]);
         let Some(Challenge::Bearer(b)) = from_headers(&h) else {
             panic!("no bearer")

@@ -227,8 +227,11 @@ impl CredentialStore {
                 // A default store that is not installed (a desktop config copied into CI) is
                 // skipped, as the `auths` entries may still hold what is needed.
                 Err(f) if f.missing && specific.is_none() => {
-                    warn!(helper = %helper, registry, "credential store helper not installed; \
-                        skipping");
+                    warn!(
+                        helper = %helper,
+                        registry,
+                        "credential store helper not installed; skipping",
+                    );
                 }
                 Err(f) => {
                     return Err(Error::CredentialHelper {

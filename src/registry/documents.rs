@@ -36,8 +36,10 @@ impl DocumentCache {
             .position(|&b| b == b'\n')
             .map(|at| (&raw[..at], &raw[at + 1..]))?;
         if Digest::of(bytes) != *digest {
-            tracing::warn!(path = %path.display(), "a cached document does not match its digest: \
-                removed");
+            tracing::warn!(
+                path = %path.display(),
+                "a cached document does not match its digest: removed",
+            );
             let _ = std::fs::remove_file(&path);
             return None;
         }

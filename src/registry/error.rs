@@ -243,7 +243,13 @@ impl Error {
 
     /// Whether a manifest was refused for naming a blob the repository does not have.
     pub fn is_blob_unknown(&self) -> bool {
-        matches!(self, Error::Status { errors, .. } if errors.iter().any(|e| e.code == "MANIFEST_BLOB_UNKNOWN"))
+        matches!(
+            self,
+            Error::Status {
+                errors,
+                ..
+            } if errors.iter().any(|e| e.code == "MANIFEST_BLOB_UNKNOWN"),
+        )
     }
 
     /// The wait the registry asked for with `Retry-After`, if any.

@@ -201,7 +201,8 @@ mod tests {
 
     #[test]
     fn envelope_codes_are_parsed_and_shown() {
-        let body = br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown","detail":{"Tag":"v1"}},{"code":"DENIED"}]}"#;
+        let body = b"{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\",\"message\":\"manifest \
+            unknown\",\"detail\":{\"Tag\":\"v1\"}},{\"code\":\"DENIED\"}]}";
         let errors = parse_envelope(body);
         assert_eq!(errors.len(), 2);
         let e = Error::NotFound {

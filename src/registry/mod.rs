@@ -12,7 +12,8 @@
 //! use kiln::registry::{Client, ClientConfig, Reference, Scope};
 //! let client = Client::new(ClientConfig::default())?;
 //! let target: Reference = "reg.example/team/app:v1".parse()?;
-//! client.authorize(&target.registry, &[Scope::push(&target.repository), Scope::pull("base/node")]).await?;
+//! let scopes = [Scope::push(&target.repository), Scope::pull("base/node")];
+//! client.authorize(&target.registry, &scopes).await?;
 //! let base = client.get_manifest(&"reg.example/base/node:22".parse()?, &[]).await?;
 //! # let _ = base; Ok(()) }
 //! ```

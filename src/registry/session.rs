@@ -145,8 +145,8 @@ impl Registry {
     }
 
     /// The `Authorization` value for a request needing `scopes`: none while the scheme is
-    /// unknown; for token auth, fetches a token (carrying every scope wanted so far) when the current one does
-    /// not cover `scopes` or is about to expire.
+    /// unknown; for token auth, fetches a token (carrying every scope wanted so far) when the
+    /// current one does not cover `scopes` or is about to expire.
     pub async fn authorization(&self, cx: &Inner, scopes: &[Scope]) -> Result<Option<HeaderValue>> {
         let mut st = self.auth.lock().await;
         for scope in scopes {
@@ -180,8 +180,11 @@ impl Registry {
                     };
                     cx.stats.request();
                     let token = fetch_token(&request).await?;
-                    debug!(registry = %self.name, scopes = ?st.wanted.to_strings(), "got registry \
-                        token");
+                    debug!(
+                        registry = %self.name,
+                        scopes = ?st.wanted.to_strings(),
+                        "got registry token",
+                    );
                     st.token = Some(token);
                 }
                 Ok(st.token.as_ref().map(|t| t.header.clone()))

@@ -340,8 +340,12 @@ impl Inner {
             }
             Err(err) => {
                 let err = Error::transport(&call.method, &call.url, err);
-                debug!(method = %call.method, url = %call.shown_url(), error = %err, "registry \
-                    request failed");
+                debug!(
+                    method = %call.method,
+                    url = %call.shown_url(),
+                    error = %err,
+                    "registry request failed",
+                );
                 Err(err)
             }
         }

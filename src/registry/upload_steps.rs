@@ -84,8 +84,11 @@ impl Upload<'_> {
                     // Too large for a proxy in front of the registry, say: no session was
                     // opened, so open one and send chunks.
                     Err(e) if matches!(e.status(), Some(413 | 416)) => {
-                        warn!(digest = %self.descriptor.digest, error = %e, "single-request upload \
-                            refused; uploading in chunks");
+                        warn!(
+                            digest = %self.descriptor.digest,
+                            error = %e,
+                            "single-request upload refused; uploading in chunks",
+                        );
                         self.reg.refuse_monolithic();
                         let session = self.start().await?;
                         return self.chunked(session).await;
@@ -101,8 +104,11 @@ impl Upload<'_> {
         match self.put_whole(session.clone()).await {
             // The body was refused, not stored: the session is as it was; send chunks in it.
             Err(e) if matches!(e.status(), Some(413 | 416)) => {
-                warn!(digest = %self.descriptor.digest, error = %e, "single PUT refused; uploading \
-                    in chunks");
+                warn!(
+                    digest = %self.descriptor.digest,
+                    error = %e,
+                    "single PUT refused; uploading in chunks",
+                );
                 self.chunked(session).await
             }
             other => other,
@@ -129,8 +135,10 @@ impl Upload<'_> {
             StatusCode::CREATED => self.check_digest(&resp).map(|()| None),
             StatusCode::ACCEPTED => {
                 self.reg.refuse_monolithic();
-                debug!(registry = %self.reg.name, "registry ignores single-request uploads; using \
-                    POST + PUT");
+                debug!(
+                    registry = %self.reg.name,
+                    "registry ignores single-request uploads; using POST + PUT",
+                );
                 let url = location(&call, &resp)?;
                 self.remember(&url);
                 Ok(Some(Session {

@@ -200,8 +200,11 @@ pub async fn fetch_layer(
         Source::Layout(layout) => Ok(LayerFile::InLayout(layout.blob_path(&descriptor.digest))),
         Source::Registry(reference) => {
             let dest = scratch.join(descriptor.digest.hex());
-            tracing::debug!(digest = %descriptor.digest, size = descriptor.size, "downloading \
-                layer");
+            tracing::debug!(
+                digest = %descriptor.digest,
+                size = descriptor.size,
+                "downloading layer",
+            );
             client
                 .get_blob_to_file(reference, descriptor, &dest)
                 .await

@@ -89,8 +89,11 @@ pub async fn run(client: &Client, opts: &Options, volumes: &[Bind]) -> Result<u8
     };
     let (os, arch) = (&entry.config.os, &entry.config.architecture);
     if *os != opts.platform.os || *arch != opts.platform.architecture {
-        tracing::warn!(image = %format!("{os}/{arch}"), wanted = %opts.platform, "the image is for \
-            another platform");
+        tracing::warn!(
+            image = %format!("{os}/{arch}"),
+            wanted = %opts.platform,
+            "the image is for another platform",
+        );
     }
     let launch = {
         let (opts, volumes) = (opts.clone(), volumes.to_vec());

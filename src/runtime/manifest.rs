@@ -366,7 +366,8 @@ mod tests {
 
     #[test]
     fn npm_dependencies_that_bypass_the_registry_are_refused_with_their_line() {
-        let ok = r#"{"dependencies": {"a": "^1.2.3", "b": "~1.0", "c": "1.x || >=2", "d": "latest", "e": "npm:@scope/real@^2", "f": "*"}}"#;
+        let ok = "{\"dependencies\": {\"a\": \"^1.2.3\", \"b\": \"~1.0\", \"c\": \"1.x || >=2\", \
+            \"d\": \"latest\", \"e\": \"npm:@scope/real@^2\", \"f\": \"*\"}}";
         check_registry_only(Language::Nodejs, "package.json", ok).unwrap();
         for spec in [
             "git+https://github.com/a/b.git",

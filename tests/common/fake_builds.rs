@@ -238,8 +238,13 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
             "name": format!("{name}-pod"),
             "namespace": ns,
             "labels": {"job-name": name, "batch.kubernetes.io/job-name": name},
-            "ownerReferences": [{"apiVersion": "batch/\
-                v1", "kind": "Job", "name": name, "uid": job.metadata.uid, "controller": true}],
+            "ownerReferences": [{
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "name": name,
+                "uid": job.metadata.uid,
+                "controller": true
+            }],
         },
         "spec": {"containers": [{"name": "build", "image": "x"}]},
     }))
@@ -247,9 +252,22 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
     if pods.create(&PostParams::default(), &pod).await.is_err() {
         return false;
     }
-    let terminated = json!({"exitCode": code, "reason": if code == 0 {"Completed"} else {"Error"}, "message": message, "startedAt": now, "finishedAt": now});
+    let terminated = json!({
+        "exitCode": code,
+        "reason": if code == 0 {"Completed"} else {"Error"},
+        "message": message,
+        "startedAt": now,
+        "finishedAt": now
+    });
     let pod_status = json!({"status": {"phase": if code == 0 {"Succeeded"} else {"Failed"},
-        "containerStatuses": [{"name": "build", "image": "x", "imageID": "", "ready": false, "restartCount": 0, "state": {"terminated": terminated}}]}});
+    "containerStatuses": [{
+        "name": "build",
+        "image": "x",
+        "imageID": "",
+        "ready": false,
+        "restartCount": 0,
+        "state": {"terminated": terminated}
+    }]}});
     let _ = pods
         .patch_status(
             &format!("{name}-pod"),
@@ -263,7 +281,15 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
     } else {
         json!({"failed": 1})
     };
-    let mut status = json!({"status": {"startTime": now, "conditions": [{"type": condition, "status": "True", "lastTransitionTime": now, "reason": if code == 0 {"Completed"} else {"BackoffLimitExceeded"}}]}});
+    let mut status = json!({"status": {
+        "startTime": now,
+        "conditions": [{
+            "type": condition,
+            "status": "True",
+            "lastTransitionTime": now,
+            "reason": if code == 0 {"Completed"} else {"BackoffLimitExceeded"}
+        }]
+    }});
     for (k, v) in counts.as_object().expect("object") {
         status["status"][k] = v.clone();
     }
@@ -352,7 +378,19 @@ pub fn available(generation: i64, replicas: i32) -> serde_json::Value {
     "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
     "readyReplicas": replicas, "availableReplicas": replicas,
     "conditions": [
-        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "lastUpdateTime": now, "lastTransitionTime": now},
-        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "lastUpdateTime": now, "lastTransitionTime": now}
+        {
+            "type": "Available",
+            "status": "True",
+            "reason": "MinimumReplicasAvailable",
+            "lastUpdateTime": now,
+            "lastTransitionTime": now
+        },
+        {
+            "type": "Progressing",
+            "status": "True",
+            "reason": "NewReplicaSetAvailable",
+            "lastUpdateTime": now,
+            "lastTransitionTime": now
+        }
     ]}})
 }

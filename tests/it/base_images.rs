@@ -649,9 +649,8 @@ fn npm_dependencies_installed_in_the_builder_serve_the_function() {
         "lodash works: {answer}"
     );
     let secret = common::run(Command::new("sh").arg("-c").arg(format!(
-        "for l in {}/blobs/sha256/*; \
-        do (tar xzOf $l 2>/dev/null || cat $l); done | grep -c KILN-SECRET-TOKEN || \
-        true",
+        "for l in {}/blobs/sha256/*; do (tar xzOf $l 2>/dev/null || cat $l); done | grep -c \
+            KILN-SECRET-TOKEN || true",
         out.display()
     )));
     assert_eq!(

@@ -78,8 +78,7 @@ fn changed_copy(name: &str, dest: &Path, marker: &str) -> std::path::PathBuf {
 }
 
 #[test]
-fn a_fresh_machine_mounts_the_dependency_layer_from_the_cache_repository_and_a_bad_entry_is_rebuilt()
- {
+fn a_fresh_machine_mounts_the_dependency_layer_from_the_cache_repo_and_a_bad_entry_is_rebuilt() {
     let reg = Registry::start(RegistryKind::Plain);
     let host = reg.host();
     let work = tempfile::tempdir().unwrap();
@@ -200,8 +199,7 @@ fn a_fresh_machine_mounts_the_dependency_layer_from_the_cache_repository_and_a_b
 }
 
 #[test]
-fn a_cache_repository_on_another_registry_is_downloaded_and_one_refusing_access_costs_only_the_cache()
- {
+fn a_cache_repo_on_another_registry_is_downloaded_and_one_refusing_access_costs_only_the_cache() {
     let target = Registry::start(RegistryKind::Plain);
     let other = Registry::start(RegistryKind::Plain);
     let locked = Registry::start(RegistryKind::Token);

@@ -299,28 +299,30 @@ fn pip_dependencies_are_layered_without_the_pip_conf() {
     assert!(!run.stderr.contains("KILN-PIP-SECRET"), "nor the logs");
 }
 
-const LEFT_PAD_LOCK: &str = r#"{
-  "name": "conc",
-  "version": "1.0.0",
-  "lockfileVersion": 3,
-  "requires": true,
-  "packages": {
-    "": {
-      "name": "conc",
-      "version": "1.0.0",
-      "dependencies": {
-        "left-pad": "1.3.0"
+const LEFT_PAD_LOCK: &str = "{
+  \"name\": \"conc\",
+  \"version\": \"1.0.0\",
+  \"lockfileVersion\": 3,
+  \"requires\": true,
+  \"packages\": {
+    \"\": {
+      \"name\": \"conc\",
+      \"version\": \"1.0.0\",
+      \"dependencies\": {
+        \"left-pad\": \"1.3.0\"
       }
     },
-    "node_modules/left-pad": {
-      "version": "1.3.0",
-      "resolved": "https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz",
-      "integrity": "sha512-XI5MPzVNApjAyhQzphX8BkmKsKUxD4LdyK24iZeQGinBN9yTQT3bFlCBy/aVx2HrNcqQGsdot8ghrjyrvMCoEA==",
-      "license": "WTFPL"
+    \"node_modules/left-pad\": {
+      \"version\": \"1.3.0\",
+      \"resolved\": \"https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz\",
+      \"integrity\": \
+          \"sha512-XI5MPzVNApjAyhQzphX8BkmKsKUxD4LdyK24iZeQGinBN9yTQT3bFlCBy/\
+          aVx2HrNcqQGsdot8ghrjyrvMCoEA==\",
+      \"license\": \"WTFPL\"
     }
   }
 }
-"#;
+";
 
 /// Issue 10's concurrency case: eight different Functions and four copies of one Function
 /// (same tag), built at once with one cache directory into one registry. Every image is

@@ -645,7 +645,10 @@ fn endless_listing_server(finite: usize) -> (String, std::sync::Arc<std::sync::a
 fn a_reference_listing_without_end_stops_at_its_limit() {
     let refs_too_large = |err: kiln::git::Error, url: &str| {
         assert!(
-            matches!(err, kiln::git::Error::RefsTooLarge { limit, .. } if limit == kiln::git::REFS_LIMIT),
+            matches!(
+                err,
+                kiln::git::Error::RefsTooLarge { limit, .. } if limit == kiln::git::REFS_LIMIT,
+            ),
             "{err:?}"
         );
         let message = err.to_string();

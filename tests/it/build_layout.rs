@@ -70,8 +70,8 @@ fn copies_with_different_mtimes_owners_and_umask_build_the_same_image() {
     Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "umask 077 && mkdir -p {b} && cp -r {a}/. {b}/ && find {b} -exec touch -d \
-            '2021-06-01 12:00' {{}} +",
+            "umask 077 && mkdir -p {b} && cp -r {a}/. {b}/ && find {b} -exec touch -d '2021-06-01 \
+                12:00' {{}} +",
             a = a.display(),
             b = b.display()
         ))

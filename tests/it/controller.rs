@@ -160,8 +160,7 @@ fn a_new_function_gets_its_source_config_map_and_a_restricted_split_build_job() 
 }
 
 #[test]
-fn a_finished_build_runs_by_digest_with_its_service_and_hpa_and_an_existing_image_is_not_built_again()
- {
+fn a_finished_build_runs_by_digest_with_service_and_hpa_and_an_existing_image_is_not_rebuilt() {
     let env = ControllerEnv::start(&[]);
     let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), {
         let outcome = push(&env);
@@ -638,8 +637,10 @@ fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let mut ready = service;
-    ready["status"] = json!({"conditions": [{"type": "Ready", "status": "True"}], "url": "http://\
-        kn.team.svc.cluster.local"});
+    ready["status"] = json!({
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "url": "http://kn.team.svc.cluster.local"
+    });
     env.api.insert(ready);
     env.wait_condition("team", "kn", "Running", "True", Some("ServiceReady"));
     // The permissions of deploy/rbac.yaml that the end-to-end run (Deployments) leaves out.
@@ -722,9 +723,18 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
     let _rollouts = FakeRollouts::start(env.api.client());
     let manifest = json!({
         "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
-        "metadata": {"name": "from-git", "annotations": {"serverless.kyma-project.io/\
-            continuousGitCheckout": "true"}},
-        "spec": {"runtime": "nodejs22", "source": {"gitRepository": {"url": server.url("fns"), "baseDir": "/fn", "reference": branch}}},
+        "metadata": {
+            "name": "from-git",
+            "annotations": {"serverless.kyma-project.io/continuousGitCheckout": "true"}
+        },
+        "spec": {
+            "runtime": "nodejs22",
+            "source": {"gitRepository": {
+                "url": server.url("fns"),
+                "baseDir": "/fn",
+                "reference": branch
+            }}
+        },
     });
     env.create_function("team", &serde_yaml::to_string(&manifest).unwrap());
     env.wait_condition("team", "from-git", "Running", "True", None);
@@ -846,7 +856,11 @@ async fn a_pass_that_races_its_own_previous_status_write_leaves_one_condition_of
     let api = common::kube_api::KubeApi::start();
     let mut f: Value = serde_yaml::from_str(&node_function("hello", HELLO, None)).unwrap();
     f["metadata"]["namespace"] = json!("team");
-    f["status"] = json!({"conditions": [{"type": "ConfigurationReady", "status": "True", "reason": "ConfigMapCreated"}]});
+    f["status"] = json!({"conditions": [{
+        "type": "ConfigurationReady",
+        "status": "True",
+        "reason": "ConfigMapCreated"
+    }]});
     api.insert(f);
     let client = api.client();
     let functions: kube::Api<Function> = kube::Api::namespaced(client.clone(), "team");

@@ -107,26 +107,33 @@ fn b64(s: &str) -> String {
 /// package.json).
 fn scanner(sa_token: &str, dir: &str) -> (String, String) {
     let source = format!(
-        r#"// {CANARY}
+        "// {CANARY}
 const fs = require('fs'), path = require('path');
 function scan(needles) {{
   const report = {{ files: 0, found: needles.map(() => []) }};
-  const check = (where, data) => {{ report.files++; needles.forEach((n, i) => {{ if (data.includes(n)) report.found[i].push(where); }}); }};
+  const check = (where, data) => {{ report.files++; needles.forEach((n, i) => {{ if \
+      (data.includes(n)) report.found[i].push(where); }}); }};
   const walk = (dir, depth) => {{
     if (depth > 40) return;
-    let entries; try {{ entries = fs.readdirSync(dir, {{ withFileTypes: true }}); }} catch (e) {{ return; }}
+    let entries; try {{ entries = fs.readdirSync(dir, {{ withFileTypes: true }}); }} catch (e) {{ \
+        return; }}
     for (const e of entries) {{
       const p = path.join(dir, e.name);
       if (p === '/proc' || p === '/sys') continue;
       try {{
         if (e.isDirectory()) walk(p, depth + 1);
-        else if (fs.statSync(p).isFile() && fs.statSync(p).size < (8 << 20)) check(p, fs.readFileSync(p, 'latin1'));
+        else if (fs.statSync(p).isFile() && fs.statSync(p).size < (8 << 20)) check(p, \
+            fs.readFileSync(p, 'latin1'));
       }} catch (e) {{}}
     }}
   }};
   walk('/', 0);
-  for (const pid of fs.readdirSync('/proc').filter(x => /^\d+$/.test(x)))
-    for (const f of ['environ', 'cmdline']) {{ try {{ check(`/proc/${{pid}}/${{f}}`, fs.readFileSync(`/proc/${{pid}}/${{f}}`, 'latin1')); }} catch (e) {{}} }}
+  for (const pid of fs.readdirSync('/proc').filter(x => /^\\d+$/.test(x)))
+    for (const f of [
+        'environ',
+        'cmdline'
+    ]) {{ try {{ check(`/proc/${{pid}}/${{f}}`, fs.readFileSync(`/proc/${{pid}}/${{f}}`, \
+        'latin1')); }} catch (e) {{}} }}
   return report;
 }}
 if (process.argv[2] === 'scan') {{
@@ -135,7 +142,7 @@ if (process.argv[2] === 'scan') {{
   fs.writeFileSync('node_modules/.kiln-scan/report.json', JSON.stringify(scan(needles)));
 }}
 module.exports = {{ main: () => require('./node_modules/.kiln-scan/report.json') }};
-"#
+"
     );
     // The token in clear and as the Basic auth string a docker config carries.
     let auth = common::base64(format!("robot:{PUSH_TOKEN}").as_bytes());
@@ -147,7 +154,12 @@ module.exports = {{ main: () => require('./node_modules/.kiln-scan/report.json')
         b64(CANARY),
         b64(GIT_PASSWORD),
     );
-    let deps = json!({"name": "scan", "version": "1.0.0", "scripts": {"preinstall": script}, "dependencies": {"lodash": "4.17.21"}});
+    let deps = json!({
+        "name": "scan",
+        "version": "1.0.0",
+        "scripts": {"preinstall": script},
+        "dependencies": {"lodash": "4.17.21"}
+    });
     (source, deps.to_string())
 }
 
@@ -210,7 +222,10 @@ fn function_yaml(name: &str, runtime: &str, source: &str, dependencies: &str) ->
     let doc = json!({
         "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
         "metadata": {"name": name},
-        "spec": {"runtime": runtime, "source": {"inline": {"source": source, "dependencies": dependencies}},
+        "spec": {"runtime": runtime, "source": {"inline": {
+            "source": source,
+            "dependencies": dependencies
+        }},
                  "env": [{"name": "GREETING", "value": "hello"}]},
     });
     serde_yaml::to_string(&doc).unwrap()

@@ -341,8 +341,7 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
          fs.writeFileSync(path.join(c,'planted'),'A was here');\
          const walk=d=>{for(const e of fs.readdirSync(d,{withFileTypes:true})){const \
              p=path.join(d,e.name);\
-         \
-             if(e.isDirectory())walk(p);else{try{fs.chmodSync(p,0o644);fs.writeFileSync(p,\
+         if(e.isDirectory())walk(p);else{try{fs.chmodSync(p,0o644);fs.writeFileSync(p,\
              'module.exports=()=>\"pwned\"')}catch(_){}}}};\
          walk(c)",
     );
@@ -350,9 +349,8 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
     let out = install(
         "victim",
         "const fs=require('fs'),path=require('path');const c=process.env.npm_config_cache;\
-         \
-             fs.writeFileSync('node_modules/probe.json',JSON.stringify({planted:\
-             fs.existsSync(path.join(c,'planted')),\
+         fs.writeFileSync('node_modules/probe.json',\
+             JSON.stringify({planted:fs.existsSync(path.join(c,'planted')),\
          isNumber:require('is-number')(5)}))",
     );
     let probe: serde_json::Value = serde_json::from_slice(&layer_file(&out, "probe.json")).unwrap();

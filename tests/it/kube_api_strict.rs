@@ -56,7 +56,12 @@ async fn rbac_refuses_what_a_role_does_not_grant_with_kube_apiservers_forbidden_
         "deployer",
         json!([
             {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["patch", "list"]},
-            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": ["allowed"]},
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "verbs": ["get"],
+                "resourceNames": ["allowed"]
+            },
         ]),
     );
     let client = api.client_with_token(&api.service_account_token("team", "deployer"));
@@ -129,8 +134,16 @@ async fn rbac_refuses_what_a_role_does_not_grant_with_kube_apiservers_forbidden_
     let err = everywhere.list(&Default::default()).await.unwrap_err();
     assert!(refusal(err).2.ends_with("at the cluster scope"));
     // resourceNames: that one ConfigMap, not another, and never a list.
-    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "allowed", "namespace": "team"}}));
-    api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "other", "namespace": "team"}}));
+    api.insert(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "allowed", "namespace": "team"}
+    }));
+    api.insert(json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "other", "namespace": "team"}
+    }));
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "team");
     cms.get("allowed").await.unwrap();
     assert_eq!(refusal(cms.get("other").await.unwrap_err()).0, 403);
@@ -190,8 +203,10 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
 
     // A namespace label PodSecurity cannot read is invalid.
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let bad = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/\
-        enforce": "strict"}}});
+    let bad = json!({"metadata": {
+        "name": "team",
+        "labels": {"pod-security.kubernetes.io/enforce": "strict"}
+    }});
     let err = namespaces
         .create(&pp, &serde_json::from_value(bad).unwrap())
         .await
@@ -206,15 +221,20 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
                 .into()
         )
     );
-    let good = json!({"metadata": {"name": "team", "labels": {"pod-security.kubernetes.io/\
-        enforce": "restricted"}}});
+    let good = json!({"metadata": {
+        "name": "team",
+        "labels": {"pod-security.kubernetes.io/enforce": "restricted"}
+    }});
     namespaces
         .create(&pp, &serde_json::from_value(good).unwrap())
         .await
         .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), "team");
-    let bare = json!({"metadata": {"name": "bare"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}});
+    let bare = json!({
+        "metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+    });
     let err = pods
         .create(&pp, &serde_json::from_value(bare).unwrap())
         .await
@@ -235,7 +255,11 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
         )
     );
     let restricted = json!({"metadata": {"name": "ok"}, "spec": {
-        "securityContext": {"runAsNonRoot": true, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"}
+        },
         "serviceAccountName": "builder",
         "containers": [{"name": "c", "image": "busybox", "securityContext": {
             "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}});
@@ -253,7 +277,11 @@ async fn objects_need_their_namespace_and_pods_their_service_account_and_pod_sec
                 .into()
         )
     );
-    api.insert(json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "builder", "namespace": "team"}}));
+    api.insert(json!({
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": "builder", "namespace": "team"}
+    }));
     let pod = pods
         .create(&pp, &serde_json::from_value(restricted).unwrap())
         .await

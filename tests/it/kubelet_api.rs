@@ -49,7 +49,10 @@ fn job(image: &str) -> Value {
             "echo -n \"$TOKEN@$(busybox cat /src/source)\" > /dev/termination-log",
         ),
         json!({
-            "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}],
+            "env": [{
+                "name": "TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}
+            }],
             "volumeMounts": [{"name": "src", "mountPath": "/src", "readOnly": true}],
         }),
     );
@@ -270,7 +273,12 @@ fn a_status_patch_sets_fields_that_went_away_to_null() {
     let patch = kubelet::api::merge_patch(&current, &desired);
     assert_eq!(
         patch,
-        json!({"readyReplicas": null, "replicas": 1, "conditions": [], "nested": {"keep": 1, "gone": null}})
+        json!({
+            "readyReplicas": null,
+            "replicas": 1,
+            "conditions": [],
+            "nested": {"keep": 1, "gone": null}
+        })
     );
     assert_eq!(kubelet::api::merge_patch(&Value::Null, &desired), desired);
 }

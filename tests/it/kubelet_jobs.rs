@@ -94,8 +94,11 @@ fn a_job_runs_its_init_container_then_its_container_sharing_files_env_and_user()
             "env": [{"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                     {"name": "GREETING", "value": "hello-$(POD)-$$(POD)"}],
             "volumeMounts": [{"name": "work", "mountPath": "/work"},
-                             {"name": "src", "mountPath": "/src/\
-                                 handler.js", "subPath": "handler.js"}],
+                             {
+                                 "name": "src",
+                                 "mountPath": "/src/handler.js",
+                                 "subPath": "handler.js"
+                             }],
         }),
     );
     let main = container(
@@ -110,15 +113,31 @@ fn a_job_runs_its_init_container_then_its_container_sharing_files_env_and_user()
     let main = with(
         main,
         json!({
-            "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
-                    {"name": "USER_NAME", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "user"}}},
-                    {"name": "GONE", "valueFrom": {"configMapKeyRef": {"name": "nope", "key": "x", "optional": true}}}],
+            "env": [{
+                "name": "TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}
+            },
+                    {
+                        "name": "USER_NAME",
+                        "valueFrom": {"secretKeyRef": {"name": "creds", "key": "user"}}
+                    },
+                    {
+                        "name": "GONE",
+                        "valueFrom": {"configMapKeyRef": {
+                            "name": "nope",
+                            "key": "x",
+                            "optional": true
+                        }}
+                    }],
             "volumeMounts": [{"name": "work", "mountPath": "/work", "readOnly": true}],
         }),
     );
     let volumes = json!({"volumes": [
         {"name": "work", "emptyDir": {}},
-        {"name": "src", "configMap": {"name": "fn-src", "items": [{"key": "source", "path": "handler.js"}]}},
+        {
+            "name": "src",
+            "configMap": {"name": "fn-src", "items": [{"key": "source", "path": "handler.js"}]}
+        },
     ]});
     let job = job("build", json!([init]), json!([main]), volumes);
     bed.kubelet.start_job(&job).unwrap();

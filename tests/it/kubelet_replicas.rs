@@ -265,8 +265,8 @@ fn a_knative_service_runs_its_template_and_reports_ready_with_its_url() {
         "apiVersion": "serving.knative.dev/v1", "kind": "Service",
         "metadata": {"name": "kfn", "namespace": "fns", "generation": 1,
                      "labels": {"networking.knative.dev/visibility": "cluster-local"}},
-        "spec": {"template": {"metadata": {"annotations": {"autoscaling.knative.dev/\
-            min-scale": "1"}},
+        "spec": {"template": {
+            "metadata": {"annotations": {"autoscaling.knative.dev/min-scale": "1"}},
                               "spec": pod_spec(container)}},
     });
     bed.kubelet.apply_knative_service(&service).unwrap();

@@ -114,7 +114,10 @@ where
     (serve(app).await, count)
 }
 
-const MANIFEST: &[u8] = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a","size":2},"layers":[]}"#;
+const MANIFEST: &[u8] = b"{\"schemaVersion\":2,\"mediaType\":\"application/\
+    vnd.oci.image.manifest.v1+json\",\"config\":\
+    {\"mediaType\":\"application/vnd.oci.image.config.v1+json\",\"digest\":\"sha256:\
+    44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a\",\"size\":2},\"layers\":[]}";
 
 #[tokio::test]
 async fn a_manifest_whose_bytes_do_not_match_its_digest_is_rejected() {

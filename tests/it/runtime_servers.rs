@@ -1162,7 +1162,8 @@ async fn a_reply_event_is_built_and_published_the_deprecated_way(rt: Runtime) {
     assert_eq!(resp.status(), StatusCode::OK);
     let answer: Value = resp.json().await.unwrap();
     let reply = json!({"type": "order.confirmed", "source": "/shop", "eventtypeversion": "v1",
-        "specversion": "1.0", "id": "reply-1", "data": {"ok": true}, "datacontenttype": "application/json"});
+        "specversion": "1.0", "id": "reply-1", "data": {"ok": true},
+        "datacontenttype": "application/json"});
     assert_eq!(answer, json!({"reply": reply, "data": {"accepted": 1}}));
     assert_eq!(publisher.seen()[0].1, reply);
 }

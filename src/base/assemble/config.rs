@@ -94,7 +94,8 @@ pub(super) fn scratch() -> Base {
             .to_vec();
     let config = Document::new(MediaType::OciConfig, config);
     let manifest = format!(
-        r#"{{"schemaVersion":2,"mediaType":"{}","config":{{"mediaType":"{}","digest":"{}","size":{}}},"layers":[]}}"#,
+        "{{\"schemaVersion\":2,\"mediaType\":\"{}\",\"config\":{{\"mediaType\":\"{}\",\"digest\":\
+            \"{}\",\"size\":{}}},\"layers\":[]}}",
         MediaType::OciManifest,
         MediaType::OciConfig,
         config.digest,

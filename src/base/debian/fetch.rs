@@ -22,7 +22,8 @@ use crate::oci::{Digest, Hasher};
 /// held to the size that file signs.
 const RELEASE_LIMIT: u64 = 16 << 20;
 
-/// `base/path`, keeping the last segment of `base` (`http://h/debian` + `dists` → `…/debian/dists`).
+/// `base/path`, keeping the last segment of `base` (`http://h/debian` + `dists` →
+/// `…/debian/dists`).
 pub(crate) fn join(base: &Url, path: &str) -> Result<Url> {
     let mut root = base.clone();
     if !root.path().ends_with('/') {
@@ -224,8 +225,12 @@ async fn cached_copy_is_valid(dest: &Path, pkg: &LockedPackage) -> Result<bool> 
     if digest.hex().eq_ignore_ascii_case(&pkg.sha256) && size == pkg.size {
         return Ok(true);
     }
-    warn!(package = %pkg.name, path = %dest.display(), actual = %digest, "replacing corrupt cached \
-        .deb");
+    warn!(
+        package = %pkg.name,
+        path = %dest.display(),
+        actual = %digest,
+        "replacing corrupt cached .deb",
+    );
     tokio::fs::remove_file(dest)
         .await
         .map_err(Error::io("removing corrupt .deb", dest))?;

@@ -120,7 +120,12 @@ impl PackageIndex {
                         chain: selection.chain(&package.name),
                     });
                 };
-                debug!(package = %package.name, dependency = %group, chose = %choice.name, "resolved");
+                debug!(
+                    package = %package.name,
+                    dependency = %group,
+                    chose = %choice.name,
+                    "resolved",
+                );
                 selection.select(choice, Some(&package.name), &mut queue);
             }
         }
@@ -183,7 +188,8 @@ mod tests {
     #[test]
     fn first_real_alternative_and_first_provider_are_chosen() {
         let locked = synthetic().resolve(&strings(&["app"]), &[]).unwrap();
-        // exim4 sorts before postfix, so it provides `mta`; media-types is the first real alternative.
+        // exim4 sorts before postfix, so it provides `mta`; media-types is the first real
+        // alternative.
         assert_eq!(
             names(&locked),
             ["app", "exim4", "libc6", "libgcc-s1", "media-types"]

@@ -201,8 +201,11 @@ impl Unpacker<'_> {
     fn symlink(&self, target: &Path, dest: &Path, shown: &str) -> Result<bool> {
         match fs::symlink_metadata(dest) {
             Ok(meta) if meta.is_dir() => {
-                warn!(entry = %shown, deb = %self.deb.display(), "keeping the directory in place \
-                    of a symlink");
+                warn!(
+                    entry = %shown,
+                    deb = %self.deb.display(),
+                    "keeping the directory in place of a symlink",
+                );
                 return Ok(false);
             }
             Ok(meta)
@@ -222,8 +225,11 @@ impl Unpacker<'_> {
         match fs::symlink_metadata(dest) {
             Ok(meta) if meta.is_dir() => Err(self.conflict(shown, "a directory is in the way")),
             Ok(_) => {
-                warn!(entry = %shown, deb = %self.deb.display(), "overwriting a file unpacked \
-                    before");
+                warn!(
+                    entry = %shown,
+                    deb = %self.deb.display(),
+                    "overwriting a file unpacked before",
+                );
                 fs::remove_file(dest).map_err(Error::io("removing", dest))
             }
             Err(_) => Ok(()),

@@ -31,13 +31,14 @@ const MANIFEST: &str =
 /// A lock in step with [`MANIFEST`], plus `more` entries.
 fn lock(more: &str) -> String {
     format!(
-        r#"{{"lockfileVersion":3,"packages":{{
-        "":{{"name":"f","dependencies":{{"a":"^1.0.0","@s/b":"2.0.0"}},"devDependencies":{{"t":"1"}}}},
-        "node_modules/a":{},
-        "node_modules/@s/b":{},
-        "node_modules/a/node_modules/c":{},
-        "node_modules/t":{},
-        "node_modules/mac":{}{more}}}}}"#,
+        "{{\"lockfileVersion\":3,\"packages\":{{
+        \"\":{{\"name\":\"f\",\"dependencies\":{{\"a\":\"^1.0.0\",\"@s/b\":\"2.0.0\"}},\
+            \"devDependencies\":{{\"t\":\"1\"}}}},
+        \"node_modules/a\":{},
+        \"node_modules/@s/b\":{},
+        \"node_modules/a/node_modules/c\":{},
+        \"node_modules/t\":{},
+        \"node_modules/mac\":{}{more}}}}}",
         entry(
             "a",
             "1.2.0",
@@ -123,7 +124,8 @@ fn whatever_npm_would_do_beyond_unpacking_the_lock_makes_npm_run() {
         (
             MANIFEST.into(),
             lock(
-                r#","node_modules/g":{"version":"1.0.0","resolved":"git+ssh://git@github.com/x/g.git#abc","integrity":"sha512-AA=="}"#,
+                ",\"node_modules/g\":{\"version\":\"1.0.0\",\"resolved\":\"git+ssh://\
+                    git@github.com/x/g.git#abc\",\"integrity\":\"sha512-AA==\"}",
             ),
             "not resolved to",
         ),

@@ -211,7 +211,9 @@ async fn page_server(
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = std::sync::Arc::clone(&seen);
     tokio::spawn(async move {
-        let page = br#"{"meta": {"api-version": "1.1"}, "files": [{"filename": "six-1.17.0-py2.py3-none-any.whl", "url": "https://files.example/six.whl", "hashes": {"sha256": "abab"}, "size": 11}]}"#;
+        let page = b"{\"meta\": {\"api-version\": \"1.1\"}, \"files\": [{\"filename\": \
+            \"six-1.17.0-py2.py3-none-any.whl\", \"url\": \"https://files.example/six.whl\", \
+            \"hashes\": {\"sha256\": \"abab\"}, \"size\": 11}]}";
         while let Ok((mut conn, _)) = listener.accept().await {
             let mut buf = vec![0u8; 8192];
             let n = conn.read(&mut buf).await.unwrap_or(0);

@@ -95,8 +95,12 @@ pub(super) fn write(
         Ok(())
     })();
     if let Err(e) = written {
-        tracing::debug!(%url, path = %dest.display(), error = %e, "the project page was not \
-            cached");
+        tracing::debug!(
+            %url,
+            path = %dest.display(),
+            error = %e,
+            "the project page was not cached",
+        );
     }
 }
 

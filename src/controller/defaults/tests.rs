@@ -76,8 +76,10 @@ fn blank_node_dependencies_become_an_empty_object() {
 fn absent_node_dependencies_and_blank_python_requirements_stay_as_they_are() {
     assert_eq!(defaulted(inline_node()).1, 0);
     let spec = json!({"runtime": "python313", "replicas": 1,
-                      "source": {"inline": {"source": "def main(e, c): \
-                          pass", "dependencies": ""}}});
+    "source": {"inline": {
+        "source": "def main(e, c): pass",
+        "dependencies": ""
+    }}});
     assert_eq!(defaulted(spec).1, 0);
 }
 

@@ -38,7 +38,11 @@ fn value_from_needs_exactly_one_complete_source() {
     only_error(&verdict(env(two)), "spec.env[0].valueFrom", "exactly one");
     let none = json!([{"name": "A", "valueFrom": {}}]);
     only_error(&verdict(env(none)), "spec.env[0].valueFrom", "(it has 0)");
-    let both = json!([{"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]);
+    let both = json!([{
+        "name": "A",
+        "value": "x",
+        "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}
+    }]);
     only_error(
         &verdict(env(both)),
         "spec.env[0].valueFrom",
@@ -224,7 +228,10 @@ fn security_contexts_may_tighten_but_not_leave_the_restricted_standard() {
     valid(&verdict(security(
         json!({"runAsUser": 2000, "fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"},
                "sysctls": [{"name": "net.ipv4.tcp_keepalive_time", "value": "60"}]}),
-        json!({"readOnlyRootFilesystem": false, "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}}),
+        json!({
+            "readOnlyRootFilesystem": false,
+            "capabilities": {"drop": ["ALL"], "add": ["NET_BIND_SERVICE"]}
+        }),
     )));
     let refused = [
         (

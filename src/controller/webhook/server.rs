@@ -53,8 +53,10 @@ pub async fn serve(
     let listener =
         TlsListener::new(tcp, TlsAcceptor::from(Arc::new(config))).map_err(Error::Serve)?;
     let address = axum::serve::Listener::local_addr(&listener).map_err(Error::Serve)?;
-    tracing::info!(%address, "serving admission reviews on https://{address}: POST /mutate, POST \
-        /validate");
+    tracing::info!(
+        %address,
+        "serving admission reviews on https://{address}: POST /mutate, POST /validate",
+    );
     let reviewer = Arc::new(Reviewer::new(Catalog::embedded(), options.profiles));
     let outcome = axum::serve(listener, router(reviewer))
         .with_graceful_shutdown(shutdown)

@@ -247,7 +247,14 @@ impl RegistryPublisher {
                 BlobOutcome::Mounted => (Outcome::Mounted, 0),
                 BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
             };
-            tracing::info!(digest = %d.digest, size = d.size, role = ?blob.role, ?outcome, bytes_sent, "blob");
+            tracing::info!(
+                digest = %d.digest,
+                size = d.size,
+                role = ?blob.role,
+                ?outcome,
+                bytes_sent,
+                "blob",
+            );
             BlobReport {
                 digest: d.digest.clone(),
                 size: d.size,
@@ -343,8 +350,11 @@ async fn fetch_base_layer(
     match &base.location {
         BaseLocation::Layout(layout) => Ok(LocalFile::Borrowed(layout.blob_path(&d.digest))),
         BaseLocation::Registry(r) => {
-            tracing::warn!(digest = %d.digest, from = %r, "downloading base layer: it cannot be \
-                mounted");
+            tracing::warn!(
+                digest = %d.digest,
+                from = %r,
+                "downloading base layer: it cannot be mounted",
+            );
             download(client, r, d, scratch).await
         }
     }
@@ -512,8 +522,10 @@ impl Publisher for RegistryPublisher {
                 Ok(_) => {}
                 Err(e) if trusted && e.is_blob_unknown() => {
                     // The record named a blob the repository lost: check every blob.
-                    tracing::warn!(repository = %self.target.repository_path(), "a blob pushed \
-                        here before is gone; checking every blob");
+                    tracing::warn!(
+                        repository = %self.target.repository_path(),
+                        "a blob pushed here before is gone; checking every blob",
+                    );
                     if let Some(p) = &self.pushed {
                         p.forget();
                     }

@@ -101,7 +101,10 @@ impl Tokens {
     pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
         let mut tokens = self.lock();
         let existing = tokens.iter().find(|(_, h)| {
-            matches!(h, Holder::ServiceAccount { namespace: n, name: m } if n == namespace && m == name)
+            matches!(
+                h,
+                Holder::ServiceAccount { namespace: n, name: m } if n == namespace && m == name,
+            )
         });
         if let Some((token, _)) = existing {
             return token.clone();
@@ -456,7 +459,12 @@ mod tests {
             &attrs("update", "deployments", "status", "a")
         ));
         assert!(!rule_allows(&sub, &attrs("update", "deployments", "", "a")));
-        let named = json!({"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list"], "resourceNames": ["a"]});
+        let named = json!({
+            "apiGroups": ["apps"],
+            "resources": ["deployments"],
+            "verbs": ["get", "list"],
+            "resourceNames": ["a"]
+        });
         assert!(rule_allows(&named, &attrs("get", "deployments", "", "a")));
         assert!(!rule_allows(&named, &attrs("get", "deployments", "", "b")));
         assert!(!rule_allows(&named, &attrs("list", "deployments", "", "")));

@@ -122,7 +122,10 @@ impl Store {
         let volume = format!("kube-api-access-{}", &meta::name_suffix()[..5]);
         let projected = json!({"name": volume, "projected": {"defaultMode": 420, "sources": [
             {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
-            {"configMap": {"name": ROOT_CA_CONFIG_MAP, "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"configMap": {
+                "name": ROOT_CA_CONFIG_MAP,
+                "items": [{"key": "ca.crt", "path": "ca.crt"}]
+            }},
             {"downwardAPI": {"items": [{"path": "namespace",
                 "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
         ]}});

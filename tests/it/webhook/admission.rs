@@ -332,7 +332,11 @@ fn config_map_hook(name: &str, path: &str, reinvocation: &str, failure: &str, ca
         "metadata": {"name": name},
         "webhooks": [{"name": format!("{name}.example.com"), "admissionReviewVersions": ["v1"],
             "sideEffects": "None", "failurePolicy": failure, "reinvocationPolicy": reinvocation,
-            "clientConfig": {"service": {"name": "kubernetes", "namespace": "default", "path": path},
+            "clientConfig": {"service": {
+                "name": "kubernetes",
+                "namespace": "default",
+                "path": path
+            },
                              "caBundle": base64::engine::general_purpose::STANDARD.encode(ca)},
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                        "resources": ["configmaps"]}]}]})
@@ -380,10 +384,21 @@ async fn serve_a_and_b(api: &KubeApi) -> u16 {
         crate::common::kube_api::tls::TlsListener::new(tcp, crate::common::kube_api::pki::pki());
     tokio::spawn(async move { axum::serve(listener, app).await });
     // The `kubernetes` Service's endpoint: a Ready Pod on 127.0.0.1.
-    api.insert(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "default"},
+    api.insert(json!({"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "kubernetes",
+        "namespace": "default"
+    },
         "spec": {"selector": {"app": "hooks"}, "ports": [{"port": 443, "targetPort": port}]}}));
-    api.insert(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hooks", "namespace": "default", "labels": {"app": "hooks"}},
-        "spec": {"containers": [{"name": "hooks", "image": "x", "ports": [{"containerPort": port}]}]},
+    api.insert(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "hooks",
+        "namespace": "default",
+        "labels": {"app": "hooks"}
+    },
+        "spec": {"containers": [{
+            "name": "hooks",
+            "image": "x",
+            "ports": [{"containerPort": port}]
+        }]},
         "status": {"podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}}));
     port
 }

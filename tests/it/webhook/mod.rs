@@ -37,9 +37,21 @@ fn review(operation: &str, object: Value) -> Value {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
             "uid": format!("uid-{}", object["metadata"]["name"].as_str().unwrap_or("x")),
-            "kind": {"group": "serverless.kyma-project.io", "version": "v1alpha2", "kind": "Function"},
-            "resource": {"group": "serverless.kyma-project.io", "version": "v1alpha2", "resource": "functions"},
-            "requestKind": {"group": "serverless.kyma-project.io", "version": "v1alpha2", "kind": "Function"},
+            "kind": {
+                "group": "serverless.kyma-project.io",
+                "version": "v1alpha2",
+                "kind": "Function"
+            },
+            "resource": {
+                "group": "serverless.kyma-project.io",
+                "version": "v1alpha2",
+                "resource": "functions"
+            },
+            "requestKind": {
+                "group": "serverless.kyma-project.io",
+                "version": "v1alpha2",
+                "kind": "Function"
+            },
             "name": object["metadata"]["name"], "namespace": "team", "operation": operation,
             "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters"]},
             "object": object, "oldObject": null, "dryRun": false,
@@ -121,17 +133,22 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "invalid",
         ),
         (
-            json!({"spec": {"resourceConfiguration": {"function": {"resources": {"requests": {"cpu": "5m"}}}}}}),
+            json!({"spec": {"resourceConfiguration": {"function": {
+                "resources": {"requests": {"cpu": "5m"}}}}}}),
             "spec.resourceConfiguration.function.resources.requests.cpu",
             "below the minimum cpu for a Function (10m)",
         ),
         (
-            json!({"spec": {"resourceConfiguration": {"build": {"resources": {"limits": {"memory": "100Mi"}}}}}}),
+            json!({"spec": {"resourceConfiguration": {"build": {
+                "resources": {"limits": {"memory": "100Mi"}}}}}}),
             "spec.resourceConfiguration.build.resources.limits.memory",
             "below the minimum memory for a build (200Mi)",
         ),
         (
-            json!({"spec": {"resourceConfiguration": {"function": {"resources": {"requests": {"memory": "1Gi"}, "limits": {"memory": "512Mi"}}}}}}),
+            json!({"spec": {"resourceConfiguration": {"function": {"resources": {
+                "requests": {"memory": "1Gi"},
+                "limits": {"memory": "512Mi"}
+            }}}}}),
             "spec.resourceConfiguration.function.resources.requests.memory",
             "exceeds limits.memory (512Mi)",
         ),
@@ -166,8 +183,10 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "not a valid Secret name",
         ),
         (
-            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/\
-                s"}, {"secretName": "b", "mountPath": "/s/"}]}}),
+            json!({"spec": {"secretMounts": [
+                {"secretName": "a", "mountPath": "/s"},
+                {"secretName": "b", "mountPath": "/s/"}
+            ]}}),
             "spec.secretMounts[1].mountPath",
             "already used by spec.secretMounts[0]",
         ),
@@ -177,8 +196,10 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "would hide /tmp",
         ),
         (
-            json!({"spec": {"secretMounts": [{"secretName": "a", "mountPath": "/usr/src/app/\
-                function/s"}]}}),
+            json!({"spec": {"secretMounts": [{
+                "secretName": "a",
+                "mountPath": "/usr/src/app/function/s"
+            }]}}),
             "spec.secretMounts[0].mountPath",
             "is inside /usr/src/app/function",
         ),
@@ -188,8 +209,10 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "package.json line 1: must be a JSON object",
         ),
         (
-            json!({"spec": {"runtime": "python313", "source": {"inline": {"dependencies": "flask==\
-                \n"}}}}),
+            json!({"spec": {
+                "runtime": "python313",
+                "source": {"inline": {"dependencies": "flask==\n"}}
+            }}),
             "spec.source.inline.dependencies",
             "requirements.txt line 1",
         ),
@@ -209,21 +232,39 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
             "reserved",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "git@github.com:o/\
-                r.git", "baseDir": "/", "reference": "main"}}}}),
+            json!({"spec": {"source": {
+                "inline": null,
+                "gitRepository": {
+                    "url": "git@github.com:o/r.git",
+                    "baseDir": "/",
+                    "reference": "main"
+                }
+            }}}),
             "spec.source.gitRepository.url",
             "ssh program",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://\
-                github.com/o/\
-                r.git", "baseDir": "/", "reference": "main", "auth": {"type": "key", "secretName": "k"}}}}}),
+            json!({"spec": {"source": {
+                "inline": null,
+                "gitRepository": {
+                    "url": "https://github.com/o/r.git",
+                    "baseDir": "/",
+                    "reference": "main",
+                    "auth": {"type": "key", "secretName": "k"}
+                }
+            }}}),
             "spec.source.gitRepository.auth.type",
             "builder image does not have",
         ),
         (
-            json!({"spec": {"source": {"inline": null, "gitRepository": {"url": "https://\
-                github.com/o/r.git", "baseDir": " ", "reference": "main"}}}}),
+            json!({"spec": {"source": {
+                "inline": null,
+                "gitRepository": {
+                    "url": "https://github.com/o/r.git",
+                    "baseDir": " ",
+                    "reference": "main"
+                }
+            }}}),
             "spec.source.gitRepository.baseDir",
             "is blank",
         ),

@@ -20,8 +20,16 @@ fn review_body(operation: &str, object: Value, old: Value) -> Vec<u8> {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
             "uid": "u-1",
-            "kind": {"group": "serverless.kyma-project.io", "version": "v1alpha2", "kind": "Function"},
-            "resource": {"group": "serverless.kyma-project.io", "version": "v1alpha2", "resource": "functions"},
+            "kind": {
+                "group": "serverless.kyma-project.io",
+                "version": "v1alpha2",
+                "kind": "Function"
+            },
+            "resource": {
+                "group": "serverless.kyma-project.io",
+                "version": "v1alpha2",
+                "resource": "functions"
+            },
             "name": "", "namespace": "team", "operation": operation,
             "userInfo": {"username": "alice"},
             "object": object, "oldObject": old, "dryRun": false

@@ -1,5 +1,7 @@
-//! The crate's layering, checked: src/lib.rs lists which top-level module may import which
-//! ("# Layers"), and every `crate::` path in src/ must follow that list. A small reader of
+//! The code's shape, checked. Layering: src/lib.rs lists which top-level module may import
+//! which ("# Layers"), and every `crate::` path in src/ must follow that list. Width: no line
+//! of Rust is over 100 columns, rustfmt's limit, which it silently gives up on inside
+//! macros and long strings. A small reader of
 //! its own rather than cargo-modules (a tool CI would have to install, whose output changes
 //! between versions) or a workspace split (which would move every file): it needs only the
 //! top-level module of each file and the first segment after each `crate::`.
@@ -136,18 +138,7 @@ fn ident(s: &str) -> String {
 /// Every `crate::` arrow between top-level modules in the .rs files under `src`, comment
 /// lines left out.
 fn arrows(src: &Path, modules: &BTreeSet<String>) -> Vec<Arrow> {
-    let mut files = Vec::new();
-    let mut dirs = vec![src.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
+    let files = rust_files(src);
     let mut out = Vec::new();
     for file in files {
         let relative = file.strip_prefix(src).unwrap();
@@ -279,4 +270,47 @@ fn an_arrow_against_the_layers_is_caught_however_it_is_written() {
     let unlisted = self::modules(&format!("{lib}pub mod sandbox;\n"));
     let wrong = violations(&rules, &unlisted, &[]);
     assert_eq!(wrong, ["module sandbox is not in lib.rs's list of layers"]);
+}
+
+/// Every .rs file under `dir`.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_line_of_rust_is_over_100_columns() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("build.rs")];
+    for dir in ["src", "tests", "bench"] {
+        files.extend(rust_files(&root.join(dir)));
+    }
+    assert!(files.len() > 100, "the files were found: {}", files.len());
+    let mut long = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let width = line.chars().count();
+            if width > 100 {
+                let at = file.strip_prefix(root).unwrap().display().to_string();
+                long.push(format!("{at}:{}: {width} columns", n + 1));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "lines over 100 columns (break strings with a `\\` continuation, macros by hand):\n{}",
+        long.join("\n")
+    );
 }
