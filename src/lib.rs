@@ -6,8 +6,9 @@
 //!
 //! Dependencies point one way, down this list: a module imports (`crate::…`) only the modules
 //! named in its entry, all of them further down. `tests/it/structure.rs` reads this list and
-//! every `crate::` path in `src/`, and fails on an arrow the list does not allow. `testing`
-//! (unit-test helpers) may be used by any module.
+//! every `crate::` path in `src/`, and fails on an arrow the list does not allow. `io_error`
+//! (the one file-system error shape) and `testing` (unit-test helpers) may be used by any
+//! module.
 //!
 //! - `cli`, `fuzzing`: anything.
 //! - `controller`: `git` `runtime` `registry` `oci` `k8s_names` `redact` `capped`.
@@ -21,12 +22,11 @@
 //! - `fetch`: `progress` `rootpath` `capped`.
 //! - `git`: `redact` `progress` `capped`.
 //! - `registry`: `oci` `redact` `progress` `capped`.
-//! - `runtime`: `oci`.
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `telemetry`: `progress`.
-//! - `capped`, `inuse`, `k8s_names`, `progress`, `redact`, `rootpath`, `tarmeter`, `testing`:
-//!   nothing.
+//! - `capped`, `inuse`, `io_error`, `k8s_names`, `progress`, `redact`, `rootpath`, `runtime`,
+//!   `tarmeter`, `testing`: nothing.
 //!
 //! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
 //! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and
@@ -43,6 +43,7 @@ pub mod fuzzing;
 pub mod git;
 pub mod image;
 pub mod inuse;
+pub mod io_error;
 pub mod k8s_names;
 pub mod oci;
 pub mod progress;

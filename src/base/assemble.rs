@@ -52,9 +52,6 @@ pub enum Error {
     /// Kyma's runtime packages.
     #[error(transparent)]
     Packages(#[from] packages::Error),
-    /// Synthesised files.
-    #[error(transparent)]
-    Rootfs(#[from] rootfs::Error),
     /// Walking a staged tree.
     #[error(transparent)]
     Walk(#[from] source::Error),
@@ -95,15 +92,9 @@ pub enum Error {
         /// The runtime.
         runtime: String,
     },
-    /// Scratch space.
-    #[error("using {path}")]
-    Io {
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    /// File-system trouble: scratch space, synthesised files.
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// A worker thread died.
     #[error("internal task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -154,13 +145,19 @@ pub async fn assemble(
         });
     }
     let tmp = src.cache_dir.join("tmp");
-    std::fs::create_dir_all(&tmp).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
+    std::fs::create_dir_all(&tmp).map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "using",
+            path: tmp.clone(),
+            source,
+        })
     })?;
-    let staging = tempfile::tempdir_in(&tmp).map_err(|source| Error::Io {
-        path: tmp.clone(),
-        source,
+    let staging = tempfile::tempdir_in(&tmp).map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "using",
+            path: tmp.clone(),
+            source,
+        })
     })?;
     let mut stage = Stage {
         src,
@@ -235,9 +232,12 @@ struct SbomEntry {
 impl Stage<'_> {
     fn scratch(&self, name: &str) -> Result<PathBuf> {
         let dir = self.dir.join(name);
-        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-            path: dir.clone(),
-            source,
+        std::fs::create_dir_all(&dir).map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "using",
+                path: dir.clone(),
+                source,
+            })
         })?;
         Ok(dir)
     }
@@ -316,14 +316,20 @@ impl Stage<'_> {
             for [link, target] in &wanted.links {
                 let path = root.join(link.trim_start_matches('/'));
                 if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|source| Error::Io {
-                        path: parent.into(),
-                        source,
+                    std::fs::create_dir_all(parent).map_err(|source| {
+                        Error::Io(crate::io_error::IoError {
+                            action: "using",
+                            path: parent.into(),
+                            source,
+                        })
                     })?;
                 }
-                std::os::unix::fs::symlink(target, &path).map_err(|source| Error::Io {
-                    path: path.clone(),
-                    source,
+                std::os::unix::fs::symlink(target, &path).map_err(|source| {
+                    Error::Io(crate::io_error::IoError {
+                        action: "using",
+                        path: path.clone(),
+                        source,
+                    })
                 })?;
             }
             self.sbom.push(SbomEntry {

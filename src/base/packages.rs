@@ -108,27 +108,14 @@ pub enum Error {
         detail: String,
     },
     /// Local file trouble.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 pub(super) type Result<T, E = Error> = std::result::Result<T, E>;
 
 pub(super) fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 /// Runs `cmd` in `dir`; its stderr becomes the error's detail.
@@ -302,10 +289,12 @@ pub async fn install_npm(
         Ok(())
     })
     .await
-    .map_err(|e| Error::Io {
-        action: "unpacking npm packages into",
-        path: PathBuf::new(),
-        source: std::io::Error::other(e),
+    .map_err(|e| {
+        Error::Io(crate::io_error::IoError {
+            action: "unpacking npm packages into",
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })
     })?
 }
 

@@ -10,23 +10,11 @@ use std::path::{Path, PathBuf};
 /// The image user (`USER 1000`, as Kyma's runtime images).
 pub const IMAGE_UID: u32 = 1000;
 
-/// Why synthesising failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{action} {path}")]
-pub struct Error {
-    action: &'static str,
-    path: PathBuf,
-    #[source]
-    source: std::io::Error,
-}
+/// Why synthesising failed: a file-system operation.
+pub use crate::io_error::IoError as Error;
 
 fn err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 fn write(root: &Path, rel: &str, text: &str) -> Result<(), Error> {

@@ -3,7 +3,7 @@
 //! and the images `kiln build` writes when no registry or layout is named. A file lock keeps
 //! concurrent kiln processes from assembling the same runtime twice.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::assemble::{self, Assembled, Sources};
 use super::recipe;
@@ -30,14 +30,8 @@ pub enum Error {
     #[error(transparent)]
     Publish(#[from] crate::image::publish::Error),
     /// The store directory or its lock.
-    #[error("using the image store {path}")]
-    Io {
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// A worker thread died.
     #[error("internal task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -70,9 +64,12 @@ pub async fn ensure(
     dir: &Path,
     kiln_binary: &Path,
 ) -> Result<(), Error> {
-    let io = |source| Error::Io {
-        path: dir.to_path_buf(),
-        source,
+    let io = |source| {
+        Error::Io(crate::io_error::IoError {
+            action: "using the image store",
+            path: dir.to_path_buf(),
+            source,
+        })
     };
     std::fs::create_dir_all(dir).map_err(io)?;
     let lock_path = dir.join(".lock");
@@ -104,9 +101,12 @@ pub async fn ensure(
             runtime: runtime.into(),
             source: Box::new(e),
         })?;
-    let client = Client::new(ClientConfig::default()).map_err(|e| Error::Io {
-        path: dir.into(),
-        source: std::io::Error::other(e),
+    let client = Client::new(ClientConfig::default()).map_err(|e| {
+        Error::Io(crate::io_error::IoError {
+            action: "using the image store",
+            path: dir.into(),
+            source: std::io::Error::other(e),
+        })
     })?;
     write_layout(&built, &client, dir, runtime, &src.cache_dir.join("tmp")).await?;
     drop(lock);

@@ -154,10 +154,12 @@ pub async fn install_wheels(
         Ok(())
     })
     .await
-    .map_err(|e| Error::Io {
-        action: "installing wheels into",
-        path: PathBuf::new(),
-        source: std::io::Error::other(e),
+    .map_err(|e| {
+        Error::Io(crate::io_error::IoError {
+            action: "installing wheels into",
+            path: PathBuf::new(),
+            source: std::io::Error::other(e),
+        })
     })?
 }
 

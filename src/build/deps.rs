@@ -149,16 +149,8 @@ pub enum Error {
         output: String,
     },
     /// Staging or process I/O.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 impl InstallEnv {
@@ -305,13 +297,13 @@ pub async fn install(
     let work = staging.join("work");
     let home = staging.join("home");
     for dir in [&work, &home] {
-        tokio::fs::create_dir_all(dir)
-            .await
-            .map_err(|source| Error::Io {
+        tokio::fs::create_dir_all(dir).await.map_err(|source| {
+            Error::Io(crate::io_error::IoError {
                 action: "creating",
                 path: dir.clone(),
                 source,
-            })?;
+            })
+        })?;
     }
     let files = std::iter::once(&inputs.manifest)
         .chain(&inputs.lock)
@@ -320,10 +312,12 @@ pub async fn install(
         let path = work.join(&file.name);
         tokio::fs::write(&path, &file.bytes)
             .await
-            .map_err(|source| Error::Io {
-                action: "writing",
-                path,
-                source,
+            .map_err(|source| {
+                Error::Io(crate::io_error::IoError {
+                    action: "writing",
+                    path,
+                    source,
+                })
             })?;
     }
     let argv = runtime.install_command(inputs.lock.is_some());
@@ -385,15 +379,19 @@ pub async fn install(
     };
     let stderr = read_output(child.stdout.take(), child.stderr.take(), &secrets)
         .await
-        .map_err(|source| Error::Io {
-            action: "reading the output of",
+        .map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "reading the output of",
+                path: work.clone(),
+                source,
+            })
+        })?;
+    let status = child.wait().await.map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "waiting for the install in",
             path: work.clone(),
             source,
-        })?;
-    let status = child.wait().await.map_err(|source| Error::Io {
-        action: "waiting for the install in",
-        path: work.clone(),
-        source,
+        })
     })?;
     if let Some(source) = network_error {
         return Err(Error::Network {
@@ -507,11 +505,11 @@ fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path)
             runtime: runtime.name.clone(),
         }
     } else {
-        Error::Io {
+        Error::Io(crate::io_error::IoError {
             action: "starting the install in",
             path: dir.to_path_buf(),
             source: e,
-        }
+        })
     }
 }
 

@@ -78,14 +78,8 @@ pub enum Error {
     #[error(transparent)]
     Source(#[from] source::Error),
     /// Reading a file.
-    #[error("reading {path}")]
-    Io {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 /// The parts of a Kyma Function manifest kiln builds from.
@@ -147,9 +141,12 @@ impl FunctionManifest {
     /// # Errors
     /// When it is not a v1alpha2 Function with inline source.
     pub fn read(path: &Path) -> Result<FunctionManifest, Error> {
-        let text = fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.into(),
-            source,
+        let text = fs::read_to_string(path).map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "reading",
+                path: path.into(),
+                source,
+            })
         })?;
         let bad = |problem: String| Error::FunctionManifest {
             path: path.into(),
@@ -245,7 +242,11 @@ pub fn from_dir(
                 bytes,
             })),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(source) => Err(Error::Io { path, source }),
+            Err(source) => Err(Error::Io(crate::io_error::IoError {
+                action: "reading",
+                path,
+                source,
+            })),
         }
     };
     let spec = &runtime.dependencies;

@@ -419,10 +419,12 @@ pub(super) async fn from_cache_repo(
     let file = tempfile::Builder::new()
         .prefix(".cache-repo-")
         .tempfile_in(cache.tmp_dir())
-        .map_err(|source| crate::registry::Error::Io {
-            action: "creating a file in",
-            path: cache.tmp_dir(),
-            source,
+        .map_err(|source| {
+            crate::registry::Error::Io(crate::io_error::IoError {
+                action: "creating a file in",
+                path: cache.tmp_dir(),
+                source,
+            })
         })?
         .into_temp_path();
     client

@@ -66,16 +66,8 @@ pub enum Error {
         source: serde_json::Error,
     },
     /// Local file trouble.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 /// The most a download may be when nothing names its size: above any package on PyPI or
@@ -175,10 +167,12 @@ pub async fn cached<D: Digest>(
     }
     let io = |action, path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path,
+                source,
+            })
         }
     };
     let dir = dest.parent().unwrap_or(Path::new("."));

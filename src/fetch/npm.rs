@@ -72,28 +72,15 @@ pub enum Error {
     #[error("{0:?} is not a sha512 integrity value")]
     BadIntegrity(String),
     /// Local file trouble.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// An [`Error::Io`] maker for `map_err`: what was being done, where.
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 #[derive(Deserialize)]
@@ -223,10 +210,12 @@ fn join(registry: &url::Url, path: &str) -> String {
 pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
     use crate::rootpath::{self, Last};
     use std::os::unix::fs::PermissionsExt as _;
-    let refuse = |what: String| Error::Io {
-        action: "refusing a member of",
-        path: tgz.to_path_buf(),
-        source: std::io::Error::other(what),
+    let refuse = |what: String| {
+        Error::Io(crate::io_error::IoError {
+            action: "refusing a member of",
+            path: tgz.to_path_buf(),
+            source: std::io::Error::other(what),
+        })
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
@@ -308,11 +297,11 @@ pub fn unpack(tgz: &Path, include: &[&str], dest: &Path) -> Result<()> {
 /// Removes the file or link at `path` (not a directory; nothing there is fine).
 fn remove_entry(path: &Path) -> Result<()> {
     match path.symlink_metadata() {
-        Ok(meta) if meta.is_dir() => Err(Error::Io {
+        Ok(meta) if meta.is_dir() => Err(Error::Io(crate::io_error::IoError {
             action: "replacing a directory with a file at",
             path: path.to_path_buf(),
             source: std::io::Error::other("a directory is in the way"),
-        }),
+        })),
         Ok(_) => std::fs::remove_file(path).map_err(io("removing", path)),
         Err(_) => Ok(()),
     }
@@ -328,10 +317,12 @@ fn remove_entry(path: &Path) -> Result<()> {
 /// A corrupt tarball, a link or escaping member, I/O.
 pub fn unpack_package(tgz: &Path, dest: &Path) -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
-    let refuse = |what: String| Error::Io {
-        action: "refusing a member of",
-        path: tgz.to_path_buf(),
-        source: std::io::Error::other(what),
+    let refuse = |what: String| {
+        Error::Io(crate::io_error::IoError {
+            action: "refusing a member of",
+            path: tgz.to_path_buf(),
+            source: std::io::Error::other(what),
+        })
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
     let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));

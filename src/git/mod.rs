@@ -157,10 +157,12 @@ pub struct Fetched {
 pub fn resolve_reference(url: &str, reference: &str, access: &Access) -> Result<String, Error> {
     let url = RemoteUrl::parse(url)?;
     let reference = Reference::parse(reference)?;
-    let scratch = tempfile::tempdir().map_err(|source| Error::Io {
-        action: "creating a scratch directory in",
-        path: std::env::temp_dir(),
-        source,
+    let scratch = tempfile::tempdir().map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "creating a scratch directory in",
+            path: std::env::temp_dir(),
+            source,
+        })
     })?;
     let repo = remote::init_repo(scratch.path())?;
     let resolved = remote::resolve(&repo, &url, &reference, access)?;
@@ -180,10 +182,12 @@ pub fn fetch_tree(
     scratch: &Path,
     dest: &Path,
 ) -> Result<Fetched, Error> {
-    let repo_dir = tempfile::tempdir_in(scratch).map_err(|source| Error::Io {
-        action: "creating a scratch directory in",
-        path: scratch.to_path_buf(),
-        source,
+    let repo_dir = tempfile::tempdir_in(scratch).map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "creating a scratch directory in",
+            path: scratch.to_path_buf(),
+            source,
+        })
     })?;
     let repo = remote::init_repo(repo_dir.path())?;
     let commit = remote::resolve(&repo, &source.url, &source.reference, access)?;
@@ -381,16 +385,8 @@ pub enum Error {
         source: Box<gix::Error>,
     },
     /// Writing the tree or scratch space.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 impl Error {

@@ -54,15 +54,19 @@ pub(super) fn write_base_dir(
             }
         }
     }
-    std::fs::create_dir(dest).map_err(|source| Error::Io {
-        action: "creating",
-        path: dest.to_path_buf(),
-        source,
+    std::fs::create_dir(dest).map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "creating",
+            path: dest.to_path_buf(),
+            source,
+        })
     })?;
-    let root = rustix::fs::open(dest, dir_flags(), Mode::empty()).map_err(|e| Error::Io {
-        action: "opening",
-        path: dest.to_path_buf(),
-        source: e.into(),
+    let root = rustix::fs::open(dest, dir_flags(), Mode::empty()).map_err(|e| {
+        Error::Io(crate::io_error::IoError {
+            action: "opening",
+            path: dest.to_path_buf(),
+            source: e.into(),
+        })
     })?;
     let prefix = base_dir.components().join("/");
     writer.write_tree(tree, &root, &prefix, 0)?;
@@ -106,10 +110,12 @@ impl Writer<'_> {
             let name = check_name(&name).map_err(|problem| self.unsafe_entry(&child, problem))?;
             let io = |action: &'static str| {
                 let child = child.clone();
-                move |e: rustix::io::Errno| Error::Io {
-                    action,
-                    path: child.into(),
-                    source: e.into(),
+                move |e: rustix::io::Errno| {
+                    Error::Io(crate::io_error::IoError {
+                        action,
+                        path: child.into(),
+                        source: e.into(),
+                    })
                 }
             };
             match kind {
@@ -134,13 +140,13 @@ impl Writer<'_> {
                     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(mode))
                         .map_err(io("creating"))?;
                     let data = self.blob(id)?;
-                    std::fs::File::from(fd)
-                        .write_all(&data)
-                        .map_err(|source| Error::Io {
+                    std::fs::File::from(fd).write_all(&data).map_err(|source| {
+                        Error::Io(crate::io_error::IoError {
                             action: "writing",
                             path: child.clone().into(),
                             source,
-                        })?;
+                        })
+                    })?;
                     self.files += 1;
                 }
                 EntryKind::Link => {

@@ -16,16 +16,8 @@ pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// File system trouble.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// The directory is not an OCI layout.
     #[error("{0} is not an OCI image layout (no oci-layout file)")]
     NotALayout(PathBuf),
@@ -69,12 +61,7 @@ pub struct Layout {
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 impl Layout {
@@ -370,10 +357,12 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp =
         tempfile::NamedTempFile::new_in(dir).map_err(io_err("creating a file in", dir))?;
     tmp.write_all(bytes).map_err(io_err("writing", path))?;
-    tmp.persist(path).map_err(|e| Error::Io {
-        action: "writing",
-        path: path.to_path_buf(),
-        source: e.error,
+    tmp.persist(path).map_err(|e| {
+        Error::Io(crate::io_error::IoError {
+            action: "writing",
+            path: path.to_path_buf(),
+            source: e.error,
+        })
     })?;
     Ok(())
 }

@@ -52,14 +52,8 @@ pub enum Error {
         source: ignore::Error,
     },
     /// Reading the tree.
-    #[error("reading {path}")]
-    Io {
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 /// How to walk a tree.
@@ -151,7 +145,13 @@ fn walk_dir(
 ) -> Result<(), Error> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::Io { path, source }
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action: "reading",
+                path,
+                source,
+            })
+        }
     };
     let mut children: Vec<_> = fs::read_dir(dir)
         .map_err(io(dir))?
@@ -223,7 +223,11 @@ fn special_kind(kind: &fs::FileType) -> &'static str {
 fn check_link(root: &Path, rel: &str, target: &Path, path: &Path) -> Result<(), Error> {
     match rootpath::resolve_beneath(root, Path::new(rel), Last::Follow) {
         Ok(_) | Err(rootpath::Error::SymlinkLoop(_)) => Ok(()),
-        Err(rootpath::Error::Io { path, source }) => Err(Error::Io { path, source }),
+        Err(rootpath::Error::Io { path, source }) => Err(Error::Io(crate::io_error::IoError {
+            action: "reading",
+            path,
+            source,
+        })),
         Err(_) => Err(Error::EscapingSymlink {
             path: path.to_path_buf(),
             target: target.to_path_buf(),

@@ -101,10 +101,12 @@ impl Client {
         retry(&self.inner.retry, "GET blob", || async {
             let mut resp = self.open_blob(&reg, &call, repo, descriptor).await?;
             let (file, temp) = temp_file_near(dest).await?;
-            let io = |action, source| Error::Io {
-                action,
-                path: temp.to_path_buf(),
-                source,
+            let io = |action, source| {
+                Error::Io(crate::io_error::IoError {
+                    action,
+                    path: temp.to_path_buf(),
+                    source,
+                })
             };
             let mut file = tokio::fs::File::from_std(file);
             let mut check = Verifier::new(repo, descriptor);
@@ -121,16 +123,16 @@ impl Client {
             let persisted = tokio::task::spawn_blocking(move || temp.persist(&dest_buf)).await;
             match persisted {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(Error::Io {
+                Ok(Err(e)) => Err(Error::Io(crate::io_error::IoError {
                     action: "renaming downloaded blob to",
                     path: dest.to_path_buf(),
                     source: e.error,
-                }),
-                Err(join) => Err(Error::Io {
+                })),
+                Err(join) => Err(Error::Io(crate::io_error::IoError {
                     action: "renaming downloaded blob to",
                     path: dest.to_path_buf(),
                     source: std::io::Error::other(join),
-                }),
+                })),
             }
         })
         .await
@@ -240,10 +242,12 @@ async fn temp_file_near(dest: &Path) -> Result<(std::fs::File, tempfile::TempPat
     .await
     .map_err(std::io::Error::other)
     .and_then(|r| r);
-    let file = made.map_err(|source| Error::Io {
-        action: "creating a temporary file in",
-        path: dir_for_error,
-        source,
+    let file = made.map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "creating a temporary file in",
+            path: dir_for_error,
+            source,
+        })
     })?;
     Ok(file.into_parts())
 }

@@ -213,16 +213,8 @@ pub enum Error {
         source: std::sync::Arc<reqwest::Error>,
     },
     /// Local file I/O around a transfer.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done (`opening blob source`).
-        action: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 impl Error {

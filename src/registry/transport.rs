@@ -381,10 +381,12 @@ async fn file_body(
     len: u64,
     (sent, stats): (Option<Arc<AtomicU64>>, Arc<Stats>),
 ) -> Result<Body> {
-    let io = |source| Error::Io {
-        action: "opening blob source",
-        path: path.clone(),
-        source,
+    let io = |source| {
+        Error::Io(crate::io_error::IoError {
+            action: "opening blob source",
+            path: path.clone(),
+            source,
+        })
     };
     let mut file = tokio::fs::File::open(path).await.map_err(io)?;
     if offset > 0 {

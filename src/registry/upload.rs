@@ -230,10 +230,12 @@ async fn check_source(source: &BlobSource, descriptor: &Descriptor) -> Result<()
         }
         BlobSource::File(path) => {
             let meta = tokio::fs::metadata(path).await;
-            meta.map_err(|source| Error::Io {
-                action: "reading blob source",
-                path: path.clone(),
-                source,
+            meta.map_err(|source| {
+                Error::Io(crate::io_error::IoError {
+                    action: "reading blob source",
+                    path: path.clone(),
+                    source,
+                })
             })?
             .len()
         }

@@ -121,12 +121,7 @@ fn remove_abandoned(tmp: &Path) {
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 impl RootfsCache {

@@ -2,7 +2,6 @@
 //! code, not an error).
 
 use std::io;
-use std::path::PathBuf;
 
 use super::{unpack, user};
 use crate::oci::{self, Digest};
@@ -109,16 +108,8 @@ pub enum Error {
     #[error("the image's WorkingDir {0} is not a directory in it")]
     NoWorkingDir(String),
     /// File system trouble in the cache.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// Signal handlers cannot be installed.
     #[error("installing SIGINT/SIGTERM handlers")]
     Signals {
@@ -167,7 +158,7 @@ impl Error {
             Error::Registry { source, .. } => matches!(**source, registry::Error::NotFound { .. }),
             Error::Layout(oci::layout::Error::NotALayout(_))
             | Error::Layout(oci::layout::Error::NoSuchRef { .. }) => true,
-            Error::Layout(oci::layout::Error::Io { source, .. }) => {
+            Error::Layout(oci::layout::Error::Io(crate::io_error::IoError { source, .. })) => {
                 source.kind() == io::ErrorKind::NotFound
             }
             Error::NoPlatform { .. }

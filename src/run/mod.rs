@@ -240,10 +240,12 @@ fn apply_layer(
 ) -> Result<Unpacker> {
     let path = file.path();
     let io_err = |action| {
-        move |source| Error::Io {
-            action,
-            path: path.to_path_buf(),
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path: path.to_path_buf(),
+                source,
+            })
         }
     };
     let mut blob = std::fs::File::open(path).map_err(io_err("opening layer"))?;

@@ -31,16 +31,8 @@ const MODE_MASK: u32 = 0o1777;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// File system trouble.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// The host path.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// The tar stream is malformed.
     #[error("reading the layer archive")]
     Archive(#[source] io::Error),
@@ -89,12 +81,7 @@ pub enum Error {
 type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error + use<> {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 /// The digests of an applied layer blob.

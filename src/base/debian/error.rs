@@ -8,16 +8,8 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A local file operation failed.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done, e.g. "reading", "creating directory".
-        action: &'static str,
-        /// The file concerned.
-        path: PathBuf,
-        /// The underlying failure.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// The keyring file holds no parsable OpenPGP certificate.
     #[error("parsing keyring {path}")]
     Keyring {
@@ -210,10 +202,12 @@ impl Error {
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path,
+                source,
+            })
         }
     }
 }

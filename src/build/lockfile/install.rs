@@ -119,11 +119,11 @@ pub(super) fn link_bin(
     }
     let link = format!("{dir}/{name}");
     if tree.entries.contains_key(&link) {
-        return Err(Error::Io {
+        return Err(Error::Io(crate::io_error::IoError {
             action: "linking the bin",
             path: PathBuf::from("node_modules").join(&link),
             source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
-        });
+        }));
     }
     tree.entries
         .insert(link, EntryKind::Symlink(relative(&path, dir)));
@@ -135,13 +135,13 @@ pub(super) fn link_bin(
 pub(super) fn check_parents(tree: &Building) -> Result<(), Error> {
     match tree.file_as_parent() {
         None => Ok(()),
-        Some((path, file)) => Err(Error::Io {
+        Some((path, file)) => Err(Error::Io(crate::io_error::IoError {
             action: "unpacking",
             path: PathBuf::from("node_modules").join(path),
             source: std::io::Error::other(format!(
                 "node_modules/{file} is a file, not a directory"
             )),
-        }),
+        })),
     }
 }
 
@@ -187,14 +187,14 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
     }
     let size = std::fs::metadata(file).map_err(io("reading", file))?.len();
     if size > IN_MEMORY {
-        return Err(Error::Io {
+        return Err(Error::Io(crate::io_error::IoError {
             action: "fixing the #! line of the bin",
             path: PathBuf::from("node_modules").join(path),
             source: std::io::Error::other(format!(
                 "it is {size} bytes; kiln rewrites bins of up to {} MiB",
                 IN_MEMORY >> 20
             )),
-        });
+        }));
     }
     Ok(unix_hashbang(
         &std::fs::read(file).map_err(io("reading", file))?,
@@ -207,10 +207,12 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
 /// `.gitignore` becomes `.npmignore` unless one was seen; executable when the mode has any
 /// execute bit. Names must be UTF-8, as the layer's are.
 pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<(), Error> {
-    let bad = |e: std::io::Error| Error::Io {
-        action: "reading",
-        path: tgz.to_path_buf(),
-        source: e,
+    let bad = |e: std::io::Error| {
+        Error::Io(crate::io_error::IoError {
+            action: "reading",
+            path: tgz.to_path_buf(),
+            source: e,
+        })
     };
     let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
     let (stream, meter) = crate::tarmeter::metered(flate2::read::GzDecoder::new(file));

@@ -391,16 +391,8 @@ pub enum Error {
     #[error("fetching the tarballs the lock file names")]
     Fetch(#[from] npm::Error),
     /// Writing the tree.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// A file could not be added to the tree: the scratch directory, the tree's size limit.
     #[error(transparent)]
     Tree(#[from] crate::build::memtree::Error),
@@ -433,12 +425,7 @@ pub enum Error {
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 /// An HTTP client for the npm registry: the system's roots plus `ca_bundle` (a corporate TLS

@@ -281,16 +281,8 @@ pub enum Error {
         detail: String,
     },
     /// Local files.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
     /// A worker thread died.
     #[error("internal task failed")]
     Task(#[from] tokio::task::JoinError),
@@ -492,12 +484,7 @@ fn closed(plan: &Plan, wheels: &BTreeMap<String, (&Requirement, Wheel)>) -> Resu
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Io {
-        action,
-        path,
-        source,
-    }
+    crate::io_error::IoError::at(action, path)
 }
 
 #[cfg(test)]

@@ -79,10 +79,12 @@ impl Lookup {
 /// # Errors
 /// I/O errors naming the file.
 pub fn write_lookup(dir: &Path, lookup: &Lookup) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-        action: "creating",
-        path: dir.to_path_buf(),
-        source,
+    std::fs::create_dir_all(dir).map_err(|source| {
+        Error::Io(crate::io_error::IoError {
+            action: "creating",
+            path: dir.to_path_buf(),
+            source,
+        })
     })?;
     write_json(dir, LOOKUP_FILE, lookup)
 }

@@ -181,22 +181,17 @@ pub enum Error {
         source: io::Error,
     },
     /// Reading or writing.
-    #[error("{action} {path}")]
-    Io {
-        /// What was being done.
-        action: &'static str,
-        /// Where.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] crate::io_error::IoError),
 }
 
 impl Error {
     /// Whether the stage directory's content is at fault (exit code 2) rather than I/O.
     pub fn is_input_error(&self) -> bool {
-        !matches!(self, Error::Io { .. } | Error::EntryGone { .. })
+        !matches!(
+            self,
+            Error::Io(crate::io_error::IoError { .. }) | Error::EntryGone { .. }
+        )
     }
 }
 
@@ -227,10 +222,12 @@ pub fn created_by(install_command: &str, key: &Digest) -> String {
 pub fn write(dir: &Path, record: &Record, blob: Option<&Path>) -> Result<(), Error> {
     let io = |action, path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path,
+                source,
+            })
         }
     };
     std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
@@ -258,10 +255,12 @@ fn write_json(dir: &Path, name: &str, value: &impl Serialize) -> Result<(), Erro
     let path = dir.join(name);
     let io = |action, path: &Path| {
         let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path,
+                source,
+            })
         }
     };
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| io("writing", &path)(e.into()))?;
@@ -297,10 +296,12 @@ fn read_json<T: serde::de::DeserializeOwned>(
     open_beneath(dir_fd, dir, name)?
         .take(RECORD_LIMIT)
         .read_to_end(&mut bytes)
-        .map_err(|source| Error::Io {
-            action: "reading",
-            path: path.clone(),
-            source,
+        .map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "reading",
+                path: path.clone(),
+                source,
+            })
         })?;
     serde_json::from_slice(&bytes).map_err(|source| Error::Parse { path, source })
 }

@@ -43,10 +43,12 @@ pub(super) fn open_beneath(dir_fd: &OwnedFd, dir: &Path, name: &str) -> Result<F
     let file = File::from(fd);
     let kind = file
         .metadata()
-        .map_err(|source| Error::Io {
-            action: "inspecting",
-            path: path.clone(),
-            source,
+        .map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "inspecting",
+                path: path.clone(),
+                source,
+            })
         })?
         .file_type();
     if !kind.is_file() {
@@ -70,10 +72,12 @@ pub(super) fn copy_verified(
 ) -> Result<TempPath, Error> {
     let io = |action| {
         let path = path.to_path_buf();
-        move |source| Error::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            Error::Io(crate::io_error::IoError {
+                action,
+                path,
+                source,
+            })
         }
     };
     let blob_err = |field, expected: String, actual: String| Error::Blob {

@@ -36,11 +36,11 @@ async fn import(
     tokio::task::spawn_blocking(move || layout.import_blob(&from, &digest))
         .await
         .unwrap_or_else(|e| {
-            Err(crate::oci::layout::Error::Io {
+            Err(crate::oci::layout::Error::Io(crate::io_error::IoError {
                 action: "importing",
                 path,
                 source: std::io::Error::other(e),
-            })
+            }))
         })
 }
 

@@ -373,11 +373,11 @@ async fn download(
         .map_err(|e| {
             Error::Layout(
                 scratch.display().to_string(),
-                oci::layout::Error::Io {
+                oci::layout::Error::Io(crate::io_error::IoError {
                     action: "creating a file in",
                     path: scratch.into(),
                     source: e,
-                },
+                }),
             )
         })?
         .into_temp_path();
