@@ -28,11 +28,13 @@ use std::path::Path;
 
 use tracing::Instrument;
 
-use crate::image::resolve::{self};
-use crate::image::{publish, pushed};
+use crate::image::{publish, pushed, resolve};
+use crate::oci::Digest;
 use crate::registry::{Client, Reference};
 use assemble::DepLayer;
+use cache::LayerCache;
 pub use error::Error;
+use function::Function;
 pub use load::run_source;
 pub use options::{
     DepsOutput, FunctionSpec, Options, Output, Stage, Target, dependency_media_type,
@@ -60,19 +62,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             .as_ref()
             .map(|inputs| install::lockfile_plan(opts, inputs));
         let history = planned.as_ref().and_then(install::history);
-        let (deps, mut store_in) = match &opts.stage {
-            // Before anything is fetched: a bad stage directory should not wait for the network.
-            Stage::Publish(dir) => {
-                staged_layer(client, opts, &cache, function, history, dir).await?
-            }
-            Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
-                if let Some(planned) = &planned {
-                    // Before anything is fetched: a usage error should not wait for the network.
-                    install::require_builder(opts, planned)?;
-                }
-                (None, None)
-            }
-        };
+        let (deps, mut store_in) =
+            staged_or_checked(client, opts, &cache, function, history, planned.as_ref()).await?;
         opts.authorize_up_front(client).await?;
         let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
         tracing::info!(
@@ -111,56 +102,16 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             false => None,
         };
         if let Some(found) = found {
-            tracing::info!(
-                reference = %found.reference,
-                image_key = %planned.image_key,
-                "the target already holds this build: nothing to install or push",
-            );
-            let published = Published {
-                reference: found.reference,
-                digest: found.digest,
-                blobs: Vec::new(),
-            };
-            return Ok(Output {
-                published,
-                image_key: planned.image_key,
-                image: None,
-                unchanged: true,
-                commit: loaded.commit,
-            });
+            return Ok(unchanged(found, planned.image_key, loaded.commit));
         }
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
             (None, Some(inputs), Some(dep_key)) => {
-                let layer = install::dependency_layer(
-                    client,
-                    opts,
-                    &cache,
-                    inputs,
-                    dep_key,
-                    opts.cache_repo.as_ref(),
-                )
-                .await?;
-                let local = layer
-                    .remote
-                    .is_none()
-                    .then(|| cache.blob_path(&layer.cached.digest));
-                let created_by = stage::created_by(
-                    &install::install_command(opts, function, history),
-                    &layer.key,
-                );
-                store_in = layer.store_in;
-                Some(DepLayer {
-                    key: layer.key,
-                    digest: layer.cached.digest,
-                    diff_id: layer.cached.diff_id,
-                    size: layer.cached.size,
-                    created_by,
-                    local,
-                    remote: layer.remote,
-                    _copy: None,
-                    _in_use: layer.in_use,
-                })
+                let (layer, store) =
+                    installed_layer(client, opts, &cache, function, inputs, dep_key, history)
+                        .await?;
+                store_in = store;
+                Some(layer)
             }
             (None, _, _) => None,
         };
@@ -198,6 +149,91 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
     }
     .instrument(span)
     .await
+}
+
+/// Before anything is fetched (a bad stage directory or a usage error should not wait for
+/// the network): with `--stage publish`, the staged dependency layer; otherwise a check that
+/// the install `planned` can run here.
+async fn staged_or_checked(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    function: &Function,
+    history: Option<&'static str>,
+    planned: Option<&install::Planned>,
+) -> Result<(Option<DepLayer>, Option<Reference>), Error> {
+    match &opts.stage {
+        Stage::Publish(dir) => staged_layer(client, opts, cache, function, history, dir).await,
+        Stage::All | Stage::Deps(_) | Stage::Lookup(_) | Stage::Source(_) => {
+            if let Some(planned) = planned {
+                install::require_builder(opts, planned)?;
+            }
+            Ok((None, None))
+        }
+    }
+}
+
+/// The output of a build whose image the target already holds: nothing installed or pushed.
+fn unchanged(found: existing::Found, image_key: Digest, commit: Option<String>) -> Output {
+    tracing::info!(
+        reference = %found.reference,
+        image_key = %image_key,
+        "the target already holds this build: nothing to install or push",
+    );
+    let published = Published {
+        reference: found.reference,
+        digest: found.digest,
+        blobs: Vec::new(),
+    };
+    Output {
+        published,
+        image_key,
+        image: None,
+        unchanged: true,
+        commit,
+    }
+}
+
+/// The dependency layer for `dep_key` (cached, from the cache repository, or installed), and
+/// the cache repository to store it in after the image when it was installed here.
+async fn installed_layer(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    function: &Function,
+    inputs: &function::DepInputs,
+    dep_key: install::DepKey,
+    history: Option<&'static str>,
+) -> Result<(DepLayer, Option<Reference>), Error> {
+    let layer = install::dependency_layer(
+        client,
+        opts,
+        cache,
+        inputs,
+        dep_key,
+        opts.cache_repo.as_ref(),
+    )
+    .await?;
+    let local = layer
+        .remote
+        .is_none()
+        .then(|| cache.blob_path(&layer.cached.digest));
+    let created_by = stage::created_by(
+        &install::install_command(opts, function, history),
+        &layer.key,
+    );
+    let dep = DepLayer {
+        key: layer.key,
+        digest: layer.cached.digest,
+        diff_id: layer.cached.diff_id,
+        size: layer.cached.size,
+        created_by,
+        local,
+        remote: layer.remote,
+        _copy: None,
+        _in_use: layer.in_use,
+    };
+    Ok((dep, layer.store_in))
 }
 
 /// `--stage deps`: loads the Function, installs its dependencies exactly as a whole build
