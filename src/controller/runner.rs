@@ -66,23 +66,7 @@ pub struct Options {
 pub async fn run(opts: Options) -> Result<()> {
     let metrics = Arc::new(Metrics::default());
     let ready = Arc::new(AtomicBool::new(false));
-    let jobs_for_metrics: Arc<Mutex<Option<Store<Job>>>> = Arc::default();
-    let running = {
-        let jobs = jobs_for_metrics.clone();
-        Arc::new(move || {
-            let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
-            jobs.as_ref()
-                .map_or(0, |s| s.state().iter().filter(|j| is_active(j)).count())
-        })
-    };
-    let shared = Shared {
-        metrics: metrics.clone(),
-        ready: ready.clone(),
-        running,
-    };
-    server::serve(opts.metrics_address, shared)
-        .await
-        .map_err(|e| Error::Missing(format!("serving metrics on {}: {e}", opts.metrics_address)))?;
+    let jobs_for_metrics = serve(&opts, &metrics, &ready).await?;
     let candidate = opts.lease.as_ref().map(|lease| {
         Candidate::new(
             opts.client.clone(),
@@ -136,25 +120,15 @@ pub async fn run(opts: Options) -> Result<()> {
     if let Some((_, stream)) = knative {
         controller = controller.owns_stream_with(stream, knative_resource());
     }
-    let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
-        registry_configs: RegistryConfigs::new(
-            opts.config.package_registry_secret.clone(),
-            opts.config.image_cache_ttl,
-        ),
-        slots: BuildSlots::new(opts.config.max_build_jobs, Some(wake))
-            .with_check(still_waiting(controller.store())),
-        git: opts.git.clone(),
-        git_checked: Mutex::default(),
-        catalog: Catalog::embedded(),
-        plumbing: Default::default(),
-        verified: Default::default(),
-        metrics: metrics.clone(),
+    let slots = BuildSlots::new(opts.config.max_build_jobs, Some(wake))
+        .with_check(still_waiting(controller.store()));
+    let ctx = context(
+        &opts,
+        Recorder::new(client.clone(), reporter),
+        slots,
         stores,
-        config: opts.config.clone(),
-        client: client.clone(),
-    });
+        &metrics,
+    );
     controller = controller
         .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
@@ -174,17 +148,7 @@ pub async fn run(opts: Options) -> Result<()> {
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(move |result| {
-            match result {
-                // Already logged with the Function by `error_policy`.
-                Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
-                // A change for a Function deleted meanwhile: nothing to do.
-                Err(controller::Error::ObjectNotFound(o)) => tracing::debug!(
-                    namespace = o.namespace.as_deref().unwrap_or_default(),
-                    function = %o.name,
-                    "the Function is gone"
-                ),
-                Err(e) => tracing::warn!(error = %e, "the controller's queue"),
-            }
+            log_pass(result);
             queue.metrics.set_queued(queue.slots.waiting());
             std::future::ready(())
         });
@@ -203,6 +167,76 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     sweeper.abort();
     outcome
+}
+
+/// Serves metrics and probes; the returned slot is where the Job store goes once it exists
+/// (the running-builds gauge reads it).
+async fn serve(
+    opts: &Options,
+    metrics: &Arc<Metrics>,
+    ready: &Arc<AtomicBool>,
+) -> Result<Arc<Mutex<Option<Store<Job>>>>> {
+    let jobs_for_metrics: Arc<Mutex<Option<Store<Job>>>> = Arc::default();
+    let running = {
+        let jobs = jobs_for_metrics.clone();
+        Arc::new(move || {
+            let jobs = jobs.lock().unwrap_or_else(|e| e.into_inner());
+            jobs.as_ref()
+                .map_or(0, |s| s.state().iter().filter(|j| is_active(j)).count())
+        })
+    };
+    let shared = Shared {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+        running,
+    };
+    server::serve(opts.metrics_address, shared)
+        .await
+        .map_err(|e| Error::Missing(format!("serving metrics on {}: {e}", opts.metrics_address)))?;
+    Ok(jobs_for_metrics)
+}
+
+/// What every reconcile shares.
+fn context(
+    opts: &Options,
+    recorder: Recorder,
+    slots: BuildSlots,
+    stores: Stores,
+    metrics: &Arc<Metrics>,
+) -> Arc<Context> {
+    Arc::new(Context {
+        recorder,
+        images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
+        registry_configs: RegistryConfigs::new(
+            opts.config.package_registry_secret.clone(),
+            opts.config.image_cache_ttl,
+        ),
+        slots,
+        git: opts.git.clone(),
+        git_checked: Mutex::default(),
+        catalog: Catalog::embedded(),
+        plumbing: Default::default(),
+        verified: Default::default(),
+        metrics: metrics.clone(),
+        stores,
+        config: opts.config.clone(),
+        client: opts.client.clone(),
+    })
+}
+
+/// Logs what a pass's failure says beyond what `error_policy` logged.
+fn log_pass<T>(result: std::result::Result<T, controller::Error<Error, watcher::Error>>) {
+    match result {
+        // Already logged with the Function by `error_policy`.
+        Ok(_) | Err(controller::Error::ReconcilerFailed(..)) => {}
+        // A change for a Function deleted meanwhile: nothing to do.
+        Err(controller::Error::ObjectNotFound(o)) => tracing::debug!(
+            namespace = o.namespace.as_deref().unwrap_or_default(),
+            function = %o.name,
+            "the Function is gone"
+        ),
+        Err(e) => tracing::warn!(error = %e, "the controller's queue"),
+    }
 }
 
 /// The Function a build-namespace object belongs to, by its labels.
