@@ -2,7 +2,7 @@
 //! [`run_lookup`] (`--stage lookup`), the install stage's use of its record, and the publish
 //! stage's dependency layer from the stage directory or the cache repository.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tracing::Instrument;
 
@@ -188,87 +188,16 @@ pub(super) async fn staged_layer(
     }
     let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
     let Some(copy) = verified.blob else {
-        // In the cache repository, as the lookup found it: mounted, or downloaded and verified.
-        let (found, repo) = match (lookup.and_then(|l| l.found), repo) {
-            (Some(found), Some(repo)) if found.digest == layer.digest => (found, repo),
-            (found, repo) => {
-                return Err(stage::Error::Mismatch {
-                    path: lookup_file,
-                    field: "cache repository entry",
-                    recorded: found.map_or_else(
-                        || "none".into(),
-                        |f| {
-                            format!(
-                                "{} in {}",
-                                f.digest,
-                                repo.map_or_else(|| "no --cache-repo".into(), |r| r.to_string())
-                            )
-                        },
-                    ),
-                    current: format!("{} (the install stage's record)", layer.digest),
-                }
-                .into());
-            }
-        };
-        opts.authorize_up_front(client).await?;
-        let gone = || stage::Error::EntryGone {
-            key: layer.key.clone(),
-            repo: repo.to_string(),
-        };
-        let (cached, remote) = install::from_cache_repo(client, opts, cache, &layer.key, &repo)
-            .await
-            .map_err(|e| {
-                tracing::warn!(
-                    error = %format!("{:#}", anyhow::Error::new(e)),
-                    "reading the cache repository",
-                );
-                gone()
-            })?
-            .filter(|(cached, _)| cached.digest == found.digest)
-            .ok_or_else(gone)?;
-        let local = remote.is_none().then(|| cache.blob_path(&cached.digest));
-        return Ok((
-            Some(DepLayer {
-                key: layer.key,
-                digest: cached.digest,
-                diff_id: cached.diff_id,
-                size: cached.size,
-                created_by: layer.created_by,
-                local,
-                remote,
-                _copy: None,
-                _in_use: crate::inuse::InUse::default(),
-            }),
-            None,
-        ));
+        let found = lookup.and_then(|l| l.found);
+        let dep = from_cache_repo(client, opts, cache, layer, found, repo, lookup_file).await?;
+        return Ok((Some(dep), None));
     };
     tracing::info!(
         key = %layer.key,
         digest = %layer.digest,
         "dependency layer from the stage directory",
     );
-    // Installed by the install stage: stored in the cache repository under the lookup's key
-    // only, never one the install stage made up.
-    let store_in = match lookup_key {
-        Some(key) if key == layer.key => repo,
-        _ if repo.is_none() => None,
-        Some(key) => {
-            tracing::warn!(
-                lookup = %key,
-                staged = %layer.key,
-                "the install stage's dependency key is not the one --stage lookup computed: the \
-                    layer is used in this image but not stored in the cache repository",
-            );
-            None
-        }
-        None => {
-            tracing::warn!(
-                "no --lookup-dir: the dependency layer is not stored in the cache repository, \
-                    since its key would come from the install stage (run --stage lookup first)"
-            );
-            None
-        }
-    };
+    let store_in = store_staged_in(lookup_key, &layer.key, repo);
     Ok((
         Some(DepLayer {
             key: layer.key,
@@ -283,4 +212,96 @@ pub(super) async fn staged_layer(
         }),
         store_in,
     ))
+}
+
+/// A staged layer the install stage found in the cache repository, taken from there as the
+/// lookup stage found it (`found`): mounted, or downloaded and verified.
+async fn from_cache_repo(
+    client: &Client,
+    opts: &Options,
+    cache: &LayerCache,
+    layer: stage::StagedLayer,
+    found: Option<stage::Found>,
+    repo: Option<Reference>,
+    lookup_file: PathBuf,
+) -> Result<DepLayer, Error> {
+    // In the cache repository, as the lookup found it: mounted, or downloaded and verified.
+    let (found, repo) = match (found, repo) {
+        (Some(found), Some(repo)) if found.digest == layer.digest => (found, repo),
+        (found, repo) => {
+            return Err(stage::Error::Mismatch {
+                path: lookup_file,
+                field: "cache repository entry",
+                recorded: found.map_or_else(
+                    || "none".into(),
+                    |f| {
+                        format!(
+                            "{} in {}",
+                            f.digest,
+                            repo.map_or_else(|| "no --cache-repo".into(), |r| r.to_string())
+                        )
+                    },
+                ),
+                current: format!("{} (the install stage's record)", layer.digest),
+            }
+            .into());
+        }
+    };
+    opts.authorize_up_front(client).await?;
+    let gone = || stage::Error::EntryGone {
+        key: layer.key.clone(),
+        repo: repo.to_string(),
+    };
+    let (cached, remote) = install::from_cache_repo(client, opts, cache, &layer.key, &repo)
+        .await
+        .map_err(|e| {
+            tracing::warn!(
+                error = %format!("{:#}", anyhow::Error::new(e)),
+                "reading the cache repository",
+            );
+            gone()
+        })?
+        .filter(|(cached, _)| cached.digest == found.digest)
+        .ok_or_else(gone)?;
+    let local = remote.is_none().then(|| cache.blob_path(&cached.digest));
+    Ok(DepLayer {
+        key: layer.key,
+        digest: cached.digest,
+        diff_id: cached.diff_id,
+        size: cached.size,
+        created_by: layer.created_by,
+        local,
+        remote,
+        _copy: None,
+        _in_use: crate::inuse::InUse::default(),
+    })
+}
+
+/// Where a layer the install stage installed is stored after the image: the cache repository,
+/// under the lookup's key only, never one the install stage made up.
+fn store_staged_in(
+    lookup_key: Option<Digest>,
+    staged: &Digest,
+    repo: Option<Reference>,
+) -> Option<Reference> {
+    match lookup_key {
+        Some(key) if key == *staged => repo,
+        _ if repo.is_none() => None,
+        Some(key) => {
+            tracing::warn!(
+                lookup = %key,
+                staged = %staged,
+                "the install stage's dependency key is not the one --stage lookup computed: the \
+                    layer is used in this image but not stored in the cache repository",
+            );
+            None
+        }
+        None => {
+            tracing::warn!(
+                "no --lookup-dir: the dependency layer is not stored in the cache repository, \
+                since its key would come from the install stage (run --stage lookup first)"
+            );
+            None
+        }
+    }
 }
