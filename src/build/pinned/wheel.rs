@@ -376,15 +376,6 @@ pub(super) fn unpack(
     // Record path → (hash, size) of the files pip rewrites (a `#!python` script).
     let mut changed: BTreeMap<String, (String, String)> = BTreeMap::new();
     let (mut old_record, mut entry_points_txt) = (None, None);
-    // A script's record path: pip's home scheme puts scripts at `../../bin/` from the
-    // library directory; everything else is relative to it.
-    let record_of = |dest: &str, script: bool| {
-        if script {
-            format!("../../{dest}")
-        } else {
-            dest.to_string()
-        }
-    };
     let record_path = format!("{dist_info}/RECORD");
     let mut scripts = Vec::new();
     for i in 0..zip.len() {
@@ -409,20 +400,7 @@ pub(super) fn unpack(
         if member.is_symlink() {
             return Err(Skip::Pip(format!("{name} has the symlink {zip_name:?}")));
         }
-        let (dest, script) = match steps.as_slice() {
-            [top, scheme, rest @ ..] if top.ends_with(".data") && !rest.is_empty() => match *scheme
-            {
-                "purelib" | "platlib" => (rest.join("/"), false),
-                "scripts" => (format!("bin/{}", rest.join("/")), true),
-                other => {
-                    return Err(Skip::Pip(format!("{name} installs {other} files")));
-                }
-            },
-            [top, ..] if top.ends_with(".data") => {
-                return Err(Skip::Pip(format!("{name} has {zip_name:?}")));
-            }
-            _ => (zip_name.clone(), false),
-        };
+        let (dest, script) = destination(name, &zip_name, &steps)?;
         // pip's `--target` moves the library's top level first: a `bin` there takes the
         // place of the scripts directory.
         if !script && dest.split('/').next() == Some("bin") {
@@ -471,7 +449,53 @@ pub(super) fn unpack(
     let old_record = old_record.ok_or_else(|| Skip::Pip(format!("{name} has no RECORD")))?;
     let old_record = String::from_utf8(old_record)
         .map_err(|_| Skip::Pip(format!("{name}'s RECORD is not UTF-8")))?;
-    // What pip generates: the entry points' scripts, INSTALLER and REQUESTED.
+    let generated = generated_files(name, dist_info, target, entry_points_txt, &scripts)?;
+    let record = rewritten_record(name, &old_record, installed, &changed, &generated)?;
+    for (path, bytes) in generated {
+        let executable = path.starts_with("bin/");
+        put_file(tree, path, bytes, executable)?;
+    }
+    put_file(tree, record_path, record.into_bytes(), false)?;
+    Ok(())
+}
+
+/// A script's record path: pip's home scheme puts scripts at `../../bin/` from the library
+/// directory; everything else is relative to it.
+fn record_of(dest: &str, script: bool) -> String {
+    if script {
+        format!("../../{dest}")
+    } else {
+        dest.to_string()
+    }
+}
+
+/// Where a wheel member goes (relative to the library directory, scripts under `bin/`), and
+/// whether it is a script.
+fn destination(name: &str, zip_name: &str, steps: &[&str]) -> Result<(String, bool), Skip> {
+    Ok(match steps {
+        [top, scheme, rest @ ..] if top.ends_with(".data") && !rest.is_empty() => match *scheme {
+            "purelib" | "platlib" => (rest.join("/"), false),
+            "scripts" => (format!("bin/{}", rest.join("/")), true),
+            other => {
+                return Err(Skip::Pip(format!("{name} installs {other} files")));
+            }
+        },
+        [top, ..] if top.ends_with(".data") => {
+            return Err(Skip::Pip(format!("{name} has {zip_name:?}")));
+        }
+        _ => (zip_name.to_string(), false),
+    })
+}
+
+/// What pip generates beside the wheel's own files: the entry points' scripts, INSTALLER and
+/// REQUESTED.
+fn generated_files(
+    name: &str,
+    dist_info: &str,
+    target: &Target,
+    entry_points_txt: Option<Vec<u8>>,
+    scripts: &[String],
+) -> Result<Vec<(String, Vec<u8>)>, Skip> {
     let mut generated: Vec<(String, Vec<u8>)> = Vec::new();
     if let Some(text) = entry_points_txt {
         let text = String::from_utf8(text)
@@ -479,7 +503,7 @@ pub(super) fn unpack(
         let points = entry_points(&text, name)?;
         // pip leaves out a script that wraps an entry point (setuptools' `NAME-script.py`,
         // `NAME.exe`, `NAME.pya`, or `NAME` itself).
-        for script in &scripts {
+        for script in scripts {
             let base = script.rsplit('/').next().unwrap_or(script);
             let lower = base.to_ascii_lowercase();
             let stem = [".exe", "-script.py", ".pya"]
@@ -499,6 +523,18 @@ pub(super) fn unpack(
     }
     generated.push((format!("{dist_info}/INSTALLER"), b"pip\n".to_vec()));
     generated.push((format!("{dist_info}/REQUESTED"), Vec::new()));
+    Ok(generated)
+}
+
+/// The RECORD pip writes: the wheel's rows with installed paths (and the hashes of files it
+/// rewrote), then the generated files', sorted.
+fn rewritten_record(
+    name: &str,
+    old_record: &str,
+    mut installed: BTreeMap<String, String>,
+    changed: &BTreeMap<String, (String, String)>,
+    generated: &[(String, Vec<u8>)],
+) -> Result<String, Skip> {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     // Python's `splitlines` breaks at more than `\n`; and pip fails on a blank row.
     let odd_break = |c: char| {
@@ -507,7 +543,7 @@ pub(super) fn unpack(
             '\x0b' | '\x0c' | '\x1c'..='\x1e' | '\u{85}' | '\u{2028}' | '\u{2029}'
         )
     };
-    let body = old_record.strip_suffix('\n').unwrap_or(&old_record);
+    let body = old_record.strip_suffix('\n').unwrap_or(old_record);
     let lines: Vec<&str> = body
         .split('\n')
         .map(|l| l.strip_suffix('\r').unwrap_or(l))
@@ -532,7 +568,7 @@ pub(super) fn unpack(
         };
         rows.push((new, hash, size));
     }
-    for (path, bytes) in &generated {
+    for (path, bytes) in generated {
         let script = path.starts_with("bin/");
         rows.push((
             record_of(path, script),
@@ -547,10 +583,5 @@ pub(super) fn unpack(
     );
     rows.sort();
     let record: String = rows.iter().map(|(p, h, s)| csv_row(&[p, h, s])).collect();
-    for (path, bytes) in generated {
-        let executable = path.starts_with("bin/");
-        put_file(tree, path, bytes, executable)?;
-    }
-    put_file(tree, record_path, record.into_bytes(), false)?;
-    Ok(())
+    Ok(record)
 }
