@@ -29,54 +29,10 @@ pub(super) fn validate(
         .transpose()?;
     let runtime = pick_runtime(&catalog, args.runtime.as_deref(), manifest.as_ref())?;
     let git = args.git.source()?;
-    let (function, default_name, default_ns) = match (&manifest, git) {
-        (Some(m), _) => (
-            FunctionSpec::Manifest(m.clone()),
-            m.name.clone(),
-            m.namespace.clone(),
-        ),
-        (None, Some((source, access))) => {
-            let name = GitArgs::default_name(&source);
-            (FunctionSpec::Git { source, access }, name, None)
-        }
-        (None, None) => {
-            let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
-            if !dir.is_dir() {
-                return Err(anyhow!(
-                    "function directory {} does not exist",
-                    dir.display()
-                ));
-            }
-            let name = dir_name(&dir);
-            (FunctionSpec::Dir(dir), name, None)
-        }
-    };
+    let (function, default_name, default_ns) = function_spec(args, manifest.as_ref(), git)?;
     let cache_dir = super::super::cache_dir(args.cache_dir.as_deref())?;
     let store = cache_dir.join("store");
-    let explicit_base = args
-        .base
-        .clone()
-        .or_else(|| {
-            manifest
-                .as_ref()
-                .and_then(|m| m.runtime_image_override.clone())
-        })
-        .or_else(|| runtime.base.clone());
-    let default_base = explicit_base.is_none();
-    // Without a base, the runtime's own base image from the local store (built on first use).
-    let base_name =
-        explicit_base.unwrap_or_else(|| format!("oci:{}:{}", store.display(), runtime.name));
-    let base =
-        BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
-    if let (false, BaseRef::Layout { dir, .. }) = (default_base, &base)
-        && !dir.join("oci-layout").is_file()
-    {
-        return Err(anyhow!(
-            "--base {base_name:?}: {} is not an OCI image layout (it has no oci-layout file); \
-             name a layout that `kiln base build` or `skopeo copy` wrote, or a registry reference",
-            dir.display()
-        ));
-    }
+    let (base, base_name, default_base) = base_image(args, manifest.as_ref(), runtime, &store)?;
     let platform = Platform::parse(&args.platform).ok_or_else(|| {
         anyhow!(
             "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",
@@ -85,66 +41,10 @@ pub(super) fn validate(
     })?;
     let name = args.name.clone().unwrap_or(default_name);
     let target = target(args, &store, &name)?;
-    let epoch = match &env.source_date_epoch {
-        None => 0,
-        Some(v) => v
-            .parse()
-            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
-    };
-    let install = InstallEnv {
-        path: env.path.clone(),
-        ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
-        proxy: env.proxy.clone(),
-        package_cache: cache_dir.join("packages"),
-        isolation: Isolation::Host,
-    };
-    if let Some(ca) = &install.ca_bundle
-        && !ca.is_file()
-    {
-        return Err(anyhow!("CA bundle {} does not exist", ca.display()));
-    }
+    let epoch = epoch(env)?;
+    let install = install_env(args, env, &cache_dir)?;
     let config = args.registry.client_config()?;
-    let stage = match (args.stage, &args.stage_dir) {
-        (StageArg::All, None) => Stage::All,
-        (StageArg::All, Some(_)) => {
-            return Err(anyhow!("--stage-dir needs --stage deps or --stage publish"));
-        }
-        (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
-        (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
-        (StageArg::Lookup, _) => match &args.lookup_dir {
-            Some(dir) => Stage::Lookup(dir.clone()),
-            None => return Err(anyhow!("--stage lookup needs --lookup-dir DIR")),
-        },
-        (StageArg::Source, _) => match (&args.source_dir, &function) {
-            (Some(dir), FunctionSpec::Git { .. }) => {
-                check_new_dir(dir)?;
-                Stage::Source(dir.clone())
-            }
-            (None, _) => return Err(anyhow!("--stage source needs --source-dir DIR")),
-            (Some(_), _) => {
-                return Err(anyhow!(
-                    "--stage source fetches a git source: give --git URL --git-ref REFERENCE"
-                ));
-            }
-        },
-        (_, None) => {
-            return Err(anyhow!(
-                "--stage deps and --stage publish need --stage-dir DIR"
-            ));
-        }
-    };
-    if args.source_dir.is_some() && !matches!(stage, Stage::Source(_)) {
-        return Err(anyhow!(
-            "--source-dir is where --stage source writes the git source; the later stages take it \
-                as the Function's directory"
-        ));
-    }
-    if args.lookup_dir.is_some() && matches!(stage, Stage::All | Stage::Source(_)) {
-        return Err(anyhow!(
-            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage \
-                publish read it"
-        ));
-    }
+    let stage = stage(args, &function)?;
     let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
     let opts = Options {
         function,
@@ -183,6 +83,141 @@ pub(super) fn validate(
         store: default_base.then_some(store),
     };
     Ok((opts, config, extra))
+}
+
+/// The Function to build (a manifest, a git source or a directory), its default name and
+/// namespace.
+fn function_spec(
+    args: &BuildArgs,
+    manifest: Option<&FunctionManifest>,
+    git: Option<(crate::git::Source, crate::git::Access)>,
+) -> anyhow::Result<(FunctionSpec, String, Option<String>)> {
+    Ok(match (manifest, git) {
+        (Some(m), _) => (
+            FunctionSpec::Manifest(m.clone()),
+            m.name.clone(),
+            m.namespace.clone(),
+        ),
+        (None, Some((source, access))) => {
+            let name = GitArgs::default_name(&source);
+            (FunctionSpec::Git { source, access }, name, None)
+        }
+        (None, None) => {
+            let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
+            if !dir.is_dir() {
+                return Err(anyhow!(
+                    "function directory {} does not exist",
+                    dir.display()
+                ));
+            }
+            let name = dir_name(&dir);
+            (FunctionSpec::Dir(dir), name, None)
+        }
+    })
+}
+
+/// The base image (`--base`, the manifest's override, the runtime's, or the runtime's own in
+/// the local store), its name as given, and whether it is the store's default.
+fn base_image(
+    args: &BuildArgs,
+    manifest: Option<&FunctionManifest>,
+    runtime: &RuntimeSpec,
+    store: &Path,
+) -> anyhow::Result<(BaseRef, String, bool)> {
+    let explicit_base = args
+        .base
+        .clone()
+        .or_else(|| manifest.and_then(|m| m.runtime_image_override.clone()))
+        .or_else(|| runtime.base.clone());
+    let default_base = explicit_base.is_none();
+    // Without a base, the runtime's own base image from the local store (built on first use).
+    let base_name =
+        explicit_base.unwrap_or_else(|| format!("oci:{}:{}", store.display(), runtime.name));
+    let base =
+        BaseRef::parse(&base_name).with_context(|| format!("invalid --base {base_name:?}"))?;
+    if let (false, BaseRef::Layout { dir, .. }) = (default_base, &base)
+        && !dir.join("oci-layout").is_file()
+    {
+        return Err(anyhow!(
+            "--base {base_name:?}: {} is not an OCI image layout (it has no oci-layout file); \
+         name a layout that `kiln base build` or `skopeo copy` wrote, or a registry reference",
+            dir.display()
+        ));
+    }
+    Ok((base, base_name, default_base))
+}
+
+/// `--stage` with the directories each stage needs, and no directory a stage does not use.
+fn stage(args: &BuildArgs, function: &FunctionSpec) -> anyhow::Result<Stage> {
+    let stage = match (args.stage, &args.stage_dir) {
+        (StageArg::All, None) => Stage::All,
+        (StageArg::All, Some(_)) => {
+            return Err(anyhow!("--stage-dir needs --stage deps or --stage publish"));
+        }
+        (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
+        (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
+        (StageArg::Lookup, _) => match &args.lookup_dir {
+            Some(dir) => Stage::Lookup(dir.clone()),
+            None => return Err(anyhow!("--stage lookup needs --lookup-dir DIR")),
+        },
+        (StageArg::Source, _) => match (&args.source_dir, function) {
+            (Some(dir), FunctionSpec::Git { .. }) => {
+                check_new_dir(dir)?;
+                Stage::Source(dir.clone())
+            }
+            (None, _) => return Err(anyhow!("--stage source needs --source-dir DIR")),
+            (Some(_), _) => {
+                return Err(anyhow!(
+                    "--stage source fetches a git source: give --git URL --git-ref REFERENCE"
+                ));
+            }
+        },
+        (_, None) => {
+            return Err(anyhow!(
+                "--stage deps and --stage publish need --stage-dir DIR"
+            ));
+        }
+    };
+    if args.source_dir.is_some() && !matches!(stage, Stage::Source(_)) {
+        return Err(anyhow!(
+            "--source-dir is where --stage source writes the git source; the later stages take it \
+            as the Function's directory"
+        ));
+    }
+    if args.lookup_dir.is_some() && matches!(stage, Stage::All | Stage::Source(_)) {
+        return Err(anyhow!(
+            "--lookup-dir is for split builds: --stage lookup writes it, --stage deps and --stage \
+            publish read it"
+        ));
+    }
+    Ok(stage)
+}
+
+/// `SOURCE_DATE_EPOCH`, or 0.
+fn epoch(env: &Env) -> anyhow::Result<u64> {
+    Ok(match &env.source_date_epoch {
+        None => 0,
+        Some(v) => v
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a whole number of seconds"))?,
+    })
+}
+
+/// What host installs get from the environment, with the CA bundle checked.
+fn install_env(args: &BuildArgs, env: &Env, cache_dir: &Path) -> anyhow::Result<InstallEnv> {
+    let install = InstallEnv {
+        path: env.path.clone(),
+        ca_bundle: args.ca_bundle.clone().or_else(|| env.ssl_cert_file.clone()),
+        proxy: env.proxy.clone(),
+        package_cache: cache_dir.join("packages"),
+        isolation: Isolation::Host,
+    };
+    if let Some(ca) = &install.ca_bundle
+        && !ca.is_file()
+    {
+        return Err(anyhow!("CA bundle {} does not exist", ca.display()));
+    }
+    Ok(install)
 }
 
 /// `--source-dir`: before any network, a new directory in an existing one.
