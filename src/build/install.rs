@@ -2,6 +2,8 @@
 //! installed (inside the builder image, which is unpacked only then, or with the toolchain on
 //! PATH) and layered. The key names everything that decides the layer's bytes.
 
+use std::path::Path;
+
 use super::cache::{self, LayerCache};
 use super::deps::{self, InstallEnv};
 use super::error::Error;
@@ -291,7 +293,29 @@ pub(super) async fn dependency_layer(
         Some(dir) => dir,
         None => scratch_dir(cache)?,
     };
-    let output = match direct {
+    let output = install_direct(opts, direct, scratch.path()).await?;
+    let output = match (output, install) {
+        (Some(done), _) => done,
+        (None, Some(install)) => {
+            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
+        }
+        (None, None) => {
+            let install = resolve_builder(client, opts).await?;
+            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
+        }
+    };
+    let cached = write_dependency_layer(opts, cache, &key, output).await?;
+    Ok(layer(cached, None, store_in, false))
+}
+
+/// Installs without the package manager what a lock file or pinned requirements decide
+/// alone; `None` when the package manager must run.
+async fn install_direct(
+    opts: &Options,
+    direct: Option<Direct>,
+    scratch: &Path,
+) -> Result<Option<Installed>, Error> {
+    Ok(match direct {
         Some(Direct::Npm(plan)) => {
             tracing::info!(
                 packages = plan.len(),
@@ -299,7 +323,7 @@ pub(super) async fn dependency_layer(
             );
             let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
             Some(Installed::Tree(
-                lockfile::install(&plan, &http, &opts.cache_dir, scratch.path()).await?,
+                lockfile::install(&plan, &http, &opts.cache_dir, scratch).await?,
             ))
         }
         Some(Direct::Wheels(plan)) => {
@@ -308,7 +332,7 @@ pub(super) async fn dependency_layer(
                 "installing the pinned requirements, without pip"
             );
             let http = lockfile::client(opts.install.ca_bundle.as_deref())?;
-            match pinned::install(&plan, &http, &opts.cache_dir, scratch.path()).await? {
+            match pinned::install(&plan, &http, &opts.cache_dir, scratch).await? {
                 pinned::Outcome::Installed(tree) => Some(Installed::Tree(tree)),
                 pinned::Outcome::NeedsPip(why) => {
                     tracing::info!(
@@ -320,17 +344,16 @@ pub(super) async fn dependency_layer(
             }
         }
         None => None,
-    };
-    let output = match (output, install) {
-        (Some(done), _) => done,
-        (None, Some(install)) => {
-            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
-        }
-        (None, None) => {
-            let install = resolve_builder(client, opts).await?;
-            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
-        }
-    };
+    })
+}
+
+/// Writes the installed dependencies as the layer for `key`, into the local cache.
+async fn write_dependency_layer(
+    opts: &Options,
+    cache: &LayerCache,
+    key: &Digest,
+    output: Installed,
+) -> Result<cache::CachedLayer, Error> {
     let (dest, tmp, epoch, media_type) = (
         opts.runtime.dependencies.dir.clone(),
         cache.tmp_dir(),
@@ -359,13 +382,13 @@ pub(super) async fn dependency_layer(
         "wrote dependency layer",
     );
     let cached = cache
-        .put_blocking(&key, blob)
+        .put_blocking(key, blob)
         .await
         .map_err(|source| Error::Cache {
             path: cache.tmp_dir(),
             source,
         })?;
-    Ok(layer(cached, None, store_in, false))
+    Ok(cached)
 }
 
 /// What an install produced: the package manager's output directory, or the tree kiln
