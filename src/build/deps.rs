@@ -294,32 +294,7 @@ pub async fn install(
     env: &InstallEnv,
     staging: &Path,
 ) -> Result<PathBuf, Error> {
-    let work = staging.join("work");
-    let home = staging.join("home");
-    for dir in [&work, &home] {
-        tokio::fs::create_dir_all(dir).await.map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "creating",
-                path: dir.clone(),
-                source,
-            })
-        })?;
-    }
-    let files = std::iter::once(&inputs.manifest)
-        .chain(&inputs.lock)
-        .chain(&inputs.configs);
-    for file in files {
-        let path = work.join(&file.name);
-        tokio::fs::write(&path, &file.bytes)
-            .await
-            .map_err(|source| {
-                Error::Io(crate::io_error::IoError {
-                    action: "writing",
-                    path,
-                    source,
-                })
-            })?;
-    }
+    let (work, home) = stage_inputs(inputs, staging).await?;
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
     let secrets = Secrets::from_configs(&inputs.configs);
@@ -353,29 +328,9 @@ pub async fn install(
         .spawn()
         .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;
     // The install's only way out: a proxy to the package registries, on its own loopback.
-    let mut network_error = None;
-    let _proxy = match gate {
-        Some(gate) => {
-            let policy = Policy::for_install(
-                &runtime.dependencies.registries,
-                &inputs.configs,
-                &env.proxy,
-            );
-            tracing::debug!(hosts = ?policy.hosts().collect::<Vec<_>>(), "the install may reach");
-            match gate.open().await {
-                Ok(listener) => Some(AbortOnDrop(tokio::spawn(egress::serve(
-                    listener,
-                    std::sync::Arc::new(policy),
-                )))),
-                // The sandbox never runs its program: stop it, and report with its stderr.
-                Err(e) => {
-                    let _ = child.start_kill();
-                    network_error = Some(e);
-                    None
-                }
-            }
-        }
-        None => None,
+    let (_proxy, network_error) = match gate {
+        Some(gate) => open_egress(gate, runtime, inputs, env, &mut child).await,
+        None => (None, None),
     };
     let stderr = read_output(child.stdout.take(), child.stderr.take(), &secrets)
         .await
@@ -414,6 +369,69 @@ pub async fn install(
         });
     }
     Ok(output)
+}
+
+/// The install's working directory (with the dependency manifest, lock file and registry
+/// configs written into it) and its home, under `staging`.
+async fn stage_inputs(inputs: &DepInputs, staging: &Path) -> Result<(PathBuf, PathBuf), Error> {
+    let work = staging.join("work");
+    let home = staging.join("home");
+    for dir in [&work, &home] {
+        tokio::fs::create_dir_all(dir).await.map_err(|source| {
+            Error::Io(crate::io_error::IoError {
+                action: "creating",
+                path: dir.clone(),
+                source,
+            })
+        })?;
+    }
+    let files = std::iter::once(&inputs.manifest)
+        .chain(&inputs.lock)
+        .chain(&inputs.configs);
+    for file in files {
+        let path = work.join(&file.name);
+        tokio::fs::write(&path, &file.bytes)
+            .await
+            .map_err(|source| {
+                Error::Io(crate::io_error::IoError {
+                    action: "writing",
+                    path,
+                    source,
+                })
+            })?;
+    }
+    Ok((work, home))
+}
+
+/// Opens the sandbox's network gate onto an egress proxy that admits only the package
+/// registries; a gate that cannot open stops the install, whose stderr then explains it.
+async fn open_egress(
+    gate: Gate,
+    runtime: &RuntimeSpec,
+    inputs: &DepInputs,
+    env: &InstallEnv,
+    child: &mut tokio::process::Child,
+) -> (Option<AbortOnDrop>, Option<std::io::Error>) {
+    let policy = Policy::for_install(
+        &runtime.dependencies.registries,
+        &inputs.configs,
+        &env.proxy,
+    );
+    tracing::debug!(hosts = ?policy.hosts().collect::<Vec<_>>(), "the install may reach");
+    match gate.open().await {
+        Ok(listener) => (
+            Some(AbortOnDrop(tokio::spawn(egress::serve(
+                listener,
+                std::sync::Arc::new(policy),
+            )))),
+            None,
+        ),
+        // The sandbox never runs its program: stop it, and report with its stderr.
+        Err(e) => {
+            let _ = child.start_kill();
+            (None, Some(e))
+        }
+    }
 }
 
 fn host_command(
