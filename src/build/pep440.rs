@@ -21,6 +21,11 @@ pub struct Version {
 impl Version {
     /// Parses `text` in PEP 440's normalized or accepted forms.
     ///
+    /// One piece on purpose: it reads the text left to right once, segment after segment
+    /// (epoch, release, pre, post, dev, local) in the order PEP 440's grammar gives them, and
+    /// each step consumes what the one before left; split up, the steps would pass the
+    /// remaining text and the half-built version back and forth.
+    ///
     /// # Errors
     /// Text that is no PEP 440 version.
     pub fn parse(text: &str) -> Result<Version, String> {
