@@ -257,12 +257,13 @@ pub(crate) mod tests {
     fn a_pip_report_gives_hashed_wheels_only() {
         let h = "a".repeat(64);
         let ok = format!(
-            "{{\"install\":[{{\"download_info\":{{\"url\":\"https://f/x/b-1-py3-none-any.whl\",\
-                \"archive_info\":{{\"hash\":\"sha256={h}\"}}}},\"metadata\":{{\"name\":\"b\",\
-                \"version\":\"1\"}}}},
-            {{\"download_info\":{{\"url\":\"https://f/x/A-2-py3-none-any.whl\",\"archive_info\":\
-                {{\"hashes\":{{\"sha256\":\"{h}\"}}}}}},\"metadata\":{{\"name\":\"A\",\"version\":\
-                \"2\"}}}}]}}"
+            r#"{{"install":[
+                {{"download_info":{{"url":"https://f/x/b-1-py3-none-any.whl",
+                  "archive_info":{{"hash":"sha256={h}"}}}},
+                  "metadata":{{"name":"b","version":"1"}}}},
+                {{"download_info":{{"url":"https://f/x/A-2-py3-none-any.whl",
+                  "archive_info":{{"hashes":{{"sha256":"{h}"}}}}}},
+                  "metadata":{{"name":"A","version":"2"}}}}]}}"#
         );
         let wheels = parse_pip_report(&ok).unwrap();
         assert_eq!(

@@ -124,8 +124,8 @@ fn whatever_npm_would_do_beyond_unpacking_the_lock_makes_npm_run() {
         (
             MANIFEST.into(),
             lock(
-                ",\"node_modules/g\":{\"version\":\"1.0.0\",\"resolved\":\"git+ssh://\
-                    git@github.com/x/g.git#abc\",\"integrity\":\"sha512-AA==\"}",
+                r#","node_modules/g":{"version":"1.0.0",
+                    "resolved":"git+ssh://git@github.com/x/g.git#abc","integrity":"sha512-AA=="}"#,
             ),
             "not resolved to",
         ),
