@@ -11,6 +11,7 @@ mod error;
 pub mod existing;
 pub mod function;
 mod install;
+mod install_output;
 mod load;
 pub mod lockfile;
 pub mod mask;
