@@ -496,15 +496,11 @@ fn a_host_file_bound_at_dev_termination_log_receives_what_the_function_writes(sa
     assert_eq!(fs::read_to_string(&log).unwrap(), "image@sha256:abc");
 }
 
-/// kiln with the sandbox `sandbox` chosen.
 /// Four `kiln run`s of one image from a registry at once, with an empty cache: each runs the
 /// image, the cache ends with one unpacked root file system, and no staging area is left.
 fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sandbox: &str) {
     let kiln = Kiln::new();
-    let layout = function_layout(kiln.home.path());
-    let reg = Registry::start(RegistryKind::Plain);
-    let tagged = reg.reference("fn/user:v1");
-    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    let (reg, tagged) = pushed_user_image(&kiln);
     let host = reg.host();
     let children: Vec<_> = (0..4)
         .map(|_| {
@@ -546,10 +542,7 @@ fn concurrent_runs_unpacking_the_same_image_all_run_and_leave_one_cache_entry(sa
 /// the others wait for the unpack, not for the first container to exit.
 fn concurrent_long_running_runs_of_one_image_all_start(sandbox: &str) {
     let kiln = Kiln::new();
-    let layout = function_layout(kiln.home.path());
-    let reg = Registry::start(RegistryKind::Plain);
-    let tagged = reg.reference("fn/user:v1");
-    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    let (reg, tagged) = pushed_user_image(&kiln);
     let host = reg.host();
     let entrypoint = r#"["/bin/sh", "-c", "echo started; exec busybox sleep 60"]"#;
     let mut children: Vec<Child> = (0..3)
@@ -590,6 +583,17 @@ fn concurrent_long_running_runs_of_one_image_all_start(sandbox: &str) {
     assert_eq!(started, 3, "every run started while the others ran");
 }
 
+/// The test Function's `user` image pushed to a new plain registry: the registry (kept
+/// running while it lives) and the image's tagged reference.
+fn pushed_user_image(kiln: &Kiln) -> (Registry, String) {
+    let layout = function_layout(kiln.home.path());
+    let reg = Registry::start(RegistryKind::Plain);
+    let tagged = reg.reference("fn/user:v1");
+    reg.skopeo_copy_from_layout(&layout, "user", &tagged, None);
+    (reg, tagged)
+}
+
+/// kiln with the sandbox `sandbox` chosen.
 fn command(kiln: &Kiln, sandbox: &str) -> Command {
     let mut cmd = kiln.command();
     cmd.env("KILN_SANDBOX", sandbox);
