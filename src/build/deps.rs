@@ -415,7 +415,7 @@ async fn open_egress(
         &env.proxy,
     );
     tracing::debug!(hosts = ?policy.hosts().collect::<Vec<_>>(), "the install may reach");
-    match gate.open().await {
+    match gate.open(child).await {
         Ok(listener) => (
             Some(AbortOnDrop(tokio::spawn(egress::serve(
                 listener,
@@ -423,11 +423,8 @@ async fn open_egress(
             )))),
             None,
         ),
-        // The sandbox never runs its program: stop it, and report with its stderr.
-        Err(e) => {
-            let _ = child.start_kill();
-            (None, Some(e))
-        }
+        // The gate killed the sandbox before its program ran: report with its stderr.
+        Err(e) => (None, Some(e)),
     }
 }
 

@@ -123,61 +123,108 @@ fn cloexec(fd: OwnedFd) -> io::Result<OwnedFd> {
 }
 
 impl Gate {
-    /// Puts the listener into the spawned sandbox's network, lets its program start and
-    /// returns the listener (on the sandbox's `127.0.0.1:port`).
+    /// Puts the listener into the network of the sandbox `child` (spawned from this gate's
+    /// command), lets its program start and returns the listener (on the sandbox's
+    /// `127.0.0.1:port`). When the listener cannot be placed, `child` is killed while its
+    /// program is still held back: a sandbox never runs its program without its door.
     ///
     /// # Errors
     /// When bwrap says nothing (it failed: its stderr says why), or the helper fails.
-    pub async fn open(self) -> io::Result<std::net::TcpListener> {
-        tokio::task::spawn_blocking(move || self.open_blocking())
-            .await
-            .map_err(io::Error::other)?
+    pub async fn open(
+        self,
+        child: &mut tokio::process::Child,
+    ) -> io::Result<std::net::TcpListener> {
+        self.open_with(child, place_listener).await
     }
 
-    fn open_blocking(self) -> io::Result<std::net::TcpListener> {
-        let (mut info, mut block) = match self.how {
+    /// [`Gate::open`], with `place` putting a listener on `port` into the network of the
+    /// sandbox whose host pid it gets.
+    async fn open_with(
+        self,
+        child: &mut tokio::process::Child,
+        place: fn(i32, u16) -> io::Result<OwnedFd>,
+    ) -> io::Result<std::net::TcpListener> {
+        let port = self.port;
+        let (placed, held) = match self.how {
             How::Bwrap {
-                info,
+                mut info,
                 block,
                 child_ends,
             } => {
                 drop(child_ends);
-                (info, block)
+                let pid = tokio::task::spawn_blocking(move || child_pid(&mut info))
+                    .await
+                    .map_err(io::Error::other)
+                    .flatten();
+                let (pid, placed) = match pid {
+                    Ok(pid) => {
+                        let placed = tokio::task::spawn_blocking(move || place(pid, port));
+                        (Some(pid), placed.await.map_err(io::Error::other).flatten())
+                    }
+                    Err(e) => (None, Err(e)),
+                };
+                (placed, Some((pid, block)))
             }
-            How::Builtin { door, _dir } => return receive_from_init(&door),
+            How::Builtin { door, _dir } => {
+                let placed = tokio::task::spawn_blocking(move || receive_from_init(&door));
+                (placed.await.map_err(io::Error::other).flatten(), None)
+            }
         };
-        let pid = child_pid(&mut info)?;
-        let (ours, theirs) = rustix::net::socketpair(
-            AddressFamily::UNIX,
-            SocketType::STREAM,
-            SocketFlags::CLOEXEC,
-            None,
-        )?;
-        // The helper sends the listener over its stdout, which is our socket.
-        let mut helper = std::process::Command::new("/proc/self/exe");
-        helper
-            .arg(HELPER)
-            .arg(pid.to_string())
-            .arg(self.port.to_string())
-            .env_clear()
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::from(theirs));
-        let output = helper.output()?;
-        if !output.status.success() {
-            return Err(io::Error::other(format!(
-                "putting a listener into the sandbox's network: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
+        match (placed, held) {
+            (Ok(listener), held) => {
+                if let Some((_, mut block)) = held {
+                    block.write_all(b"1")?;
+                }
+                Ok(std::net::TcpListener::from(listener))
+            }
+            (Err(e), held) => {
+                // The sandbox waits on `block` until it is written or closed, and killing
+                // bwrap does not stop it yet (bwrap asks for its parent-death signal only
+                // after the wait): kill the sandbox itself, then bwrap, then close.
+                if let Some((Some(pid), _)) = &held
+                    && let Some(pid) = rustix::process::Pid::from_raw(*pid)
+                {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                let _ = child.kill().await;
+                drop(held);
+                Err(e)
+            }
         }
-        let listener = receive_fd(&ours)?;
-        block.write_all(b"1")?;
-        Ok(std::net::TcpListener::from(listener))
     }
+}
+
+/// Starts the helper ([`dispatch`]) for the sandbox whose host pid is `pid` and returns the
+/// listener it bound on `127.0.0.1:port` there.
+fn place_listener(pid: i32, port: u16) -> io::Result<OwnedFd> {
+    let (ours, theirs) = rustix::net::socketpair(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )?;
+    // The helper sends the listener over its stdout, which is our socket.
+    let mut helper = std::process::Command::new("/proc/self/exe");
+    helper
+        .arg(HELPER)
+        .arg(pid.to_string())
+        .arg(port.to_string())
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::from(theirs));
+    let output = helper.output()?;
+    if !output.status.success() {
+        return Err(io::Error::other(format!(
+            "putting a listener into the sandbox's network: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    receive_fd(&ours)
 }
 
 /// Waits (at most a minute: the init does this first thing) for the built-in sandbox's init
 /// to send its listener through `door`.
-fn receive_from_init(door: &std::os::unix::net::UnixListener) -> io::Result<std::net::TcpListener> {
+fn receive_from_init(door: &std::os::unix::net::UnixListener) -> io::Result<OwnedFd> {
     door.set_nonblocking(true)?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let stream = loop {
@@ -195,9 +242,7 @@ fn receive_from_init(door: &std::os::unix::net::UnixListener) -> io::Result<std:
         }
     };
     stream.set_nonblocking(false)?;
-    Ok(std::net::TcpListener::from(receive_fd(&OwnedFd::from(
-        stream,
-    ))?))
+    receive_fd(&OwnedFd::from(stream))
 }
 
 /// In the built-in sandbox's init, inside its fresh network namespace with capabilities still
@@ -340,6 +385,77 @@ fn helper(args: &[OsString]) -> io::Result<()> {
         .map_err(|e| io::Error::other(format!("joining the sandbox's user namespace: {e}")))?;
     move_into_link_name_space(net.as_fd(), Some(LinkNameSpaceType::Network))
         .map_err(|e| io::Error::other(format!("joining the sandbox's network: {e}")))?;
-    let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+    let listener = bind_once_loopback_is_up(port)?;
     send_fd(socket, listener.as_fd())
+}
+
+/// How long the helper waits for the sandbox's loopback: bwrap reports the sandbox's pid
+/// right after creating it, and brings `lo` up a few system calls later.
+const LOOPBACK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Binds `127.0.0.1:port`, waiting (up to [`LOOPBACK_WAIT`]) while the address does not
+/// exist yet: until `lo` is up, binding fails with `EADDRNOTAVAIL`.
+fn bind_once_loopback_is_up(port: u16) -> io::Result<std::net::TcpListener> {
+    let deadline = std::time::Instant::now() + LOOPBACK_WAIT;
+    loop {
+        match std::net::TcpListener::bind(("127.0.0.1", port)) {
+            Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+                if std::time::Instant::now() > deadline {
+                    return Err(io::Error::other(format!(
+                        "the sandbox's loopback did not come up within {}s: {e}",
+                        LOOPBACK_WAIT.as_secs()
+                    )));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            bound => return bound,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::Bind;
+
+    /// A bwrap sandbox of the host's root whose program leaves a mark in `out` when it runs.
+    fn marking_sandbox(out: &std::path::Path) -> (tokio::process::Command, Gate) {
+        let sandbox = Sandbox {
+            binds: vec![Bind::writable(out, "/tmp/out")],
+            ..Sandbox::new("/")
+        };
+        let argv = ["/bin/sh", "-c", "echo ran > /tmp/out/mark"].map(String::from);
+        command(&sandbox, &argv, 3128).expect("gate command")
+    }
+
+    #[tokio::test]
+    async fn a_gate_that_cannot_place_its_listener_never_lets_the_program_run() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let (mut cmd, gate) = marking_sandbox(out.path());
+        let mut child = cmd.spawn().expect("bwrap runs");
+        let refuse = |_: i32, _: u16| Err(io::Error::other("refused for the test"));
+        let err = gate.open_with(&mut child, refuse).await.unwrap_err();
+        assert_eq!(err.to_string(), "refused for the test");
+        let status = child.wait().await.expect("bwrap exits");
+        assert!(!status.success(), "the sandbox was killed: {status}");
+        // Whatever was left in the sandbox would have run by now.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!out.path().join("mark").exists(), "the program ran");
+    }
+
+    #[tokio::test]
+    async fn a_placed_listener_lets_the_program_run() {
+        let out = tempfile::tempdir().expect("tempdir");
+        let (mut cmd, gate) = marking_sandbox(out.path());
+        let mut child = cmd.spawn().expect("bwrap runs");
+        // Any listener will do: this process cannot join the sandbox (it has threads).
+        let place = |_: i32, _: u16| {
+            let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+            Ok(OwnedFd::from(listener))
+        };
+        gate.open_with(&mut child, place).await.expect("gate opens");
+        let status = child.wait().await.expect("bwrap exits");
+        assert!(status.success(), "{status}");
+        assert!(out.path().join("mark").exists(), "the program did not run");
+    }
 }

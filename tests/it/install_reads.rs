@@ -362,3 +362,51 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
     let index = String::from_utf8(layer_file(&out, "is-number/index.js")).unwrap();
     assert!(!index.contains("pwned"), "{index}");
 }
+
+/// bwrap reports the sandbox's pid as soon as the sandbox exists and brings its loopback up
+/// only a little later: kiln's helper that puts the proxy's listener there waits for the
+/// loopback address instead of failing with "Cannot assign requested address" (as it once
+/// did in CI).
+#[test]
+fn the_listener_helper_waits_for_the_sandbox_loopback_to_come_up() {
+    use std::os::fd::OwnedFd;
+    use std::process::{Command, Stdio};
+    common::require_tool("unshare", "util-linux");
+    common::require_tool("busybox", "busybox-static");
+    // A network namespace whose loopback address comes half a second late, as bwrap's does.
+    let mut sandbox = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--net", "busybox", "sh", "-c"])
+        .arg(
+            "busybox ip link set lo up && busybox ip addr del 127.0.0.1/8 dev lo && echo ready \
+             && sleep 0.5 && busybox ip addr add 127.0.0.1/8 dev lo && exec sleep 30",
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = sandbox.id();
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(sandbox.stdout.take().unwrap()),
+        &mut ready,
+    )
+    .unwrap();
+    assert_eq!(ready, "ready\n", "the namespace was not set up");
+    let (mut listener_from, helper_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    let helper = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["__kiln-netns-listen", &pid.to_string(), "3128"])
+        .stdout(Stdio::from(OwnedFd::from(helper_end)))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    sandbox.kill().unwrap();
+    sandbox.wait().unwrap();
+    assert!(
+        helper.status.success(),
+        "the helper failed: {}",
+        String::from_utf8_lossy(&helper.stderr)
+    );
+    // It sent the listener (one byte of data carries it).
+    let mut byte = [0u8; 1];
+    std::io::Read::read_exact(&mut listener_from, &mut byte).unwrap();
+    assert_eq!(&byte, b"l");
+}
