@@ -249,6 +249,14 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             what: Removal::Dir(dir),
         });
     }
+    registry_records(cache_dir, &mut out);
+    downloads(cache_dir, &mut out);
+    store_images(cache_dir, &mut out)?;
+    Ok(out)
+}
+
+/// The registry client's records: cached documents, pushed blobs, registries' answers.
+fn registry_records(cache_dir: &Path, out: &mut Vec<Candidate>) {
     for sub in REGISTRY_RECORD_DIRS {
         let Ok(entries) = fs::read_dir(cache_dir.join(sub)) else {
             continue;
@@ -271,6 +279,10 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             });
         }
     }
+}
+
+/// Downloaded npm tarballs, wheels and PyPI pages, but for those used within [`GRACE`].
+fn downloads(cache_dir: &Path, out: &mut Vec<Candidate>) {
     for (dir, suffix, kind) in [
         ("npm", ".tgz", NPM_TARBALL),
         ("wheels", ".whl", WHEEL),
@@ -300,6 +312,10 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             });
         }
     }
+}
+
+/// The local store's Function images.
+fn store_images(cache_dir: &Path, out: &mut Vec<Candidate>) -> io::Result<()> {
     let store = cache_dir.join("store");
     if store.join("oci-layout").is_file() {
         let layout = Layout::open(&store).map_err(io::Error::other)?;
@@ -330,7 +346,7 @@ fn candidates(cache_dir: &Path) -> io::Result<Vec<Candidate>> {
             });
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// What killed builds, runs and prunes left behind, untouched for [`ABANDONED_AFTER`]: the

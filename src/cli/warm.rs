@@ -192,6 +192,21 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
             .map_err(|problem| anyhow!("--registry {registry:?}: {problem}"))?;
     }
     // Every Function is built with the same shared flags.
+    let shared = shared_build_flags(args);
+    for (_, flags) in &mut functions {
+        flags.extend(shared.iter().cloned());
+    }
+    Ok(Plan {
+        runtimes,
+        functions,
+        registry,
+        cache_repo,
+    })
+}
+
+/// The `kiln build` flags every warmed Function gets: those of `args` that `kiln build` has
+/// too.
+fn shared_build_flags(args: &WarmArgs) -> Vec<OsString> {
     let mut shared: Vec<OsString> = Vec::new();
     if let Some(dir) = &args.cache_dir {
         shared.extend(["--cache-dir".into(), dir.into()]);
@@ -211,15 +226,7 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
     if args.lockfile_install == super::build::LockfileInstallArg::Off {
         shared.extend(["--lockfile-install".into(), "off".into()]);
     }
-    for (_, flags) in &mut functions {
-        flags.extend(shared.iter().cloned());
-    }
-    Ok(Plan {
-        runtimes,
-        functions,
-        registry,
-        cache_repo,
-    })
+    shared
 }
 
 pub(super) async fn run(args: WarmArgs) -> Result<String, Failure> {

@@ -81,50 +81,17 @@ pub async fn run(opts: Options) -> Result<()> {
         None => ready.store(true, Ordering::Relaxed),
     }
     metrics.set_leading(true);
-    let client = opts.client.clone();
-    let builds = opts.config.build_namespace.clone();
-    let (config_maps, cm_stream) = cache::<ConfigMap>(&client, Some(&builds));
-    let (jobs, job_stream) = cache::<Job>(&client, Some(&builds));
-    let (secrets, secret_stream) = cache::<Secret>(&client, Some(&builds));
-    let (deployments, deploy_stream) = cache::<Deployment>(&client, None);
-    let (services, service_stream) = cache::<Service>(&client, None);
-    let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client, None);
-    *jobs_for_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs.clone());
-    let knative = (opts.config.serving == Serving::Knative).then(|| knative_cache(&client));
-    let stores = Stores::new(
-        config_maps,
-        jobs,
-        secrets,
-        deployments,
-        services,
-        hpas,
-        knative.as_ref().map(|(s, _)| s.clone()),
-    );
+    let (mut controller, stores) = watching(&opts, &jobs_for_metrics);
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let reporter = Reporter {
         controller: "kiln-controller".into(),
         instance: Some(opts.identity.clone()),
     };
-    let mut controller = Controller::new(
-        Api::<Function>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    // What the build namespace holds names its Function by labels: no owner reference can
-    // cross namespaces.
-    .watches_stream(cm_stream, |o| function_ref(&o.metadata))
-    .watches_stream(job_stream, |o| function_ref(&o.metadata))
-    .watches_stream(secret_stream, |o| function_ref(&o.metadata))
-    .owns_stream(deploy_stream)
-    .owns_stream(service_stream)
-    .owns_stream(hpa_stream);
-    if let Some((_, stream)) = knative {
-        controller = controller.owns_stream_with(stream, knative_resource());
-    }
     let slots = BuildSlots::new(opts.config.max_build_jobs, Some(wake))
         .with_check(still_waiting(controller.store()));
     let ctx = context(
         &opts,
-        Recorder::new(client.clone(), reporter),
+        Recorder::new(opts.client.clone(), reporter),
         slots,
         stores,
         &metrics,
@@ -167,6 +134,51 @@ pub async fn run(opts: Options) -> Result<()> {
     };
     sweeper.abort();
     outcome
+}
+
+/// The controller of Functions, woken by what they own (Deployments, Services, autoscalers
+/// and Knative Services, by owner reference) and by their builds' ConfigMaps, Jobs and
+/// Secrets in the build namespace (by labels); and the stores those watches fill. The Job
+/// store also goes into `jobs_for_metrics`.
+fn watching(
+    opts: &Options,
+    jobs_for_metrics: &Mutex<Option<Store<Job>>>,
+) -> (Controller<Function>, Stores) {
+    let client = opts.client.clone();
+    let builds = opts.config.build_namespace.clone();
+    let (config_maps, cm_stream) = cache::<ConfigMap>(&client, Some(&builds));
+    let (jobs, job_stream) = cache::<Job>(&client, Some(&builds));
+    let (secrets, secret_stream) = cache::<Secret>(&client, Some(&builds));
+    let (deployments, deploy_stream) = cache::<Deployment>(&client, None);
+    let (services, service_stream) = cache::<Service>(&client, None);
+    let (hpas, hpa_stream) = cache::<HorizontalPodAutoscaler>(&client, None);
+    *jobs_for_metrics.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs.clone());
+    let knative = (opts.config.serving == Serving::Knative).then(|| knative_cache(&client));
+    let stores = Stores::new(
+        config_maps,
+        jobs,
+        secrets,
+        deployments,
+        services,
+        hpas,
+        knative.as_ref().map(|(s, _)| s.clone()),
+    );
+    let mut controller = Controller::new(
+        Api::<Function>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    // What the build namespace holds names its Function by labels: no owner reference can
+    // cross namespaces.
+    .watches_stream(cm_stream, |o| function_ref(&o.metadata))
+    .watches_stream(job_stream, |o| function_ref(&o.metadata))
+    .watches_stream(secret_stream, |o| function_ref(&o.metadata))
+    .owns_stream(deploy_stream)
+    .owns_stream(service_stream)
+    .owns_stream(hpa_stream);
+    if let Some((_, stream)) = knative {
+        controller = controller.owns_stream_with(stream, knative_resource());
+    }
+    (controller, stores)
 }
 
 /// Serves metrics and probes; the returned slot is where the Job store goes once it exists

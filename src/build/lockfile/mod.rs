@@ -177,6 +177,47 @@ pub fn plan(
     }
     let manifest: serde_json::Value = serde_json::from_slice(&inputs.manifest.bytes)
         .map_err(|e| format!("{} is not JSON ({e}): npm reports it", inputs.manifest.name))?;
+    manifest_is_plain(&manifest)?;
+    let parsed: Lock = serde_json::from_slice(&lock.bytes)
+        .map_err(|e| format!("{} is not a lock file kiln reads ({e})", lock.name))?;
+    if !(2..=3).contains(&parsed.version) {
+        return Err(format!(
+            "{} has lockfileVersion {}, not 2 or 3",
+            lock.name, parsed.version
+        ));
+    }
+    let root = parsed
+        .packages
+        .get("")
+        .ok_or("the lock has no root package")?;
+    in_step(&manifest, root, &parsed.packages)?;
+    let mut packages = Vec::new();
+    for (key, entry) in &parsed.packages {
+        if key.is_empty() || entry.dev {
+            continue;
+        }
+        if let Some(package) = package(key, entry, platform)? {
+            packages.push(package);
+        }
+    }
+    if packages.is_empty() {
+        return Err("the lock installs nothing".into());
+    }
+    // Two packages of one node_modules with a bin of the same name: npm decides.
+    let mut linked = BTreeSet::new();
+    for p in &packages {
+        for name in p.bins.keys() {
+            if !linked.insert((bin_dir(&p.path), name.clone())) {
+                return Err(format!("two packages have a bin named {name:?}"));
+            }
+        }
+    }
+    Ok(plan_sorted(packages))
+}
+
+/// Why npm must run for a package.json with install scripts of its own, workspaces, overrides
+/// or bundled dependencies.
+fn manifest_is_plain(manifest: &serde_json::Value) -> Result<(), String> {
     let scripts = manifest.get("scripts").and_then(|s| s.as_object());
     if let Some(script) = ROOT_SCRIPTS
         .iter()
@@ -194,82 +235,56 @@ pub fn plan(
             return Err(format!("package.json has {field:?}"));
         }
     }
-    let parsed: Lock = serde_json::from_slice(&lock.bytes)
-        .map_err(|e| format!("{} is not a lock file kiln reads ({e})", lock.name))?;
-    if !(2..=3).contains(&parsed.version) {
-        return Err(format!(
-            "{} has lockfileVersion {}, not 2 or 3",
-            lock.name, parsed.version
-        ));
-    }
-    let root = parsed
-        .packages
-        .get("")
-        .ok_or("the lock has no root package")?;
-    in_step(&manifest, root, &parsed.packages)?;
+    Ok(())
+}
+
+/// The lock's entry `key` as a package to unpack; `None` for an optional one `platform` does
+/// not take; why npm must run when kiln cannot unpack it alone.
+fn package(key: &str, entry: &Entry, platform: &Platform) -> Result<Option<Package>, String> {
     let (os, cpu) = (platform.os.as_str(), npm_cpu(&platform.architecture));
-    let mut packages = Vec::new();
-    for (key, entry) in &parsed.packages {
-        if key.is_empty() || entry.dev {
-            continue;
-        }
-        let path = below_node_modules(key).ok_or_else(|| format!("the lock's {key:?}"))?;
-        if entry.link || entry.in_bundle || entry.extraneous {
-            return Err(format!("the lock's {key} is linked, bundled or extraneous"));
-        }
-        let fits = admits(&entry.os, os) && admits(&entry.cpu, cpu) && libc_admits(&entry.libc);
-        if !fits {
-            if entry.optional || entry.dev_optional {
-                continue;
-            }
-            return Err(format!("{key} is not for {os}/{cpu}: npm reports it"));
-        }
-        if entry.has_install_script {
-            return Err(format!("{key} has an install script"));
-        }
-        let name = entry
-            .name
-            .clone()
-            .unwrap_or_else(|| package_name(&path).to_string());
-        let (Some(version), Some(integrity)) = (&entry.version, &entry.integrity) else {
-            return Err(format!("the lock's {key} has no version or integrity"));
-        };
-        let tarball = NpmTarball {
-            package: name.clone(),
-            version: version.clone(),
-            integrity: integrity.clone(),
-        };
-        let expected = format!("{REGISTRY}{}", tarball.tarball_path());
-        if entry.resolved.as_deref() != Some(expected.as_str()) {
-            return Err(format!("{key} is not resolved to {expected}"));
-        }
-        if !integrity.starts_with("sha512-") {
-            return Err(format!("{key} has no sha512 integrity"));
-        }
-        let bins = entry
-            .bin
-            .as_ref()
-            .map(|b| normalize_bins(b, &name))
-            .unwrap_or_default();
-        packages.push(Package {
-            path,
-            tarball,
-            bins,
-        });
+    let path = below_node_modules(key).ok_or_else(|| format!("the lock's {key:?}"))?;
+    if entry.link || entry.in_bundle || entry.extraneous {
+        return Err(format!("the lock's {key} is linked, bundled or extraneous"));
     }
-    if packages.is_empty() {
-        return Err("the lock installs nothing".into());
-    }
-    // Two packages of one node_modules with a bin of the same name: npm decides.
-    let mut linked = BTreeSet::new();
-    for p in &packages {
-        for name in p.bins.keys() {
-            if !linked.insert((bin_dir(&p.path), name.clone())) {
-                return Err(format!("two packages have a bin named {name:?}"));
-            }
+    let fits = admits(&entry.os, os) && admits(&entry.cpu, cpu) && libc_admits(&entry.libc);
+    if !fits {
+        if entry.optional || entry.dev_optional {
+            return Ok(None);
         }
+        return Err(format!("{key} is not for {os}/{cpu}: npm reports it"));
     }
-    Ok(plan_sorted(packages))
+    if entry.has_install_script {
+        return Err(format!("{key} has an install script"));
+    }
+    let name = entry
+        .name
+        .clone()
+        .unwrap_or_else(|| package_name(&path).to_string());
+    let (Some(version), Some(integrity)) = (&entry.version, &entry.integrity) else {
+        return Err(format!("the lock's {key} has no version or integrity"));
+    };
+    let tarball = NpmTarball {
+        package: name.clone(),
+        version: version.clone(),
+        integrity: integrity.clone(),
+    };
+    let expected = format!("{REGISTRY}{}", tarball.tarball_path());
+    if entry.resolved.as_deref() != Some(expected.as_str()) {
+        return Err(format!("{key} is not resolved to {expected}"));
+    }
+    if !integrity.starts_with("sha512-") {
+        return Err(format!("{key} has no sha512 integrity"));
+    }
+    let bins = entry
+        .bin
+        .as_ref()
+        .map(|b| normalize_bins(b, &name))
+        .unwrap_or_default();
+    Ok(Some(Package {
+        path,
+        tarball,
+        bins,
+    }))
 }
 
 /// Parents before the packages nested in them.

@@ -241,28 +241,7 @@ impl RegistryPublisher {
     ) -> Result<BlobReport, Error> {
         let d = &blob.descriptor;
         let err = registry_err(format!("blob {}", d.digest), self.target.to_string());
-        let report = |outcome: BlobOutcome| {
-            let (outcome, bytes_sent) = match outcome {
-                BlobOutcome::Existed => (Outcome::Existed, 0),
-                BlobOutcome::Mounted => (Outcome::Mounted, 0),
-                BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
-            };
-            tracing::info!(
-                digest = %d.digest,
-                size = d.size,
-                role = ?blob.role,
-                ?outcome,
-                bytes_sent,
-                "blob",
-            );
-            BlobReport {
-                digest: d.digest.clone(),
-                size: d.size,
-                role: blob.role,
-                outcome,
-                bytes_sent,
-            }
-        };
+        let report = |outcome| report(blob, outcome);
         if known.contains(&d.digest) {
             tracing::debug!(digest = %d.digest, "pushed to this repository before: not checked");
             return Ok(report(BlobOutcome::Existed));
@@ -295,6 +274,18 @@ impl RegistryPublisher {
                 .map_err(&err)?;
             return Ok(report(outcome));
         }
+        self.push_remote_layer(blob, input).await.map(report)
+    }
+
+    /// A layer whose bytes are elsewhere (the base's or a cache repository's): there
+    /// already, mounted across repositories, or copied through a verified local file.
+    async fn push_remote_layer(
+        &self,
+        blob: &BlobPlan,
+        input: PublishInput<'_>,
+    ) -> Result<BlobOutcome, Error> {
+        let d = &blob.descriptor;
+        let err = registry_err(format!("blob {}", d.digest), self.target.to_string());
         if self
             .client
             .blob_exists(&self.target, &d.digest)
@@ -302,7 +293,7 @@ impl RegistryPublisher {
             .map_err(&err)?
             .is_some()
         {
-            return Ok(report(BlobOutcome::Existed));
+            return Ok(BlobOutcome::Existed);
         }
         let mount_from = match &blob.remote {
             Some(r) => (r.registry == self.target.registry).then(|| r.repository.clone()),
@@ -315,7 +306,7 @@ impl RegistryPublisher {
                 .await
                 .map_err(&err)?
         {
-            return Ok(report(BlobOutcome::Mounted));
+            return Ok(BlobOutcome::Mounted);
         }
         // The base (or cache repository) lives on another registry or refused the mount:
         // copy the layer through a verified local file.
@@ -323,8 +314,7 @@ impl RegistryPublisher {
             Some(r) => download(&self.client, r, d, input.scratch).await?,
             None => fetch_base_layer(&self.client, input.base, d, input.scratch).await?,
         };
-        let outcome = self
-            .client
+        self.client
             .push_blob(
                 &self.target,
                 d,
@@ -332,8 +322,32 @@ impl RegistryPublisher {
                 None,
             )
             .await
-            .map_err(&err)?;
-        Ok(report(outcome))
+            .map_err(&err)
+    }
+}
+
+/// What happened to `blob`, logged and reported.
+fn report(blob: &BlobPlan, outcome: BlobOutcome) -> BlobReport {
+    let d = &blob.descriptor;
+    let (outcome, bytes_sent) = match outcome {
+        BlobOutcome::Existed => (Outcome::Existed, 0),
+        BlobOutcome::Mounted => (Outcome::Mounted, 0),
+        BlobOutcome::Uploaded { bytes_sent } => (Outcome::Uploaded, bytes_sent),
+    };
+    tracing::info!(
+        digest = %d.digest,
+        size = d.size,
+        role = ?blob.role,
+        ?outcome,
+        bytes_sent,
+        "blob",
+    );
+    BlobReport {
+        digest: d.digest.clone(),
+        size: d.size,
+        role: blob.role,
+        outcome,
+        bytes_sent,
     }
 }
 
@@ -454,6 +468,57 @@ impl RegistryPublisher {
     }
 }
 
+impl RegistryPublisher {
+    /// The manifest, to each of its destinations. When `known` named a blob the repository
+    /// lost, the registry refuses it: every layer is then checked (and `blobs` replaced by
+    /// what that found) before it goes up again.
+    async fn put_manifest(
+        &self,
+        input: PublishInput<'_>,
+        known: &mut BTreeSet<Digest>,
+        blobs: &mut Vec<BlobReport>,
+    ) -> Result<(), Error> {
+        let manifest = &input.image.manifest;
+        for destination in self.manifest_destinations(&manifest.digest)? {
+            let err = registry_err(
+                format!("manifest {}", manifest.digest),
+                destination.to_string(),
+            );
+            let trusted = input
+                .layers
+                .iter()
+                .any(|b| known.contains(&b.descriptor.digest));
+            match self
+                .client
+                .put_manifest_with(&destination, manifest, !trusted)
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if trusted && e.is_blob_unknown() => {
+                    // The record named a blob the repository lost: check every blob.
+                    tracing::warn!(
+                        repository = %self.target.repository_path(),
+                        "a blob pushed here before is gone; checking every blob",
+                    );
+                    if let Some(p) = &self.pushed {
+                        p.forget();
+                    }
+                    known.clear();
+                    let checked = self.push_layers(input, known).await?;
+                    blobs.retain(|b| b.role == Role::Config);
+                    blobs.splice(0..0, checked);
+                    self.client
+                        .put_manifest(&destination, manifest)
+                        .await
+                        .map_err(err)?;
+                }
+                Err(e) => return Err(err(e)),
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Publisher for RegistryPublisher {
     async fn publish(&self, input: PublishInput<'_>) -> Result<Published, Error> {
         let target = self.target.to_string();
@@ -505,42 +570,7 @@ impl Publisher for RegistryPublisher {
             bytes_sent,
         });
         let manifest = &input.image.manifest;
-        for destination in self.manifest_destinations(&manifest.digest)? {
-            let err = registry_err(
-                format!("manifest {}", manifest.digest),
-                destination.to_string(),
-            );
-            let trusted = input
-                .layers
-                .iter()
-                .any(|b| known.contains(&b.descriptor.digest));
-            match self
-                .client
-                .put_manifest_with(&destination, manifest, !trusted)
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if trusted && e.is_blob_unknown() => {
-                    // The record named a blob the repository lost: check every blob.
-                    tracing::warn!(
-                        repository = %self.target.repository_path(),
-                        "a blob pushed here before is gone; checking every blob",
-                    );
-                    if let Some(p) = &self.pushed {
-                        p.forget();
-                    }
-                    known.clear();
-                    let checked = self.push_layers(input, &known).await?;
-                    blobs.retain(|b| b.role == Role::Config);
-                    blobs.splice(0..0, checked);
-                    self.client
-                        .put_manifest(&destination, manifest)
-                        .await
-                        .map_err(err)?;
-                }
-                Err(e) => return Err(err(e)),
-            }
-        }
+        self.put_manifest(input, &mut known, &mut blobs).await?;
         if let Some(p) = &self.pushed {
             p.record(
                 input
