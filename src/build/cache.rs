@@ -142,13 +142,13 @@ impl LayerCache {
     }
 }
 
-/// The layer cache at `opts.cache_dir`.
+/// The layer cache in `cache_dir`.
 ///
 /// # Errors
 /// The directory cannot be made or read.
-pub fn open_cache(opts: &super::Options) -> Result<LayerCache, super::Error> {
-    LayerCache::open(&opts.cache_dir).map_err(|source| super::Error::Cache {
-        path: opts.cache_dir.clone(),
+pub fn open_cache(cache_dir: &std::path::Path) -> Result<LayerCache, super::Error> {
+    LayerCache::open(cache_dir).map_err(|source| super::Error::Cache {
+        path: cache_dir.to_path_buf(),
         source,
     })
 }

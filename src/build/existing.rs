@@ -9,7 +9,7 @@
 //! - A tag: one manifest `GET`; its annotation, or for a Docker manifest its config's label.
 //! - A layout: the named image's manifest, and every blob it lists present.
 
-use super::options::{Options, Target};
+use super::options::Target;
 use super::plan::{BUILD_KEY_LABEL, key_tag};
 use crate::oci::{Digest, Document, ImageConfig, Layout, Manifest, MediaType};
 use crate::registry::{self, Client, Reference};
@@ -28,16 +28,19 @@ pub struct Found {
 /// registry, and retrying there again would only multiply the wait.
 pub(super) async fn find(
     client: &Client,
-    opts: &Options,
+    target: &Target,
+    tag_by_key: bool,
     key: &Digest,
 ) -> Result<Option<Found>, super::error::Error> {
-    match &opts.target {
-        Target::Registry(target) => in_registry(client, target, key, opts.tag_by_key)
-            .await
-            .map_err(|source| super::error::Error::Lookup {
-                target: target.to_string(),
-                source: Box::new(source),
-            }),
+    match target {
+        Target::Registry(target) => {
+            in_registry(client, target, key, tag_by_key)
+                .await
+                .map_err(|source| super::error::Error::Lookup {
+                    target: target.to_string(),
+                    source: Box::new(source),
+                })
+        }
         Target::Layout { dir, name } => {
             let (dir, name, key) = (dir.clone(), name.clone(), key.clone());
             Ok(tokio::task::spawn_blocking(move || in_layout(&dir, &name, &key)).await?)

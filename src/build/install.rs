@@ -117,8 +117,8 @@ pub(super) fn lockfile_plan(opts: &Options, inputs: &function::DepInputs) -> Pla
 }
 
 /// The package manager a runtime's install falls back to, for log lines.
-fn tool(opts: &Options) -> &'static str {
-    match opts.runtime.language {
+fn tool(language: crate::runtime::Language) -> &'static str {
+    match language {
         crate::runtime::Language::Python => "pip",
         _ => "npm",
     }
@@ -158,7 +158,7 @@ pub(super) async fn dependency_key(
 ) -> Result<DepKey, Error> {
     match &plan {
         Err(why) => {
-            let tool = tool(opts);
+            let tool = tool(opts.runtime.language);
             tracing::info!(
                 reason = %why,
                 "the dependencies need {tool}: the lock file does not decide them alone",
@@ -487,17 +487,14 @@ pub(super) async fn from_cache_repo(
 /// The install command line, as the history text names it; `history` says how kiln installs
 /// without the package manager, when it does ([`history`]).
 pub(super) fn install_command(
-    opts: &Options,
+    runtime: &crate::runtime::RuntimeSpec,
     function: &Function,
     history: Option<&'static str>,
 ) -> String {
     let Some(inputs) = &function.deps else {
-        return opts.runtime.install_command(false).join(" ");
+        return runtime.install_command(false).join(" ");
     };
-    let command = opts
-        .runtime
-        .install_command(inputs.lock.is_some())
-        .join(" ");
+    let command = runtime.install_command(inputs.lock.is_some()).join(" ");
     match history {
         Some(history) => format!("{command} {history}"),
         None => command,

@@ -54,7 +54,7 @@ pub use warm::{Warmed, warm_deps};
 pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
     let span = tracing::info_span!("build", function = %opts.name, runtime = %opts.runtime.name);
     async move {
-        let cache = cache::open_cache(opts)?;
+        let cache = cache::open_cache(&opts.cache_dir)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         tracing::info!(files = function.tree.file_count(), "collected source");
@@ -99,7 +99,9 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         // `--no-cache` rebuilds: no existing image is taken either.
         let found = match opts.use_cache {
-            true => existing::find(client, opts, &planned.image_key).await?,
+            true => {
+                existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
+            }
             false => None,
         };
         if let Some(found) = found {
@@ -136,7 +138,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
                 &repo,
                 dep,
                 inputs,
-                &install::install_command(opts, function, history),
+                &install::install_command(&opts.runtime, function, history),
             )
             .await;
         }
@@ -220,7 +222,7 @@ async fn installed_layer(
         .is_none()
         .then(|| cache.blob_path(&layer.cached.digest));
     let created_by = stage::created_by(
-        &install::install_command(opts, function, history),
+        &install::install_command(&opts.runtime, function, history),
         &layer.key,
     );
     let dep = DepLayer {
@@ -251,7 +253,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
         stage = "deps",
     );
     async move {
-        let cache = cache::open_cache(opts)?;
+        let cache = cache::open_cache(&opts.cache_dir)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         let mut record = stage::Record {
@@ -268,7 +270,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
             install::require_builder(opts, &planned)?;
             let dep_key = install::dependency_key(client, opts, &cache, inputs, planned).await?;
             let created_by = stage::created_by(
-                &install::install_command(opts, function, history),
+                &install::install_command(&opts.runtime, function, history),
                 &dep_key.key,
             );
             let media_type = dependency_media_type(opts.compression);

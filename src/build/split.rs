@@ -33,7 +33,7 @@ pub async fn run_lookup(
         stage = "lookup",
     );
     async move {
-        let cache = super::cache::open_cache(opts)?;
+        let cache = super::cache::open_cache(&opts.cache_dir)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let inputs = loaded.function.deps.as_ref();
         let repo = opts.cache_repo.as_ref().map(Reference::repository_only);
@@ -153,7 +153,7 @@ pub(super) async fn staged_layer(
         opts.epoch,
     );
     let inputs = function.deps.clone();
-    let install_command = install::install_command(opts, function, history);
+    let install_command = install::install_command(&opts.runtime, function, history);
     let compression = opts.compression;
     let verified = tokio::task::spawn_blocking(move || {
         let expected = stage::Expected {

@@ -44,7 +44,7 @@ pub enum Warmed {
 pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Result<Warmed, Error> {
     let span = tracing::info_span!("warm", function = %opts.name, runtime = %opts.runtime.name);
     async move {
-        let cache = super::cache::open_cache(opts)?;
+        let cache = super::cache::open_cache(&opts.cache_dir)?;
         let loaded = load::load(opts, &cache.tmp_dir()).await?;
         let function = &loaded.function;
         let Some(inputs) = &function.deps else {
@@ -71,7 +71,7 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
             tracing::info!(%key, %entry, "the cache repository holds this dependency layer");
             return Ok(Warmed::Present { key, entry });
         }
-        let install = install::install_command(opts, function, history);
+        let install = install::install_command(&opts.runtime, function, history);
         let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
         let installed = !layer.from_local_cache;
         let local = cache.blob_path(&layer.cached.digest);

@@ -349,7 +349,12 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
                     runtime = opts.runtime.name
                 )));
             }
-        } else if needs_store(args.deps_sandbox, env.in_builder.as_deref(), &opts) {
+        } else if needs_store(
+            args.deps_sandbox,
+            env.in_builder.as_deref(),
+            &opts.runtime.name,
+            &opts.stage,
+        ) {
             ensure_store(&opts.runtime.name, &opts.cache_dir, store)
                 .await
                 .map_err(Failure::Build)?;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::build::{Options, Stage, deps::Isolation};
+use crate::build::{Stage, deps::Isolation};
 
 /// Where the dependency install runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -21,10 +21,15 @@ pub enum DepsSandbox {
 /// Whether this build needs the runtime's images in the local store: a whole build for its
 /// base; `--stage deps` and `--stage lookup` only for the builder, and not when the install
 /// uses the toolchain on PATH (`--deps-sandbox none`, or natively inside the builder image).
-pub(super) fn needs_store(mode: DepsSandbox, in_builder: Option<&str>, opts: &Options) -> bool {
-    let native = mode == DepsSandbox::None
-        || (mode == DepsSandbox::Auto && in_builder == Some(opts.runtime.name.as_str()));
-    !(native && matches!(opts.stage, Stage::Deps(_) | Stage::Lookup(_)))
+pub(super) fn needs_store(
+    mode: DepsSandbox,
+    in_builder: Option<&str>,
+    runtime: &str,
+    stage: &Stage,
+) -> bool {
+    let native =
+        mode == DepsSandbox::None || (mode == DepsSandbox::Auto && in_builder == Some(runtime));
+    !(native && matches!(stage, Stage::Deps(_) | Stage::Lookup(_)))
 }
 
 /// Resolves `--deps-sandbox` into where the install runs; `in_builder` is `KILN_BUILDER`.
