@@ -36,6 +36,26 @@ impl IoError {
     }
 }
 
+/// `.at(action, path)` on a failed file-system call: its error as an [`IoError`], which `?`
+/// turns into the error of whichever module asks (each has an `Io` variant made from it).
+pub trait IoContext<T> {
+    /// The error of `action` on `path`.
+    ///
+    /// # Errors
+    /// The call's error, as an [`IoError`].
+    fn at(self, action: &'static str, path: impl AsRef<Path>) -> Result<T, IoError>;
+}
+
+impl<T, E: Into<io::Error>> IoContext<T> for Result<T, E> {
+    fn at(self, action: &'static str, path: impl AsRef<Path>) -> Result<T, IoError> {
+        self.map_err(|source| IoError {
+            action,
+            path: path.as_ref().to_path_buf(),
+            source: source.into(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,6 +65,14 @@ mod tests {
         let e: IoError =
             IoError::at("reading", Path::new("/x/y"))(io::Error::from(io::ErrorKind::NotFound));
         assert_eq!(e.to_string(), "reading /x/y");
+        assert_eq!(e.source.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn at_gives_the_same_error_from_any_error_convertible_to_io() {
+        let failed: Result<(), rustix::io::Errno> = Err(rustix::io::Errno::NOENT);
+        let e = failed.at("opening", "/x/y").unwrap_err();
+        assert_eq!(e.to_string(), "opening /x/y");
         assert_eq!(e.source.kind(), io::ErrorKind::NotFound);
     }
 }

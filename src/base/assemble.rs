@@ -3,6 +3,7 @@
 //! runtime packages, Python bytecode, the function server, the SBOM; the builder adds its
 //! Debian packages, npm tooling and the kiln binary.
 
+use crate::io_error::IoContext as _;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -145,20 +146,8 @@ pub async fn assemble(
         });
     }
     let tmp = src.cache_dir.join("tmp");
-    std::fs::create_dir_all(&tmp).map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "using",
-            path: tmp.clone(),
-            source,
-        })
-    })?;
-    let staging = tempfile::tempdir_in(&tmp).map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "using",
-            path: tmp.clone(),
-            source,
-        })
-    })?;
+    std::fs::create_dir_all(&tmp).at("using", &tmp)?;
+    let staging = tempfile::tempdir_in(&tmp).at("using", &tmp)?;
     let mut stage = Stage {
         src,
         dir: staging.path().to_path_buf(),
@@ -232,13 +221,7 @@ struct SbomEntry {
 impl Stage<'_> {
     fn scratch(&self, name: &str) -> Result<PathBuf> {
         let dir = self.dir.join(name);
-        std::fs::create_dir_all(&dir).map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "using",
-                path: dir.clone(),
-                source,
-            })
-        })?;
+        std::fs::create_dir_all(&dir).at("using", &dir)?;
         Ok(dir)
     }
 
@@ -316,21 +299,9 @@ impl Stage<'_> {
             for [link, target] in &wanted.links {
                 let path = root.join(link.trim_start_matches('/'));
                 if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent).map_err(|source| {
-                        Error::Io(crate::io_error::IoError {
-                            action: "using",
-                            path: parent.into(),
-                            source,
-                        })
-                    })?;
+                    std::fs::create_dir_all(parent).at("using", parent)?;
                 }
-                std::os::unix::fs::symlink(target, &path).map_err(|source| {
-                    Error::Io(crate::io_error::IoError {
-                        action: "using",
-                        path: path.clone(),
-                        source,
-                    })
-                })?;
+                std::os::unix::fs::symlink(target, &path).at("using", &path)?;
             }
             self.sbom.push(SbomEntry {
                 name: pinned.tarball.package.clone(),

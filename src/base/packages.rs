@@ -14,6 +14,7 @@
 //! `/usr/src/app/node_modules`; Debian's Python puts `/usr/local/lib/python3.X/dist-packages`
 //! on `sys.path` after `PYTHONPATH` (`/kubeless/site-packages`).
 
+use crate::io_error::IoContext as _;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -114,10 +115,6 @@ pub enum Error {
 
 pub(super) type Result<T, E = Error> = std::result::Result<T, E>;
 
-pub(super) fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    crate::io_error::IoError::at(action, path)
-}
-
 /// Runs `cmd` in `dir`; its stderr becomes the error's detail.
 pub(super) fn run(tool: &'static str, cmd: &mut Command) -> Result<()> {
     let out = cmd.output().map_err(|e| Error::Tool {
@@ -143,7 +140,7 @@ pub fn lock_npm(
     deps: &BTreeMap<String, String>,
     registry: &url::Url,
 ) -> Result<Vec<LockedNpmPath>> {
-    let dir = tempfile::tempdir().map_err(io_err("creating", &std::env::temp_dir()))?;
+    let dir = tempfile::tempdir().at("creating", std::env::temp_dir())?;
     let manifest = serde_json::json!({
         "name": "kiln-runtime-packages",
         "version": "0.0.0",
@@ -151,7 +148,7 @@ pub fn lock_npm(
         "dependencies": deps,
     });
     let path = dir.path().join("package.json");
-    std::fs::write(&path, manifest.to_string()).map_err(io_err("writing", &path))?;
+    std::fs::write(&path, manifest.to_string()).at("writing", &path)?;
     run(
         "npm install --package-lock-only",
         Command::new("npm")
@@ -168,7 +165,7 @@ pub fn lock_npm(
             .current_dir(dir.path()),
     )?;
     let path = dir.path().join("package-lock.json");
-    let text = std::fs::read_to_string(&path).map_err(io_err("reading", &path))?;
+    let text = std::fs::read_to_string(&path).at("reading", &path)?;
     parse_package_lock(&text)
 }
 

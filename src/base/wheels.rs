@@ -3,6 +3,7 @@
 //! SHA-256 and installed by kiln itself, as pip would install a library, without running
 //! anything.
 
+use crate::io_error::IoContext as _;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
@@ -12,7 +13,7 @@ use futures_util::{StreamExt as _, TryStreamExt as _, stream};
 use serde::Deserialize;
 use sha2::Sha256;
 
-use super::packages::{Error, LockedWheel, Result, io_err, run};
+use super::packages::{Error, LockedWheel, Result, run};
 use crate::fetch::download;
 
 /// Resolves `requirements` into exact wheels for CPython `python` on manylinux x86_64 with
@@ -21,9 +22,9 @@ use crate::fetch::download;
 /// # Errors
 /// pip missing or failing, a requirement without a fitting wheel.
 pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel>> {
-    let dir = tempfile::tempdir().map_err(io_err("creating", &std::env::temp_dir()))?;
+    let dir = tempfile::tempdir().at("creating", std::env::temp_dir())?;
     let reqs = dir.path().join("requirements.txt");
-    std::fs::write(&reqs, requirements.join("\n") + "\n").map_err(io_err("writing", &reqs))?;
+    std::fs::write(&reqs, requirements.join("\n") + "\n").at("writing", &reqs)?;
     let abi = format!("cp{}", python.replace('.', ""));
     let report = dir.path().join("report.json");
     let target = dir.path().join("target");
@@ -54,7 +55,7 @@ pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel
             .arg(&reqs)
             .current_dir(dir.path()),
     )?;
-    let text = std::fs::read_to_string(&report).map_err(io_err("reading", &report))?;
+    let text = std::fs::read_to_string(&report).at("reading", &report)?;
     parse_pip_report(&text)
 }
 
@@ -196,7 +197,7 @@ fn unpack_wheel(file: &Path, url: &str, dest: &Path) -> Result<()> {
         wheel: wheel.clone(),
         detail,
     };
-    let f = std::fs::File::open(file).map_err(io_err("opening", file))?;
+    let f = std::fs::File::open(file).at("opening", file)?;
     let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(e.to_string()))?;
     for i in 0..zip.len() {
         let mut member = zip.by_index(i).map_err(|e| bad(e.to_string()))?;
@@ -232,18 +233,18 @@ fn unpack_wheel(file: &Path, url: &str, dest: &Path) -> Result<()> {
         }
         let target = dest.join(&rel);
         if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+            std::fs::create_dir_all(parent).at("creating", parent)?;
         }
         let mut bytes = Vec::new();
         member
             .read_to_end(&mut bytes)
             .map_err(|e| bad(format!("reading {name}: {e}")))?;
-        std::fs::write(&target, &bytes).map_err(io_err("writing", &target))?;
+        std::fs::write(&target, &bytes).at("writing", &target)?;
         let executable = member.unix_mode().is_some_and(|m| m & 0o111 != 0);
         let mode = if executable { 0o755 } else { 0o644 };
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
-            .map_err(io_err("setting the mode of", &target))?;
+            .at("setting the mode of", &target)?;
     }
     Ok(())
 }

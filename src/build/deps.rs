@@ -3,6 +3,7 @@
 //! directory holds the manifest, lock file and registry config; only the install's output
 //! (`node_modules`, `site-packages`) is ever layered, so `.npmrc`/`pip.conf` cannot leak.
 
+use crate::io_error::IoContext as _;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -331,20 +332,8 @@ pub async fn install(
     };
     let stderr = read_output(child.stdout.take(), child.stderr.take(), &secrets)
         .await
-        .map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "reading the output of",
-                path: work.clone(),
-                source,
-            })
-        })?;
-    let status = child.wait().await.map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "waiting for the install in",
-            path: work.clone(),
-            source,
-        })
-    })?;
+        .at("reading the output of", &work)?;
+    let status = child.wait().await.at("waiting for the install in", &work)?;
     if let Some(source) = network_error {
         return Err(Error::Network {
             source,
@@ -374,13 +363,7 @@ async fn stage_inputs(inputs: &DepInputs, staging: &Path) -> Result<(PathBuf, Pa
     let work = staging.join("work");
     let home = staging.join("home");
     for dir in [&work, &home] {
-        tokio::fs::create_dir_all(dir).await.map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "creating",
-                path: dir.clone(),
-                source,
-            })
-        })?;
+        tokio::fs::create_dir_all(dir).await.at("creating", dir)?;
     }
     let files = std::iter::once(&inputs.manifest)
         .chain(&inputs.lock)

@@ -2,6 +2,7 @@
 //! (`serverless.kyma-project.io/v1alpha2`, inline source), checked before anything runs:
 //! the handler exists, the dependency manifest parses, secrets are set aside for the install.
 
+use crate::io_error::IoContext as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -141,13 +142,7 @@ impl FunctionManifest {
     /// # Errors
     /// When it is not a v1alpha2 Function with inline source.
     pub fn read(path: &Path) -> Result<FunctionManifest, Error> {
-        let text = fs::read_to_string(path).map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "reading",
-                path: path.into(),
-                source,
-            })
-        })?;
+        let text = fs::read_to_string(path).at("reading", path)?;
         let bad = |problem: String| Error::FunctionManifest {
             path: path.into(),
             problem,

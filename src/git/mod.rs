@@ -17,6 +17,7 @@ mod remote;
 mod tree;
 mod url;
 
+use crate::io_error::IoContext as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -182,13 +183,7 @@ pub fn fetch_tree(
     scratch: &Path,
     dest: &Path,
 ) -> Result<Fetched, Error> {
-    let repo_dir = tempfile::tempdir_in(scratch).map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "creating a scratch directory in",
-            path: scratch.to_path_buf(),
-            source,
-        })
-    })?;
+    let repo_dir = tempfile::tempdir_in(scratch).at("creating a scratch directory in", scratch)?;
     let repo = remote::init_repo(repo_dir.path())?;
     let commit = remote::resolve(&repo, &source.url, &source.reference, access)?;
     remote::fetch_commit(&repo, &source.url, commit, access, &source.reference)?;

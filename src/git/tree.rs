@@ -5,6 +5,7 @@
 //! skipped with a warning. Whether symlinks stay inside the Function is the source walk's
 //! business, as for a directory build.
 
+use crate::io_error::IoContext as _;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -54,20 +55,8 @@ pub(super) fn write_base_dir(
             }
         }
     }
-    std::fs::create_dir(dest).map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "creating",
-            path: dest.to_path_buf(),
-            source,
-        })
-    })?;
-    let root = rustix::fs::open(dest, dir_flags(), Mode::empty()).map_err(|e| {
-        Error::Io(crate::io_error::IoError {
-            action: "opening",
-            path: dest.to_path_buf(),
-            source: e.into(),
-        })
-    })?;
+    std::fs::create_dir(dest).at("creating", dest)?;
+    let root = rustix::fs::open(dest, dir_flags(), Mode::empty()).at("opening", dest)?;
     let prefix = base_dir.components().join("/");
     writer.write_tree(tree, &root, &prefix, 0)?;
     Ok(Fetched {
@@ -140,13 +129,9 @@ impl Writer<'_> {
                     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(mode))
                         .map_err(io("creating"))?;
                     let data = self.blob(id)?;
-                    std::fs::File::from(fd).write_all(&data).map_err(|source| {
-                        Error::Io(crate::io_error::IoError {
-                            action: "writing",
-                            path: child.clone().into(),
-                            source,
-                        })
-                    })?;
+                    std::fs::File::from(fd)
+                        .write_all(&data)
+                        .at("writing", &child)?;
                     self.files += 1;
                 }
                 EntryKind::Link => {

@@ -3,6 +3,7 @@
 //! `index.json` and content-addressed `blobs/sha256/<hex>`. Blobs are written to a temp file
 //! and renamed, so a reader never sees a partial blob.
 
+use crate::io_error::IoContext as _;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -74,7 +75,7 @@ impl Layout {
             root: root.to_path_buf(),
         };
         let blobs = root.join("blobs").join("sha256");
-        fs::create_dir_all(&blobs).map_err(io_err("creating", &blobs))?;
+        fs::create_dir_all(&blobs).at("creating", &blobs)?;
         let _lock = layout.lock_index()?;
         let marker = root.join("oci-layout");
         if !marker.exists() {
@@ -147,11 +148,11 @@ impl Layout {
         }
         let dir = self.root.join("blobs/sha256");
         // A unique temp file: two writers of the same blob must not share one.
-        let mut tmp = tempfile::NamedTempFile::new_in(&dir)
-            .map_err(io_err("creating a temporary file in", &dir))?;
-        let file = fs::File::open(src).map_err(io_err("opening", src))?;
+        let mut tmp =
+            tempfile::NamedTempFile::new_in(&dir).at("creating a temporary file in", &dir)?;
+        let file = fs::File::open(src).at("opening", src)?;
         let mut reader = HashingReader::new(file);
-        io::copy(&mut reader, tmp.as_file_mut()).map_err(io_err("copying a blob to", &dest))?;
+        io::copy(&mut reader, tmp.as_file_mut()).at("copying a blob to", &dest)?;
         let (actual, _) = reader.finish();
         if actual != *digest {
             return Err(Error::Corrupt {
@@ -171,7 +172,7 @@ impl Layout {
     /// When missing or corrupt.
     pub fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
         let path = self.blob_path(digest);
-        let bytes = fs::read(&path).map_err(io_err("reading", &path))?;
+        let bytes = fs::read(&path).at("reading", &path)?;
         let actual = Digest::of(&bytes);
         if actual != *digest {
             return Err(Error::Corrupt {
@@ -189,9 +190,9 @@ impl Layout {
     /// When missing or corrupt.
     pub fn verify_blob(&self, digest: &Digest) -> Result<u64> {
         let path = self.blob_path(digest);
-        let file = fs::File::open(&path).map_err(io_err("opening", &path))?;
+        let file = fs::File::open(&path).at("opening", &path)?;
         let mut reader = HashingReader::new(file);
-        io::copy(&mut reader, &mut io::sink()).map_err(io_err("reading", &path))?;
+        io::copy(&mut reader, &mut io::sink()).at("reading", &path)?;
         let (actual, size) = reader.finish();
         if actual != *digest {
             return Err(Error::Corrupt {
@@ -222,7 +223,7 @@ impl Layout {
     /// When unreadable or malformed.
     pub fn index(&self) -> Result<Index> {
         let path = self.root.join("index.json");
-        let bytes = fs::read(&path).map_err(io_err("reading", &path))?;
+        let bytes = fs::read(&path).at("reading", &path)?;
         serde_json::from_slice(&bytes).map_err(|source| Error::Index { path, source })
     }
 
@@ -231,7 +232,7 @@ impl Layout {
     /// their own read, and images went missing (6 or 7 of 8 named). The lock is on the
     /// directory itself, so the layout holds no file the spec does not name.
     fn lock_index(&self) -> Result<fs::File> {
-        let dir = fs::File::open(&self.root).map_err(io_err("opening", &self.root))?;
+        let dir = fs::File::open(&self.root).at("opening", &self.root)?;
         rustix::fs::flock(&dir, rustix::fs::FlockOperation::LockExclusive)
             .map_err(|e| io_err("locking", &self.root)(e.into()))?;
         Ok(dir)
@@ -303,10 +304,7 @@ impl Layout {
         }
         let dir = self.root.join("blobs/sha256");
         let mut freed = 0;
-        for entry in fs::read_dir(&dir)
-            .map_err(io_err("reading", &dir))?
-            .flatten()
-        {
+        for entry in fs::read_dir(&dir).at("reading", &dir)?.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             let Ok(meta) = entry.metadata() else { continue };
             let young = meta
@@ -354,9 +352,8 @@ fn ref_name(d: &Descriptor) -> Option<&str> {
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp =
-        tempfile::NamedTempFile::new_in(dir).map_err(io_err("creating a file in", dir))?;
-    tmp.write_all(bytes).map_err(io_err("writing", path))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).at("creating a file in", dir)?;
+    tmp.write_all(bytes).at("writing", path)?;
     tmp.persist(path).map_err(|e| {
         Error::Io(crate::io_error::IoError {
             action: "writing",

@@ -4,6 +4,7 @@
 //! never found; what a killed run left there is removed a day later. Synchronous: callers use
 //! `spawn_blocking`.
 
+use crate::io_error::IoContext as _;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -68,20 +69,20 @@ impl Staging {
         for dir in MOUNT_DIRS {
             let path = rootpath::resolve(&rootfs, Path::new(dir), Last::Follow)?;
             if path.symlink_metadata().is_err() {
-                fs::create_dir_all(&path).map_err(io_err("creating", &path))?;
+                fs::create_dir_all(&path).at("creating", &path)?;
             }
         }
         for file in MOUNT_FILES {
             let path = rootpath::resolve(&rootfs, Path::new(file), Last::Keep)?;
             match path.symlink_metadata() {
                 Ok(meta) if !meta.file_type().is_symlink() => continue,
-                Ok(_) => fs::remove_file(&path).map_err(io_err("removing", &path))?,
+                Ok(_) => fs::remove_file(&path).at("removing", &path)?,
                 Err(_) => {}
             }
             if let Some(parent) = path.parent() {
-                fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+                fs::create_dir_all(parent).at("creating", parent)?;
             }
-            fs::write(&path, b"").map_err(io_err("creating", &path))?;
+            fs::write(&path, b"").at("creating", &path)?;
         }
         Ok(())
     }
@@ -168,9 +169,9 @@ impl RootfsCache {
     /// When the lock file cannot be created or locked.
     pub fn hold(&self, digest: &Digest) -> Result<crate::inuse::InUse, Error> {
         let dir = self.root.join("locks");
-        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        fs::create_dir_all(&dir).at("creating", &dir)?;
         let path = self.lock_path(digest);
-        crate::inuse::InUse::shared(&path).map_err(io_err("locking", &path))
+        Ok(crate::inuse::InUse::shared(&path).at("locking", &path)?)
     }
 
     /// The entry for `digest` under the in-use mark `in_use` (from [`RootfsCache::hold`]), or
@@ -227,14 +228,14 @@ impl RootfsCache {
     /// When the lock file cannot be created or locked.
     pub fn lock_unpack(&self, digest: &Digest) -> Result<fs::File, Error> {
         let dir = self.root.join("locks");
-        fs::create_dir_all(&dir).map_err(io_err("creating", &dir))?;
+        fs::create_dir_all(&dir).at("creating", &dir)?;
         let path = dir.join(format!("{}.unpack.lock", digest.hex()));
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(io_err("opening", &path))?;
+            .at("opening", &path)?;
         if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             tracing::info!(%digest, "another kiln is unpacking this image; waiting for it");
             rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
@@ -249,24 +250,24 @@ impl RootfsCache {
     /// When the cache directory cannot be written.
     pub fn stage(&self) -> Result<Staging, Error> {
         let tmp = self.root.join("tmp");
-        fs::create_dir_all(&tmp).map_err(io_err("creating", &tmp))?;
+        fs::create_dir_all(&tmp).at("creating", &tmp)?;
         remove_abandoned(&tmp);
         let dir = tempfile::Builder::new()
             .prefix("unpack-")
             .tempdir_in(&tmp)
-            .map_err(io_err("creating a directory in", &tmp))?;
+            .at("creating a directory in", &tmp)?;
         let path = dir.path().to_path_buf();
         let staging = Staging {
             dir: Some(dir),
             path,
         };
         for sub in [staging.rootfs(), staging.blobs()] {
-            fs::create_dir(&sub).map_err(io_err("creating", &sub))?;
+            fs::create_dir(&sub).at("creating", &sub)?;
         }
         // Everyone in the sandbox must be able to enter `/` whatever the tar says.
         let rootfs = staging.rootfs();
         fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
-            .map_err(io_err("setting the mode of", &rootfs))?;
+            .at("setting the mode of", &rootfs)?;
         Ok(staging)
     }
 
@@ -287,12 +288,12 @@ impl RootfsCache {
                 source,
             })?;
         let blobs = staging.blobs();
-        fs::remove_dir_all(&blobs).map_err(io_err("removing", &blobs))?;
+        fs::remove_dir_all(&blobs).at("removing", &blobs)?;
         let config_path = staging.path.join("config.json");
-        fs::write(&config_path, config).map_err(io_err("writing", &config_path))?;
+        fs::write(&config_path, config).at("writing", &config_path)?;
         let dest = self.entry_dir(digest);
         let parent = dest.parent().unwrap_or(&self.root);
-        fs::create_dir_all(parent).map_err(io_err("creating", parent))?;
+        fs::create_dir_all(parent).at("creating", parent)?;
         if let Err(e) = fs::rename(&staging.path, &dest) {
             // Another run may have committed the same image first: its entry is as good. Ours
             // is deleted when `staging` drops.

@@ -9,6 +9,7 @@
 //! The bytes written are capped ([`Unpacker::with_limit`]), so a decompression bomb or a huge
 //! sparse file stops at the cap instead of filling the disk.
 
+use crate::io_error::IoContext as _;
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read};
@@ -250,12 +251,12 @@ impl Unpacker {
             match File::open(&path) {
                 Ok(dir) => dir
                     .set_times(FileTimes::new().set_modified(mtime))
-                    .map_err(io_err("setting the time of", &path))?,
+                    .at("setting the time of", &path)?,
                 Err(e) if is_missing(&e) => continue,
                 Err(e) => return Err(io_err("opening", &path)(e)),
             }
             fs::set_permissions(&path, Permissions::from_mode(mode))
-                .map_err(io_err("setting the mode of", &path))?;
+                .at("setting the mode of", &path)?;
         }
         Ok(())
     }
@@ -296,7 +297,7 @@ impl Unpacker {
                 }
                 continue;
             }
-            fs::create_dir_all(&parent).map_err(io_err("creating directory", &parent))?;
+            fs::create_dir_all(&parent).at("creating directory", &parent)?;
             // What `write_entry` reads is file data.
             match meter.reading(|| self.write_entry(&mut entry, &raw, &dest, &links))? {
                 Wrote::Nothing => {}
@@ -330,7 +331,7 @@ impl Unpacker {
                 let is_dir = dest.symlink_metadata().is_ok_and(|m| m.is_dir());
                 if !is_dir {
                     self.remove(dest)?;
-                    fs::create_dir(dest).map_err(io_err("creating directory", dest))?;
+                    fs::create_dir(dest).at("creating directory", dest)?;
                 }
                 self.dirs.insert(dest.to_path_buf(), (mode, mtime));
             }
@@ -353,7 +354,7 @@ impl Unpacker {
             EntryType::Symlink => {
                 let target = link_name(entry)?;
                 self.remove(dest)?;
-                symlink(&target, dest).map_err(io_err("creating symlink", dest))?;
+                symlink(&target, dest).at("creating symlink", dest)?;
                 return Ok(Wrote::Link);
             }
             EntryType::Link => {
@@ -371,7 +372,7 @@ impl Unpacker {
                     });
                 }
                 self.remove(dest)?;
-                fs::hard_link(&source, dest).map_err(io_err("creating hard link", dest))?;
+                fs::hard_link(&source, dest).at("creating hard link", dest)?;
             }
             EntryType::Char | EntryType::Block => return Err(Error::Device(name.to_path_buf())),
             other => {
@@ -392,10 +393,10 @@ impl Unpacker {
             Err(e) => return Err(io_err("inspecting", path)(e)),
         };
         if !meta.is_dir() {
-            return fs::remove_file(path).map_err(io_err("removing", path));
+            return Ok(fs::remove_file(path).at("removing", path)?);
         }
         make_writable(path)?;
-        fs::remove_dir_all(path).map_err(io_err("removing", path))?;
+        fs::remove_dir_all(path).at("removing", path)?;
         self.dirs.retain(|dir, _| !dir.starts_with(path));
         Ok(())
     }
@@ -408,7 +409,7 @@ impl Unpacker {
             Err(e) => return Err(io_err("listing", dir)(e)),
         };
         for entry in entries {
-            let path = entry.map_err(io_err("listing", dir))?.path();
+            let path = entry.at("listing", dir)?.path();
             if !written.contains(&path) {
                 self.remove(&path)?;
             }
@@ -457,28 +458,28 @@ fn write_file(entry: &mut impl Read, dest: &Path, mode: u32, mtime: SystemTime) 
         .write(true)
         .create_new(true)
         .open(dest)
-        .map_err(io_err("creating", dest))?;
-    io::copy(entry, &mut file).map_err(io_err("writing", dest))?;
+        .at("creating", dest)?;
+    io::copy(entry, &mut file).at("writing", dest)?;
     file.set_times(FileTimes::new().set_modified(mtime))
-        .map_err(io_err("setting the time of", dest))?;
+        .at("setting the time of", dest)?;
     file.set_permissions(Permissions::from_mode(mode))
-        .map_err(io_err("setting the mode of", dest))
+        .at("setting the mode of", dest)?;
+    Ok(())
 }
 
 /// Gives the owner full access to every directory under `dir` (inclusive), so an unprivileged
 /// caller can delete a tree whose directories were made read-only.
 pub fn make_writable(dir: &Path) -> Result<()> {
-    let meta = dir.symlink_metadata().map_err(io_err("inspecting", dir))?;
+    let meta = dir.symlink_metadata().at("inspecting", dir)?;
     if !meta.is_dir() {
         return Ok(());
     }
     if meta.permissions().mode() & 0o700 != 0o700 {
         let mode = meta.permissions().mode() | 0o700;
-        fs::set_permissions(dir, Permissions::from_mode(mode))
-            .map_err(io_err("setting the mode of", dir))?;
+        fs::set_permissions(dir, Permissions::from_mode(mode)).at("setting the mode of", dir)?;
     }
-    for entry in fs::read_dir(dir).map_err(io_err("listing", dir))? {
-        let entry = entry.map_err(io_err("listing", dir))?;
+    for entry in fs::read_dir(dir).at("listing", dir)? {
+        let entry = entry.at("listing", dir)?;
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
             make_writable(&entry.path())?;
         }

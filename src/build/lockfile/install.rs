@@ -1,12 +1,13 @@
 //! Writing the tree `npm ci` would write from the plan: the tarballs fetched (or taken from
 //! the cache), unpacked as pacote does, and the bins linked as bin-links does.
 
+use crate::io_error::IoContext as _;
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 
-use super::{Error, PARALLEL_DOWNLOADS, Plan, REGISTRY, bin_dir, io};
+use super::{Error, PARALLEL_DOWNLOADS, Plan, REGISTRY, bin_dir};
 use crate::build::memtree::{Building, IN_MEMORY};
 use crate::oci::layer::{Content, EntryKind};
 use crate::oci::source::Tree;
@@ -181,11 +182,11 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
     let mut head = Vec::with_capacity(2048);
     std::fs::File::open(file)
         .and_then(|f| f.take(2048).read_to_end(&mut head))
-        .map_err(io("reading", file))?;
+        .at("reading", file)?;
     if unix_hashbang(&head).is_none() {
         return Ok(None);
     }
-    let size = std::fs::metadata(file).map_err(io("reading", file))?.len();
+    let size = std::fs::metadata(file).at("reading", file)?.len();
     if size > IN_MEMORY {
         return Err(Error::Io(crate::io_error::IoError {
             action: "fixing the #! line of the bin",
@@ -196,9 +197,7 @@ fn spilled_hashbang(file: &Path, path: &str) -> Result<Option<Vec<u8>>, Error> {
             )),
         }));
     }
-    Ok(unix_hashbang(
-        &std::fs::read(file).map_err(io("reading", file))?,
-    ))
+    Ok(unix_hashbang(&std::fs::read(file).at("reading", file)?))
 }
 
 /// Unpacks a package tarball below `prefix` as pacote does: the top directory of each member
@@ -214,7 +213,7 @@ pub(super) fn unpack(tgz: &Path, prefix: &str, tree: &mut Building) -> Result<()
             source: e,
         })
     };
-    let file = std::fs::File::open(tgz).map_err(io("opening", tgz))?;
+    let file = std::fs::File::open(tgz).at("opening", tgz)?;
     let (stream, meter) = crate::tarmeter::metered(flate2::read::GzDecoder::new(file));
     let mut archive = tar::Archive::new(stream);
     let mut npmignores = BTreeSet::new();

@@ -439,10 +439,6 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
 }
 
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    crate::io_error::IoError::at(action, path)
-}
-
 /// An HTTP client for the npm registry: the system's roots plus `ca_bundle` (a corporate TLS
 /// proxy's); proxies from the environment, as npm takes them; the stall limit of
 /// [`download::client_builder`].

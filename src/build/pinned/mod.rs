@@ -20,6 +20,7 @@
 //! What is written is what pip writes (`tests/it/build_pinned.rs` compares the two), with
 //! `--no-compile` as the runtime runs it: no bytecode.
 
+use crate::io_error::IoContext as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -388,7 +389,7 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
             wheel: name.clone(),
             detail,
         };
-        let f = std::fs::File::open(file).map_err(io("opening", file))?;
+        let f = std::fs::File::open(file).at("opening", file)?;
         let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(e.to_string()))?;
         let wheel = match read_wheel(&mut zip, name, r) {
             Ok(w) => w,
@@ -481,10 +482,6 @@ fn closed(plan: &Plan, wheels: &BTreeMap<String, (&Requirement, Wheel)>) -> Resu
         }
     }
     Ok(())
-}
-
-fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    crate::io_error::IoError::at(action, path)
 }
 
 #[cfg(test)]

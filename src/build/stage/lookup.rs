@@ -6,6 +6,7 @@
 //! layer under the key computed here: never under a key the install stage wrote, which
 //! would let one Function's install scripts fill another's cache entry.
 
+use crate::io_error::IoContext as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -79,13 +80,7 @@ impl Lookup {
 /// # Errors
 /// I/O errors naming the file.
 pub fn write_lookup(dir: &Path, lookup: &Lookup) -> Result<(), Error> {
-    std::fs::create_dir_all(dir).map_err(|source| {
-        Error::Io(crate::io_error::IoError {
-            action: "creating",
-            path: dir.to_path_buf(),
-            source,
-        })
-    })?;
+    std::fs::create_dir_all(dir).at("creating", dir)?;
     write_json(dir, LOOKUP_FILE, lookup)
 }
 

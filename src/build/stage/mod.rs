@@ -12,6 +12,7 @@ mod tests;
 
 pub use lookup::{Found, LOOKUP_FILE, Lookup, read_lookup, write_lookup};
 
+use crate::io_error::IoContext as _;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -230,13 +231,13 @@ pub fn write(dir: &Path, record: &Record, blob: Option<&Path>) -> Result<(), Err
             })
         }
     };
-    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    std::fs::create_dir_all(dir).at("creating", dir)?;
     let blob_path = dir.join(BLOB_FILE);
     match blob {
         Some(source) => {
-            let mut from = File::open(source).map_err(io("reading", source))?;
-            let mut tmp = NamedTempFile::new_in(dir).map_err(io("writing into", dir))?;
-            io::copy(&mut from, &mut tmp).map_err(io("writing", &blob_path))?;
+            let mut from = File::open(source).at("reading", source)?;
+            let mut tmp = NamedTempFile::new_in(dir).at("writing into", dir)?;
+            io::copy(&mut from, &mut tmp).at("writing", &blob_path)?;
             tmp.persist(&blob_path)
                 .map_err(|e| io("writing", &blob_path)(e.error))?;
         }
@@ -264,8 +265,8 @@ fn write_json(dir: &Path, name: &str, value: &impl Serialize) -> Result<(), Erro
         }
     };
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| io("writing", &path)(e.into()))?;
-    let mut tmp = NamedTempFile::new_in(dir).map_err(io("writing into", dir))?;
-    tmp.write_all(&bytes).map_err(io("writing", &path))?;
+    let mut tmp = NamedTempFile::new_in(dir).at("writing into", dir)?;
+    tmp.write_all(&bytes).at("writing", &path)?;
     tmp.persist(&path)
         .map_err(|e| io("writing", &path)(e.error))?;
     Ok(())
@@ -296,13 +297,7 @@ fn read_json<T: serde::de::DeserializeOwned>(
     open_beneath(dir_fd, dir, name)?
         .take(RECORD_LIMIT)
         .read_to_end(&mut bytes)
-        .map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "reading",
-                path: path.clone(),
-                source,
-            })
-        })?;
+        .at("reading", &path)?;
     serde_json::from_slice(&bytes).map_err(|source| Error::Parse { path, source })
 }
 

@@ -2,6 +2,7 @@
 //! following symlinks (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, `O_NOFOLLOW` on older
 //! kernels), regular files only, and copying the layer out while checking it.
 
+use crate::io_error::IoContext as _;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
@@ -41,16 +42,7 @@ pub(super) fn open_beneath(dir_fd: &OwnedFd, dir: &Path, name: &str) -> Result<F
         }
     };
     let file = File::from(fd);
-    let kind = file
-        .metadata()
-        .map_err(|source| {
-            Error::Io(crate::io_error::IoError {
-                action: "inspecting",
-                path: path.clone(),
-                source,
-            })
-        })?
-        .file_type();
+    let kind = file.metadata().at("inspecting", &path)?.file_type();
     if !kind.is_file() {
         let kind = if kind.is_dir() {
             "a directory"
