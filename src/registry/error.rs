@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use reqwest::Method;
+use url::Url;
 
 pub use super::failure::{ErrorInfo, Hint, TransportKind};
-use super::failure::{codes, hint_text, is_retryable_status, kind_text, unauthorized};
+use super::failure::{codes, hint_text, host_port, is_retryable_status, kind_text};
 use crate::oci::Digest;
+use crate::redact::redact_url;
 
 /// `Result` with [`Error`] as the default error.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -274,10 +276,90 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Builds a [`Error::Transport`] from a reqwest error, classifying it and stripping the
+    /// URL reqwest would otherwise print.
+    pub(crate) fn transport(method: &Method, url: &Url, err: reqwest::Error) -> Error {
+        let host = host_port(url);
+        let chain = error_chain(&err);
+        let https = url.scheme() == "https";
+        let tls_words = [
+            "tls",
+            "handshake",
+            "corrupt message",
+            "invalidcontenttype",
+            "certificate",
+        ];
+        let kind = if err.is_timeout() {
+            TransportKind::Timeout
+        } else if chain.contains("connection refused") {
+            TransportKind::Refused
+        } else if https && tls_words.iter().any(|w| chain.contains(w)) {
+            TransportKind::Tls
+        } else if err.is_connect() {
+            TransportKind::Other
+        } else {
+            // The request was sent, then the connection failed (reset, closed, broken pipe).
+            TransportKind::Reset
+        };
+        let hint = match kind {
+            TransportKind::Tls if chain.contains("certificate") => Hint::RegistryCa,
+            TransportKind::Tls => Hint::InsecureRegistry,
+            _ => Hint::None,
+        };
+        Error::Transport {
+            host,
+            method: method.clone(),
+            url: redact_url(url),
+            kind,
+            hint,
+            source: err.without_url(),
+        }
+    }
+}
+
+fn unauthorized(err: &Error) -> String {
+    let Error::Unauthorized {
+        registry,
+        method,
+        url,
+        status,
+        errors,
+        had_credentials,
+    } = err
+    else {
+        return String::new();
+    };
+    let what = format!("{method} {url} returned {status}{}", codes(errors));
+    if *had_credentials {
+        format!(
+            "access to {registry} was refused ({what}); check the credentials and permissions \
+             given with --registry-auth or by docker login {registry}"
+        )
+    } else {
+        format!(
+            "access to {registry} needs credentials ({what}); none were found: pass \
+             --registry-auth or run docker login {registry}"
+        )
+    }
+}
+
+fn error_chain(err: &reqwest::Error) -> String {
+    let mut text = String::new();
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        text.push_str(&e.to_string().to_lowercase());
+        text.push_str(" | ");
+        cur = e.source();
+    }
+    text
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::registry::failure::parse_envelope;
 
     fn status(code: u16) -> Error {
         Error::Status {
@@ -333,5 +415,26 @@ mod tests {
         };
         let text = e.to_string();
         assert!(text.contains("--registry-auth") && text.contains("docker login reg.example"));
+    }
+
+    #[test]
+    fn envelope_codes_are_parsed_and_shown() {
+        let body = b"{\"errors\":[{\"code\":\"MANIFEST_UNKNOWN\",\"message\":\"manifest \
+            unknown\",\"detail\":{\"Tag\":\"v1\"}},{\"code\":\"DENIED\"}]}";
+        let errors = parse_envelope(body);
+        assert_eq!(errors.len(), 2);
+        let e = Error::NotFound {
+            what: "manifest r/a:v1".into(),
+            method: Method::GET,
+            url: "http://r/v2/a/manifests/v1".into(),
+            errors,
+        };
+        assert_eq!(
+            e.to_string(),
+            "manifest r/a:v1 not found (GET http://r/v2/a/manifests/v1 returned 404: \
+             MANIFEST_UNKNOWN (manifest unknown); DENIED)"
+        );
+        assert_eq!(e.codes(), ["MANIFEST_UNKNOWN", "DENIED"]);
+        assert!(parse_envelope(b"<html>").is_empty());
     }
 }
