@@ -17,7 +17,7 @@ use tracing::debug;
 use url::Url;
 
 use super::challenge::BearerChallenge;
-use super::credentials::Credential;
+use super::credential::Credential;
 use super::error::{Error, Result};
 use super::failure::is_retryable_status;
 use super::transport::{error_body, read_capped};

@@ -5,13 +5,13 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fmt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use serde::Deserialize;
 use tracing::warn;
 
+use super::credential::Credential;
 use super::error::{Error, Result};
 use super::helper;
 use super::reference::DOCKER_HUB;
@@ -19,46 +19,6 @@ use super::reference::DOCKER_HUB;
 /// The key Docker uses for Docker Hub in config files and credential helpers.
 pub const DOCKER_HUB_CONFIG_KEY: &str = "https://index.docker.io/v1/";
 const DOCKER_HUB_ALIASES: [&str; 3] = ["index.docker.io", "docker.io", "registry-1.docker.io"];
-
-/// A secret that proves who we are to a registry. Its `Debug` output hides the secret.
-#[derive(Clone, PartialEq, Eq)]
-pub enum Credential {
-    /// User name and password (or an access token used as the password).
-    Basic {
-        /// The user name.
-        username: String,
-        /// The password.
-        password: String,
-    },
-    /// An OAuth2 refresh token (`identitytoken` in a docker config), exchanged at the token
-    /// endpoint with `grant_type=refresh_token`.
-    IdentityToken(String),
-}
-
-impl Credential {
-    /// A user name and password.
-    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Credential {
-        Credential::Basic {
-            username: username.into(),
-            password: password.into(),
-        }
-    }
-}
-
-impl fmt::Debug for Credential {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Credential::Basic { username, .. } => f
-                .debug_struct("Basic")
-                .field("username", username)
-                .field("password", &"<redacted>")
-                .finish(),
-            Credential::IdentityToken(_) => {
-                f.debug_tuple("IdentityToken").field(&"<redacted>").finish()
-            }
-        }
-    }
-}
 
 /// Credential sources, asked in the order they were added; the first that knows the registry
 /// wins. Files are read when a registry first asks for credentials (asynchronously), so

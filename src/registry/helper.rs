@@ -11,7 +11,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 use tracing::debug;
 
-use super::credentials::Credential;
+use super::credential::Credential;
 
 /// How long a helper may take (it may talk to a cloud metadata service).
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);

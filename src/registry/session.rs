@@ -16,7 +16,7 @@ use url::Url;
 
 use super::auth::{Scope, ScopeSet, Token, TokenRequest, basic_header, fetch_token};
 use super::challenge::{self, BearerChallenge, Challenge};
-use super::credentials::Credential;
+use super::credential::Credential;
 use super::error::Result;
 use super::failure::is_retryable_status;
 use super::transport::{Call, Inner, status_error};
