@@ -8,11 +8,11 @@ use reqwest::header::CONTENT_LENGTH;
 use reqwest::{Method, Response, StatusCode};
 use tokio::io::AsyncWriteExt;
 
-use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::retry;
+use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, header, next_chunk, not_found, status_error, transfer_timeout};
 use crate::oci::{Descriptor, Digest, Document, Hasher};

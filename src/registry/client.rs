@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use reqwest::{Certificate, Method};
 
-use super::auth::Scope;
 use super::credentials::CredentialStore;
 use super::documents::DocumentCache;
 use super::error::{Error, Result};
 use super::retry::{RetryPolicy, retry};
+use super::scope::Scope;
 use super::transport::{Call, Inner, status_error};
 use super::upload::UploadPolicy;
 

@@ -5,11 +5,11 @@
 use reqwest::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
 
-use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::retry;
+use super::scope::Scope;
 use super::transport::{Call, Payload, header, not_found, read_capped, status_error};
 use tracing::debug;
 

@@ -32,13 +32,13 @@ mod http;
 mod manifests;
 mod reference;
 mod retry;
+mod scope;
 mod session;
 mod transport;
 mod upload;
 mod upload_steps;
 
 pub use crate::redact::redact_url;
-pub use auth::Scope;
 pub use blobs::{IN_MEMORY_BLOB_LIMIT, TEMP_PREFIX as BLOB_TEMP_PREFIX};
 pub use client::{Client, ClientConfig};
 pub use credential::Credential;
@@ -47,6 +47,7 @@ pub use error::{Error, ErrorInfo, Hint, Result, TransportKind};
 pub use manifests::{DEFAULT_MANIFEST_TYPES, MANIFEST_LIMIT};
 pub use reference::{DOCKER_HUB, DOCKER_HUB_API, Reference, check_registry};
 pub use retry::RetryPolicy;
+pub use scope::Scope;
 pub use transport::Traffic;
 
 /// For the fuzz targets: whether `headers` hold a challenge kiln would answer.

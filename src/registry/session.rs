@@ -14,11 +14,12 @@ use tokio::sync::Mutex;
 use tracing::debug;
 use url::Url;
 
-use super::auth::{Scope, ScopeSet, Token, TokenRequest, basic_header, fetch_token};
+use super::auth::{Token, TokenRequest, basic_header, fetch_token};
 use super::challenge::{self, BearerChallenge, Challenge};
 use super::credential::Credential;
 use super::error::Result;
 use super::failure::is_retryable_status;
+use super::scope::{Scope, ScopeSet};
 use super::transport::{Call, Inner, status_error};
 
 /// What a registry is known to refuse, kept across runs.

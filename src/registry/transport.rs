@@ -20,12 +20,12 @@ use tokio_util::io::ReaderStream;
 use tracing::debug;
 use url::Url;
 
-use super::auth::Scope;
 use super::credentials::CredentialStore;
 use super::error::{Error, ErrorInfo, Result};
 use super::failure::{host_port, is_retryable_status, parse_envelope};
 use super::reference::api_host;
 use super::retry::{RetryPolicy, retry};
+use super::scope::Scope;
 use super::session::Registry;
 use super::upload::UploadPolicy;
 use crate::redact::redact_url;

@@ -12,11 +12,11 @@ use bytes::Bytes;
 use reqwest::{Method, StatusCode};
 use tracing::debug;
 
-use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::{RetryPolicy, retry};
+use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, location, status_error};
 use super::upload_steps::{Session, Upload, min_chunk};

@@ -11,11 +11,11 @@ use reqwest::{Method, StatusCode};
 use tracing::{debug, warn};
 use url::Url;
 
-use super::auth::Scope;
 use super::client::Client;
 use super::error::{Error, Result};
 use super::manifests::DOCKER_CONTENT_DIGEST;
 use super::reference::Reference;
+use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, Payload, header, location, status_error, transfer_timeout};
 use super::upload::{BlobSource, uploads_path};
