@@ -11,10 +11,10 @@ use reqwest::{Certificate, Method};
 use super::credentials::CredentialStore;
 use super::documents::DocumentCache;
 use super::error::{Error, Result};
+use super::policy::UploadPolicy;
 use super::retry::{RetryPolicy, retry};
 use super::scope::Scope;
 use super::transport::{Call, Inner, status_error};
-use super::upload::UploadPolicy;
 
 /// How to reach registries.
 #[derive(Clone, Debug)]
@@ -151,36 +151,5 @@ impl Client {
             verified.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use crate::oci::{Descriptor, Digest, Document, MediaType};
-    use crate::registry::{BlobSource, Reference};
-    use std::path::Path;
-
-    fn assert_send<T: Send>(_: &T) {}
-
-    /// Callers run these futures on a multi-threaded runtime and inside `buffer_unordered`.
-    #[test]
-    fn client_futures_are_send_and_the_client_is_cheap_to_share() {
-        fn assert_sync<T: Send + Sync + Clone>() {}
-        assert_sync::<Client>();
-        let client = Client::new(ClientConfig::default()).unwrap();
-        let r: Reference = "reg.example/a:t".parse().unwrap();
-        let d = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b""), 0);
-        let doc = Document::new(MediaType::OciManifest, b"{}".to_vec());
-        assert_send(&client.authorize("reg.example", &[Scope::push("a")]));
-        assert_send(&client.get_manifest(&r, &[]));
-        assert_send(&client.head_manifest(&r));
-        assert_send(&client.put_manifest(&r, &doc));
-        assert_send(&client.blob_exists(&r, &d.digest));
-        assert_send(&client.get_blob(&r, &d));
-        assert_send(&client.get_blob_to_file(&r, &d, Path::new("x")));
-        assert_send(&client.mount_blob(&r, &d.digest, "b"));
-        assert_send(&client.push_blob(&r, &d, BlobSource::Bytes(Default::default()), Some("b")));
     }
 }

@@ -30,6 +30,7 @@ mod failure;
 mod helper;
 mod http;
 mod manifests;
+mod policy;
 mod reference;
 mod retry;
 mod scope;
@@ -55,4 +56,6 @@ pub use transport::Traffic;
 pub fn challenge_from_headers(headers: &reqwest::header::HeaderMap) -> bool {
     challenge::from_headers(headers).is_some()
 }
-pub use upload::{BlobOutcome, BlobSource, UploadPolicy};
+pub use policy::UploadPolicy;
+pub use upload::BlobOutcome;
+pub use upload_steps::BlobSource;

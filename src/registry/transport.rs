@@ -23,11 +23,11 @@ use url::Url;
 use super::credentials::CredentialStore;
 use super::error::{Error, ErrorInfo, Result};
 use super::failure::{host_port, is_retryable_status, parse_envelope};
+use super::policy::UploadPolicy;
 use super::reference::api_host;
 use super::retry::{RetryPolicy, retry};
 use super::scope::Scope;
 use super::session::Registry;
-use super::upload::UploadPolicy;
 use crate::redact::redact_url;
 
 /// Error bodies are read up to this size (they are small JSON envelopes).

@@ -4,11 +4,9 @@
 //! else `POST` + `PUT` streaming the body, chunked `PATCH`es only above a large threshold or
 //! when the registry rejects the single `PUT`).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::Bytes;
 use reqwest::{Method, StatusCode};
 use tracing::debug;
 
@@ -19,39 +17,8 @@ use super::retry::{RetryPolicy, retry};
 use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, location, status_error};
-use super::upload_steps::{Session, Upload, min_chunk};
+use super::upload_steps::{BlobSource, Session, Upload, min_chunk, uploads_path};
 use crate::oci::{Descriptor, Digest};
-
-/// Size thresholds that pick the upload strategy.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UploadPolicy {
-    /// Blobs up to this size first try the single-request `POST ?digest=` (default 1 MiB).
-    pub monolithic_max: u64,
-    /// Blobs above this size are uploaded in chunks (default 256 MiB).
-    pub chunked_threshold: u64,
-    /// Chunk size for chunked uploads (default 32 MiB; raised to the registry's
-    /// `OCI-Chunk-Min-Length`).
-    pub chunk_size: u64,
-}
-
-impl Default for UploadPolicy {
-    fn default() -> Self {
-        UploadPolicy {
-            monolithic_max: 1 << 20,
-            chunked_threshold: 256 << 20,
-            chunk_size: 32 << 20,
-        }
-    }
-}
-
-/// Where a blob's bytes come from.
-#[derive(Clone, Debug)]
-pub enum BlobSource {
-    /// A file, streamed (never read whole into memory).
-    File(PathBuf),
-    /// Bytes in memory (configs, small layers).
-    Bytes(Bytes),
-}
 
 /// What [`Client::push_blob`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -209,10 +176,6 @@ impl Client {
     }
 }
 
-pub(crate) fn uploads_path(repo: &Reference) -> String {
-    format!("/v2/{}/blobs/uploads/", repo.repository)
-}
-
 /// The source must have the descriptor's size (and, for bytes, its digest).
 async fn check_source(source: &BlobSource, descriptor: &Descriptor) -> Result<()> {
     let what = || format!("blob source for {}", descriptor.digest);
@@ -254,10 +217,38 @@ async fn check_source(source: &BlobSource, descriptor: &Descriptor) -> Result<()
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::oci::{Document, MediaType};
+    use crate::registry::ClientConfig;
+    use bytes::Bytes;
+    use std::path::Path;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Callers run these futures on a multi-threaded runtime and inside `buffer_unordered`.
+    /// (Here, in the top file of the registry client, where every method of [`Client`] is
+    /// defined below.)
+    #[test]
+    fn client_futures_are_send_and_the_client_is_cheap_to_share() {
+        fn assert_sync<T: Send + Sync + Clone>() {}
+        assert_sync::<Client>();
+        let client = Client::new(ClientConfig::default()).unwrap();
+        let r: Reference = "reg.example/a:t".parse().unwrap();
+        let d = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b""), 0);
+        let doc = Document::new(MediaType::OciManifest, b"{}".to_vec());
+        assert_send(&client.authorize("reg.example", &[Scope::push("a")]));
+        assert_send(&client.get_manifest(&r, &[]));
+        assert_send(&client.head_manifest(&r));
+        assert_send(&client.put_manifest(&r, &doc));
+        assert_send(&client.blob_exists(&r, &d.digest));
+        assert_send(&client.get_blob(&r, &d));
+        assert_send(&client.get_blob_to_file(&r, &d, Path::new("x")));
+        assert_send(&client.mount_blob(&r, &d.digest, "b"));
+        assert_send(&client.push_blob(&r, &d, BlobSource::Bytes(Default::default()), Some("b")));
+    }
 
     #[tokio::test]
     async fn sources_that_do_not_match_the_descriptor_are_refused_before_any_request() {
-        let d = Descriptor::new(crate::oci::MediaType::OciLayerGzip, Digest::of(b"abc"), 3);
+        let d = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b"abc"), 3);
         check_source(&BlobSource::Bytes(Bytes::from_static(b"abc")), &d)
             .await
             .unwrap();

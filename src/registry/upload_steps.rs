@@ -1,11 +1,14 @@
 //! The upload itself, one attempt per [`Upload::run`]: the single-request `POST ?digest=`
 //! (remembered per registry once refused), `POST` + `PUT <Location>&digest=` streaming the
 //! body with a `Content-Length`, or chunked `PATCH`es with `Content-Range` then an empty `PUT`.
-//! `Location` may be relative or absolute and may carry its own query.
+//! `Location` may be relative or absolute and may carry its own query. Also what a blob's bytes
+//! come from ([`BlobSource`]).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+use bytes::Bytes;
 use reqwest::header::{CONTENT_RANGE, CONTENT_TYPE, HeaderName, HeaderValue, RANGE};
 use reqwest::{Method, StatusCode};
 use tracing::{debug, warn};
@@ -18,11 +21,19 @@ use super::reference::Reference;
 use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, Payload, header, location, status_error, transfer_timeout};
-use super::upload::{BlobSource, uploads_path};
 use crate::oci::{Descriptor, Digest};
 
 const OCTET_STREAM: HeaderValue = HeaderValue::from_static("application/octet-stream");
 const CHUNK_MIN_LENGTH: HeaderName = HeaderName::from_static("oci-chunk-min-length");
+
+/// Where a blob's bytes come from.
+#[derive(Clone, Debug)]
+pub enum BlobSource {
+    /// A file, streamed (never read whole into memory).
+    File(PathBuf),
+    /// Bytes in memory (configs, small layers).
+    Bytes(Bytes),
+}
 
 /// An upload session URL plus the registry's minimum chunk length, if it sent one.
 #[derive(Clone)]
@@ -288,6 +299,11 @@ pub(crate) fn min_chunk(resp: &reqwest::Response) -> u64 {
     header(resp, &CHUNK_MIN_LENGTH)
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
+}
+
+/// The path that opens an upload session in `repo`.
+pub(crate) fn uploads_path(repo: &Reference) -> String {
+    format!("/v2/{}/blobs/uploads/", repo.repository)
 }
 
 #[cfg(test)]
