@@ -65,7 +65,9 @@ impl Client {
             let mut resp = self.open_blob(&reg, &call, repo, descriptor).await?;
             let mut check = Verifier::new(repo, descriptor);
             let mut out = Vec::with_capacity(usize::try_from(descriptor.size).unwrap_or(0));
-            while let Some(chunk) = next_chunk(&call, &mut resp, self.inner.timeout).await? {
+            while let Some(chunk) =
+                next_chunk(&call, &mut resp, self.inner.transport.timeout).await?
+            {
                 check.update(&chunk)?;
                 out.extend_from_slice(&chunk);
             }
@@ -110,7 +112,9 @@ impl Client {
             };
             let mut file = tokio::fs::File::from_std(file);
             let mut check = Verifier::new(repo, descriptor);
-            while let Some(chunk) = next_chunk(&call, &mut resp, self.inner.timeout).await? {
+            while let Some(chunk) =
+                next_chunk(&call, &mut resp, self.inner.transport.timeout).await?
+            {
                 check.update(&chunk)?;
                 file.write_all(&chunk)
                     .await
@@ -141,7 +145,10 @@ impl Client {
     fn blob_call(&self, reg: &Registry, repo: &Reference, descriptor: &Descriptor) -> Call {
         let url = reg.url(&blob_path(repo, &descriptor.digest));
         let mut call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]);
-        call.timeout = Some(transfer_timeout(self.inner.timeout, descriptor.size));
+        call.timeout = Some(transfer_timeout(
+            self.inner.transport.timeout,
+            descriptor.size,
+        ));
         call
     }
 

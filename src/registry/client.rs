@@ -1,20 +1,28 @@
 //! [`Client`]: a cheap-to-clone handle on one HTTP connection pool plus per-registry
-//! authentication state. Its methods take `&self`, so a build can push blobs concurrently
-//! (`buffer_unordered`). The manifest, blob and upload methods live in `manifests.rs`,
-//! `blobs.rs` and `upload.rs`.
+//! authentication state, and the pipeline every request goes through ([`Inner::send`]):
+//! authorization header, re-authorization on a 401 challenge, retry of retryable failures.
+//! Its methods take `&self`, so a build can push blobs concurrently (`buffer_unordered`). The
+//! manifest, blob and upload methods live in `manifests.rs`, `blobs.rs` and `upload.rs`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use reqwest::{Certificate, Method};
+use reqwest::{Certificate, Method, Response, StatusCode};
+use url::Url;
 
 use super::credentials::CredentialStore;
 use super::documents::DocumentCache;
 use super::error::{Error, Result};
+use super::failure::{host_port, is_retryable_status};
+use super::http::Http;
 use super::policy::UploadPolicy;
+use super::reference::api_host;
 use super::retry::{RetryPolicy, retry};
 use super::scope::Scope;
-use super::transport::{Call, Inner, status_error};
+use super::session::Registry;
+use super::transport::{Call, Transport, error_body, status_error};
 
 /// How to reach registries.
 #[derive(Clone, Debug)]
@@ -89,7 +97,7 @@ impl Client {
             }
             certs.extend(bundle);
         }
-        let http = super::http::Http::new(
+        let http = Http::new(
             config.user_agent.clone(),
             config.request_timeout.min(Duration::from_secs(30)),
             certs,
@@ -123,7 +131,7 @@ impl Client {
 
     /// The requests and bytes this client (and its clones) sent so far.
     pub fn traffic(&self) -> super::Traffic {
-        self.inner.stats.snapshot()
+        self.inner.transport.stats.snapshot()
     }
 
     /// Establishes authorization for `scopes` on `registry` (as named in references) up front:
@@ -137,8 +145,8 @@ impl Client {
     pub async fn authorize(&self, registry: &str, scopes: &[Scope]) -> Result<()> {
         let reg = self.inner.registry(registry)?;
         retry(&self.inner.retry, "authorizing", || async {
-            reg.ensure_known(&self.inner).await?;
-            reg.authorization(&self.inner, scopes).await
+            reg.ensure_known(&self.inner.transport).await?;
+            reg.authorization(&self.inner.transport, scopes).await
         })
         .await?;
         let verified = &reg.basic_verified;
@@ -152,4 +160,159 @@ impl Client {
         }
         Ok(())
     }
+}
+
+/// Shared state behind a [`Client`].
+pub(crate) struct Inner {
+    /// The HTTP clients, timeout, counters and credential sources every request uses.
+    pub transport: Transport,
+    pub retry: RetryPolicy,
+    pub upload: UploadPolicy,
+    /// Manifests, indexes and configs by digest, when the client was given a directory.
+    pub documents: Option<DocumentCache>,
+    /// Where what each registry is known to refuse is kept across runs.
+    pub facts_dir: Option<PathBuf>,
+    insecure_hosts: Vec<String>,
+    registries: Mutex<HashMap<String, Arc<Registry>>>,
+}
+
+impl Inner {
+    pub fn new(
+        http: Http,
+        retry: RetryPolicy,
+        timeout: Duration,
+        credentials: CredentialStore,
+        upload: UploadPolicy,
+        insecure_hosts: Vec<String>,
+    ) -> Inner {
+        let insecure_hosts = insecure_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        let registries = Mutex::new(HashMap::new());
+        let transport = Transport {
+            http,
+            timeout,
+            credentials,
+            stats: Arc::default(),
+        };
+        Inner {
+            transport,
+            retry,
+            upload,
+            documents: None,
+            facts_dir: None,
+            insecure_hosts,
+            registries,
+        }
+    }
+
+    /// The state of registry `name` (as named in references), created on first use.
+    pub fn registry(&self, name: &str) -> Result<Arc<Registry>> {
+        let host = api_host(name).to_ascii_lowercase();
+        let mut map = self.registries.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reg) = map.get(&host) {
+            return Ok(reg.clone());
+        }
+        let insecure = self
+            .insecure_hosts
+            .iter()
+            .any(|h| *h == host || *h == name.to_ascii_lowercase());
+        let scheme = if insecure { "http" } else { "https" };
+        let base =
+            Url::parse(&format!("{scheme}://{host}/")).map_err(|_| Error::InvalidReference {
+                input: name.to_string(),
+                problem: "the registry is not a valid host[:port]",
+            })?;
+        let facts = self
+            .facts_dir
+            .as_ref()
+            .map(|dir| dir.join(facts_file(&host)));
+        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base, facts));
+        map.insert(host, reg.clone());
+        Ok(reg)
+    }
+
+    /// Sends `call` with authorization, re-authorization and retries. Returns any response
+    /// that is not 401/403 and not retryable; those become errors.
+    pub async fn send(&self, reg: &Registry, call: &Call) -> Result<Response> {
+        retry(&self.retry, call.method.as_str(), || {
+            self.send_once(reg, call)
+        })
+        .await
+    }
+
+    /// Like [`Inner::send`] without retrying (for callers that retry a larger unit).
+    pub async fn send_once(&self, reg: &Registry, call: &Call) -> Result<Response> {
+        let same_origin =
+            host_port(&call.url) == reg.host && call.url.scheme() == reg.base.scheme();
+        let auth = if same_origin {
+            reg.authorization(&self.transport, &call.scopes).await?
+        } else {
+            None
+        };
+        let mut resp = self.transport.exchange(call, auth.as_ref()).await?;
+        // A redirect (registries send blobs to storage) may end on another host: its answer
+        // is not the registry's. reqwest drops the Authorization header across origins; a
+        // 401 from there must not be taken as the registry's challenge either, or kiln would
+        // fetch a token from a realm the other host names, with the registry's credentials.
+        let answered_by_registry = same_origin && is_origin(resp.url(), reg);
+        let status = resp.status().as_u16();
+        if same_origin && !answered_by_registry && (status == 401 || status == 403) {
+            return Err(Error::RedirectRefused {
+                method: call.method.clone(),
+                url: call.shown_url(),
+                host: host_port(resp.url()),
+                status,
+            });
+        }
+        if resp.status() == StatusCode::UNAUTHORIZED && answered_by_registry {
+            // Once only: a new token with the union of scopes, or newly learnt Basic auth.
+            let retry_with = reg
+                .reauthorize(&self.transport, &call.scopes, resp.headers(), auth.as_ref())
+                .await?;
+            if let Some(header) = retry_with {
+                resp = self.transport.exchange(call, Some(&header)).await?;
+            }
+        }
+        let status = resp.status().as_u16();
+        if answered_by_registry && auth.is_none() && status != 401 {
+            reg.answered_anonymously().await;
+        }
+        if same_origin && (status == 401 || status == 403) {
+            let errors = error_body(resp).await;
+            return Err(Error::Unauthorized {
+                registry: reg.name.clone(),
+                method: call.method.clone(),
+                url: call.shown_url(),
+                status,
+                errors,
+                had_credentials: reg.has_credentials().await,
+            });
+        }
+        if is_retryable_status(status) {
+            return Err(status_error(call, resp).await);
+        }
+        Ok(resp)
+    }
+}
+
+/// The file of what a registry is known to refuse: its `host[:port]` with `:` as `_`.
+fn facts_file(host: &str) -> String {
+    let safe: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{safe}.json")
+}
+
+/// Whether `url` is the registry's own origin (scheme, host and port).
+fn is_origin(url: &Url, reg: &Registry) -> bool {
+    host_port(url) == reg.host && url.scheme() == reg.base.scheme()
 }

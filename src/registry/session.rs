@@ -20,7 +20,7 @@ use super::credential::Credential;
 use super::error::Result;
 use super::failure::is_retryable_status;
 use super::scope::{Scope, ScopeSet};
-use super::transport::{Call, Inner, status_error};
+use super::transport::{Call, Transport, status_error};
 
 /// What a registry is known to refuse, kept across runs.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -148,7 +148,11 @@ impl Registry {
     /// The `Authorization` value for a request needing `scopes`: none while the scheme is
     /// unknown; for token auth, fetches a token (carrying every scope wanted so far) when the
     /// current one does not cover `scopes` or is about to expire.
-    pub async fn authorization(&self, cx: &Inner, scopes: &[Scope]) -> Result<Option<HeaderValue>> {
+    pub async fn authorization(
+        &self,
+        cx: &Transport,
+        scopes: &[Scope],
+    ) -> Result<Option<HeaderValue>> {
         let mut st = self.auth.lock().await;
         for scope in scopes {
             st.wanted.insert(scope);
@@ -198,7 +202,7 @@ impl Registry {
     /// credentials or token would be sent again).
     pub async fn reauthorize(
         &self,
-        cx: &Inner,
+        cx: &Transport,
         scopes: &[Scope],
         headers: &HeaderMap,
         sent: Option<&HeaderValue>,
@@ -239,7 +243,7 @@ impl Registry {
 
     /// Learns the scheme with a `GET /v2/` probe if no request has told it yet (for callers
     /// that want credentials checked before they start).
-    pub async fn ensure_known(&self, cx: &Inner) -> Result<()> {
+    pub async fn ensure_known(&self, cx: &Transport) -> Result<()> {
         let mut st = self.auth.lock().await;
         if matches!(st.scheme, Scheme::Unknown) {
             st.scheme = self.probe(cx).await?;
@@ -258,7 +262,7 @@ impl Registry {
 
     /// `GET /v2/` without credentials: 200 means anonymous, 401 names the scheme. Tried
     /// once: the request that needed it is retried as a whole.
-    async fn probe(&self, cx: &Inner) -> Result<Scheme> {
+    async fn probe(&self, cx: &Transport) -> Result<Scheme> {
         let call = Call::new(Method::GET, self.url("/v2/"), Vec::new());
         let resp = cx.exchange(&call, None).await?;
         if is_retryable_status(resp.status().as_u16()) {
@@ -277,7 +281,7 @@ impl Registry {
         Ok(scheme)
     }
 
-    async fn credential(&self, cx: &Inner, st: &mut AuthState) -> Result<Option<Credential>> {
+    async fn credential(&self, cx: &Transport, st: &mut AuthState) -> Result<Option<Credential>> {
         if st.credential.is_none() {
             st.credential = Some(cx.credentials.lookup(&self.name).await?);
         }

@@ -1,12 +1,13 @@
-//! One HTTP exchange with a registry, and the pipeline around it: authorization header,
-//! re-authorization on a 401 challenge, retry of retryable failures, a `debug!` line per
-//! request with method, redacted URL and status. Bodies are re-created for every attempt
-//! (files are re-opened), never buffered whole, and never logged.
+//! One HTTP exchange with a registry: the request ([`Call`], sendable any number of times),
+//! sending it once without auth logic ([`Transport::exchange`]) with a `debug!` line per
+//! request (method, redacted URL, status), the traffic counters, and reading answers (capped
+//! bodies, error envelopes, status errors, headers). Bodies are re-created for every attempt
+//! (files are re-opened), never buffered whole, and never logged. The pipeline around it
+//! (authorization, re-authorization on a 401, retry) is `client.rs`'s.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,7 +15,7 @@ use futures_util::TryStreamExt;
 use reqwest::header::{
     AUTHORIZATION, CONTENT_LENGTH, HeaderMap, HeaderName, HeaderValue, LOCATION,
 };
-use reqwest::{Body, Method, Response, StatusCode};
+use reqwest::{Body, Method, Response};
 use tokio::io::{AsyncReadExt, AsyncSeekExt};
 use tokio_util::io::ReaderStream;
 use tracing::debug;
@@ -22,12 +23,9 @@ use url::Url;
 
 use super::credentials::CredentialStore;
 use super::error::{Error, ErrorInfo, Result};
-use super::failure::{host_port, is_retryable_status, parse_envelope};
-use super::policy::UploadPolicy;
-use super::reference::api_host;
-use super::retry::{RetryPolicy, retry};
+use super::failure::parse_envelope;
+use super::http::{Http, https_redirect};
 use super::scope::Scope;
-use super::session::Registry;
 use crate::redact::redact_url;
 
 /// Error bodies are read up to this size (they are small JSON envelopes).
@@ -153,139 +151,17 @@ pub struct Traffic {
     pub bytes_sent: u64,
 }
 
-/// Shared state behind a [`super::Client`].
-pub(crate) struct Inner {
-    pub http: super::http::Http,
-    pub retry: RetryPolicy,
+/// What every request needs below the per-registry state: the HTTP clients, the time allowed
+/// per request, the traffic counters, and where credentials come from (for the token fetches
+/// a registry's session makes). Shared by all registries of a client.
+pub(crate) struct Transport {
+    pub http: Http,
     pub timeout: Duration,
     pub credentials: CredentialStore,
-    pub upload: UploadPolicy,
     pub stats: Arc<Stats>,
-    /// Manifests, indexes and configs by digest, when the client was given a directory.
-    pub documents: Option<super::documents::DocumentCache>,
-    /// Where what each registry is known to refuse is kept across runs.
-    pub facts_dir: Option<PathBuf>,
-    insecure_hosts: Vec<String>,
-    registries: Mutex<HashMap<String, Arc<Registry>>>,
 }
 
-impl Inner {
-    pub fn new(
-        http: super::http::Http,
-        retry: RetryPolicy,
-        timeout: Duration,
-        credentials: CredentialStore,
-        upload: UploadPolicy,
-        insecure_hosts: Vec<String>,
-    ) -> Inner {
-        let insecure_hosts = insecure_hosts
-            .iter()
-            .map(|h| h.to_ascii_lowercase())
-            .collect();
-        let registries = Mutex::new(HashMap::new());
-        Inner {
-            http,
-            retry,
-            timeout,
-            credentials,
-            upload,
-            stats: Arc::default(),
-            documents: None,
-            facts_dir: None,
-            insecure_hosts,
-            registries,
-        }
-    }
-
-    /// The state of registry `name` (as named in references), created on first use.
-    pub fn registry(&self, name: &str) -> Result<Arc<Registry>> {
-        let host = api_host(name).to_ascii_lowercase();
-        let mut map = self.registries.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(reg) = map.get(&host) {
-            return Ok(reg.clone());
-        }
-        let insecure = self
-            .insecure_hosts
-            .iter()
-            .any(|h| *h == host || *h == name.to_ascii_lowercase());
-        let scheme = if insecure { "http" } else { "https" };
-        let base =
-            Url::parse(&format!("{scheme}://{host}/")).map_err(|_| Error::InvalidReference {
-                input: name.to_string(),
-                problem: "the registry is not a valid host[:port]",
-            })?;
-        let facts = self
-            .facts_dir
-            .as_ref()
-            .map(|dir| dir.join(facts_file(&host)));
-        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base, facts));
-        map.insert(host, reg.clone());
-        Ok(reg)
-    }
-
-    /// Sends `call` with authorization, re-authorization and retries. Returns any response
-    /// that is not 401/403 and not retryable; those become errors.
-    pub async fn send(&self, reg: &Registry, call: &Call) -> Result<Response> {
-        retry(&self.retry, call.method.as_str(), || {
-            self.send_once(reg, call)
-        })
-        .await
-    }
-
-    /// Like [`Inner::send`] without retrying (for callers that retry a larger unit).
-    pub async fn send_once(&self, reg: &Registry, call: &Call) -> Result<Response> {
-        let same_origin =
-            host_port(&call.url) == reg.host && call.url.scheme() == reg.base.scheme();
-        let auth = if same_origin {
-            reg.authorization(self, &call.scopes).await?
-        } else {
-            None
-        };
-        let mut resp = self.exchange(call, auth.as_ref()).await?;
-        // A redirect (registries send blobs to storage) may end on another host: its answer
-        // is not the registry's. reqwest drops the Authorization header across origins; a
-        // 401 from there must not be taken as the registry's challenge either, or kiln would
-        // fetch a token from a realm the other host names, with the registry's credentials.
-        let answered_by_registry = same_origin && is_origin(resp.url(), reg);
-        let status = resp.status().as_u16();
-        if same_origin && !answered_by_registry && (status == 401 || status == 403) {
-            return Err(Error::RedirectRefused {
-                method: call.method.clone(),
-                url: call.shown_url(),
-                host: host_port(resp.url()),
-                status,
-            });
-        }
-        if resp.status() == StatusCode::UNAUTHORIZED && answered_by_registry {
-            // Once only: a new token with the union of scopes, or newly learnt Basic auth.
-            let retry_with = reg
-                .reauthorize(self, &call.scopes, resp.headers(), auth.as_ref())
-                .await?;
-            if let Some(header) = retry_with {
-                resp = self.exchange(call, Some(&header)).await?;
-            }
-        }
-        let status = resp.status().as_u16();
-        if answered_by_registry && auth.is_none() && status != 401 {
-            reg.answered_anonymously().await;
-        }
-        if same_origin && (status == 401 || status == 403) {
-            let errors = error_body(resp).await;
-            return Err(Error::Unauthorized {
-                registry: reg.name.clone(),
-                method: call.method.clone(),
-                url: call.shown_url(),
-                status,
-                errors,
-                had_credentials: reg.has_credentials().await,
-            });
-        }
-        if is_retryable_status(status) {
-            return Err(status_error(call, resp).await);
-        }
-        Ok(resp)
-    }
-
+impl Transport {
     /// One HTTP exchange, no auth logic. Transport failures become [`Error::Transport`].
     pub async fn exchange(&self, call: &Call, auth: Option<&HeaderValue>) -> Result<Response> {
         let mut req = self
@@ -320,7 +196,7 @@ impl Inner {
             Ok(resp) => {
                 let status = resp.status().as_u16();
                 debug!(method = %call.method, url = %call.shown_url(), status, "registry request");
-                match super::http::https_redirect(&resp) {
+                match https_redirect(&resp) {
                     // A plain-HTTP registry sends a download to https storage: follow it
                     // there, without the registry's Authorization (as reqwest would).
                     Some(next) if matches!(call.method, Method::GET | Method::HEAD) => {
@@ -350,21 +226,6 @@ impl Inner {
             }
         }
     }
-}
-
-/// The file of what a registry is known to refuse: its `host[:port]` with `:` as `_`.
-fn facts_file(host: &str) -> String {
-    let safe: String = host
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("{safe}.json")
 }
 
 fn count(sent: &Option<Arc<AtomicU64>>, n: u64) {
@@ -402,11 +263,6 @@ async fn file_body(
                 .fetch_add(chunk.len() as u64, Ordering::Relaxed);
         });
     Ok(Body::wrap_stream(stream))
-}
-
-/// Whether `url` is the registry's own origin (scheme, host and port).
-fn is_origin(url: &Url, reg: &Registry) -> bool {
-    host_port(url) == reg.host && url.scheme() == reg.base.scheme()
 }
 
 /// The body of `resp` (the answer to `method` `url`), at most `limit` bytes: a declared

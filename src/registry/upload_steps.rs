@@ -266,7 +266,7 @@ impl Upload<'_> {
         let mut call = Call::new(method, url, self.scopes())
             .header(CONTENT_TYPE, OCTET_STREAM)
             .payload(payload, Some(self.sent.clone()));
-        call.timeout = Some(transfer_timeout(self.client.inner.timeout, len));
+        call.timeout = Some(transfer_timeout(self.client.inner.transport.timeout, len));
         call
     }
 
