@@ -17,6 +17,24 @@
 //! let base = client.get_manifest(&"reg.example/base/node:22".parse()?, &[]).await?;
 //! # let _ = base; Ok(()) }
 //! ```
+//!
+//! # Files
+//!
+//! Files, lowest first: a file uses (`super::…`, `crate::registry::…`, re-exports traced to
+//! where they are defined) only files on the lines above its own. `tests/it/structure.rs`
+//! reads this list and fails on an arrow it does not allow, so the files never form a loop.
+//!
+//! - `failure`, `challenge`, `credential`, `scope`, `policy`, `documents`: the leaves.
+//! - `error`: [`Error`], built on `failure`'s classification.
+//! - `reference`, `retry`, `http`, `helper`: references, backoff, the HTTP clients, helpers.
+//! - `credentials`: where credentials come from.
+//! - `transport`: one HTTP exchange and reading its answer.
+//! - `auth`: the token protocol.
+//! - `session`: one registry's authentication state.
+//! - `client`: [`Client`], its shared state and the send pipeline.
+//! - `blobs`, `manifests`: reads and manifest pushes, as methods of [`Client`].
+//! - `upload_steps`: one upload attempt.
+//! - `upload`: blob pushes (exists, mount, upload).
 
 mod auth;
 mod blobs;

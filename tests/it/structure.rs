@@ -1,5 +1,7 @@
 //! The code's shape, checked. Layering: src/lib.rs lists which top-level module may import
-//! which ("# Layers"), and every `crate::` path in src/ must follow that list. Width: no line
+//! which ("# Layers"), and every `crate::` path in src/ must follow that list; inside
+//! src/registry/, mod.rs lists the files lowest first ("# Files"), and every `super::` and
+//! `crate::registry::` use must point down that list, so the files form no loop. Width: no line
 //! of Rust is over 100 columns, rustfmt's limit, which it silently gives up on inside
 //! macros and long strings. A small reader of
 //! its own rather than cargo-modules (a tool CI would have to install, whose output changes
@@ -95,11 +97,16 @@ fn module_of(relative: &Path) -> Option<String> {
 /// The first segments of the paths after `crate::` in `code`: `crate::a::b` gives `a`, and
 /// `crate::{a::{b, c}, d}` gives `a` and `d`.
 fn targets(code: &str) -> Vec<String> {
+    segments_after(code, "crate::")
+}
+
+/// The first segments of the paths after `prefix` in `code`, as [`targets`] for `crate::`.
+fn segments_after(code: &str, prefix: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = code;
-    while let Some(i) = rest.find("crate::") {
+    while let Some(i) = rest.find(prefix) {
         let macro_path = rest[..i].ends_with('$');
-        rest = &rest[i + "crate::".len()..];
+        rest = &rest[i + prefix.len()..];
         if macro_path {
             continue;
         }
@@ -146,23 +153,7 @@ fn arrows(src: &Path, modules: &BTreeSet<String>) -> Vec<Arrow> {
             continue;
         };
         let text = std::fs::read_to_string(&file).unwrap();
-        // A `use crate::{…}` group may span lines: read statements, not lines, keeping the
-        // line each starts on.
-        let mut statement = String::new();
-        let mut start = 0;
-        for (n, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("//") {
-                continue;
-            }
-            if statement.is_empty() {
-                start = n + 1;
-            }
-            statement.push_str(line);
-            statement.push('\n');
-            let group = statement.find("crate::{").map(|i| &statement[i..]);
-            if group.is_some_and(|g| g.matches('{').count() > g.matches('}').count()) {
-                continue;
-            }
+        for (start, statement) in statements(&text) {
             for to in targets(&statement) {
                 if to != from && modules.contains(&to) {
                     out.push(Arrow {
@@ -172,10 +163,38 @@ fn arrows(src: &Path, modules: &BTreeSet<String>) -> Vec<Arrow> {
                     });
                 }
             }
-            statement.clear();
         }
     }
     out.sort();
+    out
+}
+
+/// The code of `text` as statements with the line each starts on, comment lines left out: a
+/// `use crate::{…}` (or `super::{…}`) group may span lines, so lines are joined until it
+/// closes.
+fn statements(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut statement = String::new();
+    let mut start = 0;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        if statement.is_empty() {
+            start = n + 1;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        let open = ["crate::{", "super::{"]
+            .iter()
+            .filter_map(|p| statement.find(p))
+            .min();
+        let group = open.map(|i| &statement[i..]);
+        if group.is_some_and(|g| g.matches('{').count() > g.matches('}').count()) {
+            continue;
+        }
+        out.push((start, std::mem::take(&mut statement)));
+    }
     out
 }
 
@@ -313,4 +332,206 @@ fn no_line_of_rust_is_over_100_columns() {
         "lines over 100 columns (break strings with a `\\` continuation, macros by hand):\n{}",
         long.join("\n")
     );
+}
+
+/// The "# Files" list of a module's mod.rs: each listed file's level, 0 for the lowest entry.
+fn file_levels(mod_rs: &str) -> BTreeMap<String, usize> {
+    let doc: Vec<&str> = mod_rs
+        .lines()
+        .filter_map(|l| l.strip_prefix("//!"))
+        .skip_while(|l| l.trim() != "# Files")
+        .collect();
+    let mut entries: Vec<String> = Vec::new();
+    for line in doc {
+        if let Some(entry) = line.strip_prefix(" - ") {
+            entries.push(entry.to_string());
+        } else if line.starts_with("   ") && !entries.is_empty() {
+            let last = entries.last_mut().unwrap();
+            last.push(' ');
+            last.push_str(line.trim());
+        } else if !entries.is_empty() {
+            break;
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (level, entry) in entries.iter().enumerate() {
+        let (files, _) = entry
+            .split_once(':')
+            .expect("`file`, `file`: what they hold");
+        for file in files.split('`').skip(1).step_by(2) {
+            assert!(
+                out.insert(file.to_string(), level).is_none(),
+                "{file} is listed twice"
+            );
+        }
+    }
+    out
+}
+
+/// The items a mod.rs re-exports (`pub use file::{A, B as C};`), by name, with the file that
+/// defines them.
+fn reexports(mod_rs: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for (_, statement) in statements(mod_rs) {
+        let Some(path) = statement.trim().strip_prefix("pub use ") else {
+            continue;
+        };
+        let Some((file, items)) = path.split_once("::") else {
+            continue;
+        };
+        let items = items.trim_end_matches([';', '\n', ' ', '}']);
+        for item in items.trim_start_matches('{').split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or("").trim();
+            if !name.is_empty() && name != "self" {
+                out.insert(ident(name), file.to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Every arrow between the files of the module directory `dir` (named `module` in the crate):
+/// each `super::x` and `crate::<module>::x` where `x` is one of its files, or an item mod.rs
+/// re-exports from one. A `foo_tests.rs` file is `foo`'s; mod.rs is left out.
+fn file_arrows(dir: &Path, module: &str) -> (BTreeSet<String>, Vec<Arrow>) {
+    let mod_rs = std::fs::read_to_string(dir.join("mod.rs")).unwrap();
+    let reexported = reexports(&mod_rs);
+    let mut names = BTreeMap::new();
+    for path in std::fs::read_dir(dir).unwrap() {
+        let path = path.unwrap().path();
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+            continue;
+        };
+        if path.extension().is_some_and(|e| e == "rs") && stem != "mod" {
+            let owner = stem.strip_suffix("_tests").unwrap_or(stem).to_string();
+            names.insert(path, owner);
+        }
+    }
+    let files: BTreeSet<String> = names.values().cloned().collect();
+    let own_path = format!("crate::{module}::");
+    let mut out = Vec::new();
+    for (path, from) in &names {
+        let text = std::fs::read_to_string(path).unwrap();
+        for (start, statement) in statements(&text) {
+            let mut named = segments_after(&statement, "super::");
+            named.extend(segments_after(&statement, &own_path));
+            for name in named {
+                let to = reexported.get(&name).unwrap_or(&name);
+                if to != from && files.contains(to) {
+                    let file = path.file_name().unwrap().to_string_lossy();
+                    out.push(Arrow {
+                        from: from.clone(),
+                        to: to.clone(),
+                        at: format!("{module}/{file}:{start}"),
+                    });
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    (files, out)
+}
+
+/// The arrows that do not point to a lower line of `levels`, and the files it does not list.
+fn file_violations(
+    levels: &BTreeMap<String, usize>,
+    files: &BTreeSet<String>,
+    arrows: &[Arrow],
+) -> Vec<String> {
+    let mut out: Vec<String> = files
+        .iter()
+        .filter(|f| !levels.contains_key(*f))
+        .map(|f| format!("file {f}.rs is not in mod.rs's list of files"))
+        .collect();
+    for a in arrows {
+        if let (Some(from), Some(to)) = (levels.get(&a.from), levels.get(&a.to))
+            && to >= from
+        {
+            out.push(format!(
+                "{}: {} uses {}, which is not on a line above it in mod.rs's list",
+                a.at, a.from, a.to
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_files_of_registry_use_only_files_below_them_so_they_form_no_loop() {
+    let dir = src().join("registry");
+    let mod_rs = std::fs::read_to_string(dir.join("mod.rs")).unwrap();
+    let levels = file_levels(&mod_rs);
+    assert!(levels.len() >= 15, "the list was read: {levels:?}");
+    let (files, arrows) = file_arrows(&dir, "registry");
+    assert!(arrows.len() > 50, "the uses were read: {}", arrows.len());
+    let wrong = file_violations(&levels, &files, &arrows);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    for f in levels.keys() {
+        assert!(files.contains(f), "mod.rs lists {f}, which is not a file");
+    }
+}
+
+#[test]
+fn a_file_that_uses_one_above_it_is_caught_however_it_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("reg");
+    std::fs::create_dir_all(&reg).unwrap();
+    let mod_rs = "//! # Files\n//!\n//! - `a`: the leaf.\n//! - `b`, `c`: in\n//!   between.\n\
+                  //! - `d`: the top.\n\nmod a;\nmod b;\nmod c;\nmod d;\n\
+                  pub use a::Leaf;\npub use d::{Top, Other as Renamed};\n";
+    std::fs::write(reg.join("mod.rs"), mod_rs).unwrap();
+    let levels = file_levels(mod_rs);
+    assert_eq!(levels.len(), 4, "{levels:?}");
+    assert_eq!((levels["b"], levels["c"]), (1, 1));
+    let write = |file: &str, text: &str| std::fs::write(reg.join(file), text).unwrap();
+    write(
+        "a.rs",
+        "pub struct Leaf;\n// super::d::Top in a comment is no use\n",
+    );
+    write("b.rs", "use super::a::Leaf;\n");
+    write("b_tests.rs", "use crate::reg::Leaf;\n");
+    write("c.rs", "fn f() -> crate::reg::a::Leaf { todo!() }\n");
+    write(
+        "d.rs",
+        "use super::{\n    a::Leaf,\n    b,\n    c::{self, X},\n};\n",
+    );
+    let (files, arrows) = file_arrows(&reg, "reg");
+    assert_eq!(arrows.len(), 6, "{arrows:?}");
+    assert_eq!(
+        file_violations(&levels, &files, &arrows),
+        Vec::<String>::new()
+    );
+    // The leaf reaches up, in each way a use can be written; and two files on one line.
+    for (file, bad) in [
+        ("a.rs", "use super::b::X;\n"),
+        ("a.rs", "use super::{\n    d::{Top, Y},\n};\n"),
+        ("a.rs", "fn f() -> crate::reg::Top { todo!() }\n"),
+        ("a.rs", "fn f() -> super::Renamed { todo!() }\n"),
+        ("a.rs", "mod tests {\n    use super::super::c::X;\n}\n"),
+        ("b_tests.rs", "use crate::reg::c::X;\n"),
+    ] {
+        let before = std::fs::read_to_string(reg.join(file)).unwrap();
+        write(file, bad);
+        let (files, arrows) = file_arrows(&reg, "reg");
+        let wrong = file_violations(&levels, &files, &arrows);
+        let from = &file[..1];
+        assert!(
+            wrong
+                .iter()
+                .any(|w| w.starts_with(&format!("reg/{file}:"))
+                    && w.contains(&format!(" {from} uses "))),
+            "{file}: {bad}: {wrong:?}"
+        );
+        write(file, &before);
+    }
+    // A loop of two files is caught on one of its arrows.
+    write("a.rs", "use super::b::X;\n");
+    let (files, arrows) = file_arrows(&reg, "reg");
+    assert_eq!(file_violations(&levels, &files, &arrows).len(), 1);
+    // A file the list leaves out is named.
+    write("e.rs", "use super::a::Leaf;\n");
+    let (files, arrows) = file_arrows(&reg, "reg");
+    let wrong = file_violations(&levels, &files, &arrows);
+    assert!(wrong.contains(&"file e.rs is not in mod.rs's list of files".to_string()));
 }
