@@ -110,7 +110,9 @@ fn builder_with(stall: Duration) -> reqwest::ClientBuilder {
 }
 
 /// The body of `resp` (from `url`), at most `limit` bytes: a declared length above it fails
-/// before anything is read, a longer body as soon as it passes the limit.
+/// before anything is read, a longer body as soon as it passes the limit. The one place a
+/// [`crate::capped::Failure`] from a package server becomes an error: npm, PyPI and Debian
+/// mirror fetches all read their documents here.
 ///
 /// # Errors
 /// HTTP failures, [`Error::TooLarge`].

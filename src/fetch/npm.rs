@@ -28,24 +28,8 @@ pub struct NpmTarball {
 /// Why an npm package could not be fetched.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The registry request failed.
-    #[error("fetching {url}")]
-    Http {
-        /// What was fetched.
-        url: String,
-        /// The cause.
-        #[source]
-        source: reqwest::Error,
-    },
-    /// The registry answered with an error status.
-    #[error("fetching {url}: HTTP {status}")]
-    Status {
-        /// What was fetched.
-        url: String,
-        /// The status.
-        status: u16,
-    },
-    /// Downloading a tarball.
+    /// Fetching from the registry (the package document or a tarball) failed: the request, its
+    /// status, or the body; in the words every package-server fetch uses.
     #[error(transparent)]
     Download(super::download::Error),
     /// No such version.
@@ -111,9 +95,11 @@ impl NpmTarball {
         version: &str,
     ) -> Result<NpmTarball> {
         let url = join(registry, &format!("{package}/{version}"));
-        let resp = http.get(&url).send().await.map_err(|source| Error::Http {
-            url: url.clone(),
-            source,
+        let resp = http.get(&url).send().await.map_err(|source| {
+            Error::Download(download::Error::Http {
+                url: url.clone(),
+                source,
+            })
         })?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND {
             return Err(Error::NoVersion {
@@ -122,10 +108,10 @@ impl NpmTarball {
             });
         }
         if !resp.status().is_success() {
-            return Err(Error::Status {
+            return Err(Error::Download(download::Error::Status {
                 url,
                 status: resp.status().as_u16(),
-            });
+            }));
         }
         let doc: Packument = download::json(resp, &url, PACKUMENT_LIMIT)
             .await

@@ -42,16 +42,13 @@ pub enum Error {
         #[source]
         source: reqwest::Error,
     },
-    /// The mirror sent more than kiln takes for the file (or said it would).
-    #[error(
-        "{url} sends more than {limit} bytes, the most kiln takes for it; check the mirror \
-         (--debian-mirror)"
-    )]
-    TooLarge {
-        /// The URL requested.
-        url: String,
-        /// The limit in bytes.
-        limit: u64,
+    /// A body from the mirror could not be read whole: longer than kiln takes for the file (or
+    /// said it would be), or the transfer failed. The cause says which and names the URL.
+    #[error("reading from the Debian mirror (--debian-mirror)")]
+    Body {
+        /// The failure, as every package-server fetch reports it.
+        #[source]
+        source: crate::fetch::download::Error,
     },
     /// The mirror answered with a non-success status.
     #[error("fetching {url}: HTTP status {status}")]

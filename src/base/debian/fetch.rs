@@ -16,6 +16,7 @@ use super::keyring::Keyring;
 use super::packages::{LockedPackage, PackageIndex};
 use super::release::{IndexEntry, Release, verify_release};
 use super::{Error, Mirror, Result};
+use crate::fetch::download;
 use crate::oci::{Digest, Hasher};
 
 /// The most an `InRelease` file may be (Debian's are about 140 kB); the `Packages` index is
@@ -55,18 +56,9 @@ async fn get(http: &reqwest::Client, url: &Url) -> Result<reqwest::Response> {
 /// The body at `url`, at most `limit` bytes.
 async fn get_bytes(http: &reqwest::Client, url: &Url, limit: u64) -> Result<Vec<u8>> {
     let response = get(http, url).await?;
-    crate::capped::read(response, limit)
+    download::document(response, url.as_str(), limit)
         .await
-        .map_err(|failure| match failure {
-            crate::capped::Failure::TooLarge => Error::TooLarge {
-                url: url.to_string(),
-                limit,
-            },
-            crate::capped::Failure::Http(source) => Error::Http {
-                url: url.to_string(),
-                source,
-            },
-        })
+        .map_err(|source| Error::Body { source })
 }
 
 /// Fetches `dists/SUITE/InRelease`, verifies its signature with `keyring` at the current time
@@ -314,7 +306,11 @@ mod tests {
         let http = reqwest::Client::new();
         let e = fetch_release(&http, &mirror, &keyring).await.unwrap_err();
         assert!(
-            matches!(e, Error::TooLarge { limit, .. } if limit == RELEASE_LIMIT),
+            matches!(
+                &e,
+                Error::Body { source: download::Error::TooLarge { limit, .. } }
+                    if *limit == RELEASE_LIMIT
+            ),
             "{e:?}"
         );
         assert!(e.to_string().contains("--debian-mirror"), "{e}");
