@@ -3,7 +3,6 @@
 //! runtime packages, Python bytecode, the function server, the SBOM; the builder adds its
 //! Debian packages, npm tooling and the kiln binary.
 
-use crate::io_error::IoContext as _;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -15,6 +14,7 @@ use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
 use super::rootfs;
 use crate::fetch::npm;
 use crate::image::publish::{BlobPlan, Role};
+use crate::io_error::IoContext as _;
 use crate::oci::source;
 use crate::oci::{
     self, ConfigEdit, Content, EntryKind, Image, LayerBlob, LayerEntry, MediaType, NewLayer,

@@ -14,7 +14,6 @@
 //! `/usr/src/app/node_modules`; Debian's Python puts `/usr/local/lib/python3.X/dist-packages`
 //! on `sys.path` after `PYTHONPATH` (`/kubeless/site-packages`).
 
-use crate::io_error::IoContext as _;
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 use std::process::Command;
@@ -24,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 pub use super::wheels::{install_wheels, lock_pip};
 use crate::fetch::npm::{self, NpmTarball, admits};
+use crate::io_error::IoContext as _;
 
 /// The `[packages]` table of a recipe.
 #[derive(Clone, Debug, Default, Deserialize)]

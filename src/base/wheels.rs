@@ -3,7 +3,6 @@
 //! SHA-256 and installed by kiln itself, as pip would install a library, without running
 //! anything.
 
-use crate::io_error::IoContext as _;
 use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::path::{Component, Path, PathBuf};
@@ -15,6 +14,7 @@ use sha2::Sha256;
 
 use super::packages::{Error, LockedWheel, Result, run};
 use crate::fetch::download;
+use crate::io_error::IoContext as _;
 
 /// Resolves `requirements` into exact wheels for CPython `python` on manylinux x86_64 with
 /// pip's resolver (`--dry-run --report`: nothing is installed), binary wheels only.

@@ -3,7 +3,6 @@
 //! directory holds the manifest, lock file and registry config; only the install's output
 //! (`node_modules`, `site-packages`) is ever layered, so `.npmrc`/`pip.conf` cannot leak.
 
-use crate::io_error::IoContext as _;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -14,6 +13,7 @@ use super::egress::{self, Policy};
 use super::function::DepInputs;
 use super::install_output::{read_output, tail};
 use super::mask::Secrets;
+use crate::io_error::IoContext as _;
 use crate::oci::{Digest, Hasher};
 use crate::runtime::RuntimeSpec;
 use crate::sandbox::gate::Gate;

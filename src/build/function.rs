@@ -2,12 +2,12 @@
 //! (`serverless.kyma-project.io/v1alpha2`, inline source), checked before anything runs:
 //! the handler exists, the dependency manifest parses, secrets are set aside for the install.
 
-use crate::io_error::IoContext as _;
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::io_error::IoContext as _;
 use crate::oci::source::{self, Tree, WalkRules};
 use crate::oci::{Content, EntryKind};
 use crate::runtime::{self, Language, ManifestError, RuntimeSpec};

@@ -9,11 +9,15 @@
 //! hanging the build.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::StreamExt as _;
 use sha2::Digest;
 use tokio::io::AsyncWriteExt as _;
+
+use crate::io_error::IoContext as _;
 
 /// Why a download failed.
 #[derive(Debug, thiserror::Error)]
@@ -167,103 +171,97 @@ pub async fn cached<D: Digest>(
         }
         return Ok(dest.to_path_buf());
     }
-    let io = |action, path: &Path| {
-        let path = path.to_path_buf();
-        move |source| {
-            Error::Io(crate::io_error::IoError {
-                action,
-                path,
-                source,
-            })
-        }
-    };
     let dir = dest.parent().unwrap_or(Path::new("."));
-    tokio::fs::create_dir_all(dir)
-        .await
-        .map_err(io("creating", dir))?;
+    tokio::fs::create_dir_all(dir).await.at("creating", dir)?;
     tracing::debug!(url, "downloading");
     let part = part_path(dir, &dest.file_name().unwrap_or_default().to_string_lossy());
-    let outcome = async {
-        let http_error = |source| Error::Http {
-            url: url.to_string(),
-            source,
-        };
-        let resp = http.get(url).send().await.map_err(http_error)?;
-        if !resp.status().is_success() {
-            return Err(Error::Status {
-                url: url.to_string(),
-                status: resp.status().as_u16(),
-            });
-        }
-        let too_large = || Error::TooLarge {
-            url: url.to_string(),
-            limit,
-        };
-        let total = resp.content_length();
-        if total.is_some_and(|n| n > limit) {
-            return Err(too_large());
-        }
-        let mut file = tokio::fs::File::create(&part)
-            .await
-            .map_err(io("creating", &part))?;
-        let mut hasher = D::new();
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let _progress = {
-            let (done, url) = (done.clone(), url.to_string());
-            let show = crate::progress::Show::Bytes {
-                label: format!("downloading {}", url.rsplit('/').next().unwrap_or_default()),
-                done: Box::new({
-                    let done = done.clone();
-                    move || (done.load(std::sync::atomic::Ordering::Relaxed), total)
-                }),
-            };
-            crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
-                let got =
-                    crate::progress::megabytes(done.load(std::sync::atomic::Ordering::Relaxed));
-                let of = total.map(crate::progress::megabytes);
-                tracing::info!(
-                    url,
-                    received = got,
-                    of,
-                    elapsed_s = elapsed.as_secs(),
-                    "downloading"
-                );
-            })
-        };
-        let mut body = resp.bytes_stream();
-        let mut received = 0u64;
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(http_error)?;
-            received += chunk.len() as u64;
-            if received > limit {
-                return Err(too_large());
-            }
-            hasher.update(&chunk);
-            file.write_all(&chunk).await.map_err(io("writing", &part))?;
-            done.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        }
-        file.flush().await.map_err(io("writing", &part))?;
-        // On the disk before the name that says what it is: after a crash, a cached file is
-        // whole or absent (a hit is trusted by its name).
-        file.sync_data().await.map_err(io("syncing", &part))?;
-        let actual = hasher.finalize().to_vec();
-        if actual != expected {
-            return Err(Error::Mismatch {
-                url: url.to_string(),
-                actual,
-            });
-        }
-        Ok(())
-    }
-    .await;
-    if let Err(e) = outcome {
+    if let Err(e) = download_to::<D>(http, url, &part, expected, limit).await {
         let _ = tokio::fs::remove_file(&part).await;
         return Err(e);
     }
-    tokio::fs::rename(&part, dest)
-        .await
-        .map_err(io("renaming", dest))?;
+    tokio::fs::rename(&part, dest).await.at("renaming", dest)?;
     Ok(dest.to_path_buf())
+}
+
+/// `url` into `part`, synced, when its `D` hash is `expected` and it is at most `limit`
+/// bytes; what is left of `part` on an error is the caller's to remove.
+async fn download_to<D: Digest>(
+    http: &reqwest::Client,
+    url: &str,
+    part: &Path,
+    expected: &[u8],
+    limit: u64,
+) -> Result<(), Error> {
+    let http_error = |source| Error::Http {
+        url: url.to_string(),
+        source,
+    };
+    let resp = http.get(url).send().await.map_err(http_error)?;
+    if !resp.status().is_success() {
+        return Err(Error::Status {
+            url: url.to_string(),
+            status: resp.status().as_u16(),
+        });
+    }
+    let too_large = || Error::TooLarge {
+        url: url.to_string(),
+        limit,
+    };
+    let total = resp.content_length();
+    if total.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let mut file = tokio::fs::File::create(part).await.at("creating", part)?;
+    let mut hasher = D::new();
+    let done = Arc::new(AtomicU64::new(0));
+    let _progress = progress(url, total, done.clone());
+    let mut body = resp.bytes_stream();
+    let mut received = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(http_error)?;
+        received += chunk.len() as u64;
+        if received > limit {
+            return Err(too_large());
+        }
+        hasher.update(&chunk);
+        file.write_all(&chunk).await.at("writing", part)?;
+        done.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+    }
+    file.flush().await.at("writing", part)?;
+    // On the disk before the name that says what it is: after a crash, a cached file is
+    // whole or absent (a hit is trusted by its name).
+    file.sync_data().await.at("syncing", part)?;
+    let actual = hasher.finalize().to_vec();
+    if actual != expected {
+        return Err(Error::Mismatch {
+            url: url.to_string(),
+            actual,
+        });
+    }
+    Ok(())
+}
+
+/// Shows and logs every few seconds how much of `url` (`total` bytes, when it says) is `done`.
+fn progress(url: &str, total: Option<u64>, done: Arc<AtomicU64>) -> crate::progress::Ticker {
+    let url = url.to_string();
+    let show = crate::progress::Show::Bytes {
+        label: format!("downloading {}", url.rsplit('/').next().unwrap_or_default()),
+        done: Box::new({
+            let done = done.clone();
+            move || (done.load(Ordering::Relaxed), total)
+        }),
+    };
+    crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
+        let got = crate::progress::megabytes(done.load(Ordering::Relaxed));
+        let of = total.map(crate::progress::megabytes);
+        tracing::info!(
+            url,
+            received = got,
+            of,
+            elapsed_s = elapsed.as_secs(),
+            "downloading"
+        );
+    })
 }
 
 /// A test server for hostile answers.

@@ -17,11 +17,12 @@ mod remote;
 mod tree;
 mod url;
 
-use crate::io_error::IoContext as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use url::{BaseDir, Reference, RemoteUrl};
+
+use crate::io_error::IoContext as _;
 
 /// How long one network operation (connect, or a pause in a transfer) may take by default.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);

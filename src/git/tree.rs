@@ -5,7 +5,6 @@
 //! skipped with a warning. Whether symlinks stay inside the Function is the source walk's
 //! business, as for a directory build.
 
-use crate::io_error::IoContext as _;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -15,6 +14,7 @@ use gix::objs::tree::EntryKind;
 use rustix::fs::{Mode, OFlags};
 
 use super::{BaseDir, Error, Fetched, RemoteUrl};
+use crate::io_error::IoContext as _;
 
 /// Deeper trees are refused: no Function needs them, and recursion must stay bounded.
 const MAX_DEPTH: usize = 64;

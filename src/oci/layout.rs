@@ -3,12 +3,12 @@
 //! `index.json` and content-addressed `blobs/sha256/<hex>`. Blobs are written to a temp file
 //! and renamed, so a reader never sees a partial blob.
 
-use crate::io_error::IoContext as _;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use super::{Descriptor, Digest, Document, HashingReader, Index, MediaType, canonical};
+use crate::io_error::IoContext as _;
 
 /// The annotation naming an image inside a layout (the `:tag` of `oci:DIR:tag`).
 pub const REF_NAME: &str = "org.opencontainers.image.ref.name";

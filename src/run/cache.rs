@@ -4,7 +4,6 @@
 //! never found; what a killed run left there is removed a day later. Synchronous: callers use
 //! `spawn_blocking`.
 
-use crate::io_error::IoContext as _;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -12,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use super::Error;
 use super::unpack;
+use crate::io_error::IoContext as _;
 use crate::oci::{Digest, ImageConfig};
 use crate::rootpath::{self, Last};
 

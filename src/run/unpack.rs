@@ -9,7 +9,6 @@
 //! The bytes written are capped ([`Unpacker::with_limit`]), so a decompression bomb or a huge
 //! sparse file stops at the cap instead of filling the disk.
 
-use crate::io_error::IoContext as _;
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read};
@@ -20,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use flate2::read::MultiGzDecoder;
 use tar::EntryType;
 
+use crate::io_error::IoContext as _;
 use crate::oci::{ChunkReader, Digest, HashingReader};
 use crate::rootpath::{self, Last, is_missing};
 

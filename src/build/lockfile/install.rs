@@ -1,7 +1,6 @@
 //! Writing the tree `npm ci` would write from the plan: the tarballs fetched (or taken from
 //! the cache), unpacked as pacote does, and the bins linked as bin-links does.
 
-use crate::io_error::IoContext as _;
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};
 
@@ -9,6 +8,7 @@ use futures_util::{StreamExt as _, TryStreamExt as _};
 
 use super::{Error, PARALLEL_DOWNLOADS, Plan, REGISTRY, bin_dir};
 use crate::build::memtree::{Building, IN_MEMORY};
+use crate::io_error::IoContext as _;
 use crate::oci::layer::{Content, EntryKind};
 use crate::oci::source::Tree;
 

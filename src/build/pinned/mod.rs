@@ -20,12 +20,13 @@
 //! What is written is what pip writes (`tests/it/build_pinned.rs` compares the two), with
 //! `--no-compile` as the runtime runs it: no bytecode.
 
-use crate::io_error::IoContext as _;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use futures_util::{StreamExt as _, TryStreamExt as _};
 use sha2::Sha256;
+
+use crate::io_error::IoContext as _;
 
 mod index;
 pub(crate) mod pages;

@@ -6,13 +6,13 @@
 //! layer under the key computed here: never under a key the install stage wrote, which
 //! would let one Function's install scripts fill another's cache entry.
 
-use crate::io_error::IoContext as _;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::{Error, manifest_digest, open_dir, read_json, write_json};
 use crate::build::function::DepInputs;
+use crate::io_error::IoContext as _;
 use crate::oci::Digest;
 
 /// The lookup record's file name in the lookup directory.

@@ -12,7 +12,6 @@ mod tests;
 
 pub use lookup::{Found, LOOKUP_FILE, Lookup, read_lookup, write_lookup};
 
-use crate::io_error::IoContext as _;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
@@ -24,6 +23,7 @@ use tempfile::{NamedTempFile, TempPath};
 use open::{copy_verified, open_beneath};
 
 use super::function::DepInputs;
+use crate::io_error::IoContext as _;
 use crate::oci::{Digest, Hasher, MediaType};
 
 /// The record's file name in the stage directory.

@@ -2,7 +2,6 @@
 //! following symlinks (openat2 `RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS`, `O_NOFOLLOW` on older
 //! kernels), regular files only, and copying the layer out while checking it.
 
-use crate::io_error::IoContext as _;
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
@@ -12,6 +11,7 @@ use rustix::fs::{Mode, OFlags, ResolveFlags};
 use tempfile::{NamedTempFile, TempPath};
 
 use super::{Error, StagedLayer};
+use crate::io_error::IoContext as _;
 use crate::oci::Hasher;
 
 /// Opens `name` in `dir_fd` for reading without following any symlink, and checks that it is
