@@ -98,13 +98,10 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             .or(dep_key.as_ref().map(|k| &k.key));
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         // `--no-cache` rebuilds: no existing image is taken either.
-        let found = match opts.use_cache {
-            true => {
+        if opts.use_cache
+            && let Some(found) =
                 existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
-            }
-            false => None,
-        };
-        if let Some(found) = found {
+        {
             return Ok(unchanged(found, planned.image_key, loaded.commit));
         }
         let deps = match (deps, &function.deps, dep_key) {
