@@ -1,8 +1,10 @@
 //! Integration-test harness shared by the test binaries under `tests/`.
 //!
-//! It is an independent checker: it does not use the kiln crate, only std, `tempfile`, the
-//! crate's HTTP and Kubernetes client dependencies (for the fake API server, `kube_api`) and
-//! external programs (docker-registry, skopeo, umoci, openssl, htpasswd, curl, jq, python3).
+//! It is an independent checker: it does not use the kiln crate's logic (only its digest and,
+//! in `function_server`, its package installers, to fetch the servers' runtime packages), but
+//! std, `tempfile`, the crate's HTTP and Kubernetes client dependencies (for the fake API
+//! server, `kube_api`) and external programs (docker-registry, skopeo, umoci, openssl,
+//! htpasswd, curl, jq, python3).
 
 #![allow(dead_code)]
 
@@ -12,6 +14,7 @@ pub mod crd_schema;
 pub mod echo;
 pub mod fake_builds;
 pub mod faults;
+pub mod function_server;
 pub mod git;
 pub mod images;
 pub mod k8s_validate;

@@ -1,0 +1,118 @@
+//! The function servers in `runtimes/_servers/` (Node.js, and Python on bottle and cheroot)
+//! implement Kyma's runtime contract, so existing Kyma Functions run unchanged.
+//!
+//! Each test starts the host's `node` or `python3` directly on `runtimes/_servers/*/server.*`
+//! with a fixture Function from `tests/fixtures/servers/` (its `main` dispatches on the request
+//! path), on port 0 (the server logs the port it got), and talks HTTP to it on 127.0.0.1. No
+//! image is involved: the base images' Kyma runtime packages (the OpenTelemetry SDK, axios;
+//! bottle, cheroot, requests…) are installed from the same locks into shared directories for
+//! `NODE_PATH` and `PYTHONPATH`. `KILN_TEST_NODE` / `KILN_TEST_PYTHON` pick other interpreters.
+//!
+//! The server harness is `common::function_server`; the checks live in one module per topic
+//! and run here once per runtime, each test named as a sentence.
+
+mod events;
+mod frameworks;
+mod http;
+mod lifecycle;
+mod tracing;
+
+use crate::common::function_server::Runtime;
+use events::{
+    a_reply_event_is_built_and_published_the_deprecated_way,
+    a_request_is_a_cloud_event_only_when_it_is_one_and_gets_an_id_and_a_time,
+    binary_cloud_event_fills_ce_fields,
+    emitted_cloud_events_are_valid_with_a_time_and_return_the_publishers_answer,
+    structured_cloud_event_fills_ce_fields,
+};
+use http::{
+    a_body_over_the_limit_gets_413, a_throw_answers_500_and_logs_the_stack,
+    built_in_endpoints_and_preflight_skip_the_function,
+    http_1_0_keep_alive_clients_reuse_the_connection, json_body_round_trips_with_context,
+    metrics_count_calls_and_failures, status_and_headers_set_by_the_function_reach_the_client,
+    text_form_raw_and_empty_bodies_are_parsed,
+};
+use lifecycle::{
+    a_slow_function_times_out_with_408, sigterm_drains_in_flight_requests_then_exits_zero,
+    sigterm_exits_promptly_while_a_timed_out_call_still_runs,
+};
+use tracing::{
+    incoming_traces_continue_into_outgoing_calls_and_the_functions_spans,
+    spans_are_exported_to_the_trace_collector_over_otlp_http,
+    without_trace_headers_or_a_collector_nothing_is_traced,
+};
+
+/// One test per runtime and check, each named as a sentence.
+macro_rules! for_both_runtimes {
+    ($($check:ident: $node:ident, $python:ident;)*) => {$(
+        #[tokio::test]
+        async fn $node() {
+            $check(Runtime::Node).await;
+        }
+
+        #[tokio::test]
+        async fn $python() {
+            $check(Runtime::Python).await;
+        }
+    )*};
+}
+
+for_both_runtimes! {
+    json_body_round_trips_with_context:
+        node_echoes_a_json_body_as_json_with_the_function_context,
+        python_echoes_a_json_body_as_json_with_the_function_context;
+    binary_cloud_event_fills_ce_fields:
+        node_fills_the_ce_fields_from_binary_mode_cloud_event_headers,
+        python_fills_the_ce_fields_from_binary_mode_cloud_event_headers;
+    structured_cloud_event_fills_ce_fields:
+        node_fills_the_ce_fields_and_data_from_a_structured_mode_cloud_event,
+        python_fills_the_ce_fields_and_data_from_a_structured_mode_cloud_event;
+    text_form_raw_and_empty_bodies_are_parsed:
+        node_passes_text_form_raw_and_missing_bodies_as_string_object_bytes_and_nothing,
+        python_passes_text_form_raw_and_missing_bodies_as_string_object_bytes_and_nothing;
+    status_and_headers_set_by_the_function_reach_the_client:
+        node_sends_the_status_and_headers_the_function_set,
+        python_sends_the_status_and_headers_the_function_set;
+    built_in_endpoints_and_preflight_skip_the_function:
+        node_answers_healthz_favicon_and_cors_preflight_without_calling_the_function,
+        python_answers_healthz_favicon_and_cors_preflight_without_calling_the_function;
+    metrics_count_calls_and_failures:
+        node_metrics_count_calls_and_failures_and_expose_a_duration_histogram,
+        python_metrics_count_calls_and_failures_and_expose_a_duration_histogram;
+    a_throw_answers_500_and_logs_the_stack:
+        node_answers_500_when_the_function_throws_and_logs_the_stack,
+        python_answers_500_when_the_function_raises_and_logs_the_traceback;
+    a_slow_function_times_out_with_408:
+        node_answers_408_when_the_function_runs_past_func_timeout,
+        python_answers_408_when_the_function_runs_past_func_timeout;
+    a_body_over_the_limit_gets_413:
+        node_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function,
+        python_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function;
+    sigterm_drains_in_flight_requests_then_exits_zero:
+        node_finishes_in_flight_requests_on_sigterm_then_exits_zero,
+        python_finishes_in_flight_requests_on_sigterm_then_exits_zero;
+    sigterm_exits_promptly_while_a_timed_out_call_still_runs:
+        node_exits_promptly_on_sigterm_while_a_timed_out_call_still_runs,
+        python_exits_promptly_on_sigterm_while_a_timed_out_call_still_runs;
+    emitted_cloud_events_are_valid_with_a_time_and_return_the_publishers_answer:
+        node_emits_valid_cloud_events_with_a_time_and_resolves_to_the_publishers_answer,
+        python_emits_valid_cloud_events_with_a_time_and_returns_the_publishers_answer;
+    a_reply_event_is_built_and_published_the_deprecated_way:
+        node_builds_and_publishes_a_reply_event_the_deprecated_way,
+        python_builds_and_publishes_a_reply_event_the_deprecated_way;
+    a_request_is_a_cloud_event_only_when_it_is_one_and_gets_an_id_and_a_time:
+        node_sets_ce_fields_only_for_cloud_events_and_fills_id_and_time,
+        python_sets_ce_keys_only_for_cloud_events_and_fills_id_and_time;
+    incoming_traces_continue_into_outgoing_calls_and_the_functions_spans:
+        node_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans,
+        python_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans;
+    without_trace_headers_or_a_collector_nothing_is_traced:
+        node_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector,
+        python_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector;
+    http_1_0_keep_alive_clients_reuse_the_connection:
+        node_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection,
+        python_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection;
+    spans_are_exported_to_the_trace_collector_over_otlp_http:
+        node_exports_spans_to_the_trace_collector_over_otlp_http,
+        python_exports_spans_to_the_trace_collector_over_otlp_http;
+}

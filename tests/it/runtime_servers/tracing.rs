@@ -1,0 +1,170 @@
+//! Tracing, on both runtimes: W3C and B3 headers continue into the Function's outgoing calls
+//! and its own spans, nothing is traced without them or a collector, and spans are exported
+//! to TRACE_COLLECTOR_ENDPOINT over OTLP/HTTP.
+
+use crate::common;
+
+use std::time::{Duration, Instant};
+
+use common::echo::Publisher;
+use common::function_server::{Runtime, Server, call_json, client};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CALLER_SPAN: &str = "00f067aa0ba902b7";
+
+/// The outgoing calls the tracing fixture makes, by runtime (its two HTTP clients).
+fn outgoing_paths(rt: Runtime) -> &'static [&'static str] {
+    match rt {
+        Runtime::Node => &["/http", "/fetch", "/axios"],
+        Runtime::Python => &["/urllib", "/requests"],
+    }
+}
+
+pub(super) async fn incoming_traces_continue_into_outgoing_calls_and_the_functions_spans(
+    rt: Runtime,
+) {
+    let server = Server::start(rt, &[]);
+    let styles: [&[(&str, String)]; 3] = [
+        &[("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))],
+        &[("b3", format!("{TRACE_ID}-{CALLER_SPAN}-1"))],
+        &[
+            ("X-B3-TraceId", TRACE_ID.to_string()),
+            ("X-B3-SpanId", CALLER_SPAN.to_string()),
+            ("X-B3-Sampled", "1".to_string()),
+        ],
+    ];
+    for headers in styles {
+        let echo = Publisher::start();
+        let mut call = client().get(server.url(&format!("/trace-out?url={}&spans=1", echo.base())));
+        for (name, value) in headers {
+            call = call.header(*name, value);
+        }
+        let resp = call.send().await.unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::OK,
+            "{headers:?}\n{}",
+            server.logs()
+        );
+        let answer: Value = resp.json().await.unwrap();
+        let mut own_span = None;
+        for path in outgoing_paths(rt).iter().copied() {
+            let h = echo.request(path).headers;
+            let traceparent = &h["traceparent"];
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(
+                parts[1], TRACE_ID,
+                "{path} continues the trace ({headers:?}): {h:?}"
+            );
+            assert_ne!(
+                parts[2], CALLER_SPAN,
+                "the request has a span of its own: {h:?}"
+            );
+            assert_eq!(parts[3], "01");
+            assert_eq!(h["x-b3-traceid"], TRACE_ID, "{h:?}");
+            assert_eq!(h["x-b3-spanid"], parts[2], "{h:?}");
+            assert_eq!(h["x-b3-parentspanid"], CALLER_SPAN, "{h:?}");
+            assert_eq!(h["x-b3-sampled"], "1", "{h:?}");
+            assert_eq!(*own_span.get_or_insert(parts[2].to_string()), parts[2]);
+        }
+        let own_span = own_span.unwrap();
+        assert_eq!(answer["child"]["traceId"], TRACE_ID, "{answer}");
+        assert_eq!(
+            answer["parent"],
+            own_span.as_str(),
+            "event.tracer's span is the request's child"
+        );
+        let inner = echo.request("/inner").headers;
+        assert_eq!(
+            inner["traceparent"],
+            format!("00-{TRACE_ID}-{}-01", answer["inner"].as_str().unwrap()),
+            "a call inside an active span carries that span"
+        );
+    }
+}
+
+pub(super) async fn without_trace_headers_or_a_collector_nothing_is_traced(rt: Runtime) {
+    let server = Server::start(rt, &[]);
+    let echo = Publisher::start();
+    let resp = client()
+        .get(server.url(&format!("/trace-out?url={}", echo.base())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    for path in outgoing_paths(rt).iter().copied() {
+        let h = echo.request(path).headers;
+        assert!(
+            !h.keys()
+                .any(|k| k == "traceparent" || k.starts_with("x-b3-")),
+            "{path}: {h:?}"
+        );
+    }
+    let loaded = call_json(&server, Method::GET, "/otel-loaded", None).await;
+    assert_eq!(loaded, json!(false), "the OpenTelemetry SDK stays unloaded");
+}
+
+pub(super) async fn spans_are_exported_to_the_trace_collector_over_otlp_http(rt: Runtime) {
+    let collector = Publisher::start();
+    let server = Server::start(rt, &[("TRACE_COLLECTOR_ENDPOINT", &collector.url)]);
+    let echo = Publisher::start();
+    let resp = client()
+        .get(server.url(&format!("/trace-out?url={}&spans=1", echo.base())))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    // A trace of its own: no caller's.
+    let traceparent = echo.request(outgoing_paths(rt)[0]).headers["traceparent"].clone();
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    let (trace_id, server_span) = (parts[1], parts[2]);
+    // Node exports OTLP/JSON, Python OTLP/protobuf: the request's SERVER span, the Function's
+    // two spans as its children.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let spans = loop {
+        let spans = common::echo::exported_spans(&collector);
+        let names = ["GET /trace-out", "child", "active"];
+        if names.iter().all(|n| spans.iter().any(|s| s.name == *n)) {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector got {spans:?}: {:?}\n{}",
+            collector.requests(),
+            server.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let by_name = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no span {name}: {spans:?}"))
+    };
+    let request = by_name("GET /trace-out");
+    assert_eq!(
+        (request.trace_id.as_str(), request.span_id.as_str()),
+        (trace_id, server_span)
+    );
+    assert_eq!(request.parent_id, "", "a trace of its own");
+    for name in ["child", "active"] {
+        let span = by_name(name);
+        assert_eq!(span.trace_id, trace_id, "{span:?}");
+        assert_eq!(span.parent_id, server_span, "{span:?}");
+    }
+    for export in collector.requests() {
+        assert!(
+            !export.headers.contains_key("traceparent"),
+            "the SDK's own exports are not traced: {:?}",
+            export.headers
+        );
+    }
+    let content_type = &collector.requests()[0].headers["content-type"];
+    assert!(
+        content_type.starts_with("application/json")
+            || content_type.starts_with("application/x-protobuf"),
+        "{content_type}"
+    );
+}
