@@ -20,6 +20,7 @@ pub mod images;
 pub mod k8s_validate;
 pub mod kiln;
 pub mod kube_api;
+pub mod kube_client;
 pub mod kubectl;
 pub mod netpol;
 pub mod registry;

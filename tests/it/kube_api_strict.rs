@@ -14,14 +14,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 use common::kube_api::KubeApi;
-
-/// (code, reason, message, details) of an API error.
-fn refusal(err: kube::Error) -> (u16, String, String) {
-    match err {
-        kube::Error::Api(s) => (s.code, s.reason, s.message),
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
+use common::kube_client::refusal;
 
 fn grant(api: &KubeApi, namespace: &str, account: &str, rules: Value) {
     api.insert(json!({"apiVersion": "v1", "kind": "ServiceAccount",
