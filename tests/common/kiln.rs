@@ -126,6 +126,14 @@ impl Kiln {
         cmd
     }
 
+    /// [`Kiln::command`] with the download cache every test shares
+    /// ([`shared_download_cache`]) instead of its own, for tests that assemble base images.
+    pub fn command_with_shared_downloads(&self) -> Command {
+        let mut cmd = self.command();
+        cmd.env("KILN_CACHE_DIR", shared_download_cache());
+        cmd
+    }
+
     /// Runs `kiln ARGS`.
     pub fn run(&self, args: &[&str]) -> Run {
         self.run_cmd(self.command().args(args))

@@ -15,8 +15,6 @@ use crate::common;
 use crate::kubelet;
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -72,28 +70,10 @@ fn runtime_images(reg: &str, host: &str, runtime: &str, kiln_image: Option<&str>
     );
 }
 
+/// `METHOD /` with a text body: (status, body).
 fn http(port: u16, method: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let req = format!(
-        "{method} / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: \
-            text/plain\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (
-        status,
-        out.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    )
+    let text = [("Content-Type", "text/plain")];
+    common::http::request(port, method, "/", &text, body.as_bytes())
 }
 
 fn b64(s: &str) -> String {

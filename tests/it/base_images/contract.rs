@@ -1,0 +1,245 @@
+//! The runtime contract, on each kiln-built base: the contract fixture Function built on it
+//! answers over HTTP inside `kiln run` (rootless sandbox, read-only root, user 1000) as Kyma's
+//! runtimes do, CloudEvents, metrics, tracing and timeouts included.
+
+use crate::common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::base_build;
+use common::echo::{Publisher, exported_spans};
+use common::function_run::serve;
+use common::http;
+use common::kiln::{Kiln, copy_tree, fixtures};
+use common::schema::validate_layout;
+
+/// Builds the contract fixture Function on `runtime`'s kiln-built base and checks it over
+/// HTTP inside `kiln run`.
+fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, runtime, &bases);
+    validate_layout(&bases);
+    let dir = work.path().join("fn");
+    copy_tree(&fixtures().join("servers").join(server_fixture), &dir);
+    let out = work.path().join("out");
+    let base = format!("oci:{}:{runtime}", bases.display());
+    let built = k.run_cmd(k.command_with_shared_downloads().args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--base",
+        &base,
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let reference = built.reference();
+    // Loopback stand-ins for what a Function talks to: an echo service that is also the
+    // eventing publisher proxy, and an OTLP/HTTP trace receiver.
+    let echo = Publisher::start();
+    let collector = Publisher::start();
+    let (port, mut running) = serve(
+        &k,
+        &reference,
+        &[
+            "--env",
+            "FUNC_TIMEOUT=1",
+            "--env",
+            "REQ_MB_LIMIT=0.01",
+            "--env",
+            &format!("TRACE_COLLECTOR_ENDPOINT={}", collector.url),
+            "--env",
+            &format!("PUBLISHER_PROXY_ADDRESS={}", echo.url),
+        ],
+    );
+
+    let (status, body) = http::request(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/json")],
+        br#"{"a":1}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""a":1"#) || body.contains(r#""a": 1"#),
+        "{body}"
+    );
+    assert!(
+        body.contains("\"function-name\""),
+        "context is passed: {body}"
+    );
+    let ce = [
+        ("ce-type", "com.example.t"),
+        ("ce-source", "/src"),
+        ("ce-id", "42"),
+        ("ce-specversion", "1.0"),
+        ("Content-Type", "application/json"),
+    ];
+    let (status, body) = http::request(port, "POST", "/echo", &ce, br#"{"x":2}"#);
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("com.example.t") && body.contains("\"42\""),
+        "binary CloudEvent: {body}"
+    );
+    let structured =
+        br#"{"specversion":"1.0","type":"com.example.s","source":"/s","id":"7","data":{"y":3}}"#;
+    let (_, body) = http::request(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/cloudevents+json")],
+        structured,
+    );
+    assert!(
+        body.contains("com.example.s"),
+        "structured CloudEvent: {body}"
+    );
+    assert_eq!(http::request(port, "GET", "/healthz", &[], b"").0, 200);
+    assert_eq!(http::request(port, "GET", "/throw", &[], b"").0, 500);
+    assert_eq!(http::request(port, "GET", "/sleep", &[], b"").0, 408);
+    assert_eq!(
+        http::request(
+            port,
+            "POST",
+            "/echo",
+            &[("Content-Type", "text/plain")],
+            &vec![b'x'; 64 * 1024]
+        )
+        .0,
+        413
+    );
+    let (_, metrics) = http::request(port, "GET", "/metrics", &[], b"");
+    assert!(
+        metrics.contains("function_calls_total") && metrics.contains("function_failures_total"),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("function_calls_total 0\n"),
+        "calls counted: {metrics}"
+    );
+
+    // The event API: a valid CloudEvent reaches the publisher.
+    let (status, body) = http::request(port, "POST", "/emit", &[], b"");
+    assert_eq!(status, 200, "{body}");
+    let (content_type, event) = echo.seen().remove(0);
+    assert!(content_type.starts_with("application/cloudevents+json"));
+    assert_eq!(event["type"], "order.created", "{event}");
+    assert!(
+        event["time"].as_str().is_some_and(|t| t.contains('T')),
+        "{event}"
+    );
+
+    // Tracing: the caller's trace goes on into the Function's outgoing calls (the runtime's
+    // HTTP clients in the image), and the request's span and the Function's own reach the
+    // receiver as its children.
+    let (trace_id, caller) = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331");
+    let (status, body) = http::request(
+        port,
+        "GET",
+        &format!("/trace-out?url={}&spans=1", echo.base()),
+        &[("traceparent", &format!("00-{trace_id}-{caller}-01"))],
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    let clients: &[&str] = if server_fixture == "node" {
+        &["/http", "/fetch", "/axios"]
+    } else {
+        &["/urllib", "/requests"]
+    };
+    let mut own = String::new();
+    for path in clients.iter().copied() {
+        let h = echo.request(path).headers;
+        let parts: Vec<&str> = h["traceparent"].split('-').collect();
+        assert_eq!(
+            (parts[1], h["x-b3-traceid"].as_str()),
+            (trace_id, trace_id),
+            "{path}: {h:?}"
+        );
+        assert_eq!(h["x-b3-spanid"], parts[2], "{path}: {h:?}");
+        assert_eq!(h["x-b3-parentspanid"], caller, "{path}: {h:?}");
+        own = parts[2].to_string();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let spans = loop {
+        let spans = exported_spans(&collector);
+        let names = ["child", "active"];
+        if spans.iter().any(|s| s.span_id == own)
+            && names.iter().all(|n| spans.iter().any(|s| s.name == *n))
+        {
+            break spans;
+        }
+        assert!(Instant::now() < deadline, "exported: {spans:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let request = spans.iter().find(|s| s.span_id == own).unwrap();
+    assert_eq!(request.parent_id, caller, "{spans:?}");
+    for name in ["child", "active"] {
+        let span = spans.iter().find(|s| s.name == name).unwrap();
+        assert_eq!(
+            (span.trace_id.as_str(), span.parent_id.as_str()),
+            (trace_id, own.as_str())
+        );
+    }
+
+    if server_fixture == "python" {
+        // The request is bottle's.
+        let (status, body) = http::request(
+            port,
+            "POST",
+            "/bottle?n=5",
+            &[("Content-Type", "application/x-www-form-urlencoded")],
+            b"f=v",
+        );
+        assert_eq!(status, 202, "{body}");
+        assert!(
+            body.contains(r#""n": 5"#) || body.contains(r#""n":5"#),
+            "{body}"
+        );
+        assert!(body.contains("LocalRequest"), "{body}");
+        // Modules load from the image's compiled bytecode, not from source at every start.
+        let (_, body) = http::request(port, "GET", "/pyc", &[], b"");
+        assert!(
+            body.contains("/usr/lib/kiln/pycache/") && body.contains("true"),
+            "{body}"
+        );
+    }
+
+    // The sandbox: user 1000 (from the image), a read-only root.
+    let mut child = std::mem::replace(&mut running.0, Command::new("true").spawn().unwrap());
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "kiln run did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        status.success(),
+        "SIGTERM drains and exits cleanly: {status}"
+    );
+}
+
+#[test]
+fn the_nodejs22_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("nodejs22", "node");
+}
+
+#[test]
+fn the_nodejs24_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("nodejs24", "node");
+}
+
+#[test]
+fn the_python313_base_runs_a_function_that_honours_the_contract() {
+    runtime_serves_the_contract("python313", "python");
+}
