@@ -1,9 +1,10 @@
 //! One raw HTTP/1.1 request over a fresh loopback connection (`Connection: close`), for tests
 //! that talk to a served Function without an HTTP client in between: what is on the wire is
-//! exactly what the test wrote.
+//! exactly what the test wrote. And the other way round: a scripted axum app served on a
+//! loopback port.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// Sends `METHOD path` with `headers` and `body` to 127.0.0.1:`port` and returns the status
@@ -42,4 +43,12 @@ pub fn request(
         .map(|(_, b)| b.to_string())
         .unwrap_or_default();
     (status, body)
+}
+
+/// Serves `app` on 127.0.0.1:0 from a task of the current tokio runtime; its address.
+pub async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
 }

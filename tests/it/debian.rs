@@ -201,13 +201,11 @@ async fn python3_13_runs_in_a_chroot_of_its_unpacked_closure() {
 
 /// A loopback mirror serving `bytes` for every path.
 async fn serve(bytes: Vec<u8>) -> url::Url {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let app = axum::Router::new().fallback(move || {
         let bytes = bytes.clone();
         async move { bytes }
     });
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let addr = crate::common::http::serve(app).await;
     url::Url::parse(&format!("http://{addr}/debian")).unwrap()
 }
 
