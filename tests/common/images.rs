@@ -36,7 +36,8 @@ fn is_root() -> bool {
     run(Command::new("id").arg("-u")).trim() == "0"
 }
 
-fn umoci(args: &[&str]) -> Command {
+/// A `umoci ARGS` command (panics, naming the package, when umoci is not installed).
+pub fn umoci(args: &[&str]) -> Command {
     require_tool("umoci", "umoci");
     let mut cmd = Command::new("umoci");
     cmd.args(args);

@@ -13,19 +13,12 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::images::{fill_rootfs, make_layout, read_blob, tagged_digest};
+use common::images::{fill_rootfs, make_layout, read_blob, tagged_digest, umoci};
 use common::kiln::Kiln;
 use common::registry::{Registry, RegistryKind};
 use common::{require_tool, run};
 
 const SAY: &str = "echo hello-from-a-foreign-image; busybox ls /bin/busybox";
-
-fn umoci(args: &[&str]) -> Command {
-    require_tool("umoci", "umoci");
-    let mut cmd = Command::new("umoci");
-    cmd.args(args);
-    cmd
-}
 
 /// A busybox root filesystem directory.
 fn rootfs(dir: &Path) -> PathBuf {

@@ -18,10 +18,10 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::images::{EPOCH, make_layout, tagged_digest};
+use common::images::{EPOCH, make_layout, tagged_digest, umoci};
 use common::kiln::Kiln;
 use common::registry::{Registry, RegistryKind};
-use common::{free_port, require_tool, run};
+use common::{free_port, run};
 
 const CREATED: &str = "2000-01-01T00:00:00Z";
 const INDEX_HTML: &str = "<h1>hello from kiln run</h1>\n";
@@ -35,13 +35,6 @@ const WHO_AM_I: &str = "busybox id -u; busybox id -g; echo HOME=$HOME; echo pid=
 /// Exits 5 on SIGINT, after saying so.
 const TRAP: &str = "--config.entrypoint=trap 'echo got-INT; exit 5' INT; echo ready; \
      while true; do busybox sleep 0.1; done";
-
-fn umoci(args: &[&str]) -> Command {
-    require_tool("umoci", "umoci");
-    let mut cmd = Command::new("umoci");
-    cmd.args(args);
-    cmd
-}
 
 /// Writes `files` (path, content; a path ending in `/` is a directory) under a fresh
 /// directory and packs it as an uncompressed, reproducible tar.
