@@ -800,7 +800,9 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     kubectl.ok(&["-n", "team", "delete", "function", "git-scan"]);
     wait(
         "git-scan's builds swept",
-        Duration::from_secs(60),
+        // Sweeps run every 5 s; the Job goes once the test kubelet has stopped its Pod,
+        // which on a loaded 2-core machine took over a minute once.
+        Duration::from_secs(120),
         context,
         || {
             ["Job", "ConfigMap", "Secret"]
