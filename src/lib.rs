@@ -20,13 +20,13 @@
 //! - `run`: `registry` `sandbox` `oci` `inuse` `progress` `rootpath` `tarmeter` `capped`.
 //! - `image`: `registry` `oci` `progress` `capped`.
 //! - `fetch`: `progress` `rootpath` `capped`.
-//! - `git`: `redact` `progress` `capped`.
-//! - `registry`: `oci` `redact` `progress` `capped`.
+//! - `git`: `origin` `redact` `progress` `capped`.
+//! - `registry`: `oci` `origin` `redact` `progress` `capped`.
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `telemetry`: `progress`.
-//! - `capped`, `inuse`, `io_error`, `k8s_names`, `progress`, `redact`, `rootpath`, `runtime`,
-//!   `tarmeter`, `testing`: nothing.
+//! - `capped`, `inuse`, `io_error`, `k8s_names`, `origin`, `progress`, `redact`, `rootpath`,
+//!   `runtime`, `tarmeter`, `testing`: nothing.
 //!
 //! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
 //! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and
@@ -46,6 +46,7 @@ pub mod inuse;
 pub mod io_error;
 pub mod k8s_names;
 pub mod oci;
+pub mod origin;
 pub mod progress;
 pub mod prune;
 pub mod redact;

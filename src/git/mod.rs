@@ -285,6 +285,19 @@ pub enum Error {
         /// The repository.
         url: String,
     },
+    /// The server redirected to another origin (scheme, host or port), which asked for
+    /// credentials: they go only to the URL's own.
+    #[error(
+        "{url} redirected to {asked}, which asks for credentials (HTTP 401); kiln sends the \
+            --git-auth-dir credentials only to the scheme, host and port of the Function's URL: \
+            use the URL the server redirects to, if you trust it"
+    )]
+    CredentialsWithheld {
+        /// The repository.
+        url: String,
+        /// Where the request went, redacted.
+        asked: String,
+    },
     /// The credentials were rejected (HTTP 401).
     #[error(
         "{url} rejected the credentials (HTTP 401): check the username and password files in \

@@ -94,7 +94,7 @@ fn list_refs(
         .remote_at(url.as_str())
         .map_err(|e| remote_error(url, "configuring the remote", e))?
         .with_fetch_tags(Tags::None);
-    let (connection, budget) = connect(&remote, url, access, super::REFS_LIMIT)?;
+    let (connection, budget, withheld) = connect(&remote, url, access, super::REFS_LIMIT)?;
     let extra_refspecs = specs
         .iter()
         .map(|spec| {
@@ -114,7 +114,7 @@ fn list_refs(
         .ref_map(gix::progress::Discard, options)
         .map_err(|e| match budget.exceeded() {
             true => refs_too_large(url),
-            false => classify(url, access, "listing the references of", e),
+            false => classify(url, access, &withheld, "listing the references of", e),
         })?;
     Ok(map.remote_refs)
 }
@@ -149,7 +149,7 @@ pub(super) fn fetch_commit(
         extra_refspecs: vec![nothing],
         ..ref_map::Options::default()
     };
-    let (connection, budget) = connect(&remote, url, access, super::REFS_LIMIT)?;
+    let (connection, budget, withheld) = connect(&remote, url, access, super::REFS_LIMIT)?;
     let fetched = match connection.prepare_fetch(gix::progress::Discard, options) {
         Err(_) if budget.exceeded() => return Err(refs_too_large(url)),
         Err(e) => Err(e),
@@ -167,7 +167,7 @@ pub(super) fn fetch_commit(
         });
     }
     if let Err(e) = fetched {
-        return Err(match classify(url, access, "fetching from", e) {
+        return Err(match classify(url, access, &withheld, "fetching from", e) {
             Error::Remote { source, .. } if matches!(reference, Reference::Commit(_)) => {
                 Error::UnknownCommit {
                     url: url.to_string(),
@@ -200,39 +200,60 @@ fn refs_too_large(url: &RemoteUrl) -> Error {
     }
 }
 
+/// Where a redirect took the request that asked for credentials kiln kept back (redacted).
+type Withheld = Arc<Mutex<Option<String>>>;
+
 /// A connection to `remote` over gix's reqwest backend, configured by [`configure`], whose
-/// responses may bring at most `limit` bytes; the budget tells whether a failure was the limit.
+/// responses may bring at most `limit` bytes; the budget tells whether a failure was the limit,
+/// and what was withheld whether a 401 came from another origin.
 fn connect<'a, 'repo>(
     remote: &'a gix::Remote<'repo>,
     url: &RemoteUrl,
     access: &Access,
     limit: u64,
-) -> Result<(Connection<'a, 'repo>, Arc<Budget>), Error> {
+) -> Result<(Connection<'a, 'repo>, Arc<Budget>, Withheld), Error> {
     let (gix_url, version) = remote
         .sanitized_url_and_version(Direction::Fetch)
-        .map_err(|e| classify(url, access, "connecting to", e))?;
+        .map_err(|e| classify(url, access, &Withheld::default(), "connecting to", e))?;
     let budget = Budget::new(limit);
     let backend = Capped::new(http::reqwest::Remote::default(), Arc::clone(&budget));
     let transport: Box<dyn Transport + Send> =
         Box::new(http::Transport::new_http(backend, gix_url, version, false));
     let mut connection = remote.to_connection_with_transport(transport);
-    configure(&mut connection, access)?;
-    Ok((connection, budget))
+    let withheld = Withheld::default();
+    configure(&mut connection, url, access, Arc::clone(&withheld))?;
+    Ok((connection, budget, withheld))
 }
 
-/// Sends only our credentials (never a helper's, never a prompt) and sets up TLS and
-/// timeouts on the HTTP client.
-fn configure(connection: &mut Connection<'_, '_>, access: &Access) -> Result<(), Error> {
+/// Sends only our credentials (never a helper's, never a prompt), and only to `url`'s origin
+/// (a redirect to another host, port or scheme that asks for credentials gets none), and
+/// sets up TLS and timeouts on the HTTP client.
+fn configure(
+    connection: &mut Connection<'_, '_>,
+    url: &RemoteUrl,
+    access: &Access,
+    withheld: Withheld,
+) -> Result<(), Error> {
     let credentials = access.credentials.clone();
+    let origin = url.origin();
     connection.set_credentials(move |action| match action {
-        Action::Get(context) => Ok(credentials.as_ref().map(|c| Outcome {
-            identity: gix::sec::identity::Account {
-                username: c.username.clone(),
-                password: c.password.clone(),
-                oauth_refresh_token: None,
-            },
-            next: context.into(),
-        })),
+        Action::Get(context) => {
+            let asked = asked_url(&context);
+            let ours = matches!((&origin, &asked), (Some(o), Some(u)) if o.admits(u));
+            if !ours && credentials.is_some() {
+                let asked = asked.as_ref().map(crate::redact::redact_url);
+                *withheld.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(asked.unwrap_or_else(|| "an unknown URL".into()));
+            }
+            Ok(credentials.as_ref().filter(|_| ours).map(|c| Outcome {
+                identity: gix::sec::identity::Account {
+                    username: c.username.clone(),
+                    password: c.password.clone(),
+                    oauth_refresh_token: None,
+                },
+                next: context.into(),
+            }))
+        }
         Action::Store(_) | Action::Erase(_) => Ok(None),
     });
     let certs = match &access.extra_ca_pem {
@@ -269,9 +290,31 @@ fn configure(connection: &mut Connection<'_, '_>, access: &Access) -> Result<(),
     Ok(())
 }
 
+/// The URL credentials are asked for: the context's `url`, else its protocol and host.
+fn asked_url(context: &gix::credentials::protocol::Context) -> Option<url::Url> {
+    let text = match (&context.url, &context.protocol, &context.host) {
+        (Some(url), _, _) => url.to_string(),
+        (None, Some(protocol), Some(host)) => format!("{protocol}://{host}/"),
+        _ => return None,
+    };
+    url::Url::parse(&text).ok()
+}
+
 /// Maps gix's classified errors onto ours: credentials, permissions, reachability.
-fn classify(url: &RemoteUrl, access: &Access, action: &'static str, e: gix::Error) -> Error {
+fn classify(
+    url: &RemoteUrl,
+    access: &Access,
+    withheld: &Withheld,
+    action: &'static str,
+    e: gix::Error,
+) -> Error {
     if e.is_unauthenticated() {
+        if let Some(asked) = withheld.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            return Error::CredentialsWithheld {
+                url: url.to_string(),
+                asked,
+            };
+        }
         return match access.credentials {
             Some(_) => Error::Unauthorized {
                 url: url.to_string(),

@@ -54,6 +54,11 @@ impl RemoteUrl {
         self.url.scheme() == "https"
     }
 
+    /// Who the credentials for this URL may go to: its scheme, host and port.
+    pub fn origin(&self) -> Option<crate::origin::Origin> {
+        crate::origin::Origin::of(&self.url)
+    }
+
     /// The URL to connect to.
     pub fn as_str(&self) -> &str {
         self.url.as_str()

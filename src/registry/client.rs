@@ -228,7 +228,7 @@ impl Inner {
             .facts_dir
             .as_ref()
             .map(|dir| dir.join(facts_file(&host)));
-        let reg = Arc::new(Registry::new(name.to_string(), host.clone(), base, facts));
+        let reg = Arc::new(Registry::new(name.to_string(), base, facts));
         map.insert(host, reg.clone());
         Ok(reg)
     }
@@ -244,8 +244,7 @@ impl Inner {
 
     /// Like [`Inner::send`] without retrying (for callers that retry a larger unit).
     pub async fn send_once(&self, reg: &Registry, call: &Call) -> Result<Response> {
-        let same_origin =
-            host_port(&call.url) == reg.host && call.url.scheme() == reg.base.scheme();
+        let same_origin = reg.is_origin(&call.url);
         let auth = if same_origin {
             reg.authorization(&self.transport, &call.scopes).await?
         } else {
@@ -256,7 +255,7 @@ impl Inner {
         // is not the registry's. reqwest drops the Authorization header across origins; a
         // 401 from there must not be taken as the registry's challenge either, or kiln would
         // fetch a token from a realm the other host names, with the registry's credentials.
-        let answered_by_registry = same_origin && is_origin(resp.url(), reg);
+        let answered_by_registry = same_origin && reg.is_origin(resp.url());
         let status = resp.status().as_u16();
         if same_origin && !answered_by_registry && (status == 401 || status == 403) {
             return Err(Error::RedirectRefused {
@@ -310,9 +309,4 @@ fn facts_file(host: &str) -> String {
         })
         .collect();
     format!("{safe}.json")
-}
-
-/// Whether `url` is the registry's own origin (scheme, host and port).
-fn is_origin(url: &Url, reg: &Registry) -> bool {
-    host_port(url) == reg.host && url.scheme() == reg.base.scheme()
 }

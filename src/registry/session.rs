@@ -67,10 +67,10 @@ struct AuthState {
 pub(crate) struct Registry {
     /// The registry as named in references (for credentials and messages).
     pub name: String,
-    /// `host[:port]` of its API.
-    pub host: String,
     /// `scheme://host[:port]/`.
     pub base: Url,
+    /// Who its credentials may go to: its scheme, host and port.
+    origin: Option<crate::origin::Origin>,
     /// Set once the registry answered a single-request `POST ?digest=` with 202 (distribution
     /// 2.8 does: it ignores the body and opens a session), so later blobs skip that attempt;
     /// kept across runs in `facts` ([`Registry::refuse_monolithic`]).
@@ -85,7 +85,13 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    pub fn new(name: String, host: String, base: Url, facts: Option<PathBuf>) -> Registry {
+    /// Whether `url` is this registry's own (its credentials may go with a request there,
+    /// and its answers are the registry's), by the one rule of [`crate::origin`].
+    pub fn is_origin(&self, url: &Url) -> bool {
+        self.origin.as_ref().is_some_and(|o| o.admits(url))
+    }
+
+    pub fn new(name: String, base: Url, facts: Option<PathBuf>) -> Registry {
         let known: Facts = facts
             .as_ref()
             .and_then(|f| std::fs::read(f).ok())
@@ -99,7 +105,7 @@ impl Registry {
         };
         Registry {
             name,
-            host,
+            origin: crate::origin::Origin::of(&base),
             base,
             monolithic_refused: AtomicBool::new(known.monolithic_refused),
             facts,

@@ -112,6 +112,20 @@ pub struct GitServer {
 impl GitServer {
     /// Starts a server and waits until it listens.
     pub fn start(kind: GitServerKind) -> GitServer {
+        GitServer::spawn(kind, |cmd| {
+            if kind == GitServerKind::BasicTls {
+                cmd.args(["--basic", GIT_USER, GIT_PASSWORD]).args([
+                    "--forbid",
+                    GIT_USER,
+                    GIT_FORBIDDEN_PASSWORD,
+                ]);
+            }
+        })
+    }
+
+    /// Starts `gitsrv.py` with the arguments `options` adds, and a fresh test CA's certificate
+    /// for HTTPS (`kind`) unless those name one; waits until it listens.
+    fn spawn(kind: GitServerKind, options: impl FnOnce(&mut Command)) -> GitServer {
         require_tool("python3", "python3");
         require_tool("git", "git");
         let dir = tempfile::Builder::new()
@@ -125,11 +139,12 @@ impl GitServer {
         cmd.arg(harness_dir().join("gitsrv.py"))
             .arg(&state)
             .arg(&root);
-        if kind == GitServerKind::BasicTls {
+        options(&mut cmd);
+        let named_tls = cmd.get_args().any(|a| a == "--tls");
+        if kind == GitServerKind::BasicTls && !named_tls {
             let tls = dir.path().join("tls");
             super::registry::make_test_tls(&tls);
-            cmd.args(["--basic", GIT_USER, GIT_PASSWORD])
-                .args(["--forbid", GIT_USER, GIT_FORBIDDEN_PASSWORD, "--tls"])
+            cmd.arg("--tls")
                 .arg(tls.join("cert.pem"))
                 .arg(tls.join("key.pem"));
         }
@@ -161,6 +176,20 @@ impl GitServer {
             }
             sleep(Duration::from_millis(20));
         }
+    }
+
+    /// An HTTPS server that redirects every request to the same path on `target` (another
+    /// port: another origin), with `target`'s certificate.
+    pub fn redirecting_to(target: &GitServer) -> GitServer {
+        let tls = target.dir.path().join("tls");
+        let base = format!("https://127.0.0.1:{}", target.port);
+        GitServer::spawn(GitServerKind::BasicTls, |cmd| {
+            cmd.arg("--redirect-to")
+                .arg(&base)
+                .arg("--tls")
+                .arg(tls.join("cert.pem"))
+                .arg(tls.join("key.pem"));
+        })
     }
 
     /// Where repositories are served from.

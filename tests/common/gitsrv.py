@@ -3,7 +3,7 @@
 stdlib HTTP(S) server with optional HTTP Basic auth.
 
 Usage: gitsrv.py STATE_DIR PROJECT_ROOT [--basic USER PASSWORD] [--forbid USER PASSWORD]
-                 [--tls CERT KEY]
+                 [--tls CERT KEY] [--redirect-to BASE_URL]
 
 Listens on 127.0.0.1 on a port picked by the kernel and writes STATE_DIR/port (atomically,
 last) once it is ready. Every repository under PROJECT_ROOT is served (GIT_HTTP_EXPORT_ALL);
@@ -12,7 +12,8 @@ git http-backend answers protocol v0 and v2 (the Git-Protocol header is passed t
 With --basic, every request without the right `Authorization: Basic` header gets 401 and a
 `WWW-Authenticate: Basic` challenge, as a real git host does. With --forbid, those
 credentials authenticate but are denied access: 403, as for a user who may not read the
-repository.
+repository. With --redirect-to, every request is answered `302 Found` to the same path and
+query under BASE_URL (a host that moved its repositories), whatever it carries.
 
 Every request appends one line to STATE_DIR/access.log:
   METHOD<TAB>PATH<TAB>STATUS<TAB>RESPONSE_BODY_BYTES<TAB>AUTH
@@ -36,6 +37,7 @@ OPTIONS = sys.argv[3:]
 BASIC = None
 FORBID = None
 TLS = None
+REDIRECT_TO = None
 while OPTIONS:
     if OPTIONS[0] == "--basic":
         BASIC = (OPTIONS[1], OPTIONS[2])
@@ -46,6 +48,9 @@ while OPTIONS:
     elif OPTIONS[0] == "--tls":
         TLS = (OPTIONS[1], OPTIONS[2])
         OPTIONS = OPTIONS[3:]
+    elif OPTIONS[0] == "--redirect-to":
+        REDIRECT_TO = OPTIONS[1].rstrip("/")
+        OPTIONS = OPTIONS[2:]
     else:
         sys.exit("unknown option " + OPTIONS[0])
 LOG_LOCK = threading.Lock()
@@ -124,6 +129,9 @@ class Handler(BaseHTTPRequestHandler):
     def serve(self):
         body = self.read_body() if self.command == "POST" else b""
         auth = auth_state(self.headers.get("Authorization"))
+        if REDIRECT_TO is not None:
+            self.send(302, [("Location", REDIRECT_TO + self.path)], b"")
+            return
         if auth == "forbidden":
             self.send(403, [], b"forbidden\n")
             return

@@ -1,8 +1,9 @@
 //! Git sources against a real git server (`git http-backend` behind `gitsrv.py`, plain HTTP
 //! and HTTPS with a test CA and Basic auth): a Function builds from a branch, a tag and a
 //! commit SHA at a base directory, the fetch is shallow, bad credentials, unknown references
-//! and SSH URLs fail clearly, a tree that escapes its base directory is refused, and a fetch
-//! past its size limit and a reference listing without end stop.
+//! and SSH URLs fail clearly, credentials do not follow a redirect to another origin, a tree
+//! that escapes its base directory is refused, and a fetch past its size limit and a
+//! reference listing without end stop.
 
 #![allow(clippy::unwrap_used)]
 
@@ -273,6 +274,66 @@ fn https_with_basic_credentials_from_files_builds_and_bad_ones_fail_clearly() {
         err.contains(&format!("cannot reach the git server of {url}")),
         "{err}"
     );
+}
+
+/// Credentials go only to the origin they were given for. An HTTPS git server that needs
+/// none redirects to another origin (the same host on another port) that asks for them:
+/// kiln sends them nowhere but the origin, and the build fails saying credentials are needed.
+#[test]
+fn git_credentials_do_not_follow_a_redirect_to_another_origin() {
+    let target = GitServer::start(GitServerKind::BasicTls);
+    let work = tempfile::tempdir().unwrap();
+    two_commit_repo(work.path(), &target);
+    let origin = GitServer::redirecting_to(&target);
+    let kiln = Kiln::new();
+    let url = origin.url("fns");
+    let (ca, auth) = (target.ca_pem(), target.auth_dir(GIT_PASSWORD));
+    let flags = [
+        "--git-base-dir",
+        "fn",
+        "--git-ca",
+        ca.to_str().unwrap(),
+        "--git-auth-dir",
+        auth.to_str().unwrap(),
+    ];
+    let (run, _) = build_git(&kiln, work.path(), &url, &flags);
+    let err = run.failure(1);
+    let redirected = origin.access_log();
+    assert!(
+        redirected.iter().any(|l| l.contains("\t302\t")),
+        "the origin redirected: {redirected:?}"
+    );
+    let log = target.access_log();
+    assert!(!log.is_empty(), "the redirect was followed");
+    assert!(
+        log.iter().all(|l| l.ends_with("\tnone")),
+        "credentials went to the redirect target: {log:?}"
+    );
+    let target_url = target.url("fns");
+    assert!(
+        err.contains(&format!(
+            "{url} redirected to {target_url}, which asks for credentials (HTTP 401)"
+        )),
+        "{err}"
+    );
+    assert!(!err.contains(GIT_PASSWORD), "{err}");
+
+    // The controller's reference lookups take the same path.
+    let access = kiln::git::Access {
+        credentials: Some(kiln::git::Credentials {
+            username: common::git::GIT_USER.into(),
+            password: GIT_PASSWORD.into(),
+        }),
+        extra_ca_pem: Some(fs::read(&ca).unwrap()),
+        ..kiln::git::Access::default()
+    };
+    let lookup = kiln::git::resolve_reference(&url, "main", &access);
+    assert!(
+        matches!(lookup, Err(kiln::git::Error::CredentialsWithheld { .. })),
+        "{lookup:?}"
+    );
+    let log = target.access_log();
+    assert!(log.iter().all(|l| l.ends_with("\tnone")), "{log:?}");
 }
 
 /// The manifest digest of the one image in a layout.
