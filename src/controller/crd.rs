@@ -28,6 +28,18 @@ pub const RESERVED_ENV: [&str; 6] = [
     "PYTHONPATH",
 ];
 
+/// Env the runtime contract fixes in every Function's container, after the Function's own
+/// (whose same names are dropped): the webhook refuses them in a spec, as it does
+/// [`RESERVED_ENV`], rather than let a value be silently ignored.
+pub const CONTRACT_ENV: [&str; 6] = [
+    "FUNC_NAME",
+    "SERVICE_NAMESPACE",
+    "FUNC_RUNTIME",
+    "FUNC_HANDLER",
+    "MOD_NAME",
+    "FUNC_PORT",
+];
+
 /// Prefix of the labels and annotations the controller owns on what it creates.
 pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
 

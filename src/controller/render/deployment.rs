@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{child_meta, restricted_container, runtime_default_seccomp, stamp};
 use crate::controller::config::Config;
-use crate::controller::crd::Function;
+use crate::controller::crd::{CONTRACT_ENV, Function};
 use crate::controller::names;
 use crate::controller::plan::Plan;
 
@@ -234,19 +234,11 @@ pub fn env(f: &Function, plan: &Plan, config: &Config) -> Vec<EnvVar> {
             env.push(var(name, value));
         }
     }
-    let fixed = [
-        "FUNC_NAME",
-        "SERVICE_NAMESPACE",
-        "FUNC_RUNTIME",
-        "FUNC_HANDLER",
-        "MOD_NAME",
-        "FUNC_PORT",
-    ];
     env.extend(
         f.spec
             .env
             .iter()
-            .filter(|e| !fixed.contains(&e.name.as_str()))
+            .filter(|e| !CONTRACT_ENV.contains(&e.name.as_str()))
             .cloned(),
     );
     env.push(var("FUNC_NAME", f.name_or_empty()));

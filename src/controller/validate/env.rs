@@ -1,4 +1,5 @@
-//! `spec.env`: names valid (`IsEnvVarName`), unique and not reserved by the runtime; a
+//! `spec.env`: names valid (`IsEnvVarName`), unique and not reserved by the runtime (Kyma's
+//! list and the names the runtime contract fixes, such as `FUNC_NAME`); a
 //! `valueFrom` with exactly one source, and that source complete, as the API server will
 //! demand of the Deployment the controller renders from it.
 
@@ -7,7 +8,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{EnvVar, EnvVarSource, FileKeySelector};
 
 use super::{Verdict, config_map_key, dns1123_subdomain, env_var_name};
-use crate::controller::crd::RESERVED_ENV;
+use crate::controller::crd::{CONTRACT_ENV, RESERVED_ENV};
 
 /// `fieldRef` paths the downward API serves as env values.
 const FIELD_PATHS: [&str; 9] = [
@@ -44,12 +45,14 @@ pub(super) fn check(env: &[EnvVar], verdict: &mut Verdict) {
                 format!("{field}.name"),
                 format!("{name:?} is not a valid environment variable name ({e})"),
             );
-        } else if RESERVED_ENV.contains(&name) {
+        } else if RESERVED_ENV.contains(&name) || CONTRACT_ENV.contains(&name) {
+            let mut reserved: Vec<&str> = RESERVED_ENV.to_vec();
+            reserved.extend(CONTRACT_ENV.iter().filter(|n| !RESERVED_ENV.contains(n)));
             verdict.error(
                 format!("{field}.name"),
                 format!(
                     "{name:?} is reserved: the runtime sets it ({}); choose another name",
-                    RESERVED_ENV.join(", ")
+                    reserved.join(", ")
                 ),
             );
         }

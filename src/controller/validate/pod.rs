@@ -16,6 +16,10 @@ pub const MAX_ANNOTATIONS_BYTES: usize = 256 * 1024;
 /// The Pod's writable scratch directory (an emptyDir).
 const TMP: &str = "/tmp";
 
+/// What the container runtime and the kubelet put in every container: a Secret mounted on,
+/// in or over one of them would shadow the kernel's views or the Pod's own credentials.
+const SYSTEM_DIRS: [&str; 5] = ["/proc", "/dev", "/sys", "/var/run/secrets", "/run/secrets"];
+
 pub(super) fn check_secret_mounts(
     mounts: &[SecretMount],
     runtime: Option<&RuntimeSpec>,
@@ -100,7 +104,14 @@ fn check_mount_path(
         );
         return None;
     }
-    for dir in code_dirs.iter().map(Path::new) {
+    let dirs = code_dirs
+        .iter()
+        .map(|d| (d, "where the runtime keeps the Function's code"));
+    let system = SYSTEM_DIRS
+        .iter()
+        .map(|d| (d, "which the container runtime provides"));
+    for (dir, what) in dirs.chain(system) {
+        let dir = Path::new(dir);
         let clash = if normal.starts_with(dir) {
             "is inside"
         } else if dir.starts_with(&normal) {
@@ -111,8 +122,7 @@ fn check_mount_path(
         verdict.error(
             field,
             format!(
-                "{raw:?} {clash} {}, where the runtime keeps the Function's code; use a path \
-                 such as /secrets/NAME",
+                "{raw:?} {clash} {}, {what}; use a path such as /secrets/NAME",
                 dir.display()
             ),
         );

@@ -25,6 +25,18 @@ fn env_names_must_be_valid_unique_and_not_reserved() {
     only_error(&v, "spec.env[1].name", "already set by spec.env[0]");
     let v = verdict(env(json!([{"name": "FUNC_PORT", "value": "1"}])));
     only_error(&v, "spec.env[0].name", "reserved");
+    // What the runtime contract fixes in the container, beyond Kyma's own list.
+    for name in ["FUNC_NAME", "SERVICE_NAMESPACE"] {
+        let v = verdict(env(json!([{"name": name, "value": "x"}])));
+        let msg = only_error(&v, "spec.env[0].name", "reserved: the runtime sets it");
+        assert!(msg.contains("FUNC_NAME, SERVICE_NAMESPACE"), "{msg}");
+    }
+    // What a Function may tune stays allowed.
+    valid(&verdict(env(json!([
+        {"name": "FUNC_TIMEOUT", "value": "5"},
+        {"name": "REQ_MB_LIMIT", "value": "2"},
+        {"name": "PUBLISHER_PROXY_ADDRESS", "value": "http://p"}
+    ]))));
     valid(&verdict(env(
         json!([{"name": "my.env-name", "value": "1"}]),
     )));
@@ -127,6 +139,19 @@ fn secret_mounts_must_not_cover_tmp_or_the_code() {
             "is inside /usr/src/app/function",
         ),
         ("/usr/src", "would hide /usr/src/app/function"),
+        (
+            "/proc",
+            "is inside /proc, which the container runtime provides",
+        ),
+        ("/proc/self", "is inside /proc"),
+        ("/dev/shm/s", "is inside /dev"),
+        ("/sys/fs/cgroup", "is inside /sys"),
+        (
+            "/var/run/secrets/kubernetes.io",
+            "is inside /var/run/secrets",
+        ),
+        ("/var/run", "would hide /var/run/secrets"),
+        ("/run/secrets", "is inside /run/secrets"),
     ] {
         let v = verdict(mounts(m(path)));
         only_error(&v, "spec.secretMounts[0].mountPath", text);
