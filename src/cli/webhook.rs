@@ -68,6 +68,14 @@ pub struct WebhookArgs {
     /// Build profile (local-dev, slow, normal, fast), likewise for build resources.
     #[arg(long, default_value = presets::DEFAULT_BUILD_PROFILE, value_name = "PROFILE")]
     pub default_build_profile: String,
+    /// The controller's push Secret (its --registry-secret): Functions that mount it or read
+    /// it into env are refused.
+    #[arg(long, default_value = "kiln-registry", value_name = "NAME")]
+    pub registry_secret: String,
+    /// The controller's pull Secret (its --pull-secret), kept in every Function's namespace:
+    /// refused likewise.
+    #[arg(long, value_name = "NAME", env = "KILN_PULL_SECRET")]
+    pub pull_secret: Option<String>,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -111,6 +119,9 @@ fn validate(args: WebhookArgs) -> anyhow::Result<Options> {
                 "--default-build-profile",
             )?,
         },
+        managed_secrets: std::iter::once(args.registry_secret)
+            .chain(args.pull_secret.filter(|s| !s.is_empty()))
+            .collect(),
     })
 }
 

@@ -166,4 +166,32 @@ fn a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it() {
         stderr.contains("denied") || stderr.contains("unauthorized"),
         "{stderr}"
     );
+
+    // Nor may a Function read it: the controller refuses a spec that mounts it.
+    let reader = format!(
+        "{}  secretMounts:\n  - secretName: kiln-pull\n    mountPath: /secrets/pull\n",
+        node_function("reader", HELLO, None)
+    );
+    env.create_function("team", &reader);
+    env.wait_condition(
+        "team",
+        "reader",
+        "ConfigurationReady",
+        "False",
+        Some("InvalidFunctionSpec"),
+    );
+    let f = env.api.get("Function", "team", "reader").unwrap();
+    let message = f["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "ConfigurationReady")
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("spec.secretMounts[0].secretName: \"kiln-pull\" is a Secret"),
+        "{message}"
+    );
+    assert!(env.api.get("Deployment", "team", "reader").is_none());
 }

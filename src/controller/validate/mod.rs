@@ -113,6 +113,38 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
     verdict
 }
 
+/// Refuses the Secrets the controller keeps for the platform (`managed`: the push Secret's
+/// and the pull Secret's names) as a Function's `secretMounts` or env `secretKeyRef`: they
+/// carry the registry's credentials, never a tenant's.
+pub fn check_managed_secrets(function: &Function, managed: &[&str], verdict: &mut Verdict) {
+    let spec = &function.spec;
+    let is_managed = |name: &str| managed.contains(&name);
+    let refuse = |name: &str| {
+        format!(
+            "{name:?} is a Secret the kiln controller keeps for the platform's registry \
+             credentials; a Function may not read it: use a Secret of your own"
+        )
+    };
+    for (i, mount) in spec.secret_mounts.iter().enumerate() {
+        if is_managed(&mount.secret_name) {
+            let field = format!("spec.secretMounts[{i}].secretName");
+            verdict.error(field, refuse(&mount.secret_name));
+        }
+    }
+    for (i, var) in spec.env.iter().enumerate() {
+        let secret = var
+            .value_from
+            .as_ref()
+            .and_then(|f| f.secret_key_ref.as_ref());
+        if let Some(secret) = secret
+            && is_managed(&secret.name)
+        {
+            let field = format!("spec.env[{i}].valueFrom.secretKeyRef.name");
+            verdict.error(field, refuse(&secret.name));
+        }
+    }
+}
+
 fn check_name(function: &Function, verdict: &mut Verdict) {
     let meta = &function.metadata;
     let name = match (meta.name.as_deref(), meta.generate_name.as_deref()) {

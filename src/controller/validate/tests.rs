@@ -228,3 +228,42 @@ fn every_error_is_reported_and_the_message_names_each_field() {
         "{msg}"
     );
 }
+
+#[test]
+fn the_secrets_the_controller_keeps_may_not_be_mounted_or_read_into_env() {
+    let check = |edit: fn(&mut Value)| {
+        let mut value = base();
+        edit(&mut value);
+        let function: Function = serde_json::from_value(value).expect("a Function");
+        let mut verdict = Verdict::default();
+        check_managed_secrets(&function, &["kiln-registry", "kiln-pull"], &mut verdict);
+        verdict
+    };
+    let v = check(|f| {
+        f["spec"]["secretMounts"] = json!([
+            {"secretName": "mine", "mountPath": "/secrets/mine"},
+            {"secretName": "kiln-pull", "mountPath": "/secrets/pull"}
+        ])
+    });
+    let msg = only_error(
+        &v,
+        "spec.secretMounts[1].secretName",
+        "\"kiln-pull\" is a Secret",
+    );
+    assert!(msg.contains("use a Secret of your own"), "{msg}");
+    let v = check(|f| {
+        f["spec"]["env"] = json!([{"name": "AUTH", "valueFrom": {"secretKeyRef": {
+            "name": "kiln-registry", "key": ".dockerconfigjson"
+        }}}])
+    });
+    only_error(
+        &v,
+        "spec.env[0].valueFrom.secretKeyRef.name",
+        "keeps for the platform's registry credentials",
+    );
+    valid(&check(|f| {
+        f["spec"]["env"] = json!([{"name": "T", "valueFrom": {"secretKeyRef": {
+            "name": "mine", "key": "t"
+        }}}])
+    }));
+}

@@ -35,6 +35,8 @@ pub struct Options {
     pub reload_interval: Duration,
     /// The controller's default profiles, whose limits complete explicit requests.
     pub profiles: DefaultProfiles,
+    /// The Secrets the controller keeps (push and pull), which no Function may read.
+    pub managed_secrets: Vec<String>,
 }
 
 /// What went wrong serving or reviewing.

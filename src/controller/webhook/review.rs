@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::{Error, Result};
 use crate::controller::crd::{Function, GROUP};
 use crate::controller::defaults::{DefaultProfiles, defaults};
-use crate::controller::validate::{Verdict, validate};
+use crate::controller::validate::{Verdict, check_managed_secrets, validate};
 use crate::runtime::Catalog;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
@@ -52,12 +52,26 @@ pub struct Record {
 pub struct Reviewer {
     catalog: Catalog,
     profiles: DefaultProfiles,
+    managed_secrets: Vec<String>,
 }
 
 impl Reviewer {
     /// A reviewer for `catalog`'s runtimes, completing explicit requests from `profiles`.
     pub fn new(catalog: Catalog, profiles: DefaultProfiles) -> Reviewer {
-        Reviewer { catalog, profiles }
+        Reviewer {
+            catalog,
+            profiles,
+            managed_secrets: Vec::new(),
+        }
+    }
+
+    /// Refusing Functions that read one of `names`, the Secrets the controller keeps
+    /// ([`crate::controller::validate::check_managed_secrets`]).
+    pub fn with_managed_secrets(self, names: Vec<String>) -> Reviewer {
+        Reviewer {
+            managed_secrets: names,
+            ..self
+        }
     }
 
     /// Answers the AdmissionReview in `body`: the response review and the log record.
@@ -149,6 +163,8 @@ impl Reviewer {
             }
         };
         let mut verdict = validate(&function, &self.catalog);
+        let managed: Vec<&str> = self.managed_secrets.iter().map(String::as_str).collect();
+        check_managed_secrets(&function, &managed, &mut verdict);
         if !verdict.is_valid() && unchanged_spec(object, request)? {
             // Ratcheting: an update that leaves the spec alone (labels, finalizers) is not
             // blocked by problems the stored Function already had.

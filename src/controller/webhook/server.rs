@@ -57,7 +57,10 @@ pub async fn serve(
         %address,
         "serving admission reviews on https://{address}: POST /mutate, POST /validate",
     );
-    let reviewer = Arc::new(Reviewer::new(Catalog::embedded(), options.profiles));
+    let reviewer = Arc::new(
+        Reviewer::new(Catalog::embedded(), options.profiles)
+            .with_managed_secrets(options.managed_secrets),
+    );
     let outcome = axum::serve(listener, router(reviewer))
         .with_graceful_shutdown(shutdown)
         .await

@@ -245,3 +245,22 @@ fn a_generated_name_is_logged_by_its_prefix() {
     );
     assert_eq!(record.name, "fn-");
 }
+
+#[test]
+fn validate_denies_a_function_that_reads_a_secret_the_controller_keeps() {
+    let mut spec = node_spec();
+    spec["secretMounts"] = json!([{"secretName": "kiln-pull", "mountPath": "/secrets/p"}]);
+    let body = review_body("CREATE", function(spec), Value::Null);
+    let told = reviewer().with_managed_secrets(vec!["kiln-registry".into(), "kiln-pull".into()]);
+    let (review, _) = told.review(Endpoint::Validate, &body).unwrap();
+    let response = &review["response"];
+    assert_eq!(response["allowed"], false);
+    let message = response["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.secretMounts[0].secretName: \"kiln-pull\" is a Secret"),
+        "{message}"
+    );
+    // Without the names (a webhook not told them) the same Function passes.
+    let (review, _) = reviewer().review(Endpoint::Validate, &body).unwrap();
+    assert_eq!(review["response"]["allowed"], true);
+}
