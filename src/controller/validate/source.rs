@@ -150,16 +150,19 @@ fn check_url(git: &GitRepositorySource, verdict: &mut Verdict) {
         verdict.error(FIELD, format!("{raw:?} has no host; use https://HOST/PATH"));
         return;
     }
-    if !url.username().is_empty() || url.password().is_some() {
-        verdict.warn(format!(
-            "{FIELD} carries credentials that anyone who can read the Function can see; \
-             put them in a Secret named by auth.secretName"
-        ));
+    // The rest is the build's own rule (credentials in the URL, a query, a fragment, no
+    // path): what it would refuse is refused here, before a build is scheduled.
+    if let Err(e) = crate::git::RemoteUrl::parse(raw) {
+        verdict.error(FIELD, e.to_string());
+        return;
     }
     if url.scheme() == "http" && git.auth.is_some() {
-        verdict.warn(format!(
-            "{FIELD} is plain http://: the credentials from auth.secretName travel unencrypted; \
-             use https://"
-        ));
+        verdict.error(
+            FIELD,
+            format!(
+                "{raw:?} is plain http://, and the build sends the credentials of \
+                 auth.secretName only over https://; use the https:// URL"
+            ),
+        );
     }
 }

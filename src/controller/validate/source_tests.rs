@@ -133,11 +133,30 @@ fn git_sources_must_be_https_with_basic_auth() {
 }
 
 #[test]
-fn git_credentials_in_the_url_or_over_http_are_warned_about() {
-    let v = git(|g| g["url"] = json!("https://user:token@host/repo.git"));
-    valid(&v);
-    assert!(v.warnings[0].contains("carries credentials"), "{v:?}");
-    let v = git(|g| g["url"] = json!("http://host/repo.git"));
-    valid(&v);
-    assert!(v.warnings[0].contains("travel unencrypted"), "{v:?}");
+fn git_urls_the_build_would_refuse_are_refused_here() {
+    let url = "spec.source.gitRepository.url";
+    for (bad, why) in [
+        ("https://user:token@host/repo.git", "it carries credentials"),
+        (
+            "https://host/repo.git?x=1",
+            "a query or fragment is not allowed",
+        ),
+        (
+            "https://host/repo.git#main",
+            "a query or fragment is not allowed",
+        ),
+        ("https://host/", "it names no repository path"),
+    ] {
+        let msg = only_error(&git(|g| g["url"] = json!(bad)), url, why);
+        assert!(!msg.contains("token"), "no password in the message: {msg}");
+    }
+    only_error(
+        &git(|g| g["url"] = json!("http://host/repo.git")),
+        url,
+        "only over https://",
+    );
+    valid(&git(|g| {
+        g["url"] = json!("http://host/repo.git");
+        g.as_object_mut().unwrap().remove("auth");
+    }));
 }
