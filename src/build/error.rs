@@ -128,6 +128,10 @@ impl Error {
             // The image exists but not for the platform asked for: like `kiln run`, a usage
             // error (another --platform or --base).
             Error::Base(resolve::Error::NoPlatform { .. }) => true,
+            // A --base the registry does not have: the reference is the user's.
+            Error::Base(resolve::Error::Registry { source, .. }) => {
+                matches!(**source, crate::registry::Error::NotFound { .. })
+            }
             Error::Function(_)
             | Error::GitFunction { .. }
             | Error::RegistryConfig { .. }

@@ -245,7 +245,7 @@ fn a_wrong_password_fails_without_revealing_it_and_pushes_nothing() {
 }
 
 #[test]
-fn a_base_image_that_does_not_exist_is_reported() {
+fn a_base_image_that_does_not_exist_is_a_usage_error_naming_it() {
     let s = setup();
     let dir = s.fixture("hello-node");
     let missing = s.reg.reference("base/nothing:here");
@@ -260,8 +260,12 @@ fn a_base_image_that_does_not_exist_is_reported() {
         "--insecure-registry",
         &s.reg.host(),
     ]);
-    let err = run.failure(1);
-    assert!(err.contains("base/nothing"), "{err}");
+    // The reference is the user's input: a usage error that names it.
+    let err = run.failure(2);
+    assert!(
+        err.contains(&format!("resolving base image {missing}")) && err.contains("not found"),
+        "{err}"
+    );
     s.assert_nothing_pushed();
 }
 
