@@ -37,8 +37,11 @@ restart (a broken new pair is logged and the old one kept).
 
 Other kinds, subresources, DELETE and CONNECT are allowed untouched. An update that leaves
 spec unchanged is not blocked by problems the stored Function already had (they come back as
-warnings). Bodies above 3 MiB are refused. SIGTERM or SIGINT stops accepting connections and
-lets reviews in flight finish.
+warnings). Hostile clients are bounded: at most 512 connections, a request head within 10 s
+and a whole request within 10 s, a Content-Length required and at most 3 MiB, bodies in
+flight within a budget (503 past it), and a review refused unparsed when any array or object
+has over 10,000 elements or it nests over 64 deep; fields no Function has are denied.
+SIGTERM or SIGINT stops accepting connections and lets reviews in flight finish.
 
 Example:
   kiln webhook --tls-cert /tls/tls.crt --tls-key /tls/tls.key --log-format json")]

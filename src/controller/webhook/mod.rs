@@ -7,6 +7,7 @@
 
 mod review;
 mod server;
+mod shape;
 mod tls;
 
 use std::net::SocketAddr;

@@ -53,15 +53,22 @@ pub struct Reviewer {
     catalog: Catalog,
     profiles: DefaultProfiles,
     managed_secrets: Vec<String>,
+    /// The CRD's schema of `spec`, for the fields no Function has.
+    spec_schema: Value,
 }
 
 impl Reviewer {
     /// A reviewer for `catalog`'s runtimes, completing explicit requests from `profiles`.
     pub fn new(catalog: Catalog, profiles: DefaultProfiles) -> Reviewer {
+        let crd =
+            serde_json::to_value(<Function as kube::CustomResourceExt>::crd()).unwrap_or_default();
+        let spec_schema =
+            crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone();
         Reviewer {
             catalog,
             profiles,
             managed_secrets: Vec::new(),
+            spec_schema,
         }
     }
 
@@ -80,6 +87,8 @@ impl Reviewer {
     /// [`Error::MalformedReview`], [`Error::WrongReviewVersion`] or [`Error::NoRequest`]
     /// when `body` is not an AdmissionReview v1 request (the caller answers 400).
     pub fn review(&self, endpoint: Endpoint, body: &[u8]) -> Result<(Value, Record)> {
+        // Its size in every dimension before anything is built from it.
+        super::shape::check(body).map_err(|source| Error::MalformedReview { source })?;
         // The version first: another version's request need not parse as v1's.
         let types: Types =
             serde_json::from_slice(body).map_err(|source| Error::MalformedReview { source })?;
@@ -163,6 +172,13 @@ impl Reviewer {
             }
         };
         let mut verdict = validate(&function, &self.catalog);
+        for field in super::shape::unknown_fields("spec", &object["spec"], &self.spec_schema) {
+            verdict.error(
+                field,
+                "unknown field: a Function (serverless.kyma-project.io/v1alpha2) has none such; \
+                 remove it",
+            );
+        }
         let managed: Vec<&str> = self.managed_secrets.iter().map(String::as_str).collect();
         check_managed_secrets(&function, &managed, &mut verdict);
         if !verdict.is_valid() && unchanged_spec(object, request)? {

@@ -1,6 +1,7 @@
 //! The serving certificate, reloaded when its files change (cert-manager rotates them in
 //! place): a [`ResolvesServerCert`] whose certified key is swapped under a lock, a poller that
-//! re-reads the files, and a TLS listener for axum that handshakes off the accept loop.
+//! re-reads the files, and a TLS listener that handshakes off the accept loop, with a cap on
+//! open connections.
 //! A new pair that does not load (unparseable, or key and certificate do not match) is logged
 //! and the current one kept.
 
@@ -17,7 +18,7 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -195,10 +196,26 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-/// Accepts TCP connections and hands axum the ones whose TLS handshake completed; each
+/// An accepted connection whose TLS handshake completed, holding one of the
+/// [`MAX_CONNECTIONS`] slots until it is dropped.
+pub struct Accepted {
+    /// The connection.
+    pub stream: TlsStream<TcpStream>,
+    /// Who connected.
+    pub peer: SocketAddr,
+    /// The connection's slot.
+    pub slot: OwnedSemaphorePermit,
+}
+
+/// Connections open at once (handshaking or served); one more is closed at once. A
+/// connection costs a few tens of KiB at most, so these fit well within the webhook's
+/// memory, and the header and body timeouts free the slots slow clients take.
+pub const MAX_CONNECTIONS: usize = 512;
+
+/// Accepts TCP connections and hands over the ones whose TLS handshake completed; each
 /// handshake runs in its own task, so a slow client delays nobody.
 pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<Accepted>,
     local: SocketAddr,
     accepting: JoinHandle<()>,
 }
@@ -211,19 +228,35 @@ impl TlsListener {
     pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, ready) = mpsc::channel(64);
-        let accepting = tokio::spawn(accept_loop(tcp, acceptor, tx));
+        let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+        let accepting = tokio::spawn(accept_loop(tcp, acceptor, slots, tx));
         Ok(TlsListener {
             ready,
             local,
             accepting,
         })
     }
+
+    /// The next connection whose handshake completed.
+    pub async fn accept(&mut self) -> Accepted {
+        match self.ready.recv().await {
+            Some(accepted) => accepted,
+            // The accept loop only ends when this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Where it listens.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
 }
 
 async fn accept_loop(
     tcp: TcpListener,
     acceptor: TlsAcceptor,
-    tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    slots: Arc<Semaphore>,
+    tx: mpsc::Sender<Accepted>,
 ) {
     while !tx.is_closed() {
         let (stream, peer) = match tcp.accept().await {
@@ -235,33 +268,20 @@ async fn accept_loop(
                 continue;
             }
         };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            tracing::warn!(%peer, "closing a connection: {MAX_CONNECTIONS} are open");
+            continue;
+        };
         let (acceptor, tx) = (acceptor.clone(), tx.clone());
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let _closed = tx.send((tls, peer)).await;
+                Ok(Ok(stream)) => {
+                    let _closed = tx.send(Accepted { stream, peer, slot }).await;
                 }
                 Ok(Err(e)) => tracing::warn!(%peer, "TLS handshake failed: {e}"),
                 Err(_) => tracing::warn!(%peer, "TLS handshake timed out"),
             }
         });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(accepted) => accepted,
-            // The accept loop only ends when this listener is dropped.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        Ok(self.local)
     }
 }
 

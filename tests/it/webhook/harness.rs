@@ -263,8 +263,21 @@ impl Drop for Webhook {
 /// Sends `request` over a TLS connection trusting only the test CA; returns everything the
 /// server wrote until it closed the connection.
 pub async fn raw_exchange(pki: &Pki, port: u16, request: &[u8]) -> String {
-    use rustls::pki_types::pem::PemObject;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tls = connect(pki, port).await;
+    tls.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "no answer within 10 s");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A TLS connection to the webhook on `port`, trusting only the test CA.
+pub async fn connect(
+    pki: &Pki,
+    port: u16,
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     let ca = rustls::pki_types::CertificateDer::from_pem_file(pki.path("ca.pem")).unwrap();
     roots.add(ca).unwrap();
@@ -279,10 +292,5 @@ pub async fn raw_exchange(pki: &Pki, port: u16, request: &[u8]) -> String {
         .await
         .unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let mut tls = connector.connect(name, tcp).await.unwrap();
-    tls.write_all(request).await.unwrap();
-    let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
-    assert!(read.is_ok(), "no answer within 10 s");
-    String::from_utf8_lossy(&answer).into_owned()
+    connector.connect(name, tcp).await.unwrap()
 }

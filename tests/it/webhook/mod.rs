@@ -7,6 +7,7 @@
 
 mod admission;
 mod harness;
+mod hostile;
 
 use std::time::{Duration, Instant};
 
