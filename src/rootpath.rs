@@ -306,17 +306,30 @@ pub fn open_beneath(root: &Path, rel: &Path) -> io::Result<File> {
 /// ([`resolve_beneath`]), one that leaves it is an error, and the file is then opened with
 /// [`open_beneath`], so nothing outside the tree is ever read.
 ///
+/// At most `limit` bytes are read: a larger file is an error, never held whole.
+///
 /// # Errors
 /// [`io::ErrorKind::NotFound`] when nothing is there; [`io::ErrorKind::PermissionDenied`]
-/// when a link leaves the tree; other open and read errors.
-pub fn read_beneath(root: &Path, rel: &Path) -> io::Result<Vec<u8>> {
+/// when a link leaves the tree; [`io::ErrorKind::FileTooLarge`] past `limit`; other open and
+/// read errors.
+pub fn read_beneath(root: &Path, rel: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let resolved = resolve_beneath(root, rel, Last::Follow).map_err(|e| match e {
         Error::Io { source, .. } => source,
         other => io::Error::new(io::ErrorKind::PermissionDenied, other.to_string()),
     })?;
     let inside = resolved.strip_prefix(root).unwrap_or(&resolved);
     let mut bytes = Vec::new();
-    io::Read::read_to_end(&mut open_beneath(root, inside)?, &mut bytes)?;
+    let file = open_beneath(root, inside)?;
+    io::Read::read_to_end(
+        &mut io::Read::take(file, limit.saturating_add(1)),
+        &mut bytes,
+    )?;
+    if bytes.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("it is over {limit} bytes, the most kiln reads of it"),
+        ));
+    }
     Ok(bytes)
 }
 

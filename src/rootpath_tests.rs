@@ -237,3 +237,14 @@ fn property_nothing_ever_resolves_outside_the_root() {
         }
     }
 }
+
+#[test]
+fn read_beneath_reads_up_to_its_limit_and_refuses_past_it() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("small"), b"0123456789").unwrap();
+    let read = |limit| read_beneath(root.path(), Path::new("small"), limit);
+    assert_eq!(read(10).unwrap(), b"0123456789");
+    let e = read(9).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::FileTooLarge);
+    assert!(e.to_string().contains("over 9 bytes"), "{e}");
+}

@@ -12,6 +12,9 @@ use crate::oci::source::{self, Tree, WalkRules};
 use crate::oci::{Content, EntryKind};
 use crate::runtime::{self, Language, ManifestError, RuntimeSpec};
 
+/// The most kiln reads of a dependency manifest, lock file or registry config: lock files
+/// of large projects run to megabytes, never to this.
+pub const MAX_DEPENDENCY_FILE: u64 = 64 * 1024 * 1024;
 /// A named file's bytes (dependency manifest, lock file, registry config).
 #[derive(Clone, Debug)]
 pub struct NamedBytes {
@@ -231,7 +234,7 @@ pub fn from_dir(
     let read = |name: &str| -> Result<Option<NamedBytes>, Error> {
         let path = dir.join(name);
         // Through links inside the Function only: a manifest linked to a host file is refused.
-        match crate::rootpath::read_beneath(dir, Path::new(name)) {
+        match crate::rootpath::read_beneath(dir, Path::new(name), MAX_DEPENDENCY_FILE) {
             Ok(bytes) => Ok(Some(NamedBytes {
                 name: name.into(),
                 bytes,

@@ -42,11 +42,11 @@ pub fn plan(
     if argv.is_empty() {
         return Err(Error::NoCommand);
     }
-    let passwd = user::read_image_file(rootfs, "/etc/passwd");
+    let passwd = user::read_image_file(rootfs, "/etc/passwd")?;
     let user = match opts.user {
         Some(ids) => user::with_ids(ids, &passwd),
         None => {
-            let group = user::read_image_file(rootfs, "/etc/group");
+            let group = user::read_image_file(rootfs, "/etc/group")?;
             user::resolve(run.user.as_deref(), &passwd, &group)?
         }
     };

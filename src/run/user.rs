@@ -60,7 +60,18 @@ pub enum Error {
     /// A `--user` value that is not `UID[:GID]` in numbers.
     #[error("user {0:?} is not UID or UID:GID (numbers, e.g. 10001 or 10001:10001)")]
     InvalidIds(String),
+    /// An account file of the image larger than any real one.
+    #[error("the image's {path} is over {limit} bytes, the most kiln reads of it")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The limit.
+        limit: u64,
+    },
 }
+
+/// The most kiln reads of the image's `/etc/passwd` or `/etc/group`.
+pub const MAX_ACCOUNT_FILE: u64 = 4 * 1024 * 1024;
 
 /// One `/etc/passwd` line.
 #[derive(Debug)]
@@ -141,13 +152,35 @@ pub fn with_ids(ids: Ids, passwd: &str) -> User {
     }
 }
 
-/// Reads a text file of the image (`etc/passwd`), resolving symlinks inside `rootfs`; a
-/// missing or unreadable file reads as empty, like an image without one.
-pub fn read_image_file(rootfs: &Path, path: &str) -> String {
-    rootpath::resolve(rootfs, Path::new(path), Last::Follow)
-        .ok()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default()
+/// Reads an account file of the image (`/etc/passwd`), resolving symlinks inside `rootfs`,
+/// at most [`MAX_ACCOUNT_FILE`] bytes of it; a missing or unreadable file reads as empty,
+/// like an image without one.
+///
+/// # Errors
+/// [`Error::TooLarge`].
+pub fn read_image_file(rootfs: &Path, path: &str) -> Result<String, Error> {
+    use std::io::Read as _;
+    let Ok(resolved) = rootpath::resolve(rootfs, Path::new(path), Last::Follow) else {
+        return Ok(String::new());
+    };
+    let Ok(file) = std::fs::File::open(resolved) else {
+        return Ok(String::new());
+    };
+    let mut bytes = Vec::new();
+    if file
+        .take(MAX_ACCOUNT_FILE + 1)
+        .read_to_end(&mut bytes)
+        .is_err()
+    {
+        return Ok(String::new());
+    }
+    if bytes.len() as u64 > MAX_ACCOUNT_FILE {
+        return Err(Error::TooLarge {
+            path: path.into(),
+            limit: MAX_ACCOUNT_FILE,
+        });
+    }
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]
@@ -230,7 +263,24 @@ mod tests {
         std::fs::create_dir_all(dir.path().join("etc")).unwrap();
         std::fs::write(dir.path().join("real"), PASSWD).unwrap();
         std::os::unix::fs::symlink("/real", dir.path().join("etc/passwd")).unwrap();
-        assert_eq!(read_image_file(dir.path(), "/etc/passwd"), PASSWD);
-        assert_eq!(read_image_file(dir.path(), "/etc/group"), "");
+        assert_eq!(read_image_file(dir.path(), "/etc/passwd").unwrap(), PASSWD);
+        assert_eq!(read_image_file(dir.path(), "/etc/group").unwrap(), "");
+    }
+
+    #[test]
+    fn an_account_file_is_read_up_to_its_limit_and_refused_past_it() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(read_image_file(root.path(), "/etc/passwd").unwrap(), "");
+        std::fs::create_dir(root.path().join("etc")).unwrap();
+        std::fs::write(root.path().join("etc/group"), GROUP).unwrap();
+        assert_eq!(read_image_file(root.path(), "/etc/group").unwrap(), GROUP);
+        // 512 MiB, sparse: read whole it would be held whole.
+        let passwd = std::fs::File::create(root.path().join("etc/passwd")).unwrap();
+        passwd.set_len(512 << 20).unwrap();
+        let e = read_image_file(root.path(), "/etc/passwd").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "the image's /etc/passwd is over 4194304 bytes, the most kiln reads of it"
+        );
     }
 }
