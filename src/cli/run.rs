@@ -76,8 +76,10 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub jobs: u16,
     /// The most the image's files may unpack to, in bytes or with a K, M, G or T suffix
-    /// (powers of 1024); a layer that would unpack to more (a decompression bomb, a huge
-    /// sparse file) fails the run and leaves nothing in the cache.
+    /// (powers of 1024), each entry counting 512 bytes besides its contents; a layer that
+    /// would unpack to more (a decompression bomb, a huge sparse file, a flood of empty
+    /// directories) fails the run and leaves nothing in the cache. Apart from it, an image
+    /// may hold at most 1,000,000 entries.
     #[arg(long, value_name = "SIZE", default_value = "8G", value_parser = parse_size)]
     pub max_unpacked_size: u64,
     /// Cache directory; unpacked images go under rootfs/

@@ -66,6 +66,16 @@ pub enum Error {
         /// The entry that crossed it.
         name: PathBuf,
     },
+    /// The layers hold more entries than the cap.
+    #[error(
+        "the image has more than {limit} entries (at {name:?}); kiln unpacks at most that many"
+    )]
+    TooManyEntries {
+        /// The cap.
+        limit: u64,
+        /// The entry that crossed it.
+        name: PathBuf,
+    },
     /// A hard link points at nothing.
     #[error("hard link {path:?} points at {target:?}, which does not exist")]
     DanglingHardLink {
@@ -177,10 +187,21 @@ pub const DEFAULT_LIMIT: u64 = 8 << 30;
 pub struct Unpacker {
     root: PathBuf,
     dirs: BTreeMap<PathBuf, (u32, SystemTime)>,
-    /// File bytes still allowed.
+    /// File bytes still allowed; every entry also costs [`ENTRY_COST`].
     budget: u64,
     limit: u64,
+    /// Entries still allowed.
+    entries_left: u64,
+    entry_limit: u64,
 }
+
+/// What an entry costs of the byte budget besides its contents: its inode, directory entry
+/// and metadata. Without it a small layer of empty directories or links would fill a disk's
+/// inodes at no cost.
+pub const ENTRY_COST: u64 = 512;
+
+/// The most entries (files, directories, links, whiteouts) an image's layers may hold.
+pub const MAX_ENTRIES: u64 = 1_000_000;
 
 impl Unpacker {
     /// Unpacks into `root`, which must exist (normally empty), up to [`DEFAULT_LIMIT`] bytes.
@@ -195,7 +216,38 @@ impl Unpacker {
             dirs: BTreeMap::new(),
             budget: limit,
             limit,
+            entries_left: MAX_ENTRIES,
+            entry_limit: MAX_ENTRIES,
         }
+    }
+
+    /// At most `entries` entries over all layers ([`MAX_ENTRIES`] unless told).
+    pub fn max_entries(self, entries: u64) -> Unpacker {
+        Unpacker {
+            entries_left: entries,
+            entry_limit: entries,
+            ..self
+        }
+    }
+
+    /// Charges one entry (its count and [`ENTRY_COST`] bytes) before anything of it is
+    /// written.
+    fn charge_entry(&mut self, name: &Path) -> Result<()> {
+        if self.entries_left == 0 {
+            return Err(Error::TooManyEntries {
+                limit: self.entry_limit,
+                name: name.to_path_buf(),
+            });
+        }
+        self.entries_left -= 1;
+        if self.budget < ENTRY_COST {
+            return Err(Error::TooLarge {
+                limit: self.limit,
+                name: name.to_path_buf(),
+            });
+        }
+        self.budget -= ENTRY_COST;
+        Ok(())
     }
 
     /// Applies one layer blob, detecting gzip and zstd by their magic bytes, and reads it to
@@ -272,6 +324,7 @@ impl Unpacker {
             let mut entry = entry.map_err(Error::Archive)?;
             meter.entry();
             let raw = entry.path().map_err(Error::Archive)?.into_owned();
+            self.charge_entry(&raw)?;
             let path_err = |source| Error::Path {
                 name: raw.clone(),
                 source,

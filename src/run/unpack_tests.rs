@@ -261,22 +261,55 @@ fn device_nodes_are_refused_with_their_name() {
 
 #[test]
 fn the_unpacked_size_is_capped_across_layers() {
+    // Each entry costs its contents and ENTRY_COST.
+    let limit = 2 * ENTRY_COST + 10;
     let dir = tempfile::tempdir().unwrap();
-    let mut u = Unpacker::with_limit(dir.path(), 10);
+    let mut u = Unpacker::with_limit(dir.path(), limit);
     u.apply(&gzip(&tar(&[E::File("a", "123456", 0o644)]))[..])
         .unwrap();
     let err = u
         .apply(&gzip(&tar(&[E::File("b", "12345", 0o644)]))[..])
         .unwrap_err();
     assert!(
-        matches!(&err, Error::TooLarge { limit: 10, name } if name == Path::new("b")),
+        matches!(&err, Error::TooLarge { limit: l, name } if *l == limit && name == Path::new("b")),
         "{err:?}"
     );
     // Exactly at the cap is fine.
     let dir = tempfile::tempdir().unwrap();
-    let mut u = Unpacker::with_limit(dir.path(), 10);
+    let mut u = Unpacker::with_limit(dir.path(), ENTRY_COST + 10);
     u.apply(&tar(&[E::File("a", "1234567890", 0o644)])[..])
         .unwrap();
+}
+
+#[test]
+fn entries_cost_their_metadata_and_their_number_is_capped() {
+    // A small layer of empty directories: nothing in bytes of contents.
+    let dirs: Vec<String> = (0..10_000).map(|i| format!("d{i}")).collect();
+    let entries: Vec<E> = dirs.iter().map(|d| E::Dir(d, 0o755)).collect();
+    let layer = gzip(&tar(&entries));
+    assert!(layer.len() < 200_000, "{}", layer.len());
+    let dir = tempfile::tempdir().unwrap();
+    let err = Unpacker::with_limit(dir.path(), 4 << 20)
+        .apply(&layer[..])
+        .unwrap_err();
+    assert!(matches!(&err, Error::TooLarge { .. }), "{err:?}");
+    let made = std::fs::read_dir(dir.path()).unwrap().count() as u64;
+    assert!(made <= (4 << 20) / ENTRY_COST, "{made} directories made");
+    // The number of entries has a cap and a message of its own.
+    let dir = tempfile::tempdir().unwrap();
+    let err = Unpacker::new(dir.path())
+        .max_entries(100)
+        .apply(&layer[..])
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::TooManyEntries { limit: 100, name } if name == Path::new("d100")),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .starts_with("the image has more than 100 entries (at \"d100\")"),
+        "{err}"
+    );
 }
 
 #[test]
