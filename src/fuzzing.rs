@@ -120,6 +120,10 @@ pub fn npm_lock(manifest: &[u8], lock: &[u8], tarball: &[u8]) {
         .clone();
     let clean = clean_path;
     let platform = crate::oci::Platform::linux_amd64();
+    // The registry-only check of the lock, on whatever it is given.
+    let registry = ["registry.npmjs.org:443".to_string()];
+    let text = String::from_utf8_lossy(lock);
+    let _ = crate::runtime::check_lock_registry_only("package-lock.json", &text, &registry);
     if let Ok(plan) = crate::build::lockfile::plan(&runtime, &inputs, &platform) {
         for (path, bins) in plan.paths() {
             assert!(clean(path), "package path {path:?}");

@@ -55,27 +55,39 @@ fn load_blocking(opts: &Options, scratch: &Path) -> Result<Loaded, Error> {
             (function, Some(commit), Some(checkout))
         }
     };
+    let origin = || match &opts.function {
+        FunctionSpec::Dir(dir) => dir.display().to_string(),
+        FunctionSpec::Manifest(m) => format!("Function {}", m.name),
+        FunctionSpec::Git { source, .. } => format!("{} ({})", source.url, source.base_dir),
+    };
+    let refused = |source| function::Error::Manifest {
+        origin: origin(),
+        source,
+    };
     if !opts.allow_direct_deps
         && let Some(deps) = &function.deps
     {
         let text = String::from_utf8_lossy(&deps.manifest.bytes);
         crate::runtime::check_registry_only(opts.runtime.language, &deps.manifest.name, &text)
-            .map_err(|source| function::Error::Manifest {
-                origin: match &opts.function {
-                    FunctionSpec::Dir(dir) => dir.display().to_string(),
-                    FunctionSpec::Manifest(m) => format!("Function {}", m.name),
-                    FunctionSpec::Git { source, .. } => {
-                        format!("{} ({})", source.url, source.base_dir)
-                    }
-                },
-                source,
-            })?;
+            .map_err(refused)?;
     }
     if let Some(dir) = &opts.package_registry_config {
         let configs = read_registry_config(dir, &opts.runtime)?;
         if let Some(deps) = &mut function.deps {
             lay_over(deps, configs, &opts.runtime);
         }
+    }
+    // The lock's sources, against the registries the install may reach: its own
+    // (the runtime's) and those the registry config names.
+    if !opts.allow_direct_deps
+        && let Some(deps) = &function.deps
+        && let Some(lock) = &deps.lock
+    {
+        let registries = &opts.runtime.dependencies.registries;
+        let policy = super::egress::Policy::for_install(registries, &deps.configs, &[]);
+        let allowed: Vec<String> = policy.hosts().collect();
+        let text = String::from_utf8_lossy(&lock.bytes);
+        crate::runtime::check_lock_registry_only(&lock.name, &text, &allowed).map_err(refused)?;
     }
     Ok(Loaded {
         function,

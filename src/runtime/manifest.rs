@@ -52,8 +52,11 @@ pub fn has_dependencies(language: Language, text: &str) -> bool {
 /// Refuses dependencies that bypass the package registry the build is configured for: in
 /// `requirements.txt`, `-e`/`-r`/`-c`/`--index-url`/`--extra-index-url`/`--find-links` lines,
 /// URL and path requirements; in `package.json`, git, URL, `file:`, `link:` and path
-/// dependencies. Each is a door to dependency confusion or to files outside the Function, so a
-/// build allows them only when told to (`kiln build --allow-direct-deps`).
+/// specs wherever npm (or yarn) takes one — dependencies of every kind, `overrides` at any
+/// depth, `resolutions` — and bundled dependencies that are not registry dependencies. Each is
+/// a door to dependency confusion or to files outside the Function, so a build allows them
+/// only when told to (`kiln build --allow-direct-deps`). The lock file's sources are checked
+/// by [`check_lock_registry_only`].
 ///
 /// # Errors
 /// The first such dependency, with its line.
@@ -87,24 +90,146 @@ pub fn check_registry_only(
                 "optionalDependencies",
                 "devDependencies",
                 "peerDependencies",
+                "overrides",
+                "resolutions",
             ] {
-                let Some(serde_json::Value::Object(deps)) = obj.get(key) else {
+                let Some(section) = obj.get(key) else {
                     continue;
                 };
-                for (name, spec) in deps {
-                    if let Some(spec) = spec.as_str()
-                        && let Some(what) = direct_npm_spec(spec)
-                    {
+                let mut specs = Vec::new();
+                npm_specs(key, section, &mut specs);
+                for (path, name, spec) in specs {
+                    if let Some(what) = direct_npm_spec(spec) {
                         // The name's first mention after the section's key.
-                        let section = text.find(&format!("\"{key}\"")).unwrap_or(0);
-                        let line = section_line(text, section, &format!("\"{name}\""));
-                        return Err(err(line, format!("{key}.{name} {spec:?} {what}")));
+                        let at = text.find(&format!("\"{key}\"")).unwrap_or(0);
+                        let line = section_line(text, at, &format!("\"{name}\""));
+                        return Err(err(line, format!("{path} {spec:?} {what}")));
                     }
                 }
+            }
+            bundled_are_registry_dependencies(&obj, text).map_err(|(line, p)| err(line, p))?;
+        }
+    }
+    Ok(())
+}
+
+/// Every spec string under `value` (a section of package.json), with its path
+/// (`overrides.a.b`) and its own key: overrides nest objects (`"pkg": {".": "1", "dep": …}`).
+fn npm_specs<'a>(
+    path: &str,
+    value: &'a serde_json::Value,
+    out: &mut Vec<(String, &'a str, &'a str)>,
+) {
+    let serde_json::Value::Object(map) = value else {
+        return;
+    };
+    for (name, inner) in map {
+        let at = format!("{path}.{name}");
+        match inner {
+            serde_json::Value::String(spec) => out.push((at, name, spec)),
+            serde_json::Value::Object(_) => npm_specs(&at, inner, out),
+            _ => {}
+        }
+    }
+}
+
+/// `bundleDependencies` (`bundledDependencies`) name packages to ship from `node_modules` on
+/// disk: each must also be a registry dependency, or it would come from the Function's tree.
+fn bundled_are_registry_dependencies(
+    obj: &serde_json::Map<String, serde_json::Value>,
+    text: &str,
+) -> Result<(), (usize, String)> {
+    for key in ["bundleDependencies", "bundledDependencies"] {
+        let names: Vec<&str> = match obj.get(key) {
+            Some(serde_json::Value::Array(list)) => {
+                list.iter().filter_map(serde_json::Value::as_str).collect()
+            }
+            // `true`: every dependency, each checked above.
+            _ => continue,
+        };
+        for name in names {
+            let declared = ["dependencies", "optionalDependencies"]
+                .iter()
+                .any(|section| obj.get(*section).and_then(|d| d.get(name)).is_some());
+            if !declared {
+                let line = line_of(text, &format!("\"{key}\""));
+                return Err((
+                    line,
+                    format!("{key} names {name:?}, which is no registry dependency"),
+                ));
             }
         }
     }
     Ok(())
+}
+
+/// Refuses a lock file that fetches from anywhere but `allowed` (`host:port` of the
+/// configured registries): npm's `package-lock.json`, every `resolved` of `packages` (v2, v3)
+/// and `dependencies` (v1, nested), and linked (local) packages. npm follows a lock's
+/// `resolved` URLs as written, whatever `package.json` says.
+///
+/// # Errors
+/// The first such entry, with its line.
+pub fn check_lock_registry_only(
+    file: &str,
+    text: &str,
+    allowed: &[String],
+) -> Result<(), ManifestError> {
+    let Ok(lock) = serde_json::from_str::<serde_json::Value>(text) else {
+        return Ok(()); // npm reports a broken lock itself
+    };
+    let mut entries: Vec<(&str, &serde_json::Value)> = Vec::new();
+    if let Some(packages) = lock.get("packages").and_then(|p| p.as_object()) {
+        entries.extend(packages.iter().map(|(k, v)| (k.as_str(), v)));
+    }
+    lock_v1_entries(&lock, &mut entries);
+    for (key, entry) in entries {
+        let problem = if entry.get("link").and_then(|l| l.as_bool()) == Some(true) {
+            Some("is a linked local package".to_string())
+        } else {
+            entry
+                .get("resolved")
+                .and_then(|r| r.as_str())
+                .and_then(|resolved| lock_source_problem(resolved, allowed))
+        };
+        if let Some(problem) = problem {
+            let line = line_of(text, &format!("\"{key}\""));
+            return Err(ManifestError {
+                file: file.into(),
+                line,
+                problem: format!(
+                    "{key:?} {problem}; it bypasses the package registry (use a registry \
+                     package, or pass --allow-direct-deps)"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `dependencies` of a lockfile v1, at every depth.
+fn lock_v1_entries<'a>(
+    node: &'a serde_json::Value,
+    out: &mut Vec<(&'a str, &'a serde_json::Value)>,
+) {
+    if let Some(deps) = node.get("dependencies").and_then(|d| d.as_object()) {
+        for (name, entry) in deps {
+            out.push((name, entry));
+            lock_v1_entries(entry, out);
+        }
+    }
+}
+
+/// Why a lock entry's `resolved` is not on an allowed registry, if it is not.
+fn lock_source_problem(resolved: &str, allowed: &[String]) -> Option<String> {
+    let Ok(url) = url::Url::parse(resolved) else {
+        return Some(format!("is resolved to {resolved:?}, a local path"));
+    };
+    let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+    let port = url.port_or_known_default().unwrap_or(0);
+    let at = format!("{host}:{port}");
+    let on_registry = matches!(url.scheme(), "https" | "http") && allowed.contains(&at);
+    (!on_registry).then(|| format!("is resolved to {resolved:?}, not a configured registry"))
 }
 
 /// Why a requirement line reaches outside the package index, if it does.
@@ -390,6 +515,87 @@ mod tests {
             assert_eq!(err.line, 4, "{spec}: {err}");
             assert!(err.problem.contains("dependencies.bad"), "{err}");
         }
+    }
+
+    #[test]
+    fn every_place_npm_takes_a_source_is_checked_overrides_resolutions_and_bundles() {
+        let check = |text: &str| check_registry_only(Language::Nodejs, "package.json", text);
+        let ok = r#"{"dependencies": {"a": "^1"}, "overrides": {"b": "2.0.0",
+            "c": {".": "1", "d": "$a"}}, "resolutions": {"e": "1.2.3"},
+            "bundleDependencies": ["a"]}"#;
+        check(ok).unwrap();
+        for (text, path) in [
+            (
+                "{\"overrides\": {\"ms\": \"https://evil.example/ms.tgz\"}}",
+                "overrides.ms",
+            ),
+            (
+                "{\"overrides\": {\"a\": {\"ms\": \"github:evil/ms\"}}}",
+                "overrides.a.ms",
+            ),
+            (
+                "{\"resolutions\": {\"ms\": \"file:../ms\"}}",
+                "resolutions.ms",
+            ),
+        ] {
+            let err = check(text).expect_err(text);
+            assert!(err.problem.starts_with(path), "{err}");
+            assert!(
+                err.problem.contains("bypasses the package registry"),
+                "{err}"
+            );
+        }
+        let err =
+            check(r#"{"dependencies": {"a": "1"}, "bundleDependencies": ["a", "x"]}"#).unwrap_err();
+        assert!(
+            err.problem
+                .starts_with("bundleDependencies names \"x\", which is no registry dependency"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_lock_resolved_anywhere_but_the_configured_registries_is_refused() {
+        let allowed = ["registry.npmjs.org:443".to_string()];
+        let check = |text: &str| check_lock_registry_only("package-lock.json", text, &allowed);
+        check(
+            r#"{"lockfileVersion": 3, "packages": {"": {},
+            "node_modules/ms": {"resolved": "https://registry.npmjs.org/ms/-/ms-2.1.3.tgz"}}}"#,
+        )
+        .unwrap();
+        let err = check(
+            "{\"lockfileVersion\": 3, \"packages\": {\"\": {},\n\"node_modules/ms\": \
+             {\"resolved\": \"https://evil.example/ms.tgz\"}}}",
+        )
+        .unwrap_err();
+        assert_eq!(err.line, 2, "{err}");
+        assert!(
+            err.problem.starts_with(
+                "\"node_modules/ms\" is resolved to \"https://evil.example/ms.tgz\", not a \
+                 configured registry"
+            ),
+            "{err}"
+        );
+        // Version 1's nested dependencies, plain http to the registry's host on port 80,
+        // and linked local packages.
+        for text in [
+            r#"{"lockfileVersion": 1, "dependencies": {"a": {"resolved":
+                "https://registry.npmjs.org/a.tgz", "dependencies": {"b": {"resolved":
+                "git+ssh://git@github.com/evil/b.git"}}}}}"#,
+            r#"{"packages": {"node_modules/a": {"resolved": "http://registry.npmjs.org/a.tgz"}}}"#,
+            r#"{"packages": {"node_modules/a": {"resolved": "../a", "link": true}}}"#,
+        ] {
+            check(text).expect_err(text);
+        }
+        // A registry the config names is allowed.
+        let mirror = ["npm.corp.example:8443".to_string()];
+        check_lock_registry_only(
+            "package-lock.json",
+            r#"{"packages": {"node_modules/a": {
+                "resolved": "https://npm.corp.example:8443/a.tgz"}}}"#,
+            &mirror,
+        )
+        .unwrap();
     }
 
     #[test]

@@ -13,7 +13,10 @@ use serde::Deserialize;
 
 pub use alias::Alias;
 pub use catalog::{Catalog, UnknownRuntime};
-pub use manifest::{ManifestError, check_registry_only, has_dependencies, validate_manifest};
+pub use manifest::{
+    ManifestError, check_lock_registry_only, check_registry_only, has_dependencies,
+    validate_manifest,
+};
 
 /// A runtime name (`nodejs22`, `python313`): lowercase letters and digits.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -120,3 +120,45 @@ fn a_tarball_that_is_not_the_one_the_lock_pins_fails_the_build_and_writes_nothin
     );
     assert!(!out.join("index.json").exists(), "nothing is written");
 }
+
+/// A lock whose `resolved` points off the registry: npm would fetch it as written, so the
+/// build refuses it before anything is fetched (found in issue 29).
+#[test]
+fn a_lock_resolved_off_the_registry_is_refused_before_anything_is_fetched() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = copy_fixture("node-lockfile", &work.path().join("fn"));
+    let lock_path = dir.join("package-lock.json");
+    let mut lock: serde_json::Value =
+        serde_json::from_slice(&fs::read(&lock_path).unwrap()).unwrap();
+    let evil = "https://evil.example/ms/-/ms-2.1.3.tgz";
+    lock["packages"]["node_modules/ms"]["resolved"] = evil.into();
+    fs::write(&lock_path, serde_json::to_vec_pretty(&lock).unwrap()).unwrap();
+    let out = work.path().join("out");
+    let run = Kiln::new().run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]);
+    let err = run.failure(2);
+    assert!(
+        err.contains(&format!(
+            "package-lock.json line {}: \"node_modules/ms\" is resolved to \"{evil}\", not a \
+             configured registry",
+            line_of(
+                &fs::read_to_string(&lock_path).unwrap(),
+                "\"node_modules/ms\""
+            )
+        )),
+        "{err}"
+    );
+    assert!(!out.join("index.json").exists(), "nothing is written");
+}
+
+fn line_of(text: &str, needle: &str) -> usize {
+    1 + text[..text.find(needle).unwrap()].matches('\n').count()
+}

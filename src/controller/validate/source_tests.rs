@@ -64,6 +64,15 @@ fn dependencies_that_bypass_the_package_registry_are_refused_at_admission() {
         field,
         "dependencies.x \"github:evil/x\" is a git, hosted or workspace dependency",
     );
+    // Found in the wild: an override to a URL passed admission and the build alike.
+    only_error(
+        &deps(
+            "nodejs22",
+            r#"{"dependencies": {"ms": "2"}, "overrides": {"ms": "https://evil.example/ms.tgz"}}"#,
+        ),
+        field,
+        "overrides.ms \"https://evil.example/ms.tgz\" is a git or URL dependency",
+    );
 }
 
 #[test]
