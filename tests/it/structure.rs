@@ -14,12 +14,13 @@ use std::path::{Path, PathBuf};
 /// Who may import whom: a module's allowed targets, `None` for anything.
 type Rules = BTreeMap<String, Option<BTreeSet<String>>>;
 
-/// The "# Layers" list of lib.rs: `- `a`, `b`: `x` `y`.` entries, continued on indented lines.
-fn rules(lib_rs: &str) -> Rules {
-    let doc: Vec<&str> = lib_rs
+/// The `- ` entries of the list under `heading` in a file's `//!` docs, each joined with its
+/// indented continuation lines.
+fn doc_list(text: &str, heading: &str) -> Vec<String> {
+    let doc: Vec<&str> = text
         .lines()
         .filter_map(|l| l.strip_prefix("//!"))
-        .skip_while(|l| l.trim() != "# Layers")
+        .skip_while(|l| l.trim() != heading)
         .collect();
     let mut entries: Vec<String> = Vec::new();
     for line in doc {
@@ -33,6 +34,12 @@ fn rules(lib_rs: &str) -> Rules {
             break;
         }
     }
+    entries
+}
+
+/// The "# Layers" list of lib.rs: `- `a`, `b`: `x` `y`.` entries, continued on indented lines.
+fn rules(lib_rs: &str) -> Rules {
+    let entries = doc_list(lib_rs, "# Layers");
     let names = |s: &str| -> BTreeSet<String> {
         s.split('`')
             .skip(1)
@@ -336,23 +343,7 @@ fn no_line_of_rust_is_over_100_columns() {
 
 /// The "# Files" list of a module's mod.rs: each listed file's level, 0 for the lowest entry.
 fn file_levels(mod_rs: &str) -> BTreeMap<String, usize> {
-    let doc: Vec<&str> = mod_rs
-        .lines()
-        .filter_map(|l| l.strip_prefix("//!"))
-        .skip_while(|l| l.trim() != "# Files")
-        .collect();
-    let mut entries: Vec<String> = Vec::new();
-    for line in doc {
-        if let Some(entry) = line.strip_prefix(" - ") {
-            entries.push(entry.to_string());
-        } else if line.starts_with("   ") && !entries.is_empty() {
-            let last = entries.last_mut().unwrap();
-            last.push(' ');
-            last.push_str(line.trim());
-        } else if !entries.is_empty() {
-            break;
-        }
-    }
+    let entries = doc_list(mod_rs, "# Files");
     let mut out = BTreeMap::new();
     for (level, entry) in entries.iter().enumerate() {
         let (files, _) = entry
