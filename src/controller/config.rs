@@ -124,6 +124,14 @@ impl Config {
         }
     }
 
+    /// The Secrets the controller keeps for the platform (push, and pull if any), which no
+    /// Function may read.
+    pub fn managed_secrets(&self) -> Vec<&str> {
+        std::iter::once(self.registry_secret.as_str())
+            .chain(self.pull_secret.as_deref())
+            .collect()
+    }
+
     /// The registry nodes pull from.
     pub fn pull_registry(&self) -> &str {
         self.pull_registry.as_deref().unwrap_or(&self.registry)

@@ -82,10 +82,7 @@ async fn run(f: &Function, ctx: &Context) -> Result<Action> {
 
 async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> {
     let mut verdict = super::validate::validate(f, &ctx.catalog);
-    let managed: Vec<&str> = std::iter::once(ctx.config.registry_secret.as_str())
-        .chain(ctx.config.pull_secret.as_deref())
-        .collect();
-    super::validate::check_managed_secrets(f, &managed, &mut verdict);
+    super::validate::check_managed_secrets(f, &ctx.config.managed_secrets(), &mut verdict);
     for warning in &verdict.warnings {
         tracing::debug!("{warning}");
     }
