@@ -4,6 +4,7 @@
 pub mod alias;
 mod catalog;
 mod manifest;
+mod registry_only;
 pub mod table;
 
 use std::collections::BTreeMap;
@@ -13,10 +14,8 @@ use serde::Deserialize;
 
 pub use alias::Alias;
 pub use catalog::{Catalog, UnknownRuntime};
-pub use manifest::{
-    ManifestError, check_lock_registry_only, check_registry_only, has_dependencies,
-    validate_manifest,
-};
+pub use manifest::{ManifestError, has_dependencies, validate_manifest};
+pub use registry_only::{check_lock_registry_only, check_registry_only};
 
 /// A runtime name (`nodejs22`, `python313`): lowercase letters and digits.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
