@@ -318,12 +318,17 @@ pub fn read_beneath(root: &Path, rel: &Path, limit: u64) -> io::Result<Vec<u8>> 
         other => io::Error::new(io::ErrorKind::PermissionDenied, other.to_string()),
     })?;
     let inside = resolved.strip_prefix(root).unwrap_or(&resolved);
+    read_to_limit(open_beneath(root, inside)?, limit)
+}
+
+/// All of `reader` when it holds at most `limit` bytes; never more than `limit + 1` of it
+/// read.
+///
+/// # Errors
+/// [`io::ErrorKind::FileTooLarge`] past `limit`; read errors.
+pub fn read_to_limit(reader: impl io::Read, limit: u64) -> io::Result<Vec<u8>> {
     let mut bytes = Vec::new();
-    let file = open_beneath(root, inside)?;
-    io::Read::read_to_end(
-        &mut io::Read::take(file, limit.saturating_add(1)),
-        &mut bytes,
-    )?;
+    io::Read::read_to_end(&mut reader.take(limit.saturating_add(1)), &mut bytes)?;
     if bytes.len() as u64 > limit {
         return Err(io::Error::new(
             io::ErrorKind::FileTooLarge,

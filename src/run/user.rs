@@ -159,28 +159,18 @@ pub fn with_ids(ids: Ids, passwd: &str) -> User {
 /// # Errors
 /// [`Error::TooLarge`].
 pub fn read_image_file(rootfs: &Path, path: &str) -> Result<String, Error> {
-    use std::io::Read as _;
-    let Ok(resolved) = rootpath::resolve(rootfs, Path::new(path), Last::Follow) else {
-        return Ok(String::new());
-    };
-    let Ok(file) = std::fs::File::open(resolved) else {
-        return Ok(String::new());
-    };
-    let mut bytes = Vec::new();
-    if file
-        .take(MAX_ACCOUNT_FILE + 1)
-        .read_to_end(&mut bytes)
-        .is_err()
-    {
-        return Ok(String::new());
-    }
-    if bytes.len() as u64 > MAX_ACCOUNT_FILE {
-        return Err(Error::TooLarge {
+    let read = rootpath::resolve(rootfs, Path::new(path), Last::Follow)
+        .map_err(std::io::Error::other)
+        .and_then(std::fs::File::open)
+        .and_then(|file| rootpath::read_to_limit(file, MAX_ACCOUNT_FILE));
+    match read {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => Err(Error::TooLarge {
             path: path.into(),
             limit: MAX_ACCOUNT_FILE,
-        });
+        }),
+        Err(_) => Ok(String::new()),
     }
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 #[cfg(test)]
