@@ -139,6 +139,23 @@ impl Kiln {
         self.run_cmd(self.command().args(args))
     }
 
+    /// `kiln build` of the Node.js Function in `dir` onto the tiny base, into the OCI layout
+    /// `out`, with `extra` flags.
+    pub fn build_node_into_layout(&self, dir: &Path, out: &Path, extra: &[&str]) -> Run {
+        let output = format!("oci:{}", out.display());
+        let mut args = vec![
+            "build",
+            dir.to_str().expect("a UTF-8 path"),
+            "--runtime",
+            "nodejs22",
+            "--base",
+        ];
+        let base = tiny_base();
+        args.extend([base.as_str(), "--output", &output]);
+        args.extend(extra);
+        self.run(&args)
+    }
+
     /// Runs `kiln ARGS` on a pseudo-terminal (util-linux `script`) in the terminal's own log
     /// view: the exit code and what the terminal showed (stdout and stderr together).
     pub fn run_on_terminal(&self, args: &[&str]) -> (i32, String) {

@@ -100,7 +100,7 @@ fn a_tarball_that_is_not_the_one_the_lock_pins_fails_the_build_and_writes_nothin
     lock["packages"]["node_modules/ms"]["integrity"] = forged.clone().into();
     fs::write(&lock_path, serde_json::to_vec_pretty(&lock).unwrap()).unwrap();
     let out = work.path().join("out");
-    let run = build_to_layout(&dir, &out);
+    let run = Kiln::new().build_node_into_layout(&dir, &out, &[]);
     assert_ne!(run.code, 0, "{}", run.stderr);
     assert!(
         run.stderr.contains("ms@2.1.3 tarball has integrity")
@@ -125,7 +125,7 @@ fn a_lock_resolved_off_the_registry_is_refused_before_anything_is_fetched() {
     lock["packages"]["node_modules/ms"]["resolved"] = evil.into();
     fs::write(&lock_path, serde_json::to_vec_pretty(&lock).unwrap()).unwrap();
     let out = work.path().join("out");
-    let run = build_to_layout(&dir, &out);
+    let run = Kiln::new().build_node_into_layout(&dir, &out, &[]);
     let err = run.failure(2);
     assert!(
         err.contains(&format!(
@@ -143,18 +143,4 @@ fn a_lock_resolved_off_the_registry_is_refused_before_anything_is_fetched() {
 
 fn line_of(text: &str, needle: &str) -> usize {
     1 + text[..text.find(needle).unwrap()].matches('\n').count()
-}
-
-/// `kiln build` of the Node.js Function in `dir` onto the tiny base, into the layout `out`.
-fn build_to_layout(dir: &std::path::Path, out: &std::path::Path) -> common::kiln::Run {
-    Kiln::new().run(&[
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        "nodejs22",
-        "--base",
-        &tiny_base(),
-        "--output",
-        &format!("oci:{}", out.display()),
-    ])
 }

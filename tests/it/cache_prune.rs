@@ -244,18 +244,7 @@ fn a_build_with_cache_max_size_trims_the_cache_after_it_is_done() {
     let work = tempfile::tempdir().unwrap();
     let dir = copy_fixture("hello-node", &work.path().join("hello"));
     let out = work.path().join("out");
-    let built = kiln.run(&[
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        "nodejs22",
-        "--base",
-        &tiny_base(),
-        "--output",
-        &format!("oci:{}", out.display()),
-        "--cache-max-size",
-        "16K",
-    ]);
+    let built = kiln.build_node_into_layout(&dir, &out, &["--cache-max-size", "16K"]);
     built.reference();
     assert!(!record.exists(), "{}", built.stderr);
     assert!(
