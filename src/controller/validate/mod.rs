@@ -116,9 +116,13 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
 /// Refuses the Secrets the controller keeps for the platform (`managed`: the push Secret's
 /// and the pull Secret's names) as a Function's `secretMounts` or env `secretKeyRef`: they
 /// carry the registry's credentials, never a tenant's.
-pub fn check_managed_secrets(function: &Function, managed: &[&str], verdict: &mut Verdict) {
+pub fn check_managed_secrets<S: AsRef<str>>(
+    function: &Function,
+    managed: &[S],
+    verdict: &mut Verdict,
+) {
     let spec = &function.spec;
-    let is_managed = |name: &str| managed.contains(&name);
+    let is_managed = |name: &str| managed.iter().any(|m| m.as_ref() == name);
     let refuse = |name: &str| {
         format!(
             "{name:?} is a Secret the kiln controller keeps for the platform's registry \

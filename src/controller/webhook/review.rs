@@ -179,8 +179,7 @@ impl Reviewer {
                  remove it",
             );
         }
-        let managed: Vec<&str> = self.managed_secrets.iter().map(String::as_str).collect();
-        check_managed_secrets(&function, &managed, &mut verdict);
+        check_managed_secrets(&function, &self.managed_secrets, &mut verdict);
         if !verdict.is_valid() && unchanged_spec(object, request)? {
             // Ratcheting: an update that leaves the spec alone (labels, finalizers) is not
             // blocked by problems the stored Function already had.
