@@ -11,10 +11,10 @@
 //! module.
 //!
 //! - `cli`, `fuzzing`: anything.
-//! - `controller`: `git` `runtime` `registry` `oci` `k8s_names` `redact` `capped`.
+//! - `controller`: `git` `runtime` `registry` `oci` `signing` `k8s_names` `redact` `capped`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
-//! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `k8s_names`
-//!   `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
+//!   `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
 //! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
 //!   `tarmeter` `capped`.
 //! - `run`: `registry` `sandbox` `oci` `inuse` `progress` `rootpath` `tarmeter` `capped`.
@@ -26,7 +26,7 @@
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `telemetry`: `progress`.
 //! - `capped`, `inuse`, `io_error`, `k8s_names`, `origin`, `progress`, `redact`, `rootpath`,
-//!   `runtime`, `tarmeter`, `testing`: nothing.
+//!   `runtime`, `signing`, `tarmeter`, `testing`: nothing.
 //!
 //! `oci` is the pure image model (its only file-system access is `rootpath`'s beneath-the-root
 //! opens, for the source walker); `image` and `fetch` are the shared plumbing that `build` and
@@ -55,6 +55,7 @@ pub mod rootpath;
 pub mod run;
 pub mod runtime;
 pub mod sandbox;
+pub mod signing;
 pub mod tarmeter;
 pub mod telemetry;
 #[cfg(test)]

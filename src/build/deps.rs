@@ -178,7 +178,12 @@ pub fn builder_toolchain_id(digest: &crate::oci::Digest) -> String {
     format!("builder image {digest}")
 }
 
-/// An identity of the toolchain on PATH (`node --version` and so on), for the cache key.
+/// An identity of the toolchain for the cache key: the builder image's digest for an install
+/// in it (unpacked and verified in a sandbox, or natively inside it, `KILN_BUILDER` with a
+/// `--builder-image` pinned by digest), else the toolchain on PATH (`node --version` and so
+/// on). The toolchain on PATH is run and checked natively inside a builder too: the digest
+/// names what the image holds, and an install with another `node` or `python` first on PATH
+/// must not store its layer under that name.
 ///
 /// # Errors
 /// When a toolchain command is missing or fails, or the toolchain on PATH is not the
@@ -188,13 +193,23 @@ pub async fn toolchain_id(
     env: &InstallEnv,
     scratch: &Path,
 ) -> Result<String, Error> {
-    if let Isolation::Builder {
-        digest: builder, ..
+    if let Isolation::Builder { digest, .. } = &env.isolation {
+        return Ok(builder_toolchain_id(digest));
     }
-    | Isolation::Native { builder } = &env.isolation
-    {
-        return Ok(builder_toolchain_id(builder));
+    let id = path_toolchain(runtime, env, scratch).await?;
+    check_toolchain(runtime, &id)?;
+    match &env.isolation {
+        Isolation::Native { builder } => Ok(builder_toolchain_id(builder)),
+        _ => Ok(id),
     }
+}
+
+/// What the toolchain commands on PATH print.
+async fn path_toolchain(
+    runtime: &RuntimeSpec,
+    env: &InstallEnv,
+    scratch: &Path,
+) -> Result<String, Error> {
     let mut id = String::new();
     for argv in &runtime.dependencies.toolchain {
         let mut cmd = Command::new(&argv[0]);
@@ -216,7 +231,6 @@ pub async fn toolchain_id(
         id.push_str(String::from_utf8_lossy(&out.stdout).trim());
         id.push('\n');
     }
-    check_toolchain(runtime, &id)?;
     Ok(id)
 }
 

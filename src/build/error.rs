@@ -111,6 +111,12 @@ pub enum Error {
         /// The base as the user named it.
         base: String,
     },
+    /// `kiln warm` without a key to sign the entries it stores.
+    #[error(
+        "storing a dependency cache entry needs --cache-sign-key FILE: readers use only entries a \
+            key they trust signed"
+    )]
+    NoCacheSignKey,
     /// Preparing the builder image for the install.
     #[error("preparing the builder image for the dependency install")]
     Builder(#[from] Box<crate::run::Error>),
@@ -136,6 +142,7 @@ impl Error {
             | Error::GitFunction { .. }
             | Error::RegistryConfig { .. }
             | Error::NoZstd { .. }
+            | Error::NoCacheSignKey
             | Error::NoBuilder { .. } => true,
             _ => false,
         }

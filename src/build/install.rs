@@ -188,15 +188,18 @@ pub(super) async fn dependency_key(
                 .map_err(Box::new)?;
             (deps::builder_toolchain_id(&resolved.digest), None, None)
         }
-        deps::Isolation::Host | deps::Isolation::MissingBuilder { .. } => {
+        // The toolchain on PATH is asked, and checked; natively inside a builder the key
+        // names the builder's digest (deps::toolchain_id).
+        deps::Isolation::Host
+        | deps::Isolation::MissingBuilder { .. }
+        | deps::Isolation::Native { .. } => {
             let install = opts.install.clone();
             let scratch = scratch_dir(cache)?;
             let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
             (id, Some(install), Some(scratch))
         }
-        // The builder image's digest names the toolchain; nothing is asked.
-        deps::Isolation::Native { builder }
-        | deps::Isolation::Builder {
+        // The unpacked builder image's digest names the toolchain; nothing is asked.
+        deps::Isolation::Builder {
             digest: builder, ..
         } => (
             deps::builder_toolchain_id(builder),
@@ -408,7 +411,7 @@ pub(super) async fn from_cache_repo(
     key: &Digest,
     repo: &Reference,
 ) -> Result<Option<(cache::CachedLayer, Option<Reference>)>, crate::registry::Error> {
-    let Some(entry) = remote_cache::lookup(client, repo, key).await? else {
+    let Some(entry) = remote_cache::lookup(client, repo, key, &opts.cache_trust).await? else {
         tracing::info!(%key, cache_repo = %repo, "dependency layer not in the cache repository");
         return Ok(None);
     };

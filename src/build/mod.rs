@@ -348,11 +348,18 @@ async fn store_in_cache_repo(
     )
     .await
     {
-        Ok(()) => {
+        Ok(true) => {
             tracing::info!(
                 cache_repo = %repo,
                 tag = %remote_cache::tag(&dep.key),
                 "stored the dependency layer in the cache repository",
+            )
+        }
+        Ok(false) => {
+            tracing::info!(
+                cache_repo = %repo,
+                "not storing the dependency layer in the cache repository: no --cache-sign-key \
+                    to sign the entry with",
             )
         }
         Err(e) => {

@@ -100,6 +100,8 @@ pub struct Options {
     pub tag_by_key: bool,
     /// `--cache-repo`: the registry repository of the shared dependency-layer cache.
     pub cache_repo: Option<Reference>,
+    /// Whose entries in `cache_repo` are used, and the key entries are stored signed with.
+    pub cache_trust: super::remote_cache::CacheTrust,
     /// `--lookup-dir`: what `--stage lookup` found, for `--stage deps` and `--stage publish`.
     pub lookup_dir: Option<PathBuf>,
     /// `--compression`: how the dependency and source layers are compressed.

@@ -44,7 +44,7 @@ pub async fn run_lookup(
             let dep_key = install::dependency_key(client, opts, &cache, inputs, planned)
                 .await?
                 .key;
-            found = match remote_cache::lookup(client, repo, &dep_key).await {
+            found = match remote_cache::lookup(client, repo, &dep_key, &opts.cache_trust).await {
                 Ok(Some(entry)) => {
                     tracing::info!(
                         key = %dep_key,

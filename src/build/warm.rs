@@ -63,7 +63,7 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
             .with_tag(&remote_cache::tag(&key))
             .map_err(lookup_err)?;
         if opts.use_cache
-            && remote_cache::lookup(client, repo, &key)
+            && remote_cache::lookup(client, repo, &key, &opts.cache_trust)
                 .await
                 .map_err(lookup_err)?
                 .is_some()
@@ -75,7 +75,7 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
         let layer = install::dependency_layer(client, opts, &cache, inputs, dep_key, None).await?;
         let installed = !layer.from_local_cache;
         let local = cache.blob_path(&layer.cached.digest);
-        remote_cache::push_cache_entry(
+        let stored = remote_cache::push_cache_entry(
             client,
             opts,
             repo,
@@ -92,6 +92,9 @@ pub async fn warm_deps(client: &Client, opts: &Options, repo: &Reference) -> Res
             target: repo.to_string(),
             source: Box::new(e),
         })?;
+        if !stored {
+            return Err(Error::NoCacheSignKey);
+        }
         tracing::info!(%key, %entry, "stored the dependency layer in the cache repository");
         Ok(Warmed::Stored {
             key,

@@ -142,8 +142,26 @@ pub struct BuildArgs {
     /// is one manifest request and a mount into the target (or a verified download when the
     /// cache is on another registry); a miss installs and stores the layer after the image.
     /// The local cache is checked first; an unusable cache repository is a warning.
+    /// An entry is used only if a key of --cache-trust-key or --cache-sign-key signed it
+    /// (one of them is needed); others are ignored with a warning and the layer installed.
     #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
     pub cache_repo: Option<String>,
+    /// The Ed25519 private key (PEM PKCS#8: `openssl genpkey -algorithm ed25519`) that signs
+    /// the --cache-repo entries this build stores; their readers trust its public key. Keep
+    /// it where only trusted builds run: whoever holds it decides what other builds install.
+    /// Without it nothing is stored.
+    #[arg(long, value_name = "FILE", env = "KILN_CACHE_SIGN_KEY")]
+    pub cache_sign_key: Option<PathBuf>,
+    /// An Ed25519 public key (PEM: `openssl pkey -pubout`) whose signed --cache-repo entries
+    /// this build uses; repeatable (comma-separated in the variable). The --cache-sign-key's
+    /// own is trusted too.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILN_CACHE_TRUST_KEY",
+        value_delimiter = ','
+    )]
+    pub cache_trust_key: Vec<PathBuf>,
     /// How the dependency and source layers are compressed: `gzip` (deterministic, read by
     /// every registry and runtime) or `zstd` (smaller and faster to unpack; for registries
     /// and runtimes that accept OCI zstd layers — containerd 1.5+, CRI-O, Podman; needs an

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 
 use super::Failure;
 use super::registry::RegistryArgs;
-use crate::controller::config::{Config, RuntimeImages, Serving};
+use crate::controller::config::{CacheScope, Config, RuntimeImages, Serving};
 use crate::controller::lookup::CommitResolver;
 use crate::controller::runner::{self, Options};
 use crate::registry::Client;
@@ -55,6 +55,17 @@ pub struct ControllerArgs {
         default_value = "REGISTRY/kiln-cache"
     )]
     pub cache_repo: String,
+    /// Who shares --cache-repo: `shared`, every Function (one install serves all namespaces
+    /// with the same dependencies), or `namespace`, a repository per Function namespace below
+    /// it (REPO/NAMESPACE), so no tenant's build uses a layer another tenant's install made.
+    /// Entries are signed in either case, and used only if the controller's key signed them.
+    #[arg(long, value_enum, default_value_t = CacheScopeArg::Shared, env = "KILN_CACHE_SCOPE")]
+    pub cache_scope: CacheScopeArg,
+    /// The Secret in --namespace with the Ed25519 key (keys signing.pem and public.pem) build
+    /// Jobs sign their --cache-repo entries with and check them against. The controller
+    /// makes it with a new key when it is missing; to rotate, delete it.
+    #[arg(long, default_value = "kiln-cache-signing", value_name = "NAME")]
+    pub cache_signing_secret: String,
     /// Where nodes pull images from, when it differs from --registry.
     #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_PULL_REGISTRY")]
     pub pull_registry: Option<String>,
@@ -328,6 +339,11 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     config.function_service_account = args.function_service_account.clone();
     config.trace_collector_endpoint = args.trace_collector_endpoint.clone();
     config.publisher_proxy_address = args.publisher_proxy_address.clone();
+    config.cache_scope = match args.cache_scope {
+        CacheScopeArg::Shared => CacheScope::Shared,
+        CacheScopeArg::Namespace => CacheScope::Namespace,
+    };
+    config.cache_signing_secret = args.cache_signing_secret.clone();
     config.cache_repo = match args.cache_repo.as_str() {
         "none" => None,
         "REGISTRY/kiln-cache" => Some(format!("{}/kiln-cache", config.registry)),
@@ -337,6 +353,15 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
         }
     };
     Ok(config)
+}
+
+/// `--cache-scope`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CacheScopeArg {
+    /// One cache repository for every Function.
+    Shared,
+    /// One per Function namespace.
+    Namespace,
 }
 
 /// Git references resolved with kiln's git client (the ref listing only, no clone).

@@ -79,6 +79,9 @@ pub struct WebhookArgs {
     /// refused likewise.
     #[arg(long, value_name = "NAME", env = "KILN_PULL_SECRET")]
     pub pull_secret: Option<String>,
+    /// The controller's cache signing Secret (its --cache-signing-secret): refused likewise.
+    #[arg(long, default_value = "kiln-cache-signing", value_name = "NAME")]
+    pub cache_signing_secret: String,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -122,7 +125,8 @@ fn validate(args: WebhookArgs) -> anyhow::Result<Options> {
                 "--default-build-profile",
             )?,
         },
-        managed_secrets: std::iter::once(args.registry_secret)
+        managed_secrets: [args.registry_secret, args.cache_signing_secret]
+            .into_iter()
             .chain(args.pull_secret.filter(|s| !s.is_empty()))
             .collect(),
     })

@@ -28,6 +28,16 @@ pub enum Serving {
     Knative,
 }
 
+/// Who shares a dependency cache repository.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheScope {
+    /// Every Function: one install serves every namespace with the same dependencies.
+    Shared,
+    /// Each Function namespace has its own, `<cache repo>/<namespace>`: no layer one
+    /// tenant's install made is ever used by another's build.
+    Namespace,
+}
+
 /// The controller's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -38,6 +48,11 @@ pub struct Config {
     /// The repository build Jobs share as dependency-layer cache (`--cache-repo`): with it,
     /// a build Job first looks the dependency layer up there (`--stage lookup`).
     pub cache_repo: Option<String>,
+    /// Whether every Function namespace shares `cache_repo`, or each has its own below it.
+    pub cache_scope: CacheScope,
+    /// The Secret in the controller's namespace with the Ed25519 key build Jobs sign cache
+    /// entries with (made by the controller when missing), copied into the build namespace.
+    pub cache_signing_secret: String,
     /// Talk plain HTTP to the registry (build Jobs get `--insecure-registry`).
     pub insecure_registry: bool,
     /// Base and builder image per kiln runtime.
@@ -99,6 +114,8 @@ impl Config {
             registry,
             pull_registry: None,
             cache_repo: None,
+            cache_scope: CacheScope::Shared,
+            cache_signing_secret: "kiln-cache-signing".into(),
             insecure_registry: false,
             runtimes,
             namespace: "kiln-system".into(),
@@ -124,12 +141,22 @@ impl Config {
         }
     }
 
-    /// The Secrets the controller keeps for the platform (push, and pull if any), which no
-    /// Function may read.
+    /// The Secrets the controller keeps for the platform (push, cache signing, and pull if
+    /// any), which no Function may read.
     pub fn managed_secrets(&self) -> Vec<&str> {
-        std::iter::once(self.registry_secret.as_str())
+        [self.registry_secret.as_str(), &self.cache_signing_secret]
+            .into_iter()
             .chain(self.pull_secret.as_deref())
             .collect()
+    }
+
+    /// The dependency cache repository of a Function in `namespace` (`cache_scope`).
+    pub fn cache_repo_for(&self, namespace: &str) -> Option<String> {
+        let repo = self.cache_repo.as_deref()?;
+        Some(match self.cache_scope {
+            CacheScope::Shared => repo.to_string(),
+            CacheScope::Namespace => format!("{repo}/{namespace}"),
+        })
     }
 
     /// The registry nodes pull from.

@@ -1,5 +1,8 @@
-//! Per-namespace plumbing. The build namespace gets copies of the push Secret and the CA
-//! ConfigMap from the controller's namespace, which its build Jobs mount. A Function's
+//! Per-namespace plumbing. The build namespace gets copies of the push Secret, the cache
+//! signing Secret and the CA ConfigMap from the controller's namespace, which its build Jobs
+//! mount. The cache signing Secret (an Ed25519 key that signs the shared dependency cache's
+//! entries, [`crate::signing`]) is made by the controller the first time it is needed, unless
+//! the operator made one. A Function's
 //! namespace gets, only when the registry needs credentials to pull, a copy of the pull-only
 //! Secret and the Function ServiceAccount carrying it as `imagePullSecrets` (Kyma kept a
 //! `serverless-function` ServiceAccount the same way, serverless@legacy
@@ -37,11 +40,67 @@ pub async fn ensure_build_namespace(ctx: &Context) -> Result<()> {
         "build Jobs push with it",
     )
     .await?;
+    if ctx.config.cache_repo.is_some() {
+        ensure_cache_signing_secret(ctx).await?;
+        copy_secret(
+            ctx,
+            &ctx.config.cache_signing_secret,
+            namespace,
+            "build Jobs sign their dependency cache entries with it",
+        )
+        .await?;
+    }
     if let Some(cm) = &ctx.config.ca_bundle_configmap {
         copy_config_map(ctx, namespace, cm).await?;
     }
     ctx.plumbing.mark(namespace);
     Ok(())
+}
+
+/// The key of the cache signing Secret that holds the private key (PEM PKCS#8).
+pub const CACHE_SIGNING_KEY: &str = "signing.pem";
+/// The key of the cache signing Secret that holds its public key (PEM), which is all the
+/// lookup stage mounts.
+pub const CACHE_PUBLIC_KEY: &str = "public.pem";
+
+/// Makes sure the controller's namespace has the cache signing Secret, creating it with a
+/// new key when it does not. Two controllers racing both create; the second is refused
+/// (409) and reads the first's.
+async fn ensure_cache_signing_secret(ctx: &Context) -> Result<()> {
+    let (namespace, name) = (&ctx.config.namespace, &ctx.config.cache_signing_secret);
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let reading = || Error::kube(format!("reading Secret {namespace}/{name}"));
+    if api.get_opt(name).await.map_err(reading())?.is_some() {
+        return Ok(());
+    }
+    let pem = crate::signing::SigningKey::generate_pem()
+        .map_err(|e| Error::Missing(format!("the cache signing key: {e}")))?;
+    let key = crate::signing::SigningKey::from_pem(&pem)
+        .map_err(|e| Error::Missing(format!("the cache signing key: {e}")))?;
+    let bytes = |s: String| k8s_openapi::ByteString(s.into_bytes());
+    let secret = Secret {
+        metadata: copy_meta(name, namespace),
+        type_: Some("Opaque".into()),
+        data: Some(BTreeMap::from([
+            (CACHE_SIGNING_KEY.to_string(), bytes(pem)),
+            (CACHE_PUBLIC_KEY.to_string(), bytes(key.public().to_pem())),
+        ])),
+        ..Secret::default()
+    };
+    match api.create(&kube::api::PostParams::default(), &secret).await {
+        Ok(_) => {
+            tracing::info!(
+                secret = %format!("{namespace}/{name}"),
+                key = %key.public().id(),
+                "made the dependency cache signing key",
+            );
+            Ok(())
+        }
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(e) => Err(Error::kube(format!("creating Secret {namespace}/{name}"))(
+            e,
+        )),
+    }
 }
 
 /// Makes sure a Function's namespace has the pull Secret and the Function ServiceAccount

@@ -350,3 +350,49 @@ pub fn dependency_layer(out: &Path, report: &Path) -> Members {
         .join(digest.trim_start_matches("sha256:"));
     layer_members(&fs::read(blob).unwrap())
 }
+
+/// An Ed25519 key pair for the dependency cache's entries, made by `openssl` as an operator
+/// would: `--cache-sign-key private` signs, `--cache-trust-key public` trusts.
+pub struct CacheKey {
+    _dir: tempfile::TempDir,
+    /// The PEM PKCS#8 private key.
+    pub private: String,
+    /// The PEM public key.
+    pub public: String,
+}
+
+impl CacheKey {
+    /// A new key pair.
+    pub fn new() -> CacheKey {
+        let dir = tempfile::tempdir().unwrap();
+        let private = dir.path().join("cache-key.pem");
+        let public = dir.path().join("cache-key.pub");
+        let openssl = |args: &[&str]| {
+            let status = Command::new("openssl").args(args).status().unwrap();
+            assert!(status.success(), "openssl {args:?}");
+        };
+        let (private, public) = (
+            private.to_str().unwrap().to_string(),
+            public.to_str().unwrap().to_string(),
+        );
+        openssl(&["genpkey", "-algorithm", "ed25519", "-out", &private]);
+        openssl(&["pkey", "-in", &private, "-pubout", "-out", &public]);
+        CacheKey {
+            _dir: dir,
+            private,
+            public,
+        }
+    }
+}
+
+impl Default for CacheKey {
+    fn default() -> Self {
+        CacheKey::new()
+    }
+}
+
+/// The key the tests' trusted builds sign their cache entries with, one per test process.
+pub fn test_cache_key() -> &'static CacheKey {
+    static KEY: std::sync::OnceLock<CacheKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(CacheKey::new)
+}

@@ -9,7 +9,7 @@ use crate::common;
 use std::path::Path;
 
 use common::kiln::{
-    Kiln, blobs_with_role, copy_fixture, kiln_built_builder, read_report, tiny_base,
+    Kiln, blobs_with_role, copy_fixture, kiln_built_builder, read_report, test_cache_key, tiny_base,
 };
 use common::registry::{Registry, RegistryKind};
 
@@ -41,6 +41,8 @@ fn build(
         image,
         "--cache-repo",
         cache,
+        "--cache-sign-key",
+        &test_cache_key().private,
         "--report",
         report.path().to_str().unwrap(),
     ];
@@ -314,6 +316,8 @@ impl Job<'_> {
                 &lookup,
                 "--cache-repo",
                 &self.cache,
+                "--cache-trust-key",
+                &test_cache_key().public,
                 "--insecure-registry",
                 &self.reg.host(),
             ],
@@ -351,6 +355,8 @@ impl Job<'_> {
                 &lookup,
                 "--cache-repo",
                 &self.cache,
+                "--cache-sign-key",
+                &test_cache_key().private,
                 "--image",
                 &image,
                 "--insecure-registry",
@@ -476,4 +482,256 @@ fn build_jobs_share_the_cache_through_a_lookup_stage_whose_key_the_install_canno
         err.contains("lookup.json") && err.contains("dependency key"),
         "{err}"
     );
+}
+
+/// The bytes of the blob `digest` in `reg`'s storage.
+fn stored_blob(reg: &Registry, digest: &str) -> Vec<u8> {
+    let hex = digest.trim_start_matches("sha256:");
+    let path = reg
+        .storage_root()
+        .join("docker/registry/v2/blobs/sha256")
+        .join(&hex[..2])
+        .join(hex)
+        .join("data");
+    std::fs::read(path).unwrap()
+}
+
+/// What the dependency layer `digest` holds at `node_modules/dayjs/index.js`, if anything,
+/// and whether it holds the real package's `dayjs.min.js`.
+fn dayjs_in(reg: &Registry, digest: &str) -> (Option<String>, bool) {
+    let layer = stored_blob(reg, digest);
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(layer.as_slice()));
+    let (mut index, mut real) = (None, false);
+    for entry in tar.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        let path = entry.path().unwrap().display().to_string();
+        if path.ends_with("node_modules/dayjs/index.js") {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut entry, &mut text).unwrap();
+            index = Some(text);
+        }
+        real |= path.ends_with("node_modules/dayjs/dayjs.min.js");
+    }
+    (index, real)
+}
+
+/// The manifest digest of the image named `name` in the OCI layout `dir`.
+fn layout_digest(dir: &Path, name: &str) -> String {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == name)
+        .and_then(|m| m["digest"].as_str())
+        .unwrap()
+        .to_string()
+}
+
+/// Issue 29's cross-tenant poisoning, replayed. A tenant runs `kiln build` as if natively
+/// inside the builder image (`KILN_BUILDER`, a `--builder-image` pinned by digest), so the
+/// key names that builder, with a tampered `npm` first on PATH, and pushes its layer to the
+/// cache repository under the key an honest build of the same package.json computes. A
+/// reader that trusted the tenant's key would mount it (the control: the keys do collide);
+/// an honest build that trusts only its own key ignores the entry, installs, and its image
+/// holds the real package. The honest build's own entry is then used by the next trusted
+/// build on a fresh machine.
+#[test]
+fn a_poisoned_cache_entry_is_ignored_and_the_honest_build_installs_the_real_packages() {
+    common::require_tool("bwrap", "bubblewrap");
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    let builder = kiln_built_builder(&Kiln::new(), "nodejs22", &bases);
+    let builder_digest = layout_digest(&bases, "nodejs22-builder");
+    let cache = reg.reference("kiln/cache");
+    let tenant_key = common::kiln::CacheKey::new();
+    let fun = copy_fixture("node-deps", &work.path().join("fun"));
+
+    // The tenant: a node that claims the runtime's version and an npm that writes its own
+    // dayjs.
+    let tools = work.path().join("tampered");
+    std::fs::create_dir_all(&tools).unwrap();
+    let script = |name: &str, body: &str| {
+        let path = tools.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}")).unwrap();
+        let mut perms = std::fs::metadata(&path).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&path, perms).unwrap();
+    };
+    script("node", "echo v22.23.3\n");
+    script(
+        "npm",
+        "[ \"$1\" = --version ] && { echo 11.6.2; exit 0; }\n\
+         mkdir -p node_modules/dayjs\n\
+         echo '{\"name\":\"dayjs\",\"version\":\"1.11.13\"}' > node_modules/dayjs/package.json\n\
+         echo \"module.exports = 'POISONED'\" > node_modules/dayjs/index.js\n",
+    );
+    let tenant = Kiln::new();
+    let path = format!(
+        "{}:{}",
+        tools.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let pinned = format!("oci:{}@{builder_digest}", bases.display());
+    let poisoned = tenant.run_cmd(
+        tenant
+            .command()
+            .env("KILN_BUILDER", "nodejs22")
+            .env("PATH", &path)
+            .args([
+                "build",
+                fun.to_str().unwrap(),
+                "--runtime",
+                "nodejs22",
+                "--base",
+                &common::kiln::tiny_base(),
+                "--builder-image",
+                &pinned,
+                "--image",
+                &reg.reference("tenant-a/fn:v1"),
+                "--cache-repo",
+                &cache,
+                "--cache-sign-key",
+                &tenant_key.private,
+                "--insecure-registry",
+                &host,
+            ]),
+    );
+    poisoned.reference();
+    assert!(
+        poisoned
+            .stderr
+            .contains("stored the dependency layer in the cache repository"),
+        "{}",
+        poisoned.stderr
+    );
+    // Natively inside a builder, the toolchain on PATH is checked against the runtime's
+    // as well: another Node.js there is an error, not a layer stored under the builder's
+    // name.
+    script("node", "echo v20.11.0\n");
+    let refused = tenant.run_cmd(
+        tenant
+            .command()
+            .env("KILN_BUILDER", "nodejs22")
+            .env("PATH", &path)
+            .args([
+                "build",
+                fun.to_str().unwrap(),
+                "--runtime",
+                "nodejs22",
+                "--base",
+                &common::kiln::tiny_base(),
+                "--builder-image",
+                &pinned,
+                "--image",
+                &reg.reference("tenant-a/fn:v2"),
+                "--no-cache",
+            ]),
+    );
+    assert!(
+        refused.code != 0 && refused.stderr.contains("the nodejs22 runtime needs v22.*"),
+        "{}",
+        refused.stderr
+    );
+
+    // The control: a reader that trusts the tenant's key gets the tenant's layer, so the
+    // honest key is the one the tenant wrote to.
+    let gullible = Kiln::new();
+    let report = work.path().join("gullible.json");
+    let run = gullible.run(&[
+        "build",
+        fun.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &common::kiln::tiny_base(),
+        "--builder-image",
+        &builder,
+        "--image",
+        &reg.reference("gullible/fn:v1"),
+        "--cache-repo",
+        &cache,
+        "--cache-trust-key",
+        &tenant_key.public,
+        "--insecure-registry",
+        &host,
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    run.reference();
+    assert!(!run.stderr.contains(INSTALLED), "{}", run.stderr);
+    let layer = blobs_with_role(&read_report(&report), "dependencies")[0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        dayjs_in(&reg, &layer),
+        (Some("module.exports = 'POISONED'\n".into()), false)
+    );
+
+    // The honest build trusts only its own key: the tenant's entry is ignored, the real
+    // packages are installed in the builder image, and its own signed entry replaces it.
+    let honest = Kiln::new();
+    let (run, layer) = build(
+        &honest,
+        &fun,
+        &builder,
+        &reg.reference("tenant-b/fn:v1"),
+        &cache,
+        &[&host],
+    );
+    assert!(
+        run.stderr
+            .contains("ignoring a dependency cache entry no trusted build wrote")
+            && run
+                .stderr
+                .contains(&format!("signed by {}", key_id(&tenant_key.public))),
+        "{}",
+        run.stderr
+    );
+    assert!(run.stderr.contains(INSTALLED), "{}", run.stderr);
+    assert_eq!(dayjs_in(&reg, &layer), (None, true));
+
+    // A fresh trusted machine uses the honest entry.
+    let next = Kiln::new();
+    let (run, same) = build(
+        &next,
+        &fun,
+        &builder,
+        &reg.reference("tenant-c/fn:v1"),
+        &cache,
+        &[&host],
+    );
+    assert!(!run.stderr.contains(INSTALLED), "{}", run.stderr);
+    assert_eq!(same, layer);
+
+    // A cache repository with no key to trust is refused up front.
+    let err = next
+        .run(&[
+            "build",
+            fun.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &common::kiln::tiny_base(),
+            "--image",
+            &reg.reference("tenant-d/fn:v1"),
+            "--cache-repo",
+            &cache,
+        ])
+        .failure(2)
+        .to_string();
+    assert!(
+        err.contains("--cache-repo needs --cache-trust-key FILE"),
+        "{err}"
+    );
+}
+
+/// The id kiln names a public key by: `sha256:` over its DER.
+fn key_id(public_pem: &str) -> String {
+    let text = std::fs::read_to_string(public_pem).unwrap();
+    kiln::signing::PublicKey::from_pem(&text).unwrap().id()
 }

@@ -321,6 +321,30 @@ fn build_objects(api: &KubeApi, kind: &str, name: &str) -> Vec<Value> {
 }
 
 /// `kubectl create secret docker-registry NAME` in kiln's namespace.
+/// The dependency cache entries (manifests) in `repo`.
+fn cache_entries(registry: &Registry, repo: &str) -> Vec<Value> {
+    let get = |path: &str| {
+        common::run_with_input(
+            std::process::Command::new("curl").args([
+                "-sf",
+                "-H",
+                "Accept: application/vnd.oci.image.manifest.v1+json",
+                &format!("{}/v2/{repo}/{path}", registry.url()),
+            ]),
+            b"",
+        )
+    };
+    let tags: Value = serde_json::from_str(&get("tags/list")).unwrap();
+    tags["tags"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|t| t.starts_with("deps-"))
+        .map(|t| serde_json::from_str(&get(&format!("manifests/{t}"))).unwrap())
+        .collect()
+}
+
 fn registry_secret(kubectl: &Kubectl, name: &str, host: &str, user: &str, password: &str) {
     kubectl.ok(&[
         "-n",
@@ -627,6 +651,28 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // on the ServiceAccount its Pods run as, and those Pods have no API token.
     assert!(api.get("Secret", "team", "kiln-registry").is_none());
     assert!(api.get("Secret", BUILDS, "kiln-registry").is_some());
+    // The fresh cluster's first builds filled the shared dependency cache, each entry signed
+    // with the key the controller made for it, which no tenant namespace holds.
+    let signing = api
+        .get("Secret", SYSTEM, "kiln-cache-signing")
+        .expect("the cache signing Secret the controller made");
+    assert!(api.get("Secret", BUILDS, "kiln-cache-signing").is_some());
+    assert!(api.get("Secret", "team", "kiln-cache-signing").is_none());
+    let public = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        signing["data"]["public.pem"].as_str().unwrap(),
+    )
+    .unwrap();
+    let public = String::from_utf8(public).unwrap();
+    let key_id = kiln::signing::PublicKey::from_pem(&public).unwrap().id();
+    let entries = cache_entries(&registry, "kiln-functions/kiln-cache");
+    assert!(entries.len() >= 3, "{entries:?}");
+    for entry in &entries {
+        assert_eq!(
+            entry["annotations"]["dev.kiln.dependencies.signer"], key_id,
+            "{entry}"
+        );
+    }
     let pull = api
         .get("Secret", "team", "kiln-pull")
         .expect("the pull Secret");

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::kiln::{Kiln, base_images_into, blobs_with_role, copy_fixture, read_report};
+use common::kiln::{CacheKey, Kiln, base_images_into, blobs_with_role, copy_fixture, read_report};
 use common::registry::{Registry, RegistryKind, writes};
 
 #[test]
@@ -22,6 +22,7 @@ fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
     let with_deps = copy_fixture("node-deps", &work.path().join("with-deps"));
     let without = copy_fixture("hello-node", &work.path().join("without"));
     let cache = reg.reference("kiln/cache");
+    let key = CacheKey::new();
     let args = [
         "warm",
         "--registry",
@@ -30,6 +31,8 @@ fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
         &host,
         "--cache-repo",
         &cache,
+        "--cache-sign-key",
+        &key.private,
         "nodejs22",
         with_deps.to_str().unwrap(),
         without.to_str().unwrap(),
@@ -108,6 +111,8 @@ fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
         &image,
         "--cache-repo",
         &cache,
+        "--cache-trust-key",
+        &key.public,
         "--insecure-registry",
         &host,
         "--report",
@@ -157,6 +162,18 @@ fn warm_says_what_is_missing() {
         .failure(2)
         .to_string();
     assert!(err.contains("pass --cache-repo REPO"), "{err}");
+    // Entries nobody signed would be of no use to any reader.
+    let err = kiln
+        .run(&[
+            "warm",
+            "--cache-repo",
+            "127.0.0.1:5000/cache",
+            "nodejs22",
+            dir.to_str().unwrap(),
+        ])
+        .failure(2)
+        .to_string();
+    assert!(err.contains("pass --cache-sign-key FILE"), "{err}");
     let err = kiln
         .run(&["warm", "--registry", "r.example", "cobol"])
         .failure(2)

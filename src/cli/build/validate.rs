@@ -46,6 +46,11 @@ pub(super) fn validate(
     let config = args.registry.client_config()?;
     let stage = stage(args, &function)?;
     let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
+    let cache_trust = cache_trust(
+        args.cache_sign_key.as_deref(),
+        &args.cache_trust_key,
+        cache_repo.is_some(),
+    )?;
     let opts = Options {
         function,
         runtime: runtime.clone(),
@@ -69,6 +74,7 @@ pub(super) fn validate(
         allow_direct_deps: args.allow_direct_deps,
         tag_by_key: args.tag_by_key,
         cache_repo,
+        cache_trust,
         lookup_dir: args.lookup_dir.clone(),
         compression: match args.compression {
             CompressionArg::Gzip => crate::oci::Compression::Gzip,
@@ -83,6 +89,45 @@ pub(super) fn validate(
         store: default_base.then_some(store),
     };
     Ok((opts, config, extra))
+}
+
+/// `--cache-sign-key` and `--cache-trust-key`, read. A cache repository needs one of them:
+/// without a trusted key no entry could be used.
+pub(in crate::cli) fn cache_trust(
+    sign: Option<&Path>,
+    trust: &[PathBuf],
+    cache_repo: bool,
+) -> anyhow::Result<crate::build::remote_cache::CacheTrust> {
+    use crate::signing::{MAX_KEY_FILE, PublicKey, SigningKey};
+    let read = |flag: &str, path: &Path| -> anyhow::Result<String> {
+        let bytes = std::fs::File::open(path)
+            .and_then(|f| crate::rootpath::read_to_limit(f, MAX_KEY_FILE))
+            .with_context(|| format!("reading {flag} {}", path.display()))?;
+        String::from_utf8(bytes)
+            .map_err(|_| anyhow!("{flag} {}: not a PEM text file", path.display()))
+    };
+    let sign = sign
+        .map(|path| {
+            SigningKey::from_pem(&read("--cache-sign-key", path)?)
+                .with_context(|| format!("--cache-sign-key {}", path.display()))
+        })
+        .transpose()?;
+    let trusted = trust
+        .iter()
+        .map(|path| {
+            PublicKey::from_pem(&read("--cache-trust-key", path)?)
+                .with_context(|| format!("--cache-trust-key {}", path.display()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let trust = crate::build::remote_cache::CacheTrust::new(sign, trusted);
+    if cache_repo && !trust.trusts_any() {
+        return Err(anyhow!(
+            "--cache-repo needs --cache-trust-key FILE (the public key whose signed entries to use) \
+                or --cache-sign-key FILE (the key this build signs its entries with): an entry \
+                no trusted key signed could have been stored by anyone who can push there"
+        ));
+    }
+    Ok(trust)
 }
 
 /// The Function to build (a manifest, a git source or a directory), its default name and

@@ -8,7 +8,9 @@
 //! and no third-party code it computes the dependency key and asks the cache repository,
 //! writing what it found into the `lookup` emptyDir, which `deps` and `build` mount
 //! read-only: `deps` then installs nothing on a hit, and `build` mounts the cached layer, or
-//! stores the installed one under the key `lookup` computed. A git Function is fetched once,
+//! stores the installed one under the key `lookup` computed. Only `build` mounts the key that
+//! signs cache entries; `lookup` mounts its public key, and uses only entries it signed. A
+//! git Function is fetched once,
 //! by the first init container `source` (`--stage source`), the only one given the git
 //! credentials, into the `git-source` emptyDir that the others build read-only as a
 //! directory: the install's scripts never see the credentials. All are unprivileged, with a
@@ -30,6 +32,7 @@ use crate::controller::config::Config;
 use crate::controller::crd::Function;
 use crate::controller::names;
 use crate::controller::plan::{Plan, SourcePlan};
+use crate::controller::plumbing::{CACHE_PUBLIC_KEY, CACHE_SIGNING_KEY};
 
 /// The user build containers run as (the builder image's files are world-readable).
 pub const BUILD_UID: i64 = 1000;
@@ -51,6 +54,8 @@ const LOOKUP_DIR: &str = "/workspace/lookup";
 const REGISTRY_DIR: &str = "/kiln/registry";
 const PACKAGE_REGISTRY_DIR: &str = "/kiln/package-registry";
 const CA_DIR: &str = "/kiln/ca";
+/// Where `build` finds the cache signing key and `lookup` its public key.
+const CACHE_KEY_DIR: &str = "/kiln/cache-key";
 const GIT_DIR: &str = "/kiln/git";
 const TERMINATION_LOG: &str = "/dev/termination-log";
 
@@ -114,6 +119,7 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
         mounts.push(mount("tmp-lookup", "/tmp", false));
         mounts.push(mount("package-registry", PACKAGE_REGISTRY_DIR, true));
         mounts.push(mount("registry-auth", REGISTRY_DIR, true));
+        mounts.push(mount("cache-trust", CACHE_KEY_DIR, true));
         let c = container(LOOKUP_CONTAINER, plan, lookup_args(f, plan, config), mounts);
         with_shared_mounts(c, config)
     });
@@ -135,6 +141,7 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
         mounts.push(mount("registry-auth", REGISTRY_DIR, true));
         if cached {
             mounts.push(mount("lookup", LOOKUP_DIR, true));
+            mounts.push(mount("cache-sign", CACHE_KEY_DIR, true));
         }
         mounts
     });
@@ -310,7 +317,13 @@ fn lookup_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
     args.extend([
         "--cache-repo".into(),
-        config.cache_repo.clone().unwrap_or_default(),
+        config
+            .cache_repo_for(f.namespace_or_default())
+            .unwrap_or_default(),
+    ]);
+    args.extend([
+        "--cache-trust-key".into(),
+        format!("{CACHE_KEY_DIR}/{CACHE_PUBLIC_KEY}"),
     ]);
     args.extend(key_args(plan));
     args.extend(registry_args(config));
@@ -336,8 +349,12 @@ fn publish_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     args.extend(["--stage".into(), "publish".into()]);
     args.extend(["--stage-dir".into(), DEPS_DIR.into()]);
     args.extend(["--image".into(), plan.push_image.clone()]);
-    if let Some(repo) = &config.cache_repo {
-        args.extend(["--cache-repo".into(), repo.clone()]);
+    if let Some(repo) = config.cache_repo_for(f.namespace_or_default()) {
+        args.extend(["--cache-repo".into(), repo]);
+        args.extend([
+            "--cache-sign-key".into(),
+            format!("{CACHE_KEY_DIR}/{CACHE_SIGNING_KEY}"),
+        ]);
         args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
     }
     args.extend(registry_args(config));
@@ -362,6 +379,18 @@ fn volumes(f: &Function, plan: &Plan, config: &Config) -> Vec<Volume> {
     let mut volumes = vec![empty("deps"), empty("tmp-deps"), empty("tmp-build")];
     if config.cache_repo.is_some() {
         volumes.extend([empty("lookup"), empty("tmp-lookup")]);
+        // One Secret, two views: the lookup sees only the public key.
+        for (volume, key) in [
+            ("cache-trust", CACHE_PUBLIC_KEY),
+            ("cache-sign", CACHE_SIGNING_KEY),
+        ] {
+            volumes.push(secret_volume(
+                volume,
+                &config.cache_signing_secret,
+                Some((key, key)),
+                false,
+            ));
+        }
     }
     if matches!(plan.source, SourcePlan::Git { .. }) {
         volumes.extend([empty("git-source"), empty("tmp-source")]);

@@ -528,3 +528,80 @@ fn the_functions_security_contexts_override_kilns_field_by_field() {
     assert_eq!(cs.privileged, Some(false));
     assert_eq!(cs.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
 }
+
+#[test]
+fn only_the_publishing_container_holds_the_cache_signing_key_and_the_scope_picks_the_repo() {
+    let f = function();
+    let mut config = config();
+    config.cache_repo = Some("reg:5000/kiln-cache".into());
+    let plan = plan_of(&f, &config);
+    let pod = |config: &crate::controller::config::Config| {
+        job::job(&f, &plan, config)
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+    };
+    let spec = pod(&config);
+    let all: Vec<_> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .collect();
+    let by_name = |name: &str| *all.iter().find(|c| c.name == name).unwrap();
+    let key_volume = |c: &k8s_openapi::api::core::v1::Container| {
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| m.mount_path == "/kiln/cache-key")
+            .map(|m| m.name.clone())
+    };
+    let (lookup, deps, build) = (by_name("lookup"), by_name("deps"), by_name("build"));
+    assert_eq!(key_volume(lookup).as_deref(), Some("cache-trust"));
+    assert_eq!(key_volume(deps), None, "the install never sees a key");
+    assert_eq!(key_volume(build).as_deref(), Some("cache-sign"));
+    assert!(args(lookup).contains("--cache-trust-key /kiln/cache-key/public.pem"));
+    assert!(!args(lookup).contains("--cache-sign-key"));
+    assert!(args(build).contains("--cache-sign-key /kiln/cache-key/signing.pem"));
+    let volumes = spec.volumes.unwrap();
+    let items = |name: &str| {
+        let secret = volumes
+            .iter()
+            .find(|v| v.name == name)
+            .unwrap()
+            .secret
+            .clone()
+            .unwrap();
+        assert_eq!(secret.secret_name.as_deref(), Some("kiln-cache-signing"));
+        secret
+            .items
+            .unwrap()
+            .into_iter()
+            .map(|i| i.key)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(items("cache-trust"), ["public.pem"]);
+    assert_eq!(items("cache-sign"), ["signing.pem"]);
+    assert!(args(lookup).contains("--cache-repo reg:5000/kiln-cache "));
+    // A repository per Function namespace.
+    config.cache_scope = crate::controller::config::CacheScope::Namespace;
+    let spec = pod(&config);
+    let ns = f.metadata.namespace.clone().unwrap();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        if c.name == "lookup" || c.name == "build" {
+            assert!(
+                args(c).contains(&format!("--cache-repo reg:5000/kiln-cache/{ns} ")),
+                "{}",
+                args(c)
+            );
+        }
+    }
+    assert!(config.managed_secrets().contains(&"kiln-cache-signing"));
+}
