@@ -24,9 +24,9 @@ use crate::runtime::Catalog;
 #[command(after_help = "Examples:
   kiln warm --registry reg.example.com                       # every runtime's images
   kiln warm --registry reg.example.com --cache-repo reg.example.com/kiln/cache \\
-    --function fns/orders.yaml --function fns/billing.yaml
+    --cache-sign-key cache.key --function fns/orders.yaml --function fns/billing.yaml
   kiln warm --registry reg.example.com --cache-repo reg.example.com/kiln/cache \\
-    --runtime nodejs22 ./fn-a ./fn-b
+    --cache-sign-key cache.key --runtime nodejs22 ./fn-a ./fn-b
 
 Prints one line per image and Function: what is there now, and `pushed`, `unchanged`,
 `stored`, `present` or `no-dependencies`.")]
