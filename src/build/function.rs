@@ -218,6 +218,7 @@ pub fn from_dir(
         never: runtime.secret_files().to_vec(),
         ignore_file: true,
         absolute_links: false,
+        budget: Default::default(),
     };
     let tree = source::walk(dir, &rules)?;
     let origin = dir.display().to_string();

@@ -3,9 +3,10 @@
 //! seconds on an ext4 disk, far more than unpacking them; so file bytes stay in memory up to
 //! a budget ([`IN_MEMORY`]) and only past it go to numbered files in a spill directory.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 
+use crate::oci::budget::{Budget, Over};
 use crate::oci::layer::{Content, EntryKind};
 use crate::oci::source::Tree;
 
@@ -13,9 +14,10 @@ use crate::oci::source::Tree;
 /// directory and read back by the layer writer.
 pub(crate) const IN_MEMORY: u64 = 64 << 20;
 
-/// The most file bytes one install may unpack: what `kiln run` unpacks of a whole image by
-/// default ([`crate::run::unpack::DEFAULT_LIMIT`]); a larger dependency layer could not run.
-pub(crate) const LIMIT: u64 = crate::run::unpack::DEFAULT_LIMIT;
+/// The most bytes one install may unpack, every entry (file, link, directory) costing its
+/// metadata too ([`crate::oci::budget`]): what `kiln run` unpacks of a whole image by
+/// default; a larger dependency layer could not run.
+pub(crate) const LIMIT: u64 = crate::oci::budget::DEFAULT_BYTES;
 
 /// A file that could not be added to the tree.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +44,18 @@ pub enum Error {
         /// The file that passed the limit.
         path: String,
         /// The limit.
+        limit: u64,
+    },
+    /// The tree passed the entry cap.
+    #[error(
+        "the dependencies unpack to more than {limit} files, links and directories (passed \
+         at {path}): kiln refuses a dependency layer with that many, since `kiln run` unpacks no \
+         image with more; leave the largest packages out or replace them"
+    )]
+    TooManyEntries {
+        /// The entry that passed the cap.
+        path: String,
+        /// The cap.
         limit: u64,
     },
     /// The file's bytes could not be read from where they are unpacked from.
@@ -83,10 +97,10 @@ pub(crate) struct Building {
     budget: u64,
     spill: PathBuf,
     spilled: u64,
-    /// File bytes added so far, replaced files included.
-    total: u64,
-    /// How many may be.
-    limit: u64,
+    /// What is left of the bytes and entries the tree may hold (replaced files count again).
+    left: Budget,
+    /// The directories the entries imply, each charged once.
+    dirs: HashSet<String>,
 }
 
 impl Building {
@@ -99,26 +113,59 @@ impl Building {
             budget,
             spill: spill.to_path_buf(),
             spilled: 0,
-            total: 0,
-            limit: LIMIT,
+            left: Budget::new(LIMIT),
+            dirs: HashSet::new(),
         }
     }
 
     /// The same tree with another limit than [`LIMIT`].
     #[cfg(test)]
     pub(crate) fn with_limit(self, limit: u64) -> Building {
-        Building { limit, ..self }
+        Building {
+            left: Budget::new(limit),
+            ..self
+        }
     }
 
-    /// Counts `bytes` more for `path` against the limit.
-    fn count(&mut self, path: &str, bytes: u64) -> Result<(), Error> {
-        self.total = self.total.saturating_add(bytes);
-        if self.total > self.limit {
-            return Err(Error::TooLarge {
-                path: path.to_string(),
-                limit: self.limit,
-            });
+    /// The same tree with at most `entries` entries.
+    #[cfg(test)]
+    pub(crate) fn with_max_entries(self, entries: u64) -> Building {
+        Building {
+            left: self.left.clone().max_entries(entries),
+            ..self
         }
+    }
+
+    /// Counts an entry at `path` with `bytes` of contents, and each directory it implies
+    /// that no earlier entry did, against the budget.
+    fn count(&mut self, path: &str, bytes: u64) -> Result<(), Error> {
+        let over = |over: Over| match over {
+            Over::Bytes(limit) => Error::TooLarge {
+                path: path.to_string(),
+                limit,
+            },
+            Over::Entries(limit) => Error::TooManyEntries {
+                path: path.to_string(),
+                limit,
+            },
+        };
+        for (i, _) in path.match_indices('/') {
+            if !self.dirs.contains(&path[..i]) {
+                self.dirs.insert(path[..i].to_string());
+                self.left.entry().map_err(over)?;
+            }
+        }
+        self.left.entry().map_err(over)?;
+        self.left.bytes(bytes).map_err(over)
+    }
+
+    /// Adds a symbolic link at `path` to `target`, or replaces the entry there.
+    ///
+    /// # Errors
+    /// The budget is spent.
+    pub(crate) fn put_link(&mut self, path: String, target: String) -> Result<(), Error> {
+        self.count(&path, target.len() as u64)?;
+        self.entries.insert(path, EntryKind::Symlink(target));
         Ok(())
     }
 
@@ -258,7 +305,9 @@ mod tests {
             }
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut tree = Building::new(dir.path(), 4).with_limit(10);
+        // Each file also costs its metadata.
+        let limit = 2 * crate::oci::budget::ENTRY_COST + 10;
+        let mut tree = Building::new(dir.path(), 4).with_limit(limit);
         tree.put_reader("a".into(), &b"12345678"[..], 8, false)
             .unwrap();
         assert!(matches!(
@@ -272,7 +321,7 @@ mod tests {
             .put_reader("b".into(), Untouched, 3, false)
             .unwrap_err();
         assert!(
-            matches!(&err, Error::TooLarge { path, limit: 10 } if path == "b"),
+            matches!(&err, Error::TooLarge { path, limit: l } if path == "b" && *l == limit),
             "{err}"
         );
         let err = tree
@@ -297,5 +346,30 @@ mod tests {
         // A replaced entry is returned.
         let old = tree.put_file("a/bc".into(), b"3".to_vec(), false).unwrap();
         assert!(old.is_some());
+    }
+
+    #[test]
+    fn every_entry_and_every_directory_it_implies_is_counted_once() {
+        use crate::oci::budget::ENTRY_COST;
+        let dir = tempfile::tempdir().unwrap();
+        // `p/a/b/f`: the file and its three directories.
+        let mut tree = Building::new(dir.path(), 1 << 20).with_max_entries(5);
+        tree.put_file("p/a/b/f".into(), Vec::new(), false).unwrap();
+        // A sibling in the same directories costs one more entry.
+        tree.put_file("p/a/b/g".into(), Vec::new(), false).unwrap();
+        let err = tree.put_link("p/a/c".into(), "b/f".into()).unwrap_err();
+        assert!(
+            matches!(&err, Error::TooManyEntries { path, limit: 5 } if path == "p/a/c"),
+            "{err}"
+        );
+        // Empty files pay their metadata against the byte cap: `p` and `p/x` fit, `p/y`
+        // does not.
+        let mut tree = Building::new(dir.path(), 1 << 20).with_limit(3 * ENTRY_COST - 1);
+        tree.put_file("p/x".into(), Vec::new(), false).unwrap();
+        let err = tree.put_file("p/y".into(), Vec::new(), false).unwrap_err();
+        assert!(
+            matches!(&err, Error::TooLarge { path, .. } if path == "p/y"),
+            "{err}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 //! OCI image layouts and the invariant validator. Nothing here does network I/O or reads the
 //! environment, and nothing here imports from the rest of the crate.
 
+pub mod budget;
 pub mod canonical;
 mod chunks;
 mod config;

@@ -54,6 +54,43 @@ pub enum Error {
     /// Reading the tree.
     #[error(transparent)]
     Io(#[from] crate::io_error::IoError),
+    /// The tree is larger than [`WalkRules::budget`] allows.
+    #[error(
+        "{root} holds more than {} (at {path}), counting {} bytes per file, directory and \
+         link: kiln layers no tree that large, since `kiln run` unpacks no image larger",
+        size_text(*limit),
+        super::budget::ENTRY_COST
+    )]
+    TooLarge {
+        /// The tree.
+        root: PathBuf,
+        /// The entry that passed the cap.
+        path: PathBuf,
+        /// The cap.
+        limit: u64,
+    },
+    /// The tree has more entries than [`WalkRules::budget`] allows.
+    #[error(
+        "{root} holds more than {limit} files, directories and links (at {path}): kiln layers \
+         no tree with that many, since `kiln run` unpacks no image with more"
+    )]
+    TooManyEntries {
+        /// The tree.
+        root: PathBuf,
+        /// The entry that passed the cap.
+        path: PathBuf,
+        /// The cap.
+        limit: u64,
+    },
+}
+
+/// `8 GiB`, `4 MiB`, else bytes.
+fn size_text(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{b} bytes"),
+    }
 }
 
 /// How to walk a tree.
@@ -69,6 +106,9 @@ pub struct WalkRules {
     /// resolve against the image root; false for a Function, where they would reach into
     /// the host's file system at build time and mean nothing in the image.
     pub absolute_links: bool,
+    /// What the tree may hold: bytes of files plus a metadata cost per entry, and entries
+    /// ([`super::budget`]; 8 GiB and a million unless told).
+    pub budget: super::budget::Budget,
 }
 
 /// A walked tree: relative path → entry kind (directories included), sorted.
@@ -113,7 +153,8 @@ impl Tree {
 pub fn walk(root: &Path, rules: &WalkRules) -> Result<Tree, Error> {
     let ignore = build_ignore(root, rules)?;
     let mut tree = Tree::default();
-    walk_dir(root, root, &ignore, rules, &mut tree)?;
+    let mut left = rules.budget.clone();
+    walk_dir(root, root, &ignore, rules, &mut left, &mut tree)?;
     Ok(tree)
 }
 
@@ -141,6 +182,7 @@ fn walk_dir(
     dir: &Path,
     ignore: &Gitignore,
     rules: &WalkRules,
+    left: &mut super::budget::Budget,
     tree: &mut Tree,
 ) -> Result<(), Error> {
     let io = |path: &Path| {
@@ -173,8 +215,24 @@ fn walk_dir(
             .to_str()
             .ok_or_else(|| Error::NonUtf8(path.clone()))?
             .to_string();
+        // Charged before the entry is kept or a directory entered.
+        let size = if kind.is_file() { meta.len() } else { 0 };
+        left.entry()
+            .and_then(|()| left.bytes(size))
+            .map_err(|over| match over {
+                super::budget::Over::Bytes(limit) => Error::TooLarge {
+                    root: root.to_path_buf(),
+                    path: path.clone(),
+                    limit,
+                },
+                super::budget::Over::Entries(limit) => Error::TooManyEntries {
+                    root: root.to_path_buf(),
+                    path: path.clone(),
+                    limit,
+                },
+            })?;
         let entry = if kind.is_dir() {
-            walk_dir(root, &path, ignore, rules, tree)?;
+            walk_dir(root, &path, ignore, rules, left, tree)?;
             EntryKind::Dir
         } else if kind.is_symlink() {
             let target = fs::read_link(&path).map_err(io(&path))?;
@@ -247,7 +305,44 @@ mod tests {
             never: vec![".npmrc".into()],
             ignore_file: true,
             absolute_links: false,
+            ..WalkRules::default()
         }
+    }
+
+    #[test]
+    fn a_tree_pays_for_its_entries_and_their_number_is_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        // 300 empty directories and links: nothing against a byte cap that counts contents.
+        for i in 0..150 {
+            fs::create_dir(dir.path().join(format!("d{i}"))).unwrap();
+            symlink(format!("d{i}"), dir.path().join(format!("l{i}"))).unwrap();
+        }
+        fs::write(dir.path().join("f"), vec![0; 1000]).unwrap();
+        let walk = |budget: super::super::budget::Budget| {
+            walk(dir.path(), &WalkRules { budget, ..rules() })
+        };
+        use super::super::budget::{Budget, ENTRY_COST};
+        assert_eq!(
+            walk(Budget::new(301 * ENTRY_COST + 1000))
+                .unwrap()
+                .entries
+                .len(),
+            301
+        );
+        let err = walk(Budget::new(300 * ENTRY_COST + 1000)).unwrap_err();
+        assert!(
+            matches!(err, Error::TooLarge { limit, .. } if limit == 300 * ENTRY_COST + 1000),
+            "{err}"
+        );
+        let err = walk(Budget::new(u64::MAX).max_entries(300)).unwrap_err();
+        assert!(
+            matches!(err, Error::TooManyEntries { limit: 300, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string()
+                .contains("more than 300 files, directories and links")
+        );
     }
 
     #[test]

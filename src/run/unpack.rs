@@ -20,6 +20,7 @@ use flate2::read::MultiGzDecoder;
 use tar::EntryType;
 
 use crate::io_error::IoContext as _;
+use crate::oci::budget::{Budget, Over};
 use crate::oci::{ChunkReader, Digest, HashingReader};
 use crate::rootpath::{self, Last, is_missing};
 
@@ -178,8 +179,11 @@ fn read_full(from: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
     Ok(filled)
 }
 
-/// The default cap on the bytes a whole image may unpack to (file contents).
-pub const DEFAULT_LIMIT: u64 = 8 << 30;
+/// The default cap on the bytes a whole image may unpack to (file contents, and
+/// [`ENTRY_COST`] per entry).
+pub const DEFAULT_LIMIT: u64 = crate::oci::budget::DEFAULT_BYTES;
+
+pub use crate::oci::budget::{ENTRY_COST, MAX_ENTRIES};
 
 /// Applies layers, base first, to one root directory. Directory modes and times are set by
 /// [`Unpacker::finish`], so directories stay writable while later layers change them.
@@ -187,21 +191,9 @@ pub const DEFAULT_LIMIT: u64 = 8 << 30;
 pub struct Unpacker {
     root: PathBuf,
     dirs: BTreeMap<PathBuf, (u32, SystemTime)>,
-    /// File bytes still allowed; every entry also costs [`ENTRY_COST`].
-    budget: u64,
-    limit: u64,
-    /// Entries still allowed.
-    entries_left: u64,
-    entry_limit: u64,
+    /// File bytes and entries still allowed ([`crate::oci::budget`]).
+    budget: Budget,
 }
-
-/// What an entry costs of the byte budget besides its contents: its inode, directory entry
-/// and metadata. Without it a small layer of empty directories or links would fill a disk's
-/// inodes at no cost.
-pub const ENTRY_COST: u64 = 512;
-
-/// The most entries (files, directories, links, whiteouts) an image's layers may hold.
-pub const MAX_ENTRIES: u64 = 1_000_000;
 
 impl Unpacker {
     /// Unpacks into `root`, which must exist (normally empty), up to [`DEFAULT_LIMIT`] bytes.
@@ -214,18 +206,14 @@ impl Unpacker {
         Unpacker {
             root: root.to_path_buf(),
             dirs: BTreeMap::new(),
-            budget: limit,
-            limit,
-            entries_left: MAX_ENTRIES,
-            entry_limit: MAX_ENTRIES,
+            budget: Budget::new(limit),
         }
     }
 
     /// At most `entries` entries over all layers ([`MAX_ENTRIES`] unless told).
     pub fn max_entries(self, entries: u64) -> Unpacker {
         Unpacker {
-            entries_left: entries,
-            entry_limit: entries,
+            budget: self.budget.max_entries(entries),
             ..self
         }
     }
@@ -233,21 +221,16 @@ impl Unpacker {
     /// Charges one entry (its count and [`ENTRY_COST`] bytes) before anything of it is
     /// written.
     fn charge_entry(&mut self, name: &Path) -> Result<()> {
-        if self.entries_left == 0 {
-            return Err(Error::TooManyEntries {
-                limit: self.entry_limit,
+        self.budget.entry().map_err(|over| match over {
+            Over::Entries(limit) => Error::TooManyEntries {
+                limit,
                 name: name.to_path_buf(),
-            });
-        }
-        self.entries_left -= 1;
-        if self.budget < ENTRY_COST {
-            return Err(Error::TooLarge {
-                limit: self.limit,
+            },
+            Over::Bytes(limit) => Error::TooLarge {
+                limit,
                 name: name.to_path_buf(),
-            });
-        }
-        self.budget -= ENTRY_COST;
-        Ok(())
+            },
+        })
     }
 
     /// Applies one layer blob, detecting gzip and zstd by their magic bytes, and reads it to
@@ -392,13 +375,13 @@ impl Unpacker {
                 self.remove(dest)?;
                 let mut capped = Capped {
                     inner: entry,
-                    budget: &mut self.budget,
+                    budget: self.budget.bytes_left_mut(),
                     exceeded: false,
                 };
                 let wrote = write_file(&mut capped, dest, mode, mtime);
                 if capped.exceeded {
                     return Err(Error::TooLarge {
-                        limit: self.limit,
+                        limit: self.budget.byte_limit(),
                         name: name.to_path_buf(),
                     });
                 }

@@ -126,8 +126,7 @@ pub(super) fn link_bin(
             source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
         }));
     }
-    tree.entries
-        .insert(link, EntryKind::Symlink(relative(&path, dir)));
+    tree.put_link(link, relative(&path, dir))?;
     Ok(())
 }
 
