@@ -259,13 +259,31 @@ function respond(res, body, status, headers) {
 }
 
 // ---- body: streamed with a limit, parsed like Kyma's body-parser chain ----
+// An upload over the limit is read to its end and discarded (never buffered) before the 413
+// goes out, so a client that writes its whole body before it reads the answer (Python's
+// http.client, requests) reads the 413 instead of a reset; but for at most 2 s and 64 MiB: a
+// client streaming past either gets the 413 and the connection is cut.
+const DRAIN_MS = 2000;
+const DRAIN_BYTES = 64 << 20;
 function tooLarge(req, res) {
-  res.setHeader('Connection', 'close');
-  sendText(res, 413, `Request body larger than REQ_MB_LIMIT (${MB_LIMIT} MiB)\n`);
-  // Discard (not buffer) what the client still sends so it can read the 413 instead of a reset,
-  // but never for long: a client streaming forever must not hold the connection.
+  let drained = 0;
+  let answered = false;
+  const answer = (cut) => {
+    if (answered) return;
+    answered = true;
+    clearTimeout(timer);
+    res.setHeader('Connection', 'close');
+    if (cut) res.once('finish', () => req.socket.destroy());
+    sendText(res, 413, `Request body larger than REQ_MB_LIMIT (${MB_LIMIT} MiB)\n`);
+  };
+  const timer = setTimeout(() => answer(true), DRAIN_MS);
+  req.on('data', (chunk) => {
+    drained += chunk.length;
+    if (drained > DRAIN_BYTES) answer(true);
+  });
+  req.on('end', () => answer(false));
+  req.on('error', () => { clearTimeout(timer); });
   req.resume();
-  setTimeout(() => req.socket.destroy(), 2000).unref();
 }
 
 function readBody(req, res, done) {

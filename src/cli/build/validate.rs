@@ -122,9 +122,9 @@ pub(in crate::cli) fn cache_trust(
     let trust = crate::build::remote_cache::CacheTrust::new(sign, trusted);
     if cache_repo && !trust.trusts_any() {
         return Err(anyhow!(
-            "--cache-repo needs --cache-trust-key FILE (the public key whose signed entries to use) \
-                or --cache-sign-key FILE (the key this build signs its entries with): an entry \
-                no trusted key signed could have been stored by anyone who can push there"
+            "--cache-repo needs --cache-trust-key FILE (the public key whose signed entries to \
+                use) or --cache-sign-key FILE (the key this build signs its entries with): an \
+                entry no trusted key signed could have been stored by anyone who can push there"
         ));
     }
     Ok(trust)

@@ -234,6 +234,58 @@ pub(super) async fn a_body_over_the_limit_gets_413(rt: Runtime) {
     assert_eq!(sample(&metrics(&server).await, "function_calls_total"), 1.0);
 }
 
+/// A client that writes its whole upload before it reads the answer (Python's http.client,
+/// requests) reads the 413, rather than a reset: the server reads the rest of an 11 MiB
+/// body, sized or chunked, before it closes.
+pub(super) async fn a_client_that_writes_the_whole_body_first_reads_the_413(rt: Runtime) {
+    use std::io::{Read, Write};
+    let server = Server::start(rt, &[("REQ_MB_LIMIT", "1")]);
+    let port = server.port;
+    tokio::task::spawn_blocking(move || {
+        let body = vec![b'x'; 11 << 20];
+        for chunked in [false, true] {
+            let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            let framing = if chunked {
+                "Transfer-Encoding: chunked".to_string()
+            } else {
+                format!("Content-Length: {}", body.len())
+            };
+            write!(
+                stream,
+                "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n{framing}\r\n\r\n"
+            )
+            .unwrap();
+            let written = if chunked {
+                body.chunks(64 << 10)
+                    .try_for_each(|c| {
+                        write!(stream, "{:x}\r\n", c.len())?;
+                        stream.write_all(c)?;
+                        stream.write_all(b"\r\n")
+                    })
+                    .and_then(|()| stream.write_all(b"0\r\n\r\n"))
+            } else {
+                stream.write_all(&body)
+            };
+            assert!(
+                written.is_ok(),
+                "chunked {chunked}: the server stopped reading the upload: {written:?}"
+            );
+            let mut answer = Vec::new();
+            let _ = stream.read_to_end(&mut answer);
+            let answer = String::from_utf8_lossy(&answer[..answer.len().min(200)]);
+            assert!(
+                answer.starts_with("HTTP/1.1 413 "),
+                "chunked {chunked}: {answer:?}"
+            );
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// (`Keep-Alive` as ab and HTTP/1.0 clients spell it: cheroot compares the value case-sensitively.)
 pub(super) async fn http_1_0_keep_alive_clients_reuse_the_connection(rt: Runtime) {
     use std::io::{BufRead, BufReader, Read, Write};

@@ -26,8 +26,8 @@ use events::{
     structured_cloud_event_fills_ce_fields,
 };
 use http::{
-    a_body_over_the_limit_gets_413, a_throw_answers_500_and_logs_the_stack,
-    built_in_endpoints_and_preflight_skip_the_function,
+    a_body_over_the_limit_gets_413, a_client_that_writes_the_whole_body_first_reads_the_413,
+    a_throw_answers_500_and_logs_the_stack, built_in_endpoints_and_preflight_skip_the_function,
     http_1_0_keep_alive_clients_reuse_the_connection, json_body_round_trips_with_context,
     metrics_count_calls_and_failures, status_and_headers_set_by_the_function_reach_the_client,
     text_form_raw_and_empty_bodies_are_parsed,
@@ -85,6 +85,9 @@ for_both_runtimes! {
     a_slow_function_times_out_with_408:
         node_answers_408_when_the_function_runs_past_func_timeout,
         python_answers_408_when_the_function_runs_past_func_timeout;
+    a_client_that_writes_the_whole_body_first_reads_the_413:
+        node_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413,
+        python_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413;
     a_body_over_the_limit_gets_413:
         node_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function,
         python_answers_413_to_a_body_over_req_mb_limit_without_calling_the_function;
