@@ -13,7 +13,7 @@ use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 
 /// The two function servers.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runtime {
     Node,
     Python,

@@ -262,10 +262,11 @@ function respond(res, body, status, headers) {
 // An upload over the limit is read to its end and discarded (never buffered) before the 413
 // goes out, so a client that writes its whole body before it reads the answer (Python's
 // http.client, requests) reads the 413 instead of a reset; but for at most 2 s and 64 MiB: a
-// client streaming past either gets the 413 and the connection is cut.
+// client streaming past either gets the 413 and the connection is cut. A client that waits
+// for `100 Continue` gets the 413 at once: it sends nothing.
 const DRAIN_MS = 2000;
 const DRAIN_BYTES = 64 << 20;
-function tooLarge(req, res) {
+function tooLarge(req, res, unsent = false) {
   let drained = 0;
   let answered = false;
   const answer = (cut) => {
@@ -284,6 +285,7 @@ function tooLarge(req, res) {
   req.on('end', () => answer(false));
   req.on('error', () => { clearTimeout(timer); });
   req.resume();
+  if (unsent) answer(true);
 }
 
 function readBody(req, res, done) {
@@ -818,7 +820,7 @@ loadFunction().then((fn) => {
   const classes = { IncomingMessage: Request, ServerResponse: Response };
   const server = http.createServer(classes, onRequest);
   server.on('checkContinue', (req, res) => { // `Expect: 100-continue`: refuse big bodies unsent
-    if (Number(req.headers['content-length']) > BODY_LIMIT) return tooLarge(req, res);
+    if (Number(req.headers['content-length']) > BODY_LIMIT) return tooLarge(req, res, true);
     res.writeContinue();
     onRequest(req, res);
   });
