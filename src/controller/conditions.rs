@@ -51,6 +51,9 @@ impl State {
 
 /// Kyma's reasons (serverless@legacy), and kiln's few additions.
 pub mod reason {
+    /// An Event, not a condition: the Function's runtime is one of Kyma's names that kiln
+    /// builds on another of its runtimes.
+    pub const RUNTIME_SUBSTITUTED: &str = "RuntimeSubstituted";
     /// ConfigurationReady: the source ConfigMap was created.
     pub const CONFIGMAP_CREATED: &str = "ConfigMapCreated";
     /// ConfigurationReady: the source ConfigMap was updated.

@@ -67,6 +67,7 @@ pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
     printcolumn = "{\"name\":\"Running\",\"type\":\"string\",\"jsonPath\":\
         \".status.conditions[?(@.type=='Running')].status\"}",
     printcolumn = r#"{"name":"Runtime","type":"string","jsonPath":".spec.runtime"}"#,
+    printcolumn = r#"{"name":"Built As","type":"string","jsonPath":".status.runtime"}"#,
     printcolumn = r#"{"name":"Version","type":"integer","jsonPath":".metadata.generation"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

@@ -96,10 +96,17 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
         );
         return Ok(Action::await_change());
     }
-    let Ok((runtime, _)) = ctx.catalog.resolve(&f.spec.runtime) else {
+    let Ok((runtime, alias)) = ctx.catalog.resolve(&f.spec.runtime) else {
         // validate refuses unknown runtimes; this keeps the type system honest.
         return Ok(Action::await_change());
     };
+    if let Some(alias) = alias
+        && st.runtime_before() != Some(runtime.name.as_str())
+    {
+        // Said once, when the Function first runs on the stand-in (the webhook warned at
+        // apply time; status.runtime and `kubectl get` show it from now on).
+        st.note(reason::RUNTIME_SUBSTITUTED, alias.warning());
+    }
     st.status.runtime = Some(runtime.name.clone());
     let Some(found) = lookups(f, ctx, st, &runtime.name).await? else {
         return Ok(Action::requeue(ctx.config.build_retry_base));

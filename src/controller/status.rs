@@ -33,6 +33,8 @@ pub struct Working {
     pub status: FunctionStatus,
     before: Option<FunctionStatus>,
     changes: Vec<Change>,
+    /// Events besides the condition changes: (reason, note).
+    notes: Vec<(String, String)>,
     now: String,
 }
 
@@ -43,6 +45,7 @@ impl Working {
             status: f.status.clone().unwrap_or_default(),
             before: f.status.clone(),
             changes: Vec::new(),
+            notes: Vec::new(),
             now: k8s_openapi::jiff::Timestamp::now()
                 .round(k8s_openapi::jiff::Unit::Second)
                 .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
@@ -57,6 +60,16 @@ impl Working {
         {
             self.changes.push(change);
         }
+    }
+
+    /// Records a Normal Event published with the status write (and only if it writes).
+    pub fn note(&mut self, reason: &str, note: impl Into<String>) {
+        self.notes.push((reason.to_string(), note.into()));
+    }
+
+    /// The runtime the Function was built on before this pass.
+    pub fn runtime_before(&self) -> Option<&str> {
+        self.before.as_ref()?.runtime.as_deref()
     }
 
     /// The condition `kind` now.
@@ -124,6 +137,18 @@ impl Working {
             };
             if let Err(e) = recorder.publish(&event, &reference).await {
                 tracing::warn!(error = %e, reason = %change.reason, "publishing an Event");
+            }
+        }
+        for (reason, note) in &self.notes {
+            let event = Event {
+                type_: EventType::Normal,
+                reason: reason.clone(),
+                note: Some(truncate(note, 1024)),
+                action: "Build".into(),
+                secondary: None,
+            };
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                tracing::warn!(error = %e, reason = %reason, "publishing an Event");
             }
         }
         Ok(Written::Written)

@@ -48,9 +48,13 @@ pub fn lookup(name: &str) -> Option<Alias> {
 impl Alias {
     /// The warning shown when a manifest uses this name.
     pub fn warning(&self) -> String {
+        let what = super::Catalog::embedded()
+            .get(self.kiln)
+            .map(|r| format!(" ({})", r.description))
+            .unwrap_or_default();
         format!(
-            "runtime {} is built as {}: kiln has no {} runtime; set spec.runtime: {} to silence \
-                this",
+            "runtime {} is built as {}{what}: kiln has no {} runtime; set spec.runtime: {} to \
+                silence this",
             self.kyma, self.kiln, self.kyma, self.kiln
         )
     }
@@ -76,5 +80,11 @@ mod tests {
         assert_eq!(lookup("nodejs20").map(|a| a.kiln), Some("nodejs22"));
         assert_eq!(lookup("python312").map(|a| a.kiln), Some("python313"));
         assert_eq!(lookup("nodejs22"), None);
+        // The warning says which version really runs.
+        assert_eq!(
+            lookup("python312").unwrap().warning(),
+            "runtime python312 is built as python313 (CPython 3.13): kiln has no python312 \
+                runtime; set spec.runtime: python313 to silence this"
+        );
     }
 }

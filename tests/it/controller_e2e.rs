@@ -578,9 +578,34 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     assert!(
         table
             .lines()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..5]
-                == ["words", "True", "True", "True", "nodejs22"]),
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..6]
+                == ["words", "True", "True", "True", "nodejs22", "nodejs22"]),
         "{table}"
+    );
+    // Kyma's python312 runs on kiln's python313, and says so: the table, an Event.
+    assert!(
+        table.lines().next().unwrap().contains("BUILT AS"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.split_whitespace().collect::<Vec<_>>()[..6]
+                == ["yaml", "True", "True", "True", "python312", "python313"]),
+        "{table}"
+    );
+    let substituted: Vec<Value> = api
+        .list("Event.events.k8s.io")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == "yaml" && e["reason"] == "RuntimeSubstituted")
+        .collect();
+    assert_eq!(substituted.len(), 1, "{substituted:?}");
+    assert!(
+        substituted[0]["note"]
+            .as_str()
+            .unwrap()
+            .contains("runtime python312 is built as python313 (CPython 3.13)"),
+        "{substituted:?}"
     );
     let status = api.get("Function", "team", "words").unwrap()["status"].clone();
     assert!(status["digest"].as_str().unwrap().starts_with("sha256:"));

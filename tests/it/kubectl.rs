@@ -103,7 +103,8 @@ fn kubectl_applies_deploy_server_side_and_reads_scales_and_deletes_functions() {
         {"type": "ConfigurationReady", "status": "True", "reason": "ConfigMapCreated"},
         {"type": "BuildReady", "status": "True", "reason": "JobFinished"},
         {"type": "Running", "status": "Unknown", "reason": "DeploymentWaiting"}],
-        "replicas": 1, "podSelector": "serverless.kyma-project.io/function-name=hello"});
+        "replicas": 1, "podSelector": "serverless.kyma-project.io/function-name=hello",
+        "runtime": "nodejs22"});
     let f = api.insert(f);
     api.insert(json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
         "metadata": {"name": "hello.1", "namespace": "team"},
@@ -126,14 +127,18 @@ fn kubectl_applies_deploy_server_side_and_reads_scales_and_deletes_functions() {
             "BUILT",
             "RUNNING",
             "RUNTIME",
+            "BUILT",
+            "AS",
             "VERSION",
             "AGE"
         ],
         "{table}"
     );
     assert_eq!(
-        lines[1][..6],
-        ["hello", "True", "True", "Unknown", "nodejs22", "1"],
+        lines[1][..7],
+        [
+            "hello", "True", "True", "Unknown", "nodejs22", "nodejs22", "1"
+        ],
         "{table}"
     );
     assert_eq!(
