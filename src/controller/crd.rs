@@ -434,6 +434,7 @@ mod tests {
                 "Built",
                 "Running",
                 "Runtime",
+                "Built As",
                 "Version",
                 "Age"
             ]
