@@ -109,16 +109,75 @@ class MultiDict(dict):
         return list(self._all.get(key, []))
 
 
-# ---- tracing: W3C Trace Context and B3 in, both out; OpenTelemetry loaded only when used ----
-# A request that carries `traceparent`, `b3` or `X-B3-TraceId`/`X-B3-SpanId` continues that trace:
-# it gets a span id of its own (a child of the caller's), and every outgoing HTTP request the
-# Function makes while handling it (requests, urllib: anything on http.client) carries
-# `traceparent` and the B3 headers. `event.tracer` loads the OpenTelemetry SDK from the image's
-# packages on first use; its spans are children of the request's. With TRACE_COLLECTOR_ENDPOINT
-# the SDK loads at start and every traced request becomes a SERVER span exported over
-# OTLP/HTTP. Without trace headers and a collector nothing here runs but a few header lookups.
+# ---- tracing: W3C Trace Context and B3 in, both out; the OpenTelemetry SDK loaded when used ----
+# Every request is traced, as Kyma's runtimes trace it. One that carries `traceparent`, `b3` or
+# `X-B3-TraceId`/`X-B3-SpanId` continues that trace; any other starts a new one, sampled as its
+# `X-B3-Sampled`/`X-B3-Flags` say, else always (Kyma's ParentBased(AlwaysOn)). The request gets
+# a span id of its own (a child of the caller's), and every outgoing HTTP request the Function
+# makes while handling it (requests, urllib: anything on http.client) carries `traceparent` and
+# the B3 headers. The ids are made when something needs them. Once anything has imported the
+# OpenTelemetry API (the Function, a library, `event.tracer`; an import hook notices it, even in
+# the middle of a call), the API's active span while the Function runs is the request's, so a
+# library the Function instruments itself (`RequestsInstrumentor().instrument()`) continues the
+# request's trace; the global propagator is W3C Trace Context plus B3 multi, as Kyma's runtime
+# sets it. The API is not imported for that (it costs about 8 MiB). `event.tracer` loads
+# the SDK on first use; its spans are children of the request's. With TRACE_COLLECTOR_ENDPOINT
+# the SDK loads at start and every request becomes a SERVER span exported over OTLP/HTTP.
 import contextvars
 import http.client
+
+# Read by opentelemetry.propagate when it is first imported (by the SDK or an instrumentation).
+os.environ.setdefault('OTEL_PROPAGATORS', 'tracecontext,b3multi')
+_api = {}  # the OpenTelemetry API's `trace` and `context` modules, once anything imported them
+
+
+def _otel_api():
+    if not _api:
+        tr, cx = sys.modules.get('opentelemetry.trace'), sys.modules.get('opentelemetry.context')
+        if tr is None or cx is None or not hasattr(tr, 'NonRecordingSpan'):
+            return None
+        _api.update(trace=tr, context=cx)
+    return _api
+
+
+def _enter_api_context(t):
+    """Makes the request's span the API's active one, if the API is loaded."""
+    api = _otel_api()
+    if api is None or t.otel_token is not None:
+        return
+    t.ensure_ids()
+    span = api['trace'].NonRecordingSpan(api['trace'].SpanContext(
+        int(t.trace_id, 16), int(t.span_id, 16), is_remote=True,
+        trace_flags=api['trace'].TraceFlags(1 if t.sampled else 0)))
+    t.otel_token = api['context'].attach(api['trace'].set_span_in_context(span))
+
+
+class _ApiImportHook:
+    """Notices the first import of `opentelemetry.trace`: a call running then gets the
+    request's span as the active one at once. Removed after that import."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != 'opentelemetry.trace':
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, 'exec_module'):
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            t = _current_trace.get()
+            if t is not None and t.context is None:
+                _enter_api_context(t)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if 'opentelemetry.trace' not in sys.modules:
+    sys.meta_path.insert(0, _ApiImportHook())
 
 COLLECTOR = os.environ.get('TRACE_COLLECTOR_ENDPOINT') or ''
 _current_trace = contextvars.ContextVar('kiln_trace', default=None)
@@ -130,12 +189,28 @@ _TRACEPARENT = re.compile(r'([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f
 
 
 class Trace:
-    """One request's place in a trace: ids as lower-case hex."""
+    """One request's place in a trace: ids as lower-case hex, made on first use
+    (`ensure_ids`); a new trace has no trace id until then."""
 
     def __init__(self, trace_id, parent_id, sampled):
         self.trace_id, self.parent_id, self.sampled = trace_id, parent_id, sampled
-        self.span_id = os.urandom(8).hex()
-        self.span = self.context = None
+        self.span_id = None
+        self.span = self.context = self.otel_token = None
+
+    def ensure_ids(self):
+        if self.span_id is None:
+            if self.trace_id is None:
+                self.trace_id = os.urandom(16).hex()
+            self.span_id = os.urandom(8).hex()
+        return self
+
+
+def _root_sampled(headers):
+    """Whether a new trace is sampled: as the request's B3 sampling headers say, else always."""
+    if headers.get('x-b3-flags') == '1':
+        return True
+    sampled = headers.get('x-b3-sampled')
+    return sampled is None or sampled in ('1', 'true')
 
 
 def _ids(trace_id, span_id):
@@ -192,16 +267,17 @@ def _span_context(trace_id, span_id, sampled):
 
 
 def start_trace(req):
-    """This request's trace; None when there is nothing to continue and nothing to export."""
+    """This request's trace: the caller's continued, or a new one."""
     env = req.environ
-    if not COLLECTOR and not ('HTTP_TRACEPARENT' in env or 'HTTP_B3' in env
-                              or 'HTTP_X_B3_TRACEID' in env):
-        return None
-    t = incoming_trace(req.headers)
-    if t is None and not COLLECTOR:
-        return None
+    t = None
+    if 'HTTP_TRACEPARENT' in env or 'HTTP_B3' in env or 'HTTP_X_B3_TRACEID' in env:
+        t = incoming_trace(req.headers)
     if t is None:
-        t = Trace(os.urandom(16).hex(), None, True)
+        t = Trace(None, None, _root_sampled(req.headers))
+        if COLLECTOR and not t.sampled:
+            # A new trace the caller asked not to sample: a non-recording root.
+            t.ensure_ids()
+            t.parent_id = t.span_id
     if COLLECTOR:
         o = _load_otel()
         parent = None
@@ -233,6 +309,7 @@ def _parent_context():
         return current
     if t.context is not None:
         return t.context
+    t.ensure_ids()
     return o['trace'].set_span_in_context(_span_context(t.trace_id, t.span_id, t.sampled))
 
 
@@ -258,6 +335,7 @@ def outgoing_trace_headers():
     t = _current_trace.get()
     if t is None:
         return None
+    t.ensure_ids()
     span_id, sampled = t.span_id, t.sampled
     if _otel:
         # The SDK's own exports (to the collector) run with instrumentation suppressed.
@@ -526,6 +604,10 @@ def call_function(event, context, environ, trace):
     otel_token = None
     if trace is not None and trace.context is not None:
         otel_token = _otel['context'].attach(trace.context)
+    elif trace is not None:
+        # The API's active span is the request's: what a library the Function instruments
+        # itself continues (or as soon as the API is imported: _ApiImportHook).
+        _enter_api_context(trace)
     try:
         outcome = ('ok', _function(event, context))
     except bottle.HTTPResponse as res:  # `raise bottle.HTTPError(400, ...)` is an answer
@@ -537,6 +619,9 @@ def call_function(event, context, environ, trace):
     finally:
         if otel_token is not None:
             _otel['context'].detach(otel_token)
+        elif trace is not None and trace.otel_token is not None:
+            _api['context'].detach(trace.otel_token)
+            trace.otel_token = None
         _current_trace.reset(trace_token)
         with _calls_lock:
             answered = _calls.pop(key, None) is None

@@ -37,9 +37,9 @@ use lifecycle::{
     sigterm_exits_promptly_while_a_timed_out_call_still_runs,
 };
 use tracing::{
+    a_request_without_a_trace_starts_one_that_outgoing_calls_carry,
     incoming_traces_continue_into_outgoing_calls_and_the_functions_spans,
     spans_are_exported_to_the_trace_collector_over_otlp_http,
-    without_trace_headers_or_a_collector_nothing_is_traced,
 };
 
 /// One test per runtime and check, each named as a sentence.
@@ -109,13 +109,18 @@ for_both_runtimes! {
     incoming_traces_continue_into_outgoing_calls_and_the_functions_spans:
         node_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans,
         python_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_functions_spans;
-    without_trace_headers_or_a_collector_nothing_is_traced:
-        node_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector,
-        python_traces_nothing_and_loads_no_sdk_without_trace_headers_or_a_collector;
+    a_request_without_a_trace_starts_one_that_outgoing_calls_carry:
+        node_starts_a_trace_for_a_request_without_one_and_outgoing_calls_carry_it,
+        python_starts_a_trace_for_a_request_without_one_and_outgoing_calls_carry_it;
     http_1_0_keep_alive_clients_reuse_the_connection:
         node_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection,
         python_sizes_every_answer_so_http_1_0_keep_alive_clients_reuse_the_connection;
     spans_are_exported_to_the_trace_collector_over_otlp_http:
         node_exports_spans_to_the_trace_collector_over_otlp_http,
         python_exports_spans_to_the_trace_collector_over_otlp_http;
+}
+
+#[tokio::test]
+async fn python_runs_a_library_the_function_instruments_in_the_requests_trace() {
+    tracing::a_library_the_function_instruments_continues_the_requests_trace().await;
 }

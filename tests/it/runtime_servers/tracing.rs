@@ -1,6 +1,6 @@
 //! Tracing, on both runtimes: W3C and B3 headers continue into the Function's outgoing calls
-//! and its own spans, nothing is traced without them or a collector, and spans are exported
-//! to TRACE_COLLECTOR_ENDPOINT over OTLP/HTTP.
+//! and its own spans, a request without them starts a trace of its own, and spans are
+//! exported to TRACE_COLLECTOR_ENDPOINT over OTLP/HTTP.
 
 use crate::common;
 
@@ -85,23 +85,48 @@ pub(super) async fn incoming_traces_continue_into_outgoing_calls_and_the_functio
     }
 }
 
-pub(super) async fn without_trace_headers_or_a_collector_nothing_is_traced(rt: Runtime) {
+/// A request without a trace starts one, as on Kyma: its sampling from `X-B3-Sampled` when
+/// the caller sends only that (Kyma's tracing acceptance test does), else sampled; every
+/// outgoing call carries it, and the OpenTelemetry SDK stays unloaded.
+pub(super) async fn a_request_without_a_trace_starts_one_that_outgoing_calls_carry(rt: Runtime) {
     let server = Server::start(rt, &[]);
-    let echo = Publisher::start();
-    let resp = client()
-        .get(server.url(&format!("/trace-out?url={}", echo.base())))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
-    for path in outgoing_paths(rt).iter().copied() {
-        let h = echo.request(path).headers;
-        assert!(
-            !h.keys()
-                .any(|k| k == "traceparent" || k.starts_with("x-b3-")),
-            "{path}: {h:?}"
-        );
+    let mut seen = Vec::new();
+    for (sent, sampled) in [(None, "1"), (Some("1"), "1"), (Some("0"), "0")] {
+        let echo = Publisher::start();
+        let mut call = client().get(server.url(&format!("/trace-out?url={}", echo.base())));
+        if let Some(value) = sent {
+            call = call.header("X-B3-Sampled", value);
+        }
+        let resp = call.send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+        let mut ids = None;
+        for path in outgoing_paths(rt).iter().copied() {
+            let h = echo.request(path).headers;
+            let traceparent = h
+                .get("traceparent")
+                .unwrap_or_else(|| panic!("{path}: {h:?}"));
+            let parts: Vec<&str> = traceparent.split('-').collect();
+            assert_eq!(parts.len(), 4, "{path}: {h:?}");
+            let (trace, span) = (parts[1].to_string(), parts[2].to_string());
+            assert!(
+                trace.len() == 32 && trace.chars().any(|c| c != '0') && span.len() == 16,
+                "{path}: {h:?}"
+            );
+            assert_eq!(parts[3], if sampled == "1" { "01" } else { "00" }, "{h:?}");
+            assert_eq!(h["x-b3-traceid"], trace, "{h:?}");
+            assert_eq!(h["x-b3-spanid"], span, "{h:?}");
+            assert_eq!(h["x-b3-sampled"], sampled, "{h:?}");
+            assert!(!h.contains_key("x-b3-parentspanid"), "a root: {h:?}");
+            // One trace and one span of the request, whichever client sent the call.
+            assert_eq!(
+                *ids.get_or_insert((trace.clone(), span.clone())),
+                (trace, span)
+            );
+        }
+        seen.push(ids.unwrap().0);
     }
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "each request a trace of its own: {seen:?}");
     let loaded = call_json(&server, Method::GET, "/otel-loaded", None).await;
     assert_eq!(loaded, json!(false), "the OpenTelemetry SDK stays unloaded");
 }
@@ -167,4 +192,40 @@ pub(super) async fn spans_are_exported_to_the_trace_collector_over_otlp_http(rt:
             || content_type.starts_with("application/x-protobuf"),
         "{content_type}"
     );
+}
+
+/// A Function that instruments requests with OpenTelemetry itself runs in the request's
+/// context: the instrumented call continues the caller's trace from the request's span, with
+/// the W3C and B3 headers the global propagator (Kyma's) injects.
+pub(super) async fn a_library_the_function_instruments_continues_the_requests_trace() {
+    let server = Server::start(Runtime::Python, &[]);
+    let echo = Publisher::start();
+    let resp = client()
+        .get(server.url(&format!("/trace-otel?url={}", echo.base())))
+        .header("traceparent", format!("00-{TRACE_ID}-{CALLER_SPAN}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["traceId"], TRACE_ID, "{answer}");
+    let request_span = answer["spanId"].as_str().unwrap();
+    assert_ne!(request_span, CALLER_SPAN, "{answer}");
+    let propagators: Vec<&str> = answer["propagators"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for field in ["traceparent", "x-b3-traceid", "x-b3-spanid", "x-b3-sampled"] {
+        assert!(propagators.contains(&field), "{propagators:?}");
+    }
+    let h = echo.request("/otel-requests").headers;
+    assert_eq!(
+        h["traceparent"],
+        format!("00-{TRACE_ID}-{request_span}-01"),
+        "{h:?}"
+    );
+    assert_eq!(h["x-b3-traceid"], TRACE_ID, "{h:?}");
+    assert_eq!(h["x-b3-spanid"], request_span, "{h:?}");
 }
