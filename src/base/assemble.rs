@@ -416,17 +416,30 @@ impl Stage<'_> {
     }
 
     fn server_layer(&mut self, recipe: &Recipe) -> Result<NewLayer> {
-        let text = super::servers::source(&recipe.image.server).unwrap_or_default();
-        let entry = LayerEntry {
-            path: recipe.image.server_dest.trim_start_matches('/').to_string(),
+        let file = |path: String, text: &str| LayerEntry {
+            path,
             kind: EntryKind::File {
                 content: Content::Bytes(text.as_bytes().to_vec()),
                 executable: false,
             },
         };
+        let dest = recipe.image.server_dest.trim_start_matches('/');
+        let dir = dest.rsplit_once('/').map_or("", |(dir, _)| dir);
+        let mut entries = Vec::new();
+        if let Some(server) = super::servers::server(&recipe.image.server) {
+            entries.push(file(dest.to_string(), server.main));
+            for (path, text) in server.beside {
+                let path = if dir.is_empty() {
+                    (*path).to_string()
+                } else {
+                    format!("{dir}/{path}")
+                };
+                entries.push(file(path, text));
+            }
+        }
         self.write(
             "server",
-            vec![entry],
+            entries,
             format!("kiln base: function server {}", recipe.image.server_dest),
         )
     }

@@ -44,7 +44,7 @@ pub struct SourceArgs {
 /// Flags of `kiln base lock`.
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// The runtime (nodejs22, nodejs24, python313).
+    /// The runtime (nodejs22, nodejs24, nodejs26, python313).
     pub runtime: String,
     /// Where to write the lock [default: base-images/RUNTIME/lock.toml].
     #[arg(long, value_name = "FILE")]
@@ -57,7 +57,7 @@ pub struct LockArgs {
 /// Flags of `kiln base build`.
 #[derive(Debug, Args)]
 pub struct BuildBaseArgs {
-    /// The runtime (nodejs22, nodejs24, python313).
+    /// The runtime (nodejs22, nodejs24, nodejs26, python313).
     pub runtime: String,
     /// Push the base image here.
     #[arg(long, value_name = "REF")]

@@ -23,10 +23,6 @@ pub const ALIASES: &[Alias] = &[
         kiln: "nodejs22",
     },
     Alias {
-        kyma: "nodejs26",
-        kiln: "nodejs24",
-    },
-    Alias {
         kyma: "python39",
         kiln: "python313",
     },

@@ -96,7 +96,7 @@ mod tests {
         }
         assert_eq!(
             Catalog::embedded().names(),
-            ["nodejs22", "nodejs24", "python313"]
+            ["nodejs22", "nodejs24", "nodejs26", "python313"]
         );
     }
 
@@ -134,7 +134,7 @@ mod tests {
         let err = Catalog::embedded().get("ruby3").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, python313"
+            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313"
         );
     }
 }

@@ -154,7 +154,7 @@ impl ControllerEnv {
         if !extra.contains(&"--leader-lease") {
             args.push("--no-leader-election".into());
         }
-        for runtime in ["nodejs22", "nodejs24", "python313"] {
+        for runtime in ["nodejs22", "nodejs24", "nodejs26", "python313"] {
             args.push(format!("--base-image={runtime}={}", self.tiny.reference));
             args.push(format!("--builder-image={runtime}={}", self.tiny.reference));
         }

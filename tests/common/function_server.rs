@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 
-/// The two function servers.
+/// The function servers: the legacy API's two, and nodejs26's new `main(req, res)` API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runtime {
     Node,
     Python,
+    Express,
 }
 
 impl Runtime {
@@ -25,13 +26,14 @@ impl Runtime {
         match self {
             Runtime::Node => "nodejs20",
             Runtime::Python => "python311",
+            Runtime::Express => "nodejs26",
         }
     }
 
     /// File name of the fixture Function, as it appears in stack traces.
     pub fn handler_file(self) -> &'static str {
         match self {
-            Runtime::Node => "handler.js",
+            Runtime::Node | Runtime::Express => "handler.js",
             Runtime::Python => "handler.py",
         }
     }
@@ -64,6 +66,7 @@ impl Server {
         let servers = repo().join("runtimes/_servers");
         let (program, script) = match runtime {
             Runtime::Node => (interpreter("KILN_TEST_NODE", "node"), "node/server.js"),
+            Runtime::Express => (interpreter("KILN_TEST_NODE", "node"), "express/server.js"),
             Runtime::Python => (
                 interpreter("KILN_TEST_PYTHON", "python3"),
                 "python/server.py",
@@ -84,6 +87,13 @@ impl Server {
             Runtime::Node => cmd
                 .env("NODE_PATH", node_packages())
                 .env("HANDLER_PATH", fixtures.join("node/handler.js")),
+            // `sdk` as the image has it in /usr/src/app/node_modules.
+            Runtime::Express => cmd
+                .env(
+                    "NODE_PATH",
+                    std::env::join_paths([node_packages(), servers.join("express")]).unwrap(),
+                )
+                .env("HANDLER_PATH", fixtures.join("express/handler.js")),
             Runtime::Python => cmd
                 .env("PYTHONPATH", python_packages())
                 .env("FUNCTION_PATH", fixtures.join("python"))

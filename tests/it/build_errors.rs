@@ -92,7 +92,9 @@ fn an_unknown_runtime_lists_the_known_ones() {
         .failure(2)
         .to_string();
     assert!(
-        err.contains("unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, python313"),
+        err.contains(
+            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313"
+        ),
         "{err}"
     );
 }

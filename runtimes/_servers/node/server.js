@@ -720,11 +720,15 @@ function invoke(req, res, reqPath, query, raw) {
   m.calls++;
   const c = new Call(req, res);
   const sendResponse = (body, status, headers) => respond(res, body, status, headers);
-  const trace = startTrace(req, reqPath);
+  c.trace = startTrace(req, reqPath);
+  return runTraced(c.trace, res, () => c.run(event, context, sendResponse));
+}
+
+// Runs `call` as the request's of `trace`: in its trace (see above), counted in flight until
+// the caller deletes it from `running`.
+function runTraced(trace, res, call) {
   if (trace.span) res.on('finish', () => endTrace(trace, res.statusCode));
   running.add(trace);
-  c.trace = trace;
-  const call = () => c.run(event, context, sendResponse);
   if (trace.context) return otel.api.context.with(trace.context, () => traceStore.run(trace, call));
   if (propagating) return traceStore.run(trace, call);
   return call();
@@ -865,7 +869,16 @@ async function loadFunction() {
 process.on('uncaughtException', (err) => console.error('Uncaught exception:', err));
 process.on('unhandledRejection', (err) => console.error('Unhandled rejection:', err));
 
-loadFunction().then((fn) => {
+// Loaded as a module (`kiln-core.js` beside the new-API server, runtimes/_servers/express), this
+// file serves nothing: it lends that server the parts of the contract both APIs share.
+if (require.main !== module) {
+  module.exports = {
+    config: { PORT, TIMEOUT_S, MB_LIMIT, BODY_LIMIT, HANDLER_FILE, HANDLER_NAME, FUNC_NAME,
+      FUNC_RUNTIME, NAMESPACE, GRACE_MS },
+    metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge,
+    startTrace, runTraced, running, userTracer, emitCloudEvent, loadFunction,
+  };
+} else loadFunction().then((fn) => {
   userFunction = fn;
   const classes = { IncomingMessage: Request, ServerResponse: Response };
   const server = http.createServer(classes, onRequest);

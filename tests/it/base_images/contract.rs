@@ -234,6 +234,62 @@ fn the_nodejs22_base_runs_a_function_that_honours_the_contract() {
     runtime_serves_the_contract("nodejs22", "node");
 }
 
+/// Kyma's new-API runtime: its "Hello World from Node.js 26" sample (`res.send`, which the
+/// legacy API has not), query parameters and status codes, an async handler and the `sdk`
+/// module, built on the kiln-built nodejs26 base and run under `kiln run`.
+#[test]
+fn the_nodejs26_base_runs_kymas_new_api_samples() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, "nodejs26", &bases);
+    validate_layout(&bases);
+    let dir = work.path().join("fn");
+    copy_tree(&fixtures().join("servers/express"), &dir);
+    let out = work.path().join("out");
+    let built = k.run_cmd(k.command_with_shared_downloads().args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs26",
+        "--base",
+        &format!("oci:{}:nodejs26", bases.display()),
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let (port, running) = serve(&k, &built.reference(), &[]);
+    let get = |path: &str| http::request(port, "GET", path, &[], b"");
+    assert_eq!(get("/hello"), (200, "Hello World!".to_string()));
+    assert_eq!(get("/query"), (400, "Missing id parameter".to_string()));
+    assert_eq!(get("/query?id=7"), (200, r#"{"id":"7"}"#.to_string()));
+    assert_eq!(get("/async"), (200, r#"{"later":true}"#.to_string()));
+    let (status, body) = get("/sdk");
+    assert_eq!(status, 200, "{body}");
+    let sdk: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (&sdk["runtime"], &sdk["timeout"], &sdk["tracer"]),
+        (
+            &serde_json::json!("nodejs26"),
+            &serde_json::json!(180),
+            &serde_json::json!("function")
+        ),
+        "{body}"
+    );
+    let (status, body) = http::request(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/json")],
+        br#"{"a":1}"#,
+    );
+    assert_eq!(
+        (status, body.contains(r#""body":{"a":1}"#)),
+        (200, true),
+        "{body}"
+    );
+    drop(running);
+}
+
 #[test]
 fn the_nodejs24_base_runs_a_function_that_honours_the_contract() {
     runtime_serves_the_contract("nodejs24", "node");

@@ -39,7 +39,7 @@ pub(super) async fn binary_cloud_event_fills_ce_fields(rt: Runtime) {
     assert_eq!(ce["specversion"], "1.0");
     // Node normalises time as the CloudEvents SDK does.
     let time = match rt {
-        Runtime::Node => "2024-05-01T12:00:00.000Z",
+        Runtime::Node | Runtime::Express => "2024-05-01T12:00:00.000Z",
         Runtime::Python => "2024-05-01T12:00:00Z",
     };
     assert_eq!(ce["time"], time);
@@ -77,7 +77,7 @@ pub(super) async fn structured_cloud_event_fills_ce_fields(rt: Runtime) {
     assert_eq!(ce["id"], "B-7");
     assert_eq!(ce["specversion"], "1.0");
     let time = match rt {
-        Runtime::Node => "2024-05-02T08:30:00.000Z",
+        Runtime::Node | Runtime::Express => "2024-05-02T08:30:00.000Z",
         Runtime::Python => "2024-05-02T08:30:00Z",
     };
     assert_eq!(ce["time"], time);

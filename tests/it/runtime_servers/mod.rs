@@ -15,6 +15,7 @@ mod events;
 mod frameworks;
 mod http;
 mod lifecycle;
+mod new_api;
 mod tracing;
 
 use crate::common::function_server::Runtime;
@@ -123,4 +124,9 @@ for_both_runtimes! {
 #[tokio::test]
 async fn python_runs_a_library_the_function_instruments_in_the_requests_trace() {
     tracing::a_library_the_function_instruments_continues_the_requests_trace().await;
+}
+
+#[tokio::test]
+async fn nodejs26_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413() {
+    a_client_that_writes_the_whole_body_first_reads_the_413(Runtime::Express).await;
 }

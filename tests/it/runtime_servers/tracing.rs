@@ -17,7 +17,7 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 /// The outgoing calls the tracing fixture makes, by runtime (its two HTTP clients).
 fn outgoing_paths(rt: Runtime) -> &'static [&'static str] {
     match rt {
-        Runtime::Node => &["/http", "/fetch", "/axios"],
+        Runtime::Node | Runtime::Express => &["/http", "/fetch", "/axios"],
         Runtime::Python => &["/urllib", "/requests"],
     }
 }

@@ -126,7 +126,7 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
         (
             json!({"spec": {"runtime": "ruby3"}}),
             "spec.runtime",
-            "nodejs22, nodejs24, python313",
+            "nodejs22, nodejs24, nodejs26, python313",
         ),
         (
             json!({"spec": {"runtimeImageOverride": "UPPER CASE"}}),

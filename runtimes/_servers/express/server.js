@@ -1,0 +1,145 @@
+'use strict';
+// kiln's function server for Kyma's new handler API (nodejs26): `main(req, res)` gets Express's
+// own request and response (the return value is ignored; async handlers allowed), and
+// `require('sdk')` (or `import … from 'sdk'`) gives the tracer, CloudEvents and the Function's
+// metadata. Express and its body parsers are the image's Kyma runtime packages, as in Kyma's
+// image. What both APIs share — metrics, tracing and its propagation into outgoing calls,
+// CloudEvents out, REQ_MB_LIMIT's drained 413, FUNC_TIMEOUT, the SIGTERM drain — is the legacy
+// server's, loaded as a module (kiln-core.js beside this file). Contract and decisions:
+// runtimes/_servers/README.md.
+
+const path = require('path');
+const core = require(path.join(__dirname, 'kiln-core.js'));
+const sdk = require('sdk');
+
+const env = process.env;
+const { config, metrics } = core;
+// Kyma's nodejs26 server reads SERVER_PORT and FUNC_BODY_MB_LIMIT; the legacy names win.
+const PORT = env.FUNC_PORT !== undefined ? config.PORT : Number(env.SERVER_PORT || 8080);
+const MB_LIMIT = env.REQ_MB_LIMIT !== undefined ? config.MB_LIMIT
+  : Number(env.FUNC_BODY_MB_LIMIT || 1);
+const BODY_LIMIT = Math.floor(MB_LIMIT * 1024 * 1024);
+
+sdk.configure(core.userTracer, core.emitCloudEvent, {
+  name: config.FUNC_NAME || '',
+  namespace: config.NAMESPACE || '',
+  runtime: config.FUNC_RUNTIME || 'nodejs26',
+  timeout: config.TIMEOUT_S,
+  bodySizeLimit: MB_LIMIT,
+});
+
+const express = require('express');
+const app = express();
+let userFunction;
+
+// A declared body over the limit is answered before the parsers read it (drained, then 413).
+app.use((req, res, next) => {
+  if (Number(req.headers['content-length']) > BODY_LIMIT) return core.tooLarge(req, res);
+  next();
+});
+const limit = BODY_LIMIT;
+app.use(express.json({ type: ['application/json', 'application/cloudevents+json'], limit, strict: false }));
+app.use(express.text({ type: ['text/*'], limit }));
+app.use(express.urlencoded({ limit, extended: true }));
+app.use(express.raw({ limit, type: () => true }));
+
+app.get('/healthz', (req, res) => res.status(200).send('OK'));
+app.get('/metrics', (req, res) => core.sendText(res, 200, core.renderMetrics(), core.METRICS_TYPE));
+app.get('/favicon.ico', (req, res) => res.status(204).end());
+
+// Every other request goes to the Function.
+app.use((req, res) => {
+  res.setHeader('Access-Control-Allow-Origin', '*');
+  if (req.method === 'OPTIONS') { // CORS preflight: allow whatever is asked for
+    const ask = (name) => req.headers[`access-control-request-${name}`];
+    res.setHeader('Access-Control-Allow-Methods', ask('method') || 'GET, POST, PUT, PATCH, DELETE');
+    res.setHeader('Access-Control-Allow-Headers', ask('headers') || '*');
+    return res.status(204).end();
+  }
+  metrics.calls++;
+  const started = process.hrtime.bigint();
+  const trace = core.startTrace(req, req.path);
+  let settled = false;
+  const settle = (failed) => {
+    if (settled) return false;
+    settled = true;
+    clearTimeout(timer);
+    core.running.delete(trace);
+    if (failed) metrics.failures++;
+    core.observe(Number(process.hrtime.bigint() - started) / 1e9);
+    return true;
+  };
+  const fail = (err) => {
+    if (!settle(true)) return;
+    console.error(err);
+    if (!res.headersSent) res.status(500).type('text/plain').send('Internal server error');
+    else if (!res.writableEnded) res.end();
+  };
+  // FUNC_TIMEOUT: a Function that has not answered by then gets 408.
+  const timer = setTimeout(() => {
+    if (!settle(true)) return;
+    console.error(`Function timed out after ${config.TIMEOUT_S}s: ${req.method} ${req.originalUrl}`);
+    if (res.headersSent) res.destroy();
+    else core.sendText(res, 408, 'Timeout while processing the function\n');
+  }, config.TIMEOUT_S * 1000);
+  res.once('finish', () => settle(false));
+  res.once('close', () => settle(false));
+  core.runTraced(trace, res, () => {
+    try {
+      const out = userFunction(req, res);
+      if (out && typeof out.then === 'function') out.then(undefined, fail);
+    } catch (err) {
+      fail(err);
+    }
+  });
+});
+
+// A body the parsers refused: over the limit (drained, then 413), or malformed (400).
+app.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
+  if (err && err.type === 'entity.too.large') return core.tooLarge(req, res);
+  const status = err && err.status >= 400 && err.status < 500 ? err.status : 500;
+  if (status === 500) console.error(err);
+  core.sendText(res, status, status === 500 ? 'Internal server error\n'
+    : `Bad Request: ${err.message}\n`);
+});
+
+process.on('uncaughtException', (err) => console.error('Uncaught exception:', err));
+process.on('unhandledRejection', (err) => console.error('Unhandled rejection:', err));
+
+let inflight = 0;
+let stopping = false;
+function onRequest(req, res) {
+  inflight++;
+  res.on('close', () => { inflight--; if (stopping && inflight === 0) process.exit(0); });
+  if (stopping) res.setHeader('Connection', 'close');
+  app(req, res);
+}
+
+core.loadFunction().then((fn) => {
+  userFunction = fn;
+  const server = require('http').createServer(onRequest);
+  server.on('checkContinue', (req, res) => { // `Expect: 100-continue`: refuse big bodies unsent
+    if (Number(req.headers['content-length']) > BODY_LIMIT) return core.tooLarge(req, res, true);
+    res.writeContinue();
+    onRequest(req, res);
+  });
+  server.listen(PORT, '0.0.0.0', () => {
+    console.log(`kiln express function server listening on 0.0.0.0:${server.address().port}, ` +
+      `function ${config.HANDLER_FILE} export ${config.HANDLER_NAME} (main(req, res); timeout ` +
+      `${config.TIMEOUT_S}s, body limit ${MB_LIMIT} MiB)`);
+  });
+  const stop = (signal) => {
+    if (stopping) return;
+    stopping = true;
+    console.log(`${signal} received: no new connections, draining ${inflight} request(s)`);
+    server.close();
+    server.closeIdleConnections();
+    setTimeout(() => process.exit(0), config.GRACE_MS).unref();
+    if (inflight === 0) setImmediate(() => process.exit(0));
+  };
+  process.on('SIGTERM', () => stop('SIGTERM'));
+  process.on('SIGINT', () => stop('SIGINT'));
+}, (err) => {
+  console.error(`Cannot load the function from ${config.HANDLER_FILE}:`, err);
+  process.exit(1);
+});

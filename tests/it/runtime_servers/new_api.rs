@@ -1,0 +1,192 @@
+//! The nodejs26 runtime's new handler API (`main(req, res)` with Express's own objects, the
+//! `sdk` module), with Kyma's samples from its Function specification, run on
+//! `runtimes/_servers/express` as the other servers are.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::echo::Publisher;
+use common::function_server::{Runtime, Server, client, header, metrics, sample};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+#[tokio::test]
+async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response() {
+    let server = Server::start(Runtime::Express, &[]);
+    let http = client();
+    let get = |path: &str| http.get(server.url(path)).send();
+    let resp = get("/hello").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert!(header(&resp, "content-type").starts_with("text/html"));
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "Hello World!",
+        "the return value is ignored"
+    );
+    // Query parameters and status codes.
+    let resp = get("/query").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(resp.text().await.unwrap(), "Missing id parameter");
+    let resp = get("/query?id=7").await.unwrap();
+    assert_eq!(resp.json::<Value>().await.unwrap(), json!({"id": "7"}));
+    // Bodies as Express's parsers give them.
+    let echo = |body: &'static str, ty: &'static str| {
+        http.post(server.url("/echo"))
+            .header("content-type", ty)
+            .body(body)
+            .send()
+    };
+    let json_body: Value = echo(r#"{"a":[1,2]}"#, "application/json")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(json_body["body"], json!({"a": [1, 2]}));
+    let text: Value = echo("plain words", "text/plain")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(text["body"], "plain words");
+    let form: Value = echo("a=1&b=2", "application/x-www-form-urlencoded")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(form["body"], json!({"a": "1", "b": "2"}));
+    // An async handler, a throw.
+    let resp = get("/async").await.unwrap();
+    assert_eq!(resp.json::<Value>().await.unwrap(), json!({"later": true}));
+    let resp = get("/throw").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(resp.text().await.unwrap(), "Internal server error");
+    let stderr = server.stderr_containing("boom from").await;
+    assert!(stderr.contains("handler.js"), "{stderr}");
+    // Health and metrics, as the legacy servers answer them.
+    let resp = get("/healthz").await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "OK");
+    let text = metrics(&server).await;
+    assert_eq!(sample(&text, "function_calls_total"), 8.0, "{text}");
+    assert_eq!(sample(&text, "function_failures_total"), 1.0, "{text}");
+}
+
+#[tokio::test]
+async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit() {
+    let publisher = Publisher::start();
+    let server = Server::start(
+        Runtime::Express,
+        &[
+            ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
+            ("FUNC_TIMEOUT", "1"),
+            ("REQ_MB_LIMIT", "0.001"),
+        ],
+    );
+    let http = client();
+    let sdk: Value = http
+        .get(server.url("/sdk"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        sdk,
+        json!({"name": "fixture", "namespace": "tests", "runtime": "nodejs26", "timeout": 1,
+               "bodySizeLimit": 0.001, "tracer": "function"})
+    );
+    // A binary-mode CloudEvent in, one emitted to the publisher.
+    let ce: Value = http
+        .post(server.url("/cloudevent"))
+        .header("ce-type", "order.created")
+        .header("ce-source", "/shop")
+        .header("ce-id", "e-1")
+        .header("ce-specversion", "1.0")
+        .header("content-type", "application/json")
+        .body(r#"{"n":1}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        ce,
+        json!({"type": "order.created", "source": "/shop", "id": "e-1", "data": {"n": 1}})
+    );
+    let plain: Value = http
+        .post(server.url("/cloudevent"))
+        .body("x")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(plain, Value::Null, "not a CloudEvent");
+    let emitted: Value = http
+        .get(server.url("/emit"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(emitted["status"], 200, "{}", server.logs());
+    let (_, event) = publisher.seen().pop().unwrap();
+    assert_eq!(
+        (&event["type"], &event["source"], &event["data"]),
+        (&json!("order.created"), &json!("/shop"), &json!({"n": 1}))
+    );
+    // FUNC_TIMEOUT → 408; REQ_MB_LIMIT → 413, sized or chunked.
+    let resp = http.get(server.url("/slow")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(vec![b'x'; 2_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
+
+#[tokio::test]
+async fn nodejs26_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() {
+    let server = Server::start(Runtime::Express, &[]);
+    let echo = Publisher::start();
+    let answer: Value = client()
+        .get(server.url(&format!("/trace-out?url={}", echo.base())))
+        .header("X-B3-Sampled", "1")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let h = echo.request("/http").headers;
+    let parts: Vec<&str> = h["traceparent"].split('-').collect();
+    assert_eq!(parts[3], "01", "{h:?}");
+    assert_eq!(h["x-b3-traceid"], parts[1], "{h:?}");
+    assert_eq!(
+        answer["traceId"], parts[1],
+        "the sdk tracer's span is in the request's trace"
+    );
+}
