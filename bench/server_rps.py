@@ -4,8 +4,9 @@
     python3 bench/server_rps.py            # 5 rounds; ROUNDS=9 REQUESTS=100000 for more
     CASES=node:hello python3 bench/server_rps.py   # one runtime, or one runtime's Function
 
-For each runtime (Node.js, Python) and each Function — a JSON hello, and a Mandelbrot
-Function in the manner of Kyma's performance scenario (the size in request headers, the escape
+For each runtime (Node.js, Python) and each Function — a JSON hello (a GET), `post` (the common
+Kyma shape: an async handler in Node.js reading a POSTed JSON body), and a Mandelbrot Function
+in the manner of Kyma's performance scenario (the size in request headers, the escape
 counts as JSON) — it starts kiln's server (`runtimes/_servers/*`, no image) with that Function
 and a bare server that does the same work with nothing around it (Node: `http.createServer`;
 Python: a plain WSGI app on cheroot, the WSGI server kiln's Python server runs on), and loads
@@ -45,6 +46,11 @@ MANDEL_HEADERS = {'width': '32', 'height': '32', 'iterations': '50', 'zoom': '1'
 NODE_HELLO = """function main() { return { hello: 'world' }; }
 module.exports = { main };
 """
+# The common Kyma shape: an async handler reading a POSTed JSON body.
+NODE_POST = """async function main(event) { return { hello: event.data.name }; }
+module.exports = { main };
+"""
+POST_BODY = b'{"name": "world", "items": [1, 2, 3]}'
 NODE_MANDEL = """
 function escape(cr, ci, max) {
   let x = 0, y = 0, n = 0;
@@ -67,10 +73,13 @@ module.exports = { main, mandel };
 NODE_BARE = """
 const http = require('http');
 const work = process.argv[2] === 'mandel' ? require(process.argv[3]).mandel : () => ({ hello: 'world' });
+const post = process.argv[2] === 'post';
 const server = http.createServer((req, res) => {
-  req.resume();
+  const chunks = [];
+  req.on('data', (c) => { if (post) chunks.push(c); });
   req.on('end', () => {
-    const body = JSON.stringify(work(req.headers));
+    const body = JSON.stringify(post
+      ? { hello: JSON.parse(Buffer.concat(chunks).toString('utf8')).name } : work(req.headers));
     res.writeHead(200, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body) });
     res.end(body);
   });
@@ -81,6 +90,10 @@ server.listen(Number(process.env.FUNC_PORT), '127.0.0.1');
 PY_HELLO = """
 def main(event, context):
     return {'hello': 'world'}
+"""
+PY_POST = """
+def main(event, context):
+    return {'hello': event['data']['name']}
 """
 PY_MANDEL = """
 def escape(cr, ci, limit):
@@ -113,6 +126,10 @@ if sys.argv[1] == 'mandel':
     def work(environ):
         return mandel({k: environ.get('HTTP_' + k.upper()) for k in
                        ('width', 'height', 'iterations', 'zoom')})
+elif sys.argv[1] == 'post':
+    def work(environ):
+        size = int(environ.get('CONTENT_LENGTH') or 0)
+        return {'hello': json.loads(environ['wsgi.input'].read(size))['name']}
 else:
     def work(environ):
         return {'hello': 'world'}
@@ -149,12 +166,15 @@ OHA = shutil.which('oha') or (os.path.expanduser('~/.cargo/bin/oha')
                               if os.path.exists(os.path.expanduser('~/.cargo/bin/oha')) else None)
 
 
-def load(port, path, headers, requests):
+def load(port, path, headers, requests, body=None):
+    """Requests per second of GETs, or of POSTs of the JSON `body`."""
     url = f'http://127.0.0.1:{port}{path}'
     if OHA:
         import json
         args = [OHA, '--no-tui', '--output-format', 'json', '-c', str(CONCURRENCY),
                 '-n', str(requests)]
+        if body is not None:
+            args += ['-m', 'POST', '-T', 'application/json', '-d', body.decode()]
         for k, v in headers.items():
             args += ['-H', f'{k}: {v}']
         report = json.loads(subprocess.run(args + [url], capture_output=True, text=True,
@@ -164,6 +184,11 @@ def load(port, path, headers, requests):
             sys.exit(f'errors under load on {url}: {codes} {report.get("errorDistribution")}')
         return float(report['summary']['requestsPerSec'])
     args = ['ab', '-q', '-k', '-c', str(CONCURRENCY), '-n', str(requests)]
+    if body is not None:
+        body_file = os.path.join(tempfile.gettempdir(), f'kiln-rps-body-{os.getpid()}.json')
+        with open(body_file, 'wb') as f:
+            f.write(body)
+        args += ['-p', body_file, '-T', 'application/json']
     for k, v in headers.items():
         args += ['-H', f'{k}: {v}']
     out = subprocess.run(args + [url], capture_output=True, text=True, check=True).stdout
@@ -215,10 +240,10 @@ def main():
     subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', site,
                     'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
     for name, text in [('hello.js', NODE_HELLO), ('mandel.js', NODE_MANDEL), ('bare.js', NODE_BARE),
-                       ('bare.py', PY_BARE)]:
+                       ('bare.py', PY_BARE), ('post.js', NODE_POST)]:
         with open(os.path.join(work, name), 'w') as f:
             f.write(text)
-    for name, text in [('hello', PY_HELLO), ('mandel', PY_MANDEL)]:
+    for name, text in [('hello', PY_HELLO), ('mandel', PY_MANDEL), ('post', PY_POST)]:
         os.makedirs(os.path.join(work, name))
         with open(os.path.join(work, name, 'handler.py'), 'w') as f:
             f.write(text)
@@ -261,8 +286,8 @@ def main():
         starters['node'].append(kyma_node)
         starters['python'].append(kyma_python)
         fixed_port['kyma'] = 8080
-    cases = [('node', 'hello', {}), ('node', 'mandel', MANDEL_HEADERS),
-             ('python', 'hello', {}), ('python', 'mandel', MANDEL_HEADERS)]
+    cases = [('node', 'hello', {}), ('node', 'post', {}), ('node', 'mandel', MANDEL_HEADERS),
+             ('python', 'hello', {}), ('python', 'post', {}), ('python', 'mandel', MANDEL_HEADERS)]
     # CASES=node,python:hello: only these runtimes or runtime:Function pairs.
     wanted = [c for c in os.environ.get('CASES', '').split(',') if c]
     if wanted:
@@ -282,9 +307,10 @@ def main():
                     if fn == 'hello':
                         idle.setdefault((runtime, who), []).append(rss_kib(proc.pid))
                     # The Mandelbrot Function is ~100x the work of a hello: fewer calls.
-                    n = REQUESTS if fn == 'hello' else max(200, REQUESTS // 50)
-                    load(port, '/', headers, max(100, n // 10))  # warm-up (JIT, threads)
-                    rps = load(port, '/', headers, n)
+                    n = REQUESTS if fn != 'mandel' else max(200, REQUESTS // 50)
+                    body = POST_BODY if fn == 'post' else None
+                    load(port, '/', headers, max(100, n // 10), body)  # warm-up (JIT, threads)
+                    rps = load(port, '/', headers, n, body)
                 finally:
                     proc.terminate()
                     proc.wait()
