@@ -395,11 +395,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_entry_parses_back_and_names_no_secret() {
-        let key = Digest::of(b"key");
+    /// The dependency key, layer and diff ID the entries of these tests are for.
+    fn for_layer() -> (Digest, Descriptor, Digest) {
         let layer = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b"layer"), 5);
-        let diff_id = Digest::of(b"tar");
+        (Digest::of(b"key"), layer, Digest::of(b"tar"))
+    }
+
+    /// The entry for [`for_layer`], signed by `signer`.
+    fn entry(signer: &SigningKey) -> Document {
+        let (key, layer, diff_id) = for_layer();
         let inputs = inputs();
         let about = Describe {
             runtime: "nodejs22",
@@ -407,10 +411,36 @@ mod tests {
             inputs: &inputs,
             epoch: 0,
         };
+        entry_manifest(&key, &layer, &diff_id, &about, signer)
+    }
+
+    /// `doc` edited by `f`, parsed for [`for_layer`]'s key with `trust`.
+    fn edited(
+        doc: &Document,
+        trust: &CacheTrust,
+        f: &dyn Fn(&mut serde_json::Value),
+    ) -> Result<(Digest, Digest, u64), Refused> {
+        let mut v: serde_json::Value = serde_json::from_slice(&doc.bytes).unwrap();
+        f(&mut v);
+        let bytes = serde_json::to_vec(&v).unwrap();
+        parse(
+            &Document::new(MediaType::OciManifest, bytes),
+            &for_layer().0,
+            trust,
+        )
+    }
+
+    fn new_key() -> SigningKey {
+        SigningKey::from_pem(&SigningKey::generate_pem().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn an_entry_parses_back_and_names_no_secret() {
+        let (key, layer, diff_id) = for_layer();
         let pem = SigningKey::generate_pem().unwrap();
         let signer = SigningKey::from_pem(&pem).unwrap();
         let trust = CacheTrust::new(Some(SigningKey::from_pem(&pem).unwrap()), vec![]);
-        let doc = entry_manifest(&key, &layer, &diff_id, &about, &signer);
+        let doc = entry(&signer);
         assert_eq!(
             parse(&doc, &key, &trust),
             Ok((layer.digest.clone(), diff_id, 5))
@@ -421,12 +451,7 @@ mod tests {
             parse(&doc, &Digest::of(b"other"), &trust),
             Err(Refused::Shape("another dependency key"))
         );
-        let tampered = |f: &dyn Fn(&mut serde_json::Value)| {
-            let mut v: serde_json::Value = serde_json::from_slice(&doc.bytes).unwrap();
-            f(&mut v);
-            let bytes = serde_json::to_vec(&v).unwrap();
-            parse(&Document::new(MediaType::OciManifest, bytes), &key, &trust)
-        };
+        let tampered = |f: &dyn Fn(&mut serde_json::Value)| edited(&doc, &trust, f);
         assert!(tampered(&|v| v["artifactType"] = json!("x")).is_err());
         assert!(tampered(&|v| v["layers"][0]["annotations"] = json!({})).is_err());
         assert!(tampered(&|v| v["layers"][0]["mediaType"] = json!("application/x")).is_err());
@@ -441,65 +466,48 @@ mod tests {
 
     #[test]
     fn only_an_entry_a_trusted_key_signed_for_this_layer_is_used() {
-        let key = Digest::of(b"key");
-        let layer = Descriptor::new(MediaType::OciLayerGzip, Digest::of(b"layer"), 5);
-        let diff_id = Digest::of(b"tar");
-        let inputs = inputs();
-        let about = Describe {
-            runtime: "nodejs22",
-            install: "npm ci",
-            inputs: &inputs,
-            epoch: 0,
-        };
-        let new_key = || SigningKey::from_pem(&SigningKey::generate_pem().unwrap()).unwrap();
+        let key = for_layer().0;
         let (ours, theirs) = (new_key(), new_key());
         let trust = CacheTrust::new(None, vec![ours.public().clone()]);
         assert!(trust.sign.is_none() && trust.trusts_any());
         let untrusted = |r| matches!(r, Err(Refused::Untrusted(_)));
-        let signed_by = |k: &SigningKey| entry_manifest(&key, &layer, &diff_id, &about, k);
-        assert!(parse(&signed_by(&ours), &key, &trust).is_ok());
+        assert!(parse(&entry(&ours), &key, &trust).is_ok());
         // Signed by a key nobody trusts, or trusted by nobody.
-        let other = parse(&signed_by(&theirs), &key, &trust);
+        let other = parse(&entry(&theirs), &key, &trust);
         assert!(
             matches!(&other, Err(Refused::Untrusted(p)) if p.contains(&theirs.public().id())),
             "{other:?}"
         );
         assert!(untrusted(parse(
-            &signed_by(&ours),
+            &entry(&ours),
             &key,
             &CacheTrust::default()
         )));
-        let edited = |f: &dyn Fn(&mut serde_json::Value)| {
-            let mut v: serde_json::Value = serde_json::from_slice(&signed_by(&ours).bytes).unwrap();
-            f(&mut v);
-            let bytes = serde_json::to_vec(&v).unwrap();
-            parse(&Document::new(MediaType::OciManifest, bytes), &key, &trust)
-        };
+        let ours_edited = |f: &dyn Fn(&mut serde_json::Value)| edited(&entry(&ours), &trust, f);
         // Unsigned; another key's id over our signature; our signature over another layer,
         // size or diff ID; a signature that is not base64.
-        let annotations =
-            |v: &mut serde_json::Value| v["annotations"].as_object_mut().unwrap().clone();
-        assert!(untrusted(edited(&|v| {
-            let mut a = annotations(v);
-            a.remove(SIGNATURE);
-            v["annotations"] = json!(a);
+        assert!(untrusted(ours_edited(&|v| {
+            v["annotations"].as_object_mut().unwrap().remove(SIGNATURE);
         })));
-        assert!(untrusted(edited(
-            &|v| v["annotations"][SIGNER] = json!(theirs.public().id())
+        assert!(untrusted(ours_edited(&|v| {
+            v["annotations"][SIGNER] = json!(theirs.public().id())
+        })));
+        assert!(untrusted(ours_edited(&|v| {
+            v["layers"][0]["digest"] = json!(Digest::of(b"evil"))
+        })));
+        assert!(untrusted(ours_edited(
+            &|v| v["layers"][0]["size"] = json!(6)
         )));
-        assert!(untrusted(edited(
-            &|v| v["layers"][0]["digest"] = json!(Digest::of(b"evil"))
-        )));
-        assert!(untrusted(edited(&|v| v["layers"][0]["size"] = json!(6))));
-        assert!(untrusted(edited(&|v| {
+        assert!(untrusted(ours_edited(&|v| {
             v["layers"][0]["annotations"][DIFF_ID] = json!(Digest::of(b"evil tar"))
         })));
-        assert!(untrusted(edited(
-            &|v| v["annotations"][SIGNATURE] = json!("%%%")
-        )));
+        assert!(untrusted(ours_edited(&|v| {
+            v["annotations"][SIGNATURE] = json!("%%%")
+        })));
         // What the signature does not cover may change (a description of the inputs).
         assert!(
-            edited(&|v| v["annotations"]["dev.kiln.dependencies.install"] = json!("x")).is_ok()
+            ours_edited(&|v| v["annotations"]["dev.kiln.dependencies.install"] = json!("x"))
+                .is_ok()
         );
     }
 }

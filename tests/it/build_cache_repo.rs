@@ -576,29 +576,30 @@ fn a_poisoned_cache_entry_is_ignored_and_the_honest_build_installs_the_real_pack
         std::env::var("PATH").unwrap_or_default()
     );
     let pinned = format!("oci:{}@{builder_digest}", bases.display());
-    let poisoned = tenant.run_cmd(
-        tenant
-            .command()
-            .env("KILN_BUILDER", "nodejs22")
-            .env("PATH", &path)
-            .args([
-                "build",
-                fun.to_str().unwrap(),
-                "--runtime",
-                "nodejs22",
-                "--base",
-                &common::kiln::tiny_base(),
-                "--builder-image",
-                &pinned,
-                "--image",
-                &reg.reference("tenant-a/fn:v1"),
-                "--cache-repo",
-                &cache,
-                "--cache-sign-key",
-                &tenant_key.private,
-                "--insecure-registry",
-                &host,
-            ]),
+    let tiny = common::kiln::tiny_base();
+    // A build as if natively inside the builder pinned by digest, with the tampered tools.
+    let tenant_build = |image: &str, extra: &[&str]| {
+        tenant.run_cmd(
+            tenant
+                .command()
+                .env("KILN_BUILDER", "nodejs22")
+                .env("PATH", &path)
+                .args(["build", fun.to_str().unwrap(), "--runtime", "nodejs22"])
+                .args(["--base", &tiny, "--builder-image", &pinned])
+                .args(["--image", &reg.reference(image)])
+                .args(extra),
+        )
+    };
+    let poisoned = tenant_build(
+        "tenant-a/fn:v1",
+        &[
+            "--cache-repo",
+            &cache,
+            "--cache-sign-key",
+            &tenant_key.private,
+            "--insecure-registry",
+            &host,
+        ],
     );
     poisoned.reference();
     assert!(
@@ -612,25 +613,7 @@ fn a_poisoned_cache_entry_is_ignored_and_the_honest_build_installs_the_real_pack
     // as well: another Node.js there is an error, not a layer stored under the builder's
     // name.
     script("node", "echo v20.11.0\n");
-    let refused = tenant.run_cmd(
-        tenant
-            .command()
-            .env("KILN_BUILDER", "nodejs22")
-            .env("PATH", &path)
-            .args([
-                "build",
-                fun.to_str().unwrap(),
-                "--runtime",
-                "nodejs22",
-                "--base",
-                &common::kiln::tiny_base(),
-                "--builder-image",
-                &pinned,
-                "--image",
-                &reg.reference("tenant-a/fn:v2"),
-                "--no-cache",
-            ]),
-    );
+    let refused = tenant_build("tenant-a/fn:v2", &["--no-cache"]);
     assert!(
         refused.code != 0 && refused.stderr.contains("the nodejs22 runtime needs v22.*"),
         "{}",
