@@ -11,6 +11,11 @@ use common::function_server::{Runtime, Server, client, header, metrics, sample};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+/// The JSON answer to `request`.
+async fn json(request: reqwest::RequestBuilder) -> Value {
+    request.send().await.unwrap().json().await.unwrap()
+}
+
 #[tokio::test]
 async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response() {
     let server = Server::start(Runtime::Express, &[]);
@@ -33,31 +38,17 @@ async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response
     assert_eq!(resp.json::<Value>().await.unwrap(), json!({"id": "7"}));
     // Bodies as Express's parsers give them.
     let echo = |body: &'static str, ty: &'static str| {
-        http.post(server.url("/echo"))
-            .header("content-type", ty)
-            .body(body)
-            .send()
+        json(
+            http.post(server.url("/echo"))
+                .header("content-type", ty)
+                .body(body),
+        )
     };
-    let json_body: Value = echo(r#"{"a":[1,2]}"#, "application/json")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let json_body = echo(r#"{"a":[1,2]}"#, "application/json").await;
     assert_eq!(json_body["body"], json!({"a": [1, 2]}));
-    let text: Value = echo("plain words", "text/plain")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let text = echo("plain words", "text/plain").await;
     assert_eq!(text["body"], "plain words");
-    let form: Value = echo("a=1&b=2", "application/x-www-form-urlencoded")
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let form = echo("a=1&b=2", "application/x-www-form-urlencoded").await;
     assert_eq!(form["body"], json!({"a": "1", "b": "2"}));
     // An async handler, a throw.
     let resp = get("/async").await.unwrap();
@@ -87,56 +78,30 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         ],
     );
     let http = client();
-    let sdk: Value = http
-        .get(server.url("/sdk"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sdk = json(http.get(server.url("/sdk"))).await;
     assert_eq!(
         sdk,
         json!({"name": "fixture", "namespace": "tests", "runtime": "nodejs26", "timeout": 1,
                "bodySizeLimit": 0.001, "tracer": "function"})
     );
     // A binary-mode CloudEvent in, one emitted to the publisher.
-    let ce: Value = http
-        .post(server.url("/cloudevent"))
-        .header("ce-type", "order.created")
-        .header("ce-source", "/shop")
-        .header("ce-id", "e-1")
-        .header("ce-specversion", "1.0")
-        .header("content-type", "application/json")
-        .body(r#"{"n":1}"#)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let ce = json(
+        http.post(server.url("/cloudevent"))
+            .header("ce-type", "order.created")
+            .header("ce-source", "/shop")
+            .header("ce-id", "e-1")
+            .header("ce-specversion", "1.0")
+            .header("content-type", "application/json")
+            .body(r#"{"n":1}"#),
+    )
+    .await;
     assert_eq!(
         ce,
         json!({"type": "order.created", "source": "/shop", "id": "e-1", "data": {"n": 1}})
     );
-    let plain: Value = http
-        .post(server.url("/cloudevent"))
-        .body("x")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let plain = json(http.post(server.url("/cloudevent")).body("x")).await;
     assert_eq!(plain, Value::Null, "not a CloudEvent");
-    let emitted: Value = http
-        .get(server.url("/emit"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let emitted = json(http.get(server.url("/emit"))).await;
     assert_eq!(emitted["status"], 200, "{}", server.logs());
     let (_, event) = publisher.seen().pop().unwrap();
     assert_eq!(
@@ -172,15 +137,12 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
 async fn nodejs26_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() {
     let server = Server::start(Runtime::Express, &[]);
     let echo = Publisher::start();
-    let answer: Value = client()
-        .get(server.url(&format!("/trace-out?url={}", echo.base())))
-        .header("X-B3-Sampled", "1")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let answer = json(
+        client()
+            .get(server.url(&format!("/trace-out?url={}", echo.base())))
+            .header("X-B3-Sampled", "1"),
+    )
+    .await;
     let h = echo.request("/http").headers;
     let parts: Vec<&str> = h["traceparent"].split('-').collect();
     assert_eq!(parts[3], "01", "{h:?}");
