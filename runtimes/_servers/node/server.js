@@ -286,6 +286,9 @@ function tooLarge(req, res, unsent = false) {
   req.on('error', () => { clearTimeout(timer); });
   req.resume();
   if (unsent) answer(true);
+  // Already read to its end (Express's body parsers read the rest before they report the
+  // limit): nothing is left to drain.
+  else if (req.complete) answer(false);
 }
 
 function readBody(req, res, done) {
