@@ -147,22 +147,9 @@ pub struct BuildArgs {
     /// (one of them is needed); others are ignored with a warning and the layer installed.
     #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
     pub cache_repo: Option<String>,
-    /// The Ed25519 private key (PEM PKCS#8: `openssl genpkey -algorithm ed25519`) that signs
-    /// the --cache-repo entries this build stores; their readers trust its public key. Keep
-    /// it where only trusted builds run: whoever holds it decides what other builds install.
-    /// Without it nothing is stored.
-    #[arg(long, value_name = "FILE", env = "KILN_CACHE_SIGN_KEY")]
-    pub cache_sign_key: Option<PathBuf>,
-    /// An Ed25519 public key (PEM: `openssl pkey -pubout`) whose signed --cache-repo entries
-    /// this build uses; repeatable (comma-separated in the variable). The --cache-sign-key's
-    /// own is trusted too.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "KILN_CACHE_TRUST_KEY",
-        value_delimiter = ','
-    )]
-    pub cache_trust_key: Vec<PathBuf>,
+    /// Who signs and whose entries are used.
+    #[command(flatten)]
+    pub cache_keys: CacheKeyArgs,
     /// How the dependency and source layers are compressed: `gzip` (deterministic, read by
     /// every registry and runtime) or `zstd` (smaller and faster to unpack; for registries
     /// and runtimes that accept OCI zstd layers — containerd 1.5+, CRI-O, Podman; needs an
@@ -231,6 +218,41 @@ pub struct BuildArgs {
 }
 
 /// `--lockfile-install`.
+/// The dependency cache's keys, as `kiln build` and `kiln warm` take them.
+#[derive(Clone, Debug, Default, Args)]
+pub struct CacheKeyArgs {
+    /// The Ed25519 private key (PEM PKCS#8: `openssl genpkey -algorithm ed25519`) that signs
+    /// the --cache-repo entries stored; their readers trust its public key. Keep it where
+    /// only trusted builds run: whoever holds it decides what other builds install. Without
+    /// it nothing is stored (and `kiln warm` refuses to warm Functions).
+    #[arg(long, value_name = "FILE", env = "KILN_CACHE_SIGN_KEY")]
+    pub cache_sign_key: Option<PathBuf>,
+    /// An Ed25519 public key (PEM: `openssl pkey -pubout`) whose signed --cache-repo entries
+    /// are used; repeatable (comma-separated in the variable). The --cache-sign-key's own is
+    /// trusted too.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILN_CACHE_TRUST_KEY",
+        value_delimiter = ','
+    )]
+    pub cache_trust_key: Vec<PathBuf>,
+}
+
+impl CacheKeyArgs {
+    /// The same flags for a `kiln build` command line.
+    pub(super) fn flags(&self) -> Vec<OsString> {
+        let mut flags: Vec<OsString> = Vec::new();
+        if let Some(key) = &self.cache_sign_key {
+            flags.extend(["--cache-sign-key".into(), key.into()]);
+        }
+        for key in &self.cache_trust_key {
+            flags.extend(["--cache-trust-key".into(), key.into()]);
+        }
+        flags
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LockfileInstallArg {
     /// From the lock file when it decides everything, else the package manager.

@@ -59,18 +59,9 @@ pub struct WarmArgs {
     /// Functions' dependency layers into.
     #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
     pub cache_repo: Option<String>,
-    /// The Ed25519 private key the stored entries are signed with (`kiln build
-    /// --cache-sign-key`); needed with Functions to warm.
-    #[arg(long, value_name = "FILE", env = "KILN_CACHE_SIGN_KEY")]
-    pub cache_sign_key: Option<PathBuf>,
-    /// As `kiln build --cache-trust-key`: whose entries count as present already.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "KILN_CACHE_TRUST_KEY",
-        value_delimiter = ','
-    )]
-    pub cache_trust_key: Vec<PathBuf>,
+    /// Who signs the entries stored, and whose count as present already.
+    #[command(flatten)]
+    pub cache_keys: super::build::CacheKeyArgs,
     /// Functions prepared at once (each may run an install).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=16))]
     pub parallel: u16,
@@ -188,7 +179,7 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
             "Functions to warm, but no cache repository to warm them into: pass --cache-repo REPO"
         ));
     }
-    if !functions.is_empty() && args.cache_sign_key.is_none() {
+    if !functions.is_empty() && args.cache_keys.cache_sign_key.is_none() {
         return Err(anyhow!(
             "Functions to warm, but no key to sign their cache entries with: pass \
                 --cache-sign-key FILE (readers use only entries a key they trust signed)"
@@ -232,12 +223,7 @@ fn shared_build_flags(args: &WarmArgs) -> Vec<OsString> {
     if let Some(dir) = &args.package_registry_config {
         shared.extend(["--package-registry-config".into(), dir.into()]);
     }
-    if let Some(key) = &args.cache_sign_key {
-        shared.extend(["--cache-sign-key".into(), key.into()]);
-    }
-    for key in &args.cache_trust_key {
-        shared.extend(["--cache-trust-key".into(), key.into()]);
-    }
+    shared.extend(args.cache_keys.flags());
     if let Some(file) = &args.ca_bundle {
         shared.extend(["--ca-bundle".into(), file.into()]);
     }

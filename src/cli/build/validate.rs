@@ -47,8 +47,8 @@ pub(super) fn validate(
     let stage = stage(args, &function)?;
     let cache_repo = args.cache_repo.as_deref().map(cache_repo).transpose()?;
     let cache_trust = cache_trust(
-        args.cache_sign_key.as_deref(),
-        &args.cache_trust_key,
+        args.cache_keys.cache_sign_key.as_deref(),
+        &args.cache_keys.cache_trust_key,
         cache_repo.is_some(),
     )?;
     let opts = Options {

@@ -321,4 +321,3 @@ fn the_functions_security_contexts_override_kilns_field_by_field() {
     assert_eq!(cs.privileged, Some(false));
     assert_eq!(cs.capabilities.unwrap().drop, Some(vec!["ALL".to_string()]));
 }
-
