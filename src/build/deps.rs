@@ -178,12 +178,7 @@ pub fn builder_toolchain_id(digest: &crate::oci::Digest) -> String {
     format!("builder image {digest}")
 }
 
-/// An identity of the toolchain for the cache key: the builder image's digest for an install
-/// in it (unpacked and verified in a sandbox, or natively inside it, `KILN_BUILDER` with a
-/// `--builder-image` pinned by digest), else the toolchain on PATH (`node --version` and so
-/// on). The toolchain on PATH is run and checked natively inside a builder too: the digest
-/// names what the image holds, and an install with another `node` or `python` first on PATH
-/// must not store its layer under that name.
+/// An identity of the toolchain on PATH (`node --version` and so on), for the cache key.
 ///
 /// # Errors
 /// When a toolchain command is missing or fails, or the toolchain on PATH is not the
@@ -193,15 +188,9 @@ pub async fn toolchain_id(
     env: &InstallEnv,
     scratch: &Path,
 ) -> Result<String, Error> {
-    if let Isolation::Builder { digest, .. } = &env.isolation {
-        return Ok(builder_toolchain_id(digest));
-    }
     let id = path_toolchain(runtime, env, scratch).await?;
     check_toolchain(runtime, &id)?;
-    match &env.isolation {
-        Isolation::Native { builder } => Ok(builder_toolchain_id(builder)),
-        _ => Ok(id),
-    }
+    Ok(id)
 }
 
 /// What the toolchain commands on PATH print.
@@ -307,6 +296,12 @@ pub async fn install(
     staging: &Path,
 ) -> Result<PathBuf, Error> {
     let (work, home) = stage_inputs(inputs, staging).await?;
+    if let Isolation::Native { .. } = &env.isolation {
+        // The key names the builder image's digest, not what is on PATH: the toolchain that
+        // is about to run is checked here, where it runs (an install with another `node`
+        // or `python` first on PATH must not store its layer under the builder's name).
+        check_toolchain(runtime, &path_toolchain(runtime, env, &work).await?)?;
+    }
     let argv = runtime.install_command(inputs.lock.is_some());
     let command = argv.join(" ");
     let secrets = Secrets::from_configs(&inputs.configs);

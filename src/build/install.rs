@@ -188,18 +188,16 @@ pub(super) async fn dependency_key(
                 .map_err(Box::new)?;
             (deps::builder_toolchain_id(&resolved.digest), None, None)
         }
-        // The toolchain on PATH is asked, and checked; natively inside a builder the key
-        // names the builder's digest (deps::toolchain_id).
-        deps::Isolation::Host
-        | deps::Isolation::MissingBuilder { .. }
-        | deps::Isolation::Native { .. } => {
+        deps::Isolation::Host | deps::Isolation::MissingBuilder { .. } => {
             let install = opts.install.clone();
             let scratch = scratch_dir(cache)?;
             let id = deps::toolchain_id(&opts.runtime, &install, scratch.path()).await?;
             (id, Some(install), Some(scratch))
         }
-        // The unpacked builder image's digest names the toolchain; nothing is asked.
-        deps::Isolation::Builder {
+        // The builder image's digest names the toolchain; nothing is asked (natively inside
+        // it, deps::install checks the toolchain on PATH before it runs).
+        deps::Isolation::Native { builder }
+        | deps::Isolation::Builder {
             digest: builder, ..
         } => (
             deps::builder_toolchain_id(builder),
