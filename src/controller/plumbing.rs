@@ -30,7 +30,15 @@ const MANAGED_BY_USER: &str = "user";
 /// The originals are missing, or an API request failed.
 pub async fn ensure_build_namespace(ctx: &Context) -> Result<()> {
     let namespace = ctx.config.build_namespace.as_str();
-    if namespace == ctx.config.namespace || ctx.plumbing.fresh(namespace) {
+    if ctx.plumbing.fresh(namespace) {
+        return Ok(());
+    }
+    // The key is made in the controller's namespace, also when builds run there.
+    if ctx.config.cache_repo.is_some() {
+        ensure_cache_signing_secret(ctx).await?;
+    }
+    if namespace == ctx.config.namespace {
+        ctx.plumbing.mark(namespace);
         return Ok(());
     }
     copy_secret(
@@ -41,7 +49,6 @@ pub async fn ensure_build_namespace(ctx: &Context) -> Result<()> {
     )
     .await?;
     if ctx.config.cache_repo.is_some() {
-        ensure_cache_signing_secret(ctx).await?;
         copy_secret(
             ctx,
             &ctx.config.cache_signing_secret,
