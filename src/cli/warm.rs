@@ -122,7 +122,7 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
     let add = |name: &str, runtimes: &mut Vec<String>| -> anyhow::Result<()> {
         let (spec, alias) = catalog.resolve(name)?;
         if let Some(alias) = alias {
-            tracing::warn!("{}", alias.warning());
+            tracing::warn!("{}", alias.warning(&catalog));
         }
         if !runtimes.contains(&spec.name) {
             runtimes.push(spec.name.clone());

@@ -105,7 +105,7 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
     {
         // Said once, when the Function first runs on the stand-in (the webhook warned at
         // apply time; status.runtime and `kubectl get` show it from now on).
-        st.note(reason::RUNTIME_SUBSTITUTED, alias.warning());
+        st.note(reason::RUNTIME_SUBSTITUTED, alias.warning(&ctx.catalog));
     }
     st.status.runtime = Some(runtime.name.clone());
     let Some(found) = lookups(f, ctx, st, &runtime.name).await? else {

@@ -42,9 +42,9 @@ pub fn lookup(name: &str) -> Option<Alias> {
 }
 
 impl Alias {
-    /// The warning shown when a manifest uses this name.
-    pub fn warning(&self) -> String {
-        let what = super::Catalog::embedded()
+    /// The warning shown when a manifest uses this name, with the version `catalog` builds.
+    pub fn warning(&self, catalog: &super::Catalog) -> String {
+        let what = catalog
             .get(self.kiln)
             .map(|r| format!(" ({})", r.description))
             .unwrap_or_default();
@@ -78,7 +78,7 @@ mod tests {
         assert_eq!(lookup("nodejs22"), None);
         // The warning says which version really runs.
         assert_eq!(
-            lookup("python312").unwrap().warning(),
+            lookup("python312").unwrap().warning(&catalog),
             "runtime python312 is built as python313 (CPython 3.13): kiln has no python312 \
                 runtime; set spec.runtime: python313 to silence this"
         );

@@ -292,7 +292,7 @@ fn pick_runtime<'a>(
     let resolve = |name: &str| -> anyhow::Result<&'a RuntimeSpec> {
         let (spec, alias) = catalog.resolve(name)?;
         if let Some(alias) = alias {
-            tracing::warn!("{}", alias.warning());
+            tracing::warn!("{}", alias.warning(catalog));
         }
         Ok(spec)
     };

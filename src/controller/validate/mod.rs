@@ -209,7 +209,7 @@ fn check_runtime<'c>(
     match catalog.resolve(&function.spec.runtime) {
         Ok((runtime, alias)) => {
             if let Some(alias) = alias {
-                verdict.warn(alias.warning());
+                verdict.warn(alias.warning(catalog));
             }
             Some(runtime)
         }
