@@ -38,7 +38,7 @@ pub enum Error {
         "the dependencies unpack to more than {} (passed at {path}): kiln refuses a \
          dependency layer that large, since `kiln run` unpacks no image over 8 GiB by \
          default; leave the largest packages out or replace them",
-        size_text(*limit)
+        crate::oci::budget::size_text(*limit)
     )]
     TooLarge {
         /// The file that passed the limit.
@@ -67,15 +67,6 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-}
-
-/// `8 GiB`, `4 MiB`, else bytes.
-fn size_text(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b => format!("{b} bytes"),
-    }
 }
 
 fn spill_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
@@ -149,11 +140,13 @@ impl Building {
                 limit,
             },
         };
-        for (i, _) in path.match_indices('/') {
-            if !self.dirs.contains(&path[..i]) {
-                self.dirs.insert(path[..i].to_string());
-                self.left.entry().map_err(over)?;
+        // Deepest first: once a parent is known, so are all above it.
+        for (i, _) in path.rmatch_indices('/') {
+            if self.dirs.contains(&path[..i]) {
+                break;
             }
+            self.dirs.insert(path[..i].to_string());
+            self.left.entry().map_err(over)?;
         }
         self.left.entry().map_err(over)?;
         self.left.bytes(bytes).map_err(over)

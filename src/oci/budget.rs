@@ -15,6 +15,15 @@ pub const MAX_ENTRIES: u64 = 1_000_000;
 /// unpacks of a whole image by default.
 pub const DEFAULT_BYTES: u64 = 8 << 30;
 
+/// A cap as people write it: `8 GiB`, `4 MiB`, else bytes.
+pub fn size_text(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b => format!("{b} bytes"),
+    }
+}
+
 /// Which cap an entry passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Over {

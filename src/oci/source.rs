@@ -58,7 +58,7 @@ pub enum Error {
     #[error(
         "{root} holds more than {} (at {path}), counting {} bytes per file, directory and \
          link: kiln layers no tree that large, since `kiln run` unpacks no image larger",
-        size_text(*limit),
+        super::budget::size_text(*limit),
         super::budget::ENTRY_COST
     )]
     TooLarge {
@@ -82,15 +82,6 @@ pub enum Error {
         /// The cap.
         limit: u64,
     },
-}
-
-/// `8 GiB`, `4 MiB`, else bytes.
-fn size_text(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
-        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
-        b => format!("{b} bytes"),
-    }
 }
 
 /// How to walk a tree.
