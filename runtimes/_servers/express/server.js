@@ -103,9 +103,8 @@ app.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
     : `Bad Request: ${err.message}\n`);
 });
 
-process.on('uncaughtException', (err) => console.error('Uncaught exception:', err));
-process.on('unhandledRejection', (err) => console.error('Unhandled rejection:', err));
-
+// Uncaught exceptions and unhandled rejections are logged by the core's handlers (loading it
+// installed them); the server keeps running, as Kyma's does.
 let inflight = 0;
 let stopping = false;
 function onRequest(req, res) {
