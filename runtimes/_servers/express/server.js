@@ -64,7 +64,6 @@ app.use((req, res) => {
     if (settled) return false;
     settled = true;
     clearTimeout(timer);
-    core.running.delete(trace);
     if (failed) metrics.failures++;
     core.observe(Number(process.hrtime.bigint() - started) / 1e9);
     return true;

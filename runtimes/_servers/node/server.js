@@ -459,12 +459,10 @@ function buildResponseCloudEvent(req, id, type, data) {
 // uses). The request gets a span id of its own (a child of the caller's), and every outgoing
 // request the Function makes while handling it (http/https — so axios — and fetch) carries
 // `traceparent` and the B3 headers. The ids are made only when something needs them (an outgoing
-// call, `event.tracer`), so a request that calls nothing costs no random bytes; and requests run
-// in `traceStore` (AsyncLocalStorage: about 8 % of the hello rate on Node.js 22, 1 % on 24) only
-// once the process has made an outgoing call or used `event.tracer`: that first use finds its
-// request as the only call in flight (with several in flight, that one call goes untraced).
-// `event.tracer`
-// loads the OpenTelemetry SDK from the image's packages on first use; its spans are children of
+// call, `event.tracer`), so a request that calls nothing costs no random bytes. Every request
+// runs in `traceStore` (AsyncLocalStorage: about 8 % of the hello rate on Node.js 22, 1 % on
+// 24, bench/RESULTS.md): a call can only carry its own request's trace, never a guess.
+// `event.tracer` loads the OpenTelemetry SDK from the image's packages on first use; its spans are children of
 // the request's. With TRACE_COLLECTOR_ENDPOINT the SDK loads at start and every request becomes
 // a SERVER span exported over OTLP/HTTP.
 const { AsyncLocalStorage } = require('async_hooks');
@@ -534,21 +532,9 @@ function rootSampled(h) {
   return s === undefined ? true : s === '1' || s === 'true';
 }
 
-// Whether requests run in traceStore yet (see above), and the traces of the calls in flight.
-let propagating = false;
-const running = new Set();
-
-// The trace of the request this code runs for, if it can be known: from traceStore, else
-// (a request that started before propagation was turned on) the only call in flight, whose
-// context then carries it on.
+// The trace of the request this code runs for (none outside a request).
 function currentTrace() {
-  const t = traceStore.getStore();
-  if (t !== undefined) return t;
-  propagating = true;
-  if (running.size !== 1) return null;
-  const [only] = running;
-  traceStore.enterWith(only);
-  return only;
+  return traceStore.getStore() || null;
 }
 
 // A request's place in its trace. Its ids are made on first use (ensureIds).
@@ -723,18 +709,14 @@ function invoke(req, res, reqPath, query, raw) {
   m.calls++;
   const c = new Call(req, res);
   const sendResponse = (body, status, headers) => respond(res, body, status, headers);
-  c.trace = startTrace(req, reqPath);
-  return runTraced(c.trace, res, () => c.run(event, context, sendResponse));
+  return runTraced(startTrace(req, reqPath), res, () => c.run(event, context, sendResponse));
 }
 
-// Runs `call` as the request's of `trace`: in its trace (see above), counted in flight until
-// the caller deletes it from `running`.
+// Runs `call` as the request's of `trace`: in its trace (see above).
 function runTraced(trace, res, call) {
   if (trace.span) res.on('finish', () => endTrace(trace, res.statusCode));
-  running.add(trace);
   if (trace.context) return otel.api.context.with(trace.context, () => traceStore.run(trace, call));
-  if (propagating) return traceStore.run(trace, call);
-  return call();
+  return traceStore.run(trace, call);
 }
 
 // One call of the Function. It settles once — with its result, its failure or FUNC_TIMEOUT —
@@ -746,7 +728,6 @@ class Call {
     this.started = process.hrtime.bigint();
     this.settled = false;
     this.deadline = 0;
-    this.trace = null;
   }
 
   run(event, context, sendResponse) {
@@ -767,7 +748,6 @@ class Call {
   settle(failed) {
     if (this.settled) return false;
     this.settled = true;
-    running.delete(this.trace);
     if (this.deadline) pending.delete(this);
     if (failed) m.failures++;
     observe(Number(process.hrtime.bigint() - this.started) / 1e9);
@@ -899,7 +879,7 @@ if (require.main !== module) {
     config: { PORT, TIMEOUT_S, MB_LIMIT, BODY_LIMIT, HANDLER_FILE, HANDLER_NAME, FUNC_NAME,
       FUNC_RUNTIME, NAMESPACE, GRACE_MS },
     metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge,
-    startTrace, runTraced, running, userTracer, emitCloudEvent, loadFunction,
+    startTrace, runTraced, userTracer, emitCloudEvent, loadFunction,
   };
 } else loadFunction().then((fn) => {
   userFunction = fn;
