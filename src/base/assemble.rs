@@ -39,6 +39,8 @@ pub struct Sources {
     pub keyring: PathBuf,
     /// Download cache.
     pub cache_dir: PathBuf,
+    /// `kiln base lock --allow-expired-release` (see [`debian::Mirror`]).
+    pub allow_expired_release: bool,
 }
 
 /// Why locking or assembling failed.

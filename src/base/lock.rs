@@ -14,7 +14,8 @@ use crate::fetch::npm::NpmTarball;
 /// # Errors
 /// Unverifiable indexes, unsatisfiable dependencies, unknown npm versions.
 pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock, Error> {
-    let mirror = Mirror::new(src.mirror.clone(), &recipe.debian.suite);
+    let mut mirror = Mirror::new(src.mirror.clone(), &recipe.debian.suite);
+    mirror.allow_expired_release = src.allow_expired_release;
     let keyring = Keyring::load(&src.keyring)?;
     let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
     let index = debian::fetch_packages(&src.http, &mirror, &release).await?;

@@ -12,6 +12,8 @@ pub struct Server {
 
 /// The legacy `main(event, context)` server, also the new-API server's shared core.
 const NODE: &str = include_str!("../../runtimes/_servers/node/server.js");
+/// The legacy `main(event, context)` Python server, also the Flask server's shared core.
+const PYTHON: &str = include_str!("../../runtimes/_servers/python/server.py");
 
 /// `runtimes/_servers/<name>/…` by name.
 const SERVERS: &[(&str, Server)] = &[
@@ -42,8 +44,21 @@ const SERVERS: &[(&str, Server)] = &[
     (
         "python",
         Server {
-            main: include_str!("../../runtimes/_servers/python/server.py"),
+            main: PYTHON,
             beside: &[],
+        },
+    ),
+    (
+        "flask",
+        Server {
+            main: include_str!("../../runtimes/_servers/flask/server.py"),
+            beside: &[
+                ("kiln_core.py", PYTHON),
+                (
+                    "sdk.py",
+                    include_str!("../../runtimes/_servers/flask/sdk.py"),
+                ),
+            ],
         },
     ),
 ];

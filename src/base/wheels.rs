@@ -40,12 +40,8 @@ pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel
                 "--ignore-installed",
             ])
             .args(["--disable-pip-version-check", "--only-binary=:all:"])
-            .args([
-                "--platform",
-                "manylinux_2_39_x86_64",
-                "--implementation",
-                "cp",
-            ])
+            .args(manylinux_platforms().flat_map(|p| ["--platform".to_string(), p]))
+            .args(["--implementation", "cp"])
             .args(["--python-version", python, "--abi", &abi])
             .arg("--target")
             .arg(&target)
@@ -57,6 +53,26 @@ pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel
     )?;
     let text = std::fs::read_to_string(&report).at("reading", &report)?;
     parse_pip_report(&text)
+}
+
+/// The newest glibc a locked wheel may need: older than any base's (trixie's is 2.41).
+const GLIBC_CEILING: u32 = 39;
+
+/// `--platform` values for every manylinux tag up to [`GLIBC_CEILING`], newest first, with the
+/// legacy aliases: pip before 24 expands none of them itself, and a wheel tagged only
+/// `manylinux_2_17` (most compiled wheels) must still be found.
+fn manylinux_platforms() -> impl Iterator<Item = String> {
+    (17..=GLIBC_CEILING)
+        .rev()
+        .map(|minor| format!("manylinux_2_{minor}_x86_64"))
+        .chain(
+            [
+                "manylinux2014_x86_64",
+                "manylinux2010_x86_64",
+                "manylinux1_x86_64",
+            ]
+            .map(String::from),
+        )
 }
 
 #[derive(Deserialize)]

@@ -44,11 +44,16 @@ pub struct SourceArgs {
 /// Flags of `kiln base lock`.
 #[derive(Debug, Args)]
 pub struct LockArgs {
-    /// The runtime (nodejs22, nodejs24, nodejs26, python313).
+    /// The runtime (nodejs22, nodejs24, nodejs26, python313, python314).
     pub runtime: String,
     /// Where to write the lock [default: base-images/RUNTIME/lock.toml].
     #[arg(long, value_name = "FILE")]
     pub lock: Option<PathBuf>,
+    /// Lock from the mirror's InRelease even when its Valid-Until has passed (its signature is
+    /// still checked). A stale Release may lack security fixes: use it only when no current
+    /// mirror can be had, as for a testing suite (python314) on a mirror that lags.
+    #[arg(long)]
+    pub allow_expired_release: bool,
     /// Package sources.
     #[command(flatten)]
     pub sources: SourceArgs,
@@ -57,7 +62,7 @@ pub struct LockArgs {
 /// Flags of `kiln base build`.
 #[derive(Debug, Args)]
 pub struct BuildBaseArgs {
-    /// The runtime (nodejs22, nodejs24, nodejs26, python313).
+    /// The runtime (nodejs22, nodejs24, nodejs26, python313, python314).
     pub runtime: String,
     /// Push the base image here.
     #[arg(long, value_name = "REF")]
@@ -114,6 +119,7 @@ pub(super) fn sources(args: &SourceArgs) -> anyhow::Result<Sources> {
         npm_registry,
         keyring: args.keyring.clone(),
         cache_dir,
+        allow_expired_release: false,
     })
 }
 
@@ -136,7 +142,8 @@ fn npm_registry() -> anyhow::Result<url::Url> {
 
 async fn lock(args: LockArgs) -> Result<String, Failure> {
     let (recipe, _) = recipe::embedded(&args.runtime).map_err(|e| Failure::Usage(e.into()))?;
-    let src = sources(&args.sources).map_err(Failure::Usage)?;
+    let mut src = sources(&args.sources).map_err(Failure::Usage)?;
+    src.allow_expired_release = args.allow_expired_release;
     let lock = assemble::lock(&src, &recipe)
         .await
         .map_err(|e| Failure::Build(e.into()))?;

@@ -40,8 +40,8 @@ pub struct BuildArgs {
     /// Git source.
     #[command(flatten)]
     pub git: GitArgs,
-    /// The runtime (nodejs22, nodejs24, nodejs26, python313). Taken from the manifest with
-    /// --function.
+    /// The runtime (nodejs22, nodejs24, nodejs26, python313, python314). Taken from the
+    /// manifest with --function.
     #[arg(long, env = "KILN_RUNTIME")]
     pub runtime: Option<String>,
     /// Push the image here: REGISTRY/REPO[:TAG].

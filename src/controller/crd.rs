@@ -76,9 +76,9 @@ pub const RESERVED_PREFIX: &str = "serverless.kyma-project.io/";
 ).message("spec.template is no longer supported: use spec.labels and spec.annotations"))]
 #[serde(rename_all = "camelCase")]
 pub struct FunctionSpec {
-    /// The runtime: nodejs22, nodejs24, nodejs26 (Kyma's new `main(req, res)` API) or
-    /// python313 (Kyma's nodejs20 and python312 are accepted and built on the nearest kiln
-    /// runtime).
+    /// The runtime: nodejs22, nodejs24, nodejs26 (Kyma's new `main(req, res)` API), python313
+    /// or python314 (Kyma's new Flask `main()` API). Kyma's nodejs20 and python312 are accepted
+    /// and built on the nearest kiln runtime.
     #[schemars(length(min = 1))]
     pub runtime: String,
     /// A base image to build on instead of the runtime's own.

@@ -30,10 +30,6 @@ pub const ALIASES: &[Alias] = &[
         kyma: "python312",
         kiln: "python313",
     },
-    Alias {
-        kyma: "python314",
-        kiln: "python313",
-    },
 ];
 
 /// The alias for `name`, if it is one of Kyma's names kiln maps.

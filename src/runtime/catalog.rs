@@ -96,7 +96,7 @@ mod tests {
         }
         assert_eq!(
             Catalog::embedded().names(),
-            ["nodejs22", "nodejs24", "nodejs26", "python313"]
+            ["nodejs22", "nodejs24", "nodejs26", "python313", "python314"]
         );
     }
 
@@ -115,16 +115,14 @@ mod tests {
     }
 
     #[test]
-    fn a_real_runtime_wins_over_an_alias_of_its_name() {
-        let text = embedded_text("python313")
-            .unwrap()
-            .replace("name = \"python313\"", "name = \"python314\"");
-        let mut catalog = Catalog::embedded();
-        catalog
-            .runtimes
-            .push(RuntimeSpec::parse("python314", &text).unwrap());
+    fn python314_is_a_real_runtime_not_an_alias() {
+        // It was an alias of python313 until runtimes/python314 existed.
+        let catalog = Catalog::embedded();
         let (spec, alias) = catalog.resolve("python314").unwrap();
-        assert_eq!((spec.name.as_str(), alias), ("python314", None));
+        assert_eq!(
+            (spec.name.as_str(), spec.description.as_str(), alias),
+            ("python314", "CPython 3.14", None)
+        );
         let (spec, alias) = catalog.resolve("python312").unwrap();
         assert_eq!((spec.name.as_str(), alias.is_some()), ("python313", true));
     }
@@ -134,7 +132,8 @@ mod tests {
         let err = Catalog::embedded().get("ruby3").unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313"
+            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313, \
+             python314"
         );
     }
 }

@@ -12,12 +12,14 @@ use std::time::{Duration, Instant};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::Value;
 
-/// The function servers: the legacy API's two, and nodejs26's new `main(req, res)` API.
+/// The function servers: the legacy API's two, nodejs26's new `main(req, res)` API and
+/// python314's new Flask `main()` API.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Runtime {
     Node,
     Python,
     Express,
+    Flask,
 }
 
 impl Runtime {
@@ -27,6 +29,7 @@ impl Runtime {
             Runtime::Node => "nodejs20",
             Runtime::Python => "python311",
             Runtime::Express => "nodejs26",
+            Runtime::Flask => "python314",
         }
     }
 
@@ -34,7 +37,7 @@ impl Runtime {
     pub fn handler_file(self) -> &'static str {
         match self {
             Runtime::Node | Runtime::Express => "handler.js",
-            Runtime::Python => "handler.py",
+            Runtime::Python | Runtime::Flask => "handler.py",
         }
     }
 }
@@ -71,6 +74,10 @@ impl Server {
                 interpreter("KILN_TEST_PYTHON", "python3"),
                 "python/server.py",
             ),
+            Runtime::Flask => (
+                interpreter("KILN_TEST_PYTHON", "python3"),
+                "flask/server.py",
+            ),
         };
         let mut cmd = Command::new(program);
         cmd.arg(servers.join(script));
@@ -95,8 +102,14 @@ impl Server {
                 )
                 .env("HANDLER_PATH", fixtures.join("express/handler.js")),
             Runtime::Python => cmd
-                .env("PYTHONPATH", python_packages())
+                .env("PYTHONPATH", python_packages("python313"))
                 .env("FUNCTION_PATH", fixtures.join("python"))
+                .env("PYTHONUNBUFFERED", "TRUE")
+                .env("PYTHONDONTWRITEBYTECODE", "1"),
+            // Kyma's python314 names, as the image sets them.
+            Runtime::Flask => cmd
+                .env("PYTHONPATH", python_packages("python314"))
+                .env("HANDLER_PATH", fixtures.join("flask"))
                 .env("PYTHONUNBUFFERED", "TRUE")
                 .env("PYTHONDONTWRITEBYTECODE", "1"),
         };
@@ -259,11 +272,13 @@ fn shared_install(
     dir
 }
 
-/// The python313 base image's Kyma runtime packages (bottle and cheroot serve the Python
-/// server), installed from the same pinned wheels into a directory shared by every test, for
-/// `PYTHONPATH`, as they sit in the image's dist-packages.
-fn python_packages() -> PathBuf {
-    let (_, lock) = kiln::base::recipe::embedded("python313").unwrap();
+/// A Python base image's Kyma runtime packages (cheroot serves both Python servers; bottle or
+/// Flask is the framework), installed from the same pinned wheels into a directory shared by
+/// every test, for `PYTHONPATH`, as they sit in the image's dist-packages. The host's CPython
+/// imports the pure-Python parts; a compiled module built for another version has a
+/// pure-Python fallback in every package the servers load.
+fn python_packages(runtime: &str) -> PathBuf {
+    let (_, lock) = kiln::base::recipe::embedded(runtime).unwrap();
     let key: String = lock.wheel.iter().map(|w| w.sha256.clone()).collect();
     shared_install("python-packages", &key, move |http, cache, into| {
         Box::pin(async move {

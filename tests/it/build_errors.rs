@@ -93,7 +93,8 @@ fn an_unknown_runtime_lists_the_known_ones() {
         .to_string();
     assert!(
         err.contains(
-            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313"
+            "unknown runtime \"ruby3\"; known runtimes: nodejs22, nodejs24, nodejs26, python313, \
+             python314"
         ),
         "{err}"
     );

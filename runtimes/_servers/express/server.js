@@ -14,11 +14,11 @@ const sdk = require('sdk');
 
 const env = process.env;
 const { config, metrics } = core;
-// Kyma's nodejs26 server reads SERVER_PORT and FUNC_BODY_MB_LIMIT; the legacy names win.
+// Kyma's nodejs26 server reads SERVER_PORT and FUNC_BODY_MB_LIMIT. The port stays FUNC_PORT's
+// when set (the contract fixes it); FUNC_BODY_MB_LIMIT, the name a nodejs26 Function sets, wins
+// over the legacy REQ_MB_LIMIT (the core reads it so).
 const PORT = env.FUNC_PORT !== undefined ? config.PORT : Number(env.SERVER_PORT || 8080);
-const MB_LIMIT = env.REQ_MB_LIMIT !== undefined ? config.MB_LIMIT
-  : Number(env.FUNC_BODY_MB_LIMIT || 1);
-const BODY_LIMIT = Math.floor(MB_LIMIT * 1024 * 1024);
+const { MB_LIMIT, BODY_LIMIT } = config;
 
 sdk.configure(core.userTracer, core.emitCloudEvent, {
   name: config.FUNC_NAME || '',

@@ -14,7 +14,10 @@ const num = (name, dflt) => {
 };
 const PORT = num('FUNC_PORT', 8080);
 const TIMEOUT_S = num('FUNC_TIMEOUT', 180);
-const MB_LIMIT = num('REQ_MB_LIMIT', 1);
+// Loaded as the new API's core (express/), Kyma's nodejs26 name FUNC_BODY_MB_LIMIT wins.
+const LIMIT_VAR = require.main !== module && env.FUNC_BODY_MB_LIMIT ? 'FUNC_BODY_MB_LIMIT'
+  : 'REQ_MB_LIMIT';
+const MB_LIMIT = num(LIMIT_VAR, 1);
 const BODY_LIMIT = Math.floor(MB_LIMIT * 1024 * 1024);
 // Relative to this file (Kyma: `import('./function/handler.js')` from server.mjs); absolute works.
 const HANDLER_FILE = path.resolve(__dirname, env.HANDLER_PATH || './function/handler.js');
@@ -275,7 +278,7 @@ function tooLarge(req, res, unsent = false) {
     clearTimeout(timer);
     res.setHeader('Connection', 'close');
     if (cut) res.once('finish', () => req.socket.destroy());
-    sendText(res, 413, `Request body larger than REQ_MB_LIMIT (${MB_LIMIT} MiB)\n`);
+    sendText(res, 413, `Request body larger than ${LIMIT_VAR} (${MB_LIMIT} MiB)\n`);
   };
   const timer = setTimeout(() => answer(true), DRAIN_MS);
   req.on('data', (chunk) => {

@@ -34,6 +34,7 @@ def _num(name, default):
 
 PORT = int(_num('FUNC_PORT', 8080))
 TIMEOUT = _num('FUNC_TIMEOUT', 180.0)
+LIMIT_VAR = 'REQ_MB_LIMIT'  # what the 413 names (the Flask server sets Kyma's new name)
 if os.environ.get('REQ_MB_LIMIT'):
     BODY_LIMIT = int(_num('REQ_MB_LIMIT', 1) * 1024 * 1024)
 else:  # Kyma's Python runtimes used FUNC_MEMFILE_MAX (bytes)
@@ -413,15 +414,7 @@ class Event(dict):
         self._response.status = int(status)
 
     def emitCloudEvent(self, type, source, data, optionalCloudEventAttributes=None):  # noqa: N802
-        """A structured CloudEvent to the publisher proxy, completed and checked as the
-        CloudEvents SDK does (ValueError naming the attribute; nothing sent)."""
-        ce = {'specversion': '1.0', 'id': _new_id(), 'time': _now(),
-              'datacontenttype': 'text/plain' if isinstance(data, str) else JSON_TYPE}
-        ce.update(optionalCloudEventAttributes or {})
-        ce.update({'type': type, 'source': source})
-        _check_cloud_event(ce)
-        ce['data'] = data
-        return _publish(ce, 'application/cloudevents+json; charset=utf-8')
+        return emit_cloud_event(type, source, data, optionalCloudEventAttributes)
 
     def publishCloudEvent(self, data):  # noqa: N802 (deprecated in Kyma, still used)
         print('publishCloudEvent is deprecated: use emitCloudEvent', file=sys.stderr, flush=True)
@@ -442,6 +435,18 @@ class Event(dict):
 
 
 CE_NAME = re.compile(r'[a-z0-9]{1,20}')
+
+
+def emit_cloud_event(type, source, data, attributes=None):  # noqa: A002 (Kyma's name)
+    """A structured CloudEvent to the publisher proxy, completed and checked as the
+    CloudEvents SDK does (ValueError naming the attribute; nothing sent)."""
+    ce = {'specversion': '1.0', 'id': _new_id(), 'time': _now(),
+          'datacontenttype': 'text/plain' if isinstance(data, str) else JSON_TYPE}
+    ce.update(attributes or {})
+    ce.update({'type': type, 'source': source})
+    _check_cloud_event(ce)
+    ce['data'] = data
+    return _publish(ce, 'application/cloudevents+json; charset=utf-8')
 
 
 def _now():
@@ -593,9 +598,10 @@ _pool_lock = threading.Lock()
 TIMEOUT_BODY = b'Timeout while processing the function\n'
 
 
-def call_function(event, context, environ, trace):
-    """Runs the Function on this thread: ('ok', result), ('error', exc) or ('timeout', None)
-    — the last when the watchdog answered for it while it ran."""
+def call_function(run, environ, trace, answers=()):
+    """Runs the Function (`run()`) on this thread: ('ok', result), ('error', exc) or
+    ('timeout', None) — the last when the watchdog answered for it while it ran. An exception
+    of a type in `answers` (a raised HTTP response) is an answer: ('ok', exc)."""
     started = time.monotonic()
     key = next(_call_ids)
     with _calls_lock:
@@ -609,8 +615,8 @@ def call_function(event, context, environ, trace):
         # itself continues (or as soon as the API is imported: _ApiImportHook).
         _enter_api_context(trace)
     try:
-        outcome = ('ok', _function(event, context))
-    except bottle.HTTPResponse as res:  # `raise bottle.HTTPError(400, ...)` is an answer
+        outcome = ('ok', run())
+    except answers as res:  # `raise bottle.HTTPError(400, ...)`, `flask.abort(404)`
         outcome = ('ok', res)
     except BaseException as exc:  # noqa: BLE001 - report every failure as a 500
         import traceback
@@ -728,12 +734,8 @@ def route(req, resp):
             or '*',
             'Access-Control-Max-Age': '86400'})
     env = req.environ
-    if not env.get('CONTENT_LENGTH'):  # no body (Dechunk sized a chunked one)
-        raw = b''
-    elif req.content_length > BODY_LIMIT:
-        return too_large(req)
-    else:
-        raw = req.body.read()
+    # No body, or one within the limit (BodyLimit refused the rest, and sized a chunked one).
+    raw = req.body.read() if env.get('CONTENT_LENGTH') else b''
     ctype = env.get('CONTENT_TYPE') or ''
     mime = ctype.split(';')[0].strip().lower()
     charset = 'utf-8'
@@ -762,7 +764,8 @@ def _call(event, context, req, trace):
     """The Function's answer: the body, with the status and headers on `bottle.response`,
     or an HTTPResponse; None when the watchdog gave the 408."""
     started = time.monotonic()
-    outcome, value = call_function(event, context, req.environ, trace)
+    outcome, value = call_function(lambda: _function(event, context), req.environ, trace,
+                                   (bottle.HTTPResponse,))
     if outcome == 'timeout':
         return None
     if outcome == 'ok':
@@ -819,26 +822,31 @@ def _drain(stream, left=None):
         pass
 
 
-def too_large(req):
-    """413 before the body is read; the connection closes after it, and the client's upload is
-    drained first (bounded) so it reads the 413 rather than a reset."""
-    _drain(req.environ.get('wsgi.input'), req.content_length)
-    return _plain(413, f'Request body larger than the limit ({BODY_LIMIT} bytes, REQ_MB_LIMIT)\n',
-                  {'Connection': 'close'})
+def _too_large(start_response, stream, left=None):
+    """413, after the client's upload is drained (bounded) so it reads the 413 rather than a
+    reset; the connection closes after it."""
+    _drain(stream, left)
+    msg = f'Request body larger than the limit ({BODY_LIMIT} bytes, {LIMIT_VAR})\n'.encode()
+    start_response('413 Payload Too Large', [
+        ('Content-Type', TEXT_TYPE), ('Access-Control-Allow-Origin', '*'),
+        ('Content-Length', str(len(msg))), ('Connection', 'close')])
+    return [msg]
 
 
-class Dechunk:
-    """WSGI middleware. cheroot decodes a chunked upload itself but passes the
-    Transfer-Encoding header on, which makes bottle decode it a second time: read the decoded
-    body here (up to the limit: 413 beyond it) and hand bottle a plain, sized body."""
+class BodyLimit:
+    """WSGI middleware: a body over BODY_LIMIT gets its 413 before the app reads any of it.
+    A chunked upload is read here (cheroot decodes it but passes the Transfer-Encoding header
+    on, which would make the framework decode it a second time) and handed on as a plain,
+    sized body."""
 
     def __init__(self, app):
         self.app = app
 
     def __call__(self, environ, start_response):
+        stream = environ['wsgi.input']
         if 'chunked' in environ.get('HTTP_TRANSFER_ENCODING', '').lower():
             import io
-            stream, chunks, size = environ['wsgi.input'], [], 0
+            chunks, size = [], 0
             while True:
                 try:
                     chunk = stream.read(65536)
@@ -851,17 +859,19 @@ class Dechunk:
                 size += len(chunk)
                 if size > BODY_LIMIT:
                     chunks.clear()
-                    _drain(stream)
-                    msg = f'Request body larger than the limit ({BODY_LIMIT} bytes, REQ_MB_LIMIT)\n'
-                    start_response('413 Payload Too Large', [
-                        ('Content-Type', TEXT_TYPE), ('Access-Control-Allow-Origin', '*'),
-                        ('Content-Length', str(len(msg))), ('Connection', 'close')])
-                    return [msg.encode()]
+                    return _too_large(start_response, stream)
                 chunks.append(chunk)
             body = b''.join(chunks)
             del environ['HTTP_TRANSFER_ENCODING']
             environ['CONTENT_LENGTH'] = str(len(body))
             environ['wsgi.input'] = io.BytesIO(body)
+        else:
+            try:
+                length = int(environ.get('CONTENT_LENGTH') or 0)
+            except ValueError:
+                length = 0
+            if length > BODY_LIMIT:
+                return _too_large(start_response, stream, length)
         return self.app(environ, start_response)
 
 
@@ -951,25 +961,37 @@ def _server_classes():
     return Gateway, Server, stop_pool
 
 
-def main():
-    global _function, _server
+def load_function():
+    """The Function's FUNC_HANDLER from module MOD_NAME (on FUNCTION_PATH); exits if it cannot
+    be loaded."""
     try:
         module = importlib.import_module(MOD_NAME)
-        _function = getattr(module, FUNC_HANDLER)
+        return getattr(module, FUNC_HANDLER)
     except Exception:  # noqa: BLE001
         import traceback
         traceback.print_exc()
         sys.stderr.write(f'Cannot load {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH}\n')
         sys.exit(1)
 
+
+def main():
+    global _function
+    _function = load_function()
+    serve(app, 'python')
+
+
+def serve(wsgi_app, name, api=''):
+    """Serves `wsgi_app` (behind the body limit and the access log) on cheroot until SIGTERM
+    or SIGINT, then drains and exits."""
+    global _server
     gateway, server_class, stop_pool = _server_classes()
-    wsgi_app = Dechunk(app)
+    wsgi_app = BodyLimit(wsgi_app)
     if ACCESS_LOG:
         wsgi_app = AccessLog(wsgi_app)
     # Kyma's CHERRYPY_NUMTHREADS: requests served in parallel (default 50, as Kyma's).
     threads = max(1, int(_num('CHERRYPY_NUMTHREADS', 50)))
     server = _server = server_class(('0.0.0.0', PORT), wsgi_app, numthreads=threads,
-                                    server_name='kiln-python', request_queue_size=128,
+                                    server_name=f'kiln-{name}', request_queue_size=128,
                                     timeout=60)
     server.gateway = gateway
     server.shutdown_timeout = GRACE
@@ -986,8 +1008,8 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=server.serve, daemon=True).start()
-    print(f'kiln python function server listening on 0.0.0.0:{server.bind_addr[1]}, '
-          f'function {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH} '
+    print(f'kiln {name} function server listening on 0.0.0.0:{server.bind_addr[1]}, '
+          f'function {MOD_NAME}.{FUNC_HANDLER} from {FUNCTION_PATH} {api}'
           f'(timeout {TIMEOUT:g}s, body limit {BODY_LIMIT} bytes, {threads} threads)',
           flush=True)
     # Poll, don't block: a signal the kernel delivers to another thread only sets a flag, and

@@ -74,7 +74,11 @@ pub enum Error {
         issuers: Vec<String>,
     },
     /// The Release file is past its `Valid-Until` date.
-    #[error("Release of suite {suite} expired at {valid_until}")]
+    #[error(
+        "Release of suite {suite} expired at {valid_until}: the mirror serves a stale copy. \
+         Use a current mirror (--debian-mirror URL), or pass --allow-expired-release to \
+         `kiln base lock` to lock from it anyway"
+    )]
     ReleaseExpired {
         /// The suite requested.
         suite: String,

@@ -14,7 +14,7 @@ use url::Url;
 
 use super::keyring::Keyring;
 use super::packages::{LockedPackage, PackageIndex};
-use super::release::{IndexEntry, Release, verify_release};
+use super::release::{IndexEntry, Release, verify_release_signature};
 use super::{Error, Mirror, Result};
 use crate::fetch::download;
 use crate::oci::{Digest, Hasher};
@@ -73,8 +73,17 @@ pub async fn fetch_release(
 ) -> Result<Release> {
     let url = join(&mirror.url, &format!("dists/{}/InRelease", mirror.suite))?;
     let bytes = get_bytes(http, &url, RELEASE_LIMIT).await?;
-    let release = verify_release(&bytes, keyring, SystemTime::now())?;
+    let now = SystemTime::now();
+    let release = verify_release_signature(&bytes, keyring, now)?;
     release.check_suite(&mirror.suite)?;
+    match release.check_valid_until(now) {
+        Err(Error::ReleaseExpired { suite, valid_until }) if mirror.allow_expired_release => {
+            warn!(%suite, %valid_until, date = %release.date,
+                "the Release has expired; locking from it anyway (--allow-expired-release): \
+                 its packages may lack security fixes published since");
+        }
+        checked => checked?,
+    }
     info!(%url, suite = %release.suite, codename = %release.codename, date = %release.date,
         "verified InRelease");
     Ok(release)

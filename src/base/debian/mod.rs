@@ -23,7 +23,7 @@ pub use keyring::{Keyring, SigningKey};
 pub use license::{licenses, parse_licenses};
 pub use packages::{LockedPackage, Package, PackageIndex, Provider};
 pub use relation::{Group, Op, Relation, parse_relations};
-pub use release::{IndexEntry, Release, verify_release};
+pub use release::{IndexEntry, Release, verify_release, verify_release_signature};
 pub use sources::{
     SourceEntry, SourcesFormat, find_debian_mirror, mirror_from_dir, parse_sources,
     system_mirror_url,
@@ -45,6 +45,10 @@ pub struct Mirror {
     pub component: String,
     /// The Debian architecture, e.g. `amd64`.
     pub arch: String,
+    /// Lock from a Release whose `Valid-Until` has passed (its signature is still checked):
+    /// the user's explicit choice, for a mirror that lags behind a testing suite's weekly
+    /// re-signing. The lock's hashes then pin what was resolved, as always.
+    pub allow_expired_release: bool,
 }
 
 impl Mirror {
@@ -55,6 +59,7 @@ impl Mirror {
             suite: suite.to_string(),
             component: "main".to_string(),
             arch: "amd64".to_string(),
+            allow_expired_release: false,
         }
     }
 }

@@ -115,7 +115,11 @@ impl Release {
         })
     }
 
-    fn check_valid_until(&self, now: SystemTime) -> Result<()> {
+    /// Checks that `Valid-Until`, when present, is after `now`.
+    ///
+    /// # Errors
+    /// [`Error::ReleaseExpired`] when it has passed; [`Error::ReleaseField`] when unreadable.
+    pub fn check_valid_until(&self, now: SystemTime) -> Result<()> {
         let Some(valid_until) = &self.valid_until else {
             return Ok(());
         };
@@ -143,6 +147,21 @@ impl Release {
 /// signature verifies with a key of `keyring` valid at `now`, [`Error::ReleaseExpired`] when
 /// `Valid-Until` has passed.
 pub fn verify_release(bytes: &[u8], keyring: &Keyring, now: SystemTime) -> Result<Release> {
+    let release = verify_release_signature(bytes, keyring, now)?;
+    release.check_valid_until(now)?;
+    Ok(release)
+}
+
+/// [`verify_release`] without the `Valid-Until` check: the signature, made by a key of
+/// `keyring` valid at `now`, is all that is checked.
+///
+/// # Errors
+/// Those of [`verify_release`] but [`Error::ReleaseExpired`].
+pub fn verify_release_signature(
+    bytes: &[u8],
+    keyring: &Keyring,
+    now: SystemTime,
+) -> Result<Release> {
     let text = String::from_utf8_lossy(bytes);
     let (message, _) = CleartextSignedMessage::from_string(&text)
         .map_err(|source| Error::Clearsigned { source })?;
@@ -168,7 +187,6 @@ pub fn verify_release(bytes: &[u8], keyring: &Keyring, now: SystemTime) -> Resul
     }
     let mut release = Release::parse(&dash_unescape(message.text()))?;
     release.signed_by = signed_by;
-    release.check_valid_until(now)?;
     Ok(release)
 }
 

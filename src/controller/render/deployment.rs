@@ -220,7 +220,7 @@ pub fn env(f: &Function, plan: &Plan, config: &Config) -> Vec<EnvVar> {
     let set_by_user = |name: &str| f.spec.env.iter().any(|e| e.name == name);
     let image_env = &plan.runtime.image.env;
     let mut env = Vec::new();
-    for name in ["FUNC_TIMEOUT", "REQ_MB_LIMIT"] {
+    for name in ["FUNC_TIMEOUT", "REQ_MB_LIMIT", "FUNC_BODY_MB_LIMIT"] {
         if let Some(value) = image_env.get(name).filter(|_| !set_by_user(name)) {
             env.push(var(name, value));
         }

@@ -79,7 +79,7 @@ fn an_unknown_runtime_is_an_error_listing_the_supported_ones() {
     let v = verdict(|f| f["spec"]["runtime"] = json!("ruby3"));
     let msg = only_error(&v, "spec.runtime", "\"ruby3\" is not a supported runtime");
     assert!(
-        msg.contains("nodejs22, nodejs24, nodejs26, python313")
+        msg.contains("nodejs22, nodejs24, nodejs26, python313, python314")
             && msg.contains("nodejs20 (as nodejs22)")
     );
 }

@@ -290,6 +290,91 @@ fn the_nodejs26_base_runs_kymas_new_api_samples() {
     drop(running);
 }
 
+/// Kyma's other new-API runtime: CPython 3.14 from Debian testing, its "Hello World" and
+/// "Accessing the request" samples (`main()` reading Flask's `request`), a Flask Response with
+/// its own status, the `sdk` module and a dependency of the Function's own, built on the
+/// kiln-built python314 base and builder and run under `kiln run`.
+#[test]
+fn the_python314_base_runs_kymas_new_api_samples() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = work.path().join("bases");
+    base_build(&k, "python314", &bases);
+    validate_layout(&bases);
+    let dir = work.path().join("fn");
+    copy_tree(&fixtures().join("servers/flask"), &dir);
+    std::fs::write(dir.join("requirements.txt"), "idna==3.10\n").unwrap();
+    let out = work.path().join("out");
+    let built = k.run_cmd(k.command_with_shared_downloads().args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "python314",
+        "--base",
+        &format!("oci:{}:python314", bases.display()),
+        "--builder-image",
+        &format!("oci:{}:python314-builder", bases.display()),
+        // pip 26 on CPython 3.14 in the builder image, not kiln's own wheel install.
+        "--deps-sandbox",
+        "bwrap",
+        "--lockfile-install",
+        "off",
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]));
+    let (port, running) = serve(&k, &built.reference(), &[]);
+    let get = |path: &str| http::request(port, "GET", path, &[], b"");
+    assert_eq!(get("/hello"), (200, "Hello World!".to_string()));
+    assert_eq!(get("/name?name=kiln"), (200, "Hello kiln!".to_string()));
+    let (status, body) = get("/accept");
+    assert_eq!(
+        (status, body.as_str()),
+        (400, r#"{"error": "Invalid Content-Type."}"#)
+    );
+    let (status, body) = get("/sdk");
+    assert_eq!(status, 200, "{body}");
+    let sdk: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (
+            &sdk["runtime"],
+            &sdk["timeout"],
+            &sdk["bodySizeLimit"],
+            &sdk["tracer"]
+        ),
+        (
+            &serde_json::json!("python314"),
+            &serde_json::json!(180.0),
+            &serde_json::json!(1),
+            &serde_json::json!(true)
+        ),
+        "{body}"
+    );
+    let (status, body) = get("/dependency");
+    let dep: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(dep["idna"], "3.10", "{body}");
+    assert!(
+        dep["from"]
+            .as_str()
+            .unwrap()
+            .starts_with("/kubeless/site-packages/"),
+        "{body}"
+    );
+    let (status, body) = http::request(
+        port,
+        "POST",
+        "/echo",
+        &[("Content-Type", "application/json")],
+        br#"{"a":1}"#,
+    );
+    assert_eq!(
+        (status, body.contains(r#""json":{"a":1}"#)),
+        (200, true),
+        "{body}"
+    );
+    drop(running);
+}
+
 #[test]
 fn the_nodejs24_base_runs_a_function_that_honours_the_contract() {
     runtime_serves_the_contract("nodejs24", "node");

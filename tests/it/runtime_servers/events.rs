@@ -40,7 +40,7 @@ pub(super) async fn binary_cloud_event_fills_ce_fields(rt: Runtime) {
     // Node normalises time as the CloudEvents SDK does.
     let time = match rt {
         Runtime::Node | Runtime::Express => "2024-05-01T12:00:00.000Z",
-        Runtime::Python => "2024-05-01T12:00:00Z",
+        Runtime::Python | Runtime::Flask => "2024-05-01T12:00:00Z",
     };
     assert_eq!(ce["time"], time);
     assert_eq!(ce["eventtypeversion"], "v1");
@@ -78,7 +78,7 @@ pub(super) async fn structured_cloud_event_fills_ce_fields(rt: Runtime) {
     assert_eq!(ce["specversion"], "1.0");
     let time = match rt {
         Runtime::Node | Runtime::Express => "2024-05-02T08:30:00.000Z",
-        Runtime::Python => "2024-05-02T08:30:00Z",
+        Runtime::Python | Runtime::Flask => "2024-05-02T08:30:00Z",
     };
     assert_eq!(ce["time"], time);
     assert_eq!(ce["datacontenttype"], "application/json");

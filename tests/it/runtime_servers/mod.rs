@@ -130,3 +130,8 @@ async fn python_runs_a_library_the_function_instruments_in_the_requests_trace() 
 async fn nodejs26_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413() {
     a_client_that_writes_the_whole_body_first_reads_the_413(Runtime::Express).await;
 }
+
+#[tokio::test]
+async fn python314_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413() {
+    a_client_that_writes_the_whole_body_first_reads_the_413(Runtime::Flask).await;
+}

@@ -74,7 +74,9 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         &[
             ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
             ("FUNC_TIMEOUT", "1"),
-            ("REQ_MB_LIMIT", "0.001"),
+            // The legacy name loses to Kyma's nodejs26 name.
+            ("REQ_MB_LIMIT", "5"),
+            ("FUNC_BODY_MB_LIMIT", "0.001"),
         ],
     );
     let http = client();
@@ -108,7 +110,7 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         (&event["type"], &event["source"], &event["data"]),
         (&json!("order.created"), &json!("/shop"), &json!({"n": 1}))
     );
-    // FUNC_TIMEOUT → 408; REQ_MB_LIMIT → 413, sized or chunked.
+    // FUNC_TIMEOUT → 408; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
     let resp = http.get(server.url("/slow")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
     let resp = http
@@ -119,6 +121,8 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("FUNC_BODY_MB_LIMIT"), "the 413 names the limit set: {text}");
     let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
     let resp = http
         .post(server.url("/echo"))
@@ -150,5 +154,209 @@ async fn nodejs26_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() 
     assert_eq!(
         answer["traceId"], parts[1],
         "the sdk tracer's span is in the request's trace"
+    );
+}
+
+#[tokio::test]
+async fn python314_serves_kymas_new_api_samples_with_flasks_request_and_responses() {
+    let server = Server::start(Runtime::Flask, &[]);
+    let http = client();
+    let get = |path: &str| http.get(server.url(path)).send();
+    let resp = get("/hello").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert!(header(&resp, "content-type").starts_with("text/html"));
+    assert_eq!(resp.text().await.unwrap(), "Hello World!");
+    // Query parameters through flask.request.
+    let resp = get("/name?name=kiln").await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "Hello kiln!");
+    assert_eq!(
+        get("/name").await.unwrap().text().await.unwrap(),
+        "Hello World!"
+    );
+    // Kyma's custom-response sample: Flask Responses with their own status and type.
+    let resp = get("/accept").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"error": "Invalid Content-Type."})
+    );
+    let resp = http
+        .post(server.url("/accept"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    assert_eq!(header(&resp, "content-type"), "application/json");
+    // Bodies as Flask reads them; a dict answers JSON.
+    let echo = |body: &'static str, ty: &'static str| {
+        json(
+            http.post(server.url("/echo"))
+                .header("content-type", ty)
+                .body(body),
+        )
+    };
+    let json_body = echo(r#"{"a":[1,2]}"#, "application/json").await;
+    assert_eq!(json_body["json"], json!({"a": [1, 2]}));
+    let form = echo("a=1&b=2", "application/x-www-form-urlencoded").await;
+    assert_eq!(form["form"], json!({"a": "1", "b": "2"}));
+    let text = echo("plain words", "text/plain").await;
+    assert_eq!(
+        (&text["text"], &text["method"]),
+        (&json!("plain words"), &json!("POST"))
+    );
+    // A (body, status, headers) tuple, flask.abort, no answer, a raise.
+    let resp = get("/tuple").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+    assert_eq!(header(&resp, "x-fixture"), "tuple");
+    let resp = get("/abort").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(resp.text().await.unwrap().contains("no such thing"));
+    let resp = get("/none").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let resp = get("/throw").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(resp.text().await.unwrap(), "Internal server error");
+    let stderr = server.stderr_containing("boom from").await;
+    assert!(stderr.contains("handler.py"), "{stderr}");
+    // Health, metrics and a CORS preflight, as the legacy servers answer them.
+    let resp = get("/healthz").await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "OK");
+    let resp = http
+        .request(reqwest::Method::OPTIONS, server.url("/any"))
+        .header("Origin", "https://app.example")
+        .header("Access-Control-Request-Method", "PUT")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NO_CONTENT);
+    assert_eq!(header(&resp, "access-control-allow-methods"), "PUT");
+    let text = metrics(&server).await;
+    assert_eq!(sample(&text, "function_calls_total"), 12.0, "{text}");
+    assert_eq!(sample(&text, "function_failures_total"), 2.0, "{text}");
+}
+
+#[tokio::test]
+async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit() {
+    let publisher = Publisher::start();
+    let server = Server::start(
+        Runtime::Flask,
+        &[
+            ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
+            ("FUNC_TIMEOUT", "1"),
+            // The image's legacy name loses to Kyma's python314 name.
+            ("REQ_MB_LIMIT", "5"),
+            ("FUNC_BODY_MB_LIMIT", "0.001"),
+        ],
+    );
+    let http = client();
+    let sdk = json(http.get(server.url("/sdk"))).await;
+    assert_eq!(
+        sdk,
+        json!({"name": "fixture", "namespace": "tests", "runtime": "python314", "timeout": 1.0,
+               "bodySizeLimit": 0.001, "tracer": true}),
+        "{}",
+        server.logs()
+    );
+    // A binary-mode and a structured CloudEvent in, one emitted to the publisher.
+    let ce = json(
+        http.post(server.url("/cloudevent"))
+            .header("ce-type", "order.created")
+            .header("ce-source", "/shop")
+            .header("ce-id", "e-1")
+            .header("ce-specversion", "1.0")
+            .header("content-type", "application/json")
+            .body(r#"{"n":1}"#),
+    )
+    .await;
+    assert_eq!(
+        ce,
+        json!({"type": "order.created", "source": "/shop", "id": "e-1", "data": {"n": 1}})
+    );
+    let structured = json(
+        http.post(server.url("/cloudevent"))
+            .header("content-type", "application/cloudevents+json")
+            .body(
+                json!({"specversion": "1.0", "type": "t.s", "source": "/s", "id": "e-2",
+                       "datacontenttype": "application/json", "data": {"m": 2}})
+                .to_string(),
+            ),
+    )
+    .await;
+    assert_eq!(
+        structured,
+        json!({"type": "t.s", "source": "/s", "id": "e-2", "data": {"m": 2}})
+    );
+    let plain = json(http.post(server.url("/cloudevent")).body("x")).await;
+    assert_eq!(plain, Value::Null, "not a CloudEvent");
+    let emitted = json(http.get(server.url("/emit"))).await;
+    assert_eq!(emitted["status"], 200, "{}", server.logs());
+    let (_, event) = publisher.seen().pop().unwrap();
+    assert_eq!(
+        (
+            &event["type"],
+            &event["source"],
+            &event["data"],
+            &event["eventtypeversion"]
+        ),
+        (
+            &json!("order.created"),
+            &json!("/shop"),
+            &json!({"n": 1}),
+            &json!("v1")
+        )
+    );
+    // FUNC_TIMEOUT → 408; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
+    let resp = http.get(server.url("/slow")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(
+        resp.text().await.unwrap(),
+        "Timeout while processing the function\n"
+    );
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(vec![b'x'; 2_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("FUNC_BODY_MB_LIMIT"), "the 413 names the limit set: {text}");
+    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+}
+
+#[tokio::test]
+async fn python314_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() {
+    let server = Server::start(Runtime::Flask, &[]);
+    let echo = Publisher::start();
+    let answer = json(
+        client()
+            .get(server.url(&format!("/trace-out?url={}", echo.base())))
+            .header("X-B3-Sampled", "1"),
+    )
+    .await;
+    let h = echo.request("/http").headers;
+    let parts: Vec<&str> = h["traceparent"].split('-').collect();
+    assert_eq!(parts[3], "01", "{h:?}");
+    assert_eq!(h["x-b3-traceid"], parts[1], "{h:?}");
+    assert_eq!(h["x-b3-spanid"], parts[2], "{h:?}");
+    assert_eq!(
+        answer["traceId"],
+        parts[1],
+        "the sdk tracer's span is in the request's trace: {}",
+        server.logs()
     );
 }

@@ -18,7 +18,7 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 fn outgoing_paths(rt: Runtime) -> &'static [&'static str] {
     match rt {
         Runtime::Node | Runtime::Express => &["/http", "/fetch", "/axios"],
-        Runtime::Python => &["/urllib", "/requests"],
+        Runtime::Python | Runtime::Flask => &["/urllib", "/requests"],
     }
 }
 
