@@ -108,6 +108,19 @@ fn a_release_past_valid_until_is_rejected() {
         if valid_until == "Sat, 13 Sep 2025 09:24:51 UTC"));
     // 2025-09-10, before Valid-Until.
     verify_release(&bytes, &keys, at(1_757_462_400)).unwrap();
+    // `--allow-expired-release` waives only Valid-Until: the signature still counts.
+    let release = verify_release_signature(&bytes, &keys, at(LATER)).unwrap();
+    assert!(matches!(
+        release.check_valid_until(at(LATER)),
+        Err(Error::ReleaseExpired { .. })
+    ));
+    let at_digit = bytes.windows(6).position(|w| w == b"13.1\nC").unwrap();
+    let mut tampered = bytes.clone();
+    tampered[at_digit + 3] = b'2';
+    assert!(matches!(
+        verify_release_signature(&tampered, &keys, at(LATER)),
+        Err(Error::NoValidSignature { .. })
+    ));
 }
 
 #[test]

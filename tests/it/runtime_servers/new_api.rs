@@ -122,7 +122,10 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let text = resp.text().await.unwrap();
-    assert!(text.contains("FUNC_BODY_MB_LIMIT"), "the 413 names the limit set: {text}");
+    assert!(
+        text.contains("FUNC_BODY_MB_LIMIT"),
+        "the 413 names the limit set: {text}"
+    );
     let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
     let resp = http
         .post(server.url("/echo"))
@@ -324,7 +327,10 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
         .unwrap();
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
     let text = resp.text().await.unwrap();
-    assert!(text.contains("FUNC_BODY_MB_LIMIT"), "the 413 names the limit set: {text}");
+    assert!(
+        text.contains("FUNC_BODY_MB_LIMIT"),
+        "the 413 names the limit set: {text}"
+    );
     let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
     let resp = http
         .post(server.url("/echo"))
