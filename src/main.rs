@@ -31,6 +31,10 @@ fn main() -> ExitCode {
     if let Some(code) = kiln::sandbox::gate::dispatch(&args) {
         return code;
     }
+    // A git-over-SSH connection's `ssh` and `askpass` are this binary too.
+    if let Some(code) = kiln::git::ssh::dispatch(&args) {
+        return code;
+    }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
         Err(e) => {

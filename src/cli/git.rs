@@ -7,15 +7,15 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::git::{self, Access, Credentials, Source};
+use crate::git::{self, Access, Auth, Source};
 
 /// Git source flags.
 #[derive(Debug, Args)]
 pub struct GitArgs {
     /// Build the Function from a git repository (Kyma's gitRepository.url), fetched by kiln
-    /// itself at depth 1: an https:// URL (http:// for local servers). kiln clones over
-    /// HTTPS only: SSH URLs (git@host:repo, ssh://) are refused, since SSH would need the
-    /// `ssh` program, which the builder image does not have.
+    /// itself at depth 1: an https:// URL (http:// for local servers), or an SSH URL
+    /// (ssh://[user@]host[:port]/path or git@host:path) with a key in --git-auth-dir, run
+    /// through OpenSSH's `ssh` with kiln's own configuration only.
     #[arg(long, value_name = "URL", conflicts_with_all = ["dir", "function"])]
     pub git: Option<String>,
     /// The branch, tag or full commit SHA to build [default: the remote's HEAD].
@@ -25,8 +25,11 @@ pub struct GitArgs {
     /// /orders-service/function) [default: the repository's root].
     #[arg(long, value_name = "DIR", requires = "git")]
     pub git_base_dir: Option<String>,
-    /// A directory holding the files `username` and `password` (a Kyma git auth Secret,
-    /// mounted), sent as HTTP Basic credentials when the server asks for them.
+    /// A directory holding a Kyma git auth Secret, mounted: the files `username` and
+    /// `password`, sent as HTTP Basic credentials when the server asks for them; or, for an
+    /// SSH URL, `key` (the private key), `password` (its passphrase, if it is encrypted) and
+    /// `knownHosts` (the host keys to accept; without it any host key is accepted, with a
+    /// warning).
     #[arg(long, value_name = "DIR", requires = "git")]
     pub git_auth_dir: Option<PathBuf>,
     /// A CA bundle (PEM) trusted for the git server in addition to the system's roots.
@@ -43,13 +46,45 @@ impl GitArgs {
     /// The git source and how to reach it, when `--git` is given.
     ///
     /// # Errors
-    /// Bad URL (SSH included), reference or base directory; unreadable credentials or CA.
+    /// Bad URL, reference or base directory; unreadable credentials or CA; an SSH URL without
+    /// a key, or a key for an HTTP URL.
     pub fn source(&self) -> anyhow::Result<Option<(Source, Access)>> {
         let Some(url) = &self.git else {
             return Ok(None);
         };
         let source = Source::parse(url, self.git_ref.as_deref(), self.git_base_dir.as_deref())?;
-        if self.git_auth_dir.is_some() && !source.url.is_https() {
+        let auth = self
+            .git_auth_dir
+            .as_deref()
+            .map(Auth::read_dir)
+            .transpose()
+            .context("reading --git-auth-dir")?;
+        let (credentials, ssh_key) = match auth {
+            None => (None, None),
+            Some(Auth::Basic(c)) => (Some(c), None),
+            Some(Auth::Key(k)) => (None, Some(k)),
+        };
+        if source.url.is_ssh() {
+            match &ssh_key {
+                None => {
+                    return Err(git::Error::KeyRequired {
+                        url: source.url.to_string(),
+                    }
+                    .into());
+                }
+                Some(key) if key.known_hosts.is_none() => tracing::warn!(
+                    url = %source.url,
+                    "the SSH host key will not be verified: the git auth directory has no \
+                        knownHosts file"
+                ),
+                Some(_) => {}
+            }
+        } else if ssh_key.is_some() {
+            return Err(git::Error::KeyNeedsSsh {
+                url: source.url.to_string(),
+            }
+            .into());
+        } else if credentials.is_some() && !source.url.is_https() {
             // gix would refuse at the first 401; say so before anything is sent.
             anyhow::bail!(
                 "--git-auth-dir needs an https:// URL: credentials are never sent in clear text to \
@@ -57,12 +92,6 @@ impl GitArgs {
                 source.url
             );
         }
-        let credentials = self
-            .git_auth_dir
-            .as_deref()
-            .map(Credentials::read_dir)
-            .transpose()
-            .context("reading --git-auth-dir")?;
         let extra_ca_pem = self
             .git_ca
             .as_ref()
@@ -72,6 +101,7 @@ impl GitArgs {
             .transpose()?;
         let access = Access {
             credentials,
+            ssh_key,
             extra_ca_pem,
             timeout: git::DEFAULT_TIMEOUT,
             max_fetch: self.git_max_size.unwrap_or(git::DEFAULT_MAX_FETCH),

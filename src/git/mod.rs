@@ -1,8 +1,10 @@
-//! Git sources, fetched by kiln itself (gix, pure Rust, over HTTP(S) only): resolving a
+//! Git sources, fetched by kiln itself (gix, pure Rust, over HTTP(S); over SSH through the
+//! `ssh` program, see [`ssh`]): resolving a
 //! reference to a commit without cloning (an ls-remote, for the controller), and fetching one
 //! commit shallowly (depth 1) to write the tree at a base directory into a fresh directory,
-//! entry by entry, never through a symlink. Credentials come only from [`Credentials`] and
-//! never appear in errors or logs; no program (ssh, credential helper, askpass) is ever run.
+//! entry by entry, never through a symlink. Credentials come only from [`Credentials`] or an
+//! [`SshKey`] and never appear in errors or logs; no program but OpenSSH's `ssh`, configured
+//! by kiln alone, is ever run (no credential helper, no user configuration).
 //!
 //! ```no_run
 //! # fn demo() -> Result<(), kiln::git::Error> {
@@ -14,12 +16,14 @@
 
 mod capped;
 mod remote;
+pub mod ssh;
 mod tree;
 mod url;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use ssh::SshKey;
 pub use url::{BaseDir, Reference, RemoteUrl};
 
 use crate::io_error::IoContext as _;
@@ -66,10 +70,7 @@ impl Credentials {
         let read = |name: &str| {
             let path = dir.join(name);
             match std::fs::read_to_string(&path) {
-                Ok(text) => {
-                    let text = text.strip_suffix('\n').unwrap_or(&text);
-                    Ok(text.strip_suffix('\r').unwrap_or(text).to_string())
-                }
+                Ok(text) => Ok(trim_newline(&text).to_string()),
                 Err(source) => Err(Error::Credentials { path, source }),
             }
         };
@@ -80,11 +81,55 @@ impl Credentials {
     }
 }
 
+/// What a git auth directory (a mounted Kyma git auth Secret) holds: `username` and
+/// `password` (`type: basic`), or `key`, with `password` for an encrypted key and optional
+/// `knownHosts` (`type: key`, SSH).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Auth {
+    /// HTTP Basic credentials.
+    Basic(Credentials),
+    /// An SSH key.
+    Key(SshKey),
+}
+
+impl Auth {
+    /// Reads `dir`: an SSH key when it holds a file `key`, else Basic credentials. One
+    /// trailing newline is dropped from each value but the key and the known hosts.
+    ///
+    /// # Errors
+    /// [`Error::Credentials`] naming the file that is missing or unreadable.
+    pub fn read_dir(dir: &Path) -> Result<Auth, Error> {
+        if !dir.join("key").exists() {
+            return Credentials::read_dir(dir).map(Auth::Basic);
+        }
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path).map_err(|source| Error::Credentials { path, source })
+        };
+        let optional = |name: &str| match dir.join(name).exists() {
+            true => read(name).map(Some),
+            false => Ok(None),
+        };
+        Ok(Auth::Key(SshKey {
+            key: read("key")?,
+            passphrase: optional("password")?.map(|p| trim_newline(&p).to_string()),
+            known_hosts: optional("knownHosts")?.filter(|k| !k.trim().is_empty()),
+        }))
+    }
+}
+
+fn trim_newline(text: &str) -> &str {
+    let text = text.strip_suffix('\n').unwrap_or(text);
+    text.strip_suffix('\r').unwrap_or(text)
+}
+
 /// How to reach a git server.
 #[derive(Clone, Debug)]
 pub struct Access {
     /// Basic credentials, sent when the server asks for them (HTTP 401).
     pub credentials: Option<Credentials>,
+    /// The SSH key, for `ssh://` and `host:path` URLs (which need one).
+    pub ssh_key: Option<SshKey>,
     /// Extra CA certificates (PEM) trusted besides the system roots.
     pub extra_ca_pem: Option<Vec<u8>>,
     /// Time allowed to connect, and for any pause while waiting for or reading a response.
@@ -98,6 +143,7 @@ impl Default for Access {
     fn default() -> Self {
         Access {
             credentials: None,
+            ssh_key: None,
             extra_ca_pem: None,
             timeout: DEFAULT_TIMEOUT,
             max_fetch: DEFAULT_MAX_FETCH,
@@ -120,7 +166,7 @@ impl Source {
     /// Parses the three parts; nothing is fetched.
     ///
     /// # Errors
-    /// [`Error::is_input_error`] errors: SSH or otherwise unsupported URLs, bad references,
+    /// [`Error::is_input_error`] errors: unsupported URLs, bad references,
     /// base directories that climb out of the repository.
     pub fn parse(
         url: &str,
@@ -194,15 +240,62 @@ pub fn fetch_tree(
 /// Why a git source could not be resolved or fetched. URLs in messages carry no credentials.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An SSH URL.
+    /// An SSH URL without a key.
     #[error(
-        "kiln clones over HTTPS only, and {url} is an SSH URL: SSH would need the `ssh` program, \
-            which the builder image does not have; use the repository's https:// URL (with \
-            --git-auth-dir for credentials)"
+        "{url} is an SSH URL: pass --git-auth-dir DIR holding the private key in a file `key` \
+            (and `password` for an encrypted key, `knownHosts` to verify the host), as a Kyma \
+            git auth Secret of type key has them"
     )]
-    Ssh {
-        /// The URL as given, password masked.
+    KeyRequired {
+        /// The repository.
         url: String,
+    },
+    /// An SSH key for an HTTP(S) URL.
+    #[error(
+        "the git auth directory holds an SSH key (a file `key`), but {url} is not an SSH URL: \
+            use the repository's ssh:// or git@host:path URL, or username and password files"
+    )]
+    KeyNeedsSsh {
+        /// The repository.
+        url: String,
+    },
+    /// No `ssh` program to connect with.
+    #[error(
+        "git over SSH needs the `ssh` program (Debian's openssh-client), and there is none on \
+            PATH"
+    )]
+    NoSsh,
+    /// The host's key was not the one `knownHosts` names.
+    #[error(
+        "the SSH host key of {url} is not one of the Secret's knownHosts{}: {said}",
+        if *verified { "" } else { " (none were given)" }
+    )]
+    HostKeyMismatch {
+        /// The repository.
+        url: String,
+        /// What OpenSSH said.
+        said: String,
+        /// Whether known hosts were given.
+        verified: bool,
+    },
+    /// The server refused the key (or the passphrase did not open it).
+    #[error(
+        "{url} refused the SSH key: check the key (and password, for an encrypted key) in the \
+            git auth Secret, and that the key may read the repository: {said}"
+    )]
+    KeyRejected {
+        /// The repository.
+        url: String,
+        /// What OpenSSH said.
+        said: String,
+    },
+    /// Connecting over SSH failed.
+    #[error("cannot reach the SSH server of {url}: {said}")]
+    SshUnreachable {
+        /// The repository.
+        url: String,
+        /// What OpenSSH said.
+        said: String,
     },
     /// A URL kiln does not clone from.
     #[error("unsupported git URL {url}: {problem}")]
@@ -229,7 +322,10 @@ pub enum Error {
         problem: &'static str,
     },
     /// A credentials file is missing or unreadable.
-    #[error("reading {path}: the git auth directory must hold the files `username` and `password`")]
+    #[error(
+        "reading {path}: the git auth directory must hold the files `username` and `password`, \
+            or `key` (SSH)"
+    )]
     Credentials {
         /// The file.
         path: PathBuf,
@@ -404,7 +500,8 @@ impl Error {
     pub fn is_input_error(&self) -> bool {
         matches!(
             self,
-            Error::Ssh { .. }
+            Error::KeyRequired { .. }
+                | Error::KeyNeedsSsh { .. }
                 | Error::UnsupportedUrl { .. }
                 | Error::InvalidReference { .. }
                 | Error::InvalidBaseDir { .. }

@@ -12,10 +12,11 @@ use std::sync::{Arc, Mutex};
 use gix::ObjectId;
 use gix::credentials::{helper::Action, protocol::Outcome};
 use gix::protocol::handshake::Ref;
-use gix::protocol::transport::client::blocking_io::{Transport, http};
+use gix::protocol::transport::client::blocking_io::{Transport, http, ssh};
 use gix::remote::{Direction, fetch::Shallow, fetch::Tags, ref_map};
 
 use super::capped::{Budget, Capped};
+use super::ssh::SshDir;
 use super::{Access, Error, Reference, RemoteUrl};
 
 type Connection<'a, 'repo> = gix::remote::Connection<'a, 'static, 'repo, Box<dyn Transport + Send>>;
@@ -94,7 +95,7 @@ fn list_refs(
         .remote_at(url.as_str())
         .map_err(|e| remote_error(url, "configuring the remote", e))?
         .with_fetch_tags(Tags::None);
-    let (connection, budget, withheld) = connect(&remote, url, access, super::REFS_LIMIT)?;
+    let (connection, budget, withheld, ssh) = connect(&remote, url, access, super::REFS_LIMIT)?;
     let extra_refspecs = specs
         .iter()
         .map(|spec| {
@@ -112,10 +113,15 @@ fn list_refs(
     };
     let (map, _handshake) = connection
         .ref_map(gix::progress::Discard, options)
-        .map_err(|e| match budget.exceeded() {
-            true => refs_too_large(url),
-            false => classify(url, access, &withheld, "listing the references of", e),
-        })?;
+        .map_err(
+            |e| match budget.exceeded() || ssh.as_ref().is_some_and(SshDir::exceeded) {
+                true => refs_too_large(url),
+                false => match &ssh {
+                    Some(dir) => ssh_error(dir, url, access, "listing the references of", e),
+                    None => classify(url, access, &withheld, "listing the references of", e),
+                },
+            },
+        )?;
     Ok(map.remote_refs)
 }
 
@@ -149,25 +155,34 @@ pub(super) fn fetch_commit(
         extra_refspecs: vec![nothing],
         ..ref_map::Options::default()
     };
-    let (connection, budget, withheld) = connect(&remote, url, access, super::REFS_LIMIT)?;
+    let (connection, budget, withheld, ssh) = connect(&remote, url, access, super::REFS_LIMIT)?;
     let fetched = match connection.prepare_fetch(gix::progress::Discard, options) {
-        Err(_) if budget.exceeded() => return Err(refs_too_large(url)),
+        Err(_) if budget.exceeded() || ssh.as_ref().is_some_and(SshDir::exceeded) => {
+            return Err(refs_too_large(url));
+        }
         Err(e) => Err(e),
         Ok(prepare) => {
             budget.restart(access.max_fetch);
+            if let Some(dir) = &ssh {
+                dir.restart(access.max_fetch)?;
+            }
             prepare
                 .with_shallow(Shallow::DepthAtRemote(NonZeroU32::MIN))
                 .receive(gix::progress::Discard, &AtomicBool::new(false))
         }
     };
-    if budget.exceeded() {
+    if budget.exceeded() || ssh.as_ref().is_some_and(SshDir::exceeded) {
         return Err(Error::TooLarge {
             url: url.to_string(),
             limit: access.max_fetch,
         });
     }
     if let Err(e) = fetched {
-        return Err(match classify(url, access, &withheld, "fetching from", e) {
+        let error = match &ssh {
+            Some(dir) => ssh_error(dir, url, access, "fetching from", e),
+            None => classify(url, access, &withheld, "fetching from", e),
+        };
+        return Err(match error {
             Error::Remote { source, .. } if matches!(reference, Reference::Commit(_)) => {
                 Error::UnknownCommit {
                     url: url.to_string(),
@@ -205,24 +220,65 @@ type Withheld = Arc<Mutex<Option<String>>>;
 
 /// A connection to `remote` over gix's reqwest backend, configured by [`configure`], whose
 /// responses may bring at most `limit` bytes; the budget tells whether a failure was the limit,
-/// and what was withheld whether a 401 came from another origin.
+/// and what was withheld whether a 401 came from another origin. An SSH URL connects through
+/// kiln's `ssh` (see [`super::ssh`]), held to `limit` by it; its directory comes back too, and
+/// must live as long as the connection.
+#[allow(clippy::type_complexity)]
 fn connect<'a, 'repo>(
     remote: &'a gix::Remote<'repo>,
     url: &RemoteUrl,
     access: &Access,
     limit: u64,
-) -> Result<(Connection<'a, 'repo>, Arc<Budget>, Withheld), Error> {
+) -> Result<(Connection<'a, 'repo>, Arc<Budget>, Withheld, Option<SshDir>), Error> {
     let (gix_url, version) = remote
         .sanitized_url_and_version(Direction::Fetch)
         .map_err(|e| classify(url, access, &Withheld::default(), "connecting to", e))?;
     let budget = Budget::new(limit);
+    if url.is_ssh() {
+        let key = access.ssh_key.as_ref().ok_or_else(|| Error::KeyRequired {
+            url: url.to_string(),
+        })?;
+        let dir = SshDir::new(key, limit, access.timeout)?;
+        let options = ssh::connect::Options {
+            command: Some(dir.program().into()),
+            disallow_shell: true,
+            kind: Some(ssh::ProgramKind::Ssh),
+        };
+        let transport = ssh::connect(gix_url, version, options, false)
+            .map_err(|e| remote_error(url, "connecting to", gix::Error::from_error(e)))?;
+        let transport: Box<dyn Transport + Send> = Box::new(transport);
+        let connection = remote.to_connection_with_transport(transport);
+        return Ok((connection, budget, Withheld::default(), Some(dir)));
+    }
+    if access.ssh_key.is_some() {
+        return Err(Error::KeyNeedsSsh {
+            url: url.to_string(),
+        });
+    }
     let backend = Capped::new(http::reqwest::Remote::default(), Arc::clone(&budget));
     let transport: Box<dyn Transport + Send> =
         Box::new(http::Transport::new_http(backend, gix_url, version, false));
     let mut connection = remote.to_connection_with_transport(transport);
     let withheld = Withheld::default();
     configure(&mut connection, url, access, Arc::clone(&withheld))?;
-    Ok((connection, budget, withheld))
+    Ok((connection, budget, withheld, None))
+}
+
+/// An SSH connection's failure, by what OpenSSH said.
+fn ssh_error(
+    dir: &SshDir,
+    url: &RemoteUrl,
+    access: &Access,
+    action: &'static str,
+    e: gix::Error,
+) -> Error {
+    let verified = access
+        .ssh_key
+        .as_ref()
+        .is_some_and(|k| k.known_hosts.is_some());
+    let said = dir.said();
+    super::ssh::classify(&said, &url.to_string(), verified)
+        .unwrap_or_else(|| remote_error(url, action, e))
 }
 
 /// Sends only our credentials (never a helper's, never a prompt), and only to `url`'s origin

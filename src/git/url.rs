@@ -5,9 +5,14 @@
 
 use super::Error;
 
-/// A repository URL kiln can clone: `http` or `https`, no userinfo, no query or fragment.
+/// A repository URL kiln can clone: `https` or `http`, or SSH (`ssh://` or git's scp-like
+/// `[user@]host:path`); no password, query or fragment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RemoteUrl {
+    /// What gix connects to: the URL as given (scp-like paths stay relative to the SSH
+    /// user's home, as git reads them), `git+ssh://` spelled `ssh://`.
+    text: String,
+    /// The same as a URL (scp-like as `ssh://user@host/path`), for the host and the name.
     url: url::Url,
 }
 
@@ -15,30 +20,51 @@ impl RemoteUrl {
     /// Parses and checks `text`.
     ///
     /// # Errors
-    /// [`Error::Ssh`] for `git@host:repo`, `ssh://` and friends; [`Error::UnsupportedUrl`] for
-    /// anything else that is not a plain `http(s)://host/path` URL.
+    /// [`Error::UnsupportedUrl`] for anything that is not a plain `http(s)://host/path` or SSH
+    /// URL.
     pub fn parse(text: &str) -> Result<RemoteUrl, Error> {
         let shown = || shown_url(text);
-        if is_ssh(text) {
-            return Err(Error::Ssh { url: shown() });
-        }
         let unsupported = |problem: &'static str| Error::UnsupportedUrl {
             url: shown(),
             problem,
         };
-        let url = url::Url::parse(text).map_err(|_| unsupported("it is not a URL"))?;
+        let (text, as_url) = match ssh_form(text) {
+            Some(SshForm::Url(rest)) => (format!("ssh://{rest}"), format!("ssh://{rest}")),
+            Some(SshForm::Scp { user_host, path }) => {
+                if user_host.starts_with('-') || path.starts_with('-') {
+                    return Err(unsupported("it could be mistaken for an ssh option"));
+                }
+                let slash = if path.starts_with('/') { "" } else { "/" };
+                (text.to_string(), format!("ssh://{user_host}{slash}{path}"))
+            }
+            None => (text.to_string(), text.to_string()),
+        };
+        let url = url::Url::parse(&as_url).map_err(|_| unsupported("it is not a URL"))?;
         match url.scheme() {
-            "https" | "http" => {}
-            _ => return Err(unsupported("kiln clones over http(s):// only")),
+            "https" | "http" => {
+                if !url.username().is_empty() || url.password().is_some() {
+                    return Err(unsupported(
+                        "it carries credentials, which would show in the Job's arguments; put \
+                            them in the username and password files of --git-auth-dir",
+                    ));
+                }
+            }
+            "ssh" => {
+                if url.password().is_some() {
+                    return Err(unsupported(
+                        "it carries a password; SSH sources authenticate with the key file of \
+                            --git-auth-dir",
+                    ));
+                }
+            }
+            _ => {
+                return Err(unsupported(
+                    "kiln clones over https://, http:// and ssh:// only",
+                ));
+            }
         }
         if url.host_str().is_none_or(str::is_empty) {
             return Err(unsupported("it names no host"));
-        }
-        if !url.username().is_empty() || url.password().is_some() {
-            return Err(unsupported(
-                "it carries credentials, which would show in the Job's arguments; put them in the \
-                    username and password files of --git-auth-dir",
-            ));
         }
         if url.query().is_some() || url.fragment().is_some() {
             return Err(unsupported("a query or fragment is not allowed"));
@@ -46,12 +72,17 @@ impl RemoteUrl {
         if url.path().trim_matches('/').is_empty() {
             return Err(unsupported("it names no repository path"));
         }
-        Ok(RemoteUrl { url })
+        Ok(RemoteUrl { text, url })
     }
 
-    /// Whether the connection is encrypted (credentials are only ever sent over HTTPS).
+    /// Whether the connection is encrypted HTTP (Basic credentials are only ever sent so).
     pub fn is_https(&self) -> bool {
         self.url.scheme() == "https"
+    }
+
+    /// Whether the connection is SSH (authenticated with a key).
+    pub fn is_ssh(&self) -> bool {
+        self.url.scheme() == "ssh"
     }
 
     /// Who the credentials for this URL may go to: its scheme, host and port.
@@ -61,7 +92,7 @@ impl RemoteUrl {
 
     /// The URL to connect to.
     pub fn as_str(&self) -> &str {
-        self.url.as_str()
+        &self.text
     }
 
     /// The repository's name: the last path segment without `.git`.
@@ -74,28 +105,39 @@ impl RemoteUrl {
 
 impl std::fmt::Display for RemoteUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Parsing refused userinfo and queries, so the URL holds nothing secret.
-        f.write_str(self.url.as_str())
+        // Parsing refused passwords and queries, so the URL holds nothing secret.
+        f.write_str(&self.text)
     }
 }
 
-/// Whether `text` is an SSH remote: `ssh://`, `git+ssh://`, `ssh+git://`, or the scp-like
-/// `[user@]host:path` form git accepts.
-fn is_ssh(text: &str) -> bool {
+/// The two ways git spells an SSH remote.
+enum SshForm<'a> {
+    /// `ssh://`, `git+ssh://` or `ssh+git://`: what follows the scheme.
+    Url(&'a str),
+    /// `[user@]host:path`.
+    Scp { user_host: &'a str, path: &'a str },
+}
+
+/// Whether `text` is an SSH remote, and in which form.
+fn ssh_form(text: &str) -> Option<SshForm<'_>> {
     let lower = text.to_ascii_lowercase();
-    if ["ssh://", "git+ssh://", "ssh+git://"]
-        .iter()
-        .any(|p| lower.starts_with(p))
-    {
-        return true;
+    for prefix in ["ssh://", "git+ssh://", "ssh+git://"] {
+        if lower.starts_with(prefix) {
+            return Some(SshForm::Url(&text[prefix.len()..]));
+        }
     }
     // scp-like syntax: a colon before any slash, and no "://".
     match (text.find(':'), text.find('/')) {
-        _ if text.contains("://") => false,
+        _ if text.contains("://") => None,
         // `transport::address` is git's remote-helper syntax, not SSH.
-        (Some(colon), _) if text[colon + 1..].starts_with(':') => false,
-        (Some(colon), slash) => colon > 0 && slash.is_none_or(|s| colon < s),
-        (None, _) => false,
+        (Some(colon), _) if text[colon + 1..].starts_with(':') => None,
+        (Some(colon), slash) if colon > 0 && slash.is_none_or(|s| colon < s) => {
+            Some(SshForm::Scp {
+                user_host: &text[..colon],
+                path: &text[colon + 1..],
+            })
+        }
+        _ => None,
     }
 }
 
@@ -218,18 +260,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ssh_urls_in_every_spelling_are_refused_as_ssh() {
-        for url in [
-            "git@github.com:kyma-project/serverless.git",
-            "github.com:org/repo",
-            "ssh://git@github.com/org/repo.git",
-            "SSH://host/repo",
-            "git+ssh://host/repo",
+    fn ssh_urls_in_every_spelling_are_ssh_and_keep_their_path() {
+        for (given, connect, name) in [
+            (
+                "git@github.com:kyma-project/serverless.git",
+                "git@github.com:kyma-project/serverless.git",
+                "serverless",
+            ),
+            ("github.com:org/repo", "github.com:org/repo", "repo"),
+            (
+                "ssh://git@github.com/org/repo.git",
+                "ssh://git@github.com/org/repo.git",
+                "repo",
+            ),
+            ("SSH://host/repo", "ssh://host/repo", "repo"),
+            (
+                "git+ssh://host:2222/srv/repo",
+                "ssh://host:2222/srv/repo",
+                "repo",
+            ),
         ] {
-            assert!(
-                matches!(RemoteUrl::parse(url), Err(Error::Ssh { .. })),
-                "{url}"
+            let url = RemoteUrl::parse(given).unwrap();
+            assert!(url.is_ssh() && !url.is_https(), "{given}");
+            assert_eq!(
+                (url.as_str(), url.repository_name().as_str()),
+                (connect, name)
             );
+        }
+        for bad in [
+            "ssh://git:hunter2@host/repo",
+            "-oProxyCommand=x:repo",
+            "host:-repo",
+            "ssh://host",
+        ] {
+            let err = RemoteUrl::parse(bad).unwrap_err();
+            assert!(matches!(err, Error::UnsupportedUrl { .. }), "{bad}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
         }
     }
 

@@ -28,6 +28,7 @@ pub mod netpol;
 pub mod registry;
 pub mod schema;
 pub mod skopeo;
+pub mod sshd;
 
 use std::ffi::OsStr;
 use std::io::Write;

@@ -1,7 +1,8 @@
 //! Git sources against a real git server (`git http-backend` behind `gitsrv.py`, plain HTTP
 //! and HTTPS with a test CA and Basic auth): a Function builds from a branch, a tag and a
 //! commit SHA at a base directory, the fetch is shallow, bad credentials, unknown references
-//! and SSH URLs fail clearly, credentials do not follow a redirect to another origin, a tree
+//! fail clearly, SSH sources build with a key against a real `sshd` (and a wrong key or host key
+//! fails clearly), credentials do not follow a redirect to another origin, a tree
 //! that escapes its base directory is refused, and a fetch past its size limit and a
 //! reference listing without end stop.
 
@@ -17,6 +18,7 @@ use std::path::Path;
 use common::git::{GIT_FORBIDDEN_PASSWORD, GIT_PASSWORD, GitServer, GitServerKind, Repo};
 use common::kiln::{Kiln, Run, read_report, tiny_base};
 use common::schema::validate_layout;
+use common::sshd::{KEY_PASSPHRASE, SshServer};
 
 /// A repository `fns` with two commits: `fn/` holds a Node.js Function (v1, then v2), the
 /// root a README outside it. Tag `v1` (lightweight) and `release` (annotated) are on the
@@ -533,20 +535,183 @@ fn unknown_references_missing_base_directories_and_unreachable_servers_are_named
     );
 }
 
+/// Every file under `dir`, as bytes (to look for a secret in what a build wrote).
+fn all_bytes(dir: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let meta = fs::symlink_metadata(&path).unwrap();
+        if meta.is_dir() {
+            out.extend(all_bytes(&path));
+        } else if meta.is_file() {
+            out.extend(fs::read(&path).unwrap());
+        }
+    }
+    out
+}
+
+/// A git source over SSH, as Kyma's `auth.type: key` Secret gives it: a loopback `sshd`
+/// serves the repository; the key (plain or encrypted with its `password`) authenticates,
+/// `knownHosts` pins the host key, and the key appears in no log line, error or layer.
 #[test]
-fn ssh_urls_and_credentials_over_plain_http_are_refused_before_any_network() {
+fn a_function_builds_over_ssh_with_the_secrets_key_and_known_hosts() {
+    let sshd = SshServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write(
+        "fn/handler.js",
+        b"module.exports = { main: () => 'over ssh' };\n",
+    );
+    repo.write("fn/package.json", b"{}\n");
+    let commit = repo.commit("ssh");
+    repo.publish(work.path(), "fns");
+    let url = sshd.url(&work.path().join("fns.git"));
+    let kiln = Kiln::new();
+    let key = sshd.key();
+    let secret_line = key.lines().nth(1).unwrap().to_string();
+    let pinned = sshd.auth_dir(&key, None, Some(&sshd.known_hosts()));
+    let encrypted = sshd.auth_dir(
+        &sshd.encrypted_key(),
+        Some(KEY_PASSPHRASE),
+        Some(&sshd.known_hosts()),
+    );
+    let unpinned = sshd.auth_dir(&key, None, None);
+    for (auth, verified) in [(&pinned, true), (&encrypted, true), (&unpinned, false)] {
+        let flags = [
+            "--git-base-dir",
+            "fn",
+            "--git-auth-dir",
+            auth.to_str().unwrap(),
+        ];
+        let (run, out) = build_git(&kiln, work.path(), &url, &flags);
+        assert_eq!(run.code, 0, "{}\n{}", run.stderr, sshd.log());
+        assert_eq!(
+            read_report(&out.join("report.json"))["commit"],
+            commit.as_str()
+        );
+        let files = source_layer(&out.join("layout"));
+        assert!(
+            files["usr/src/app/function/handler.js"]
+                .1
+                .contains("over ssh")
+        );
+        assert_eq!(
+            run.stderr.contains("host key will not be verified"),
+            !verified,
+            "{}",
+            run.stderr
+        );
+        let written = String::from_utf8_lossy(&all_bytes(&out)).into_owned();
+        for secret in [secret_line.as_str(), KEY_PASSPHRASE] {
+            assert!(!run.stderr.contains(secret) && !run.stdout.contains(secret));
+            assert!(!written.contains(secret), "a secret in the build's output");
+        }
+    }
+}
+
+#[test]
+fn a_wrong_key_a_host_key_mismatch_and_a_missing_key_fail_clearly_over_ssh() {
+    let sshd = SshServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write("handler.js", b"module.exports = { main: () => 'x' };\n");
+    repo.commit("x");
+    repo.publish(work.path(), "fns");
+    let url = sshd.url(&work.path().join("fns.git"));
+    let kiln = Kiln::new();
+    // The fetch's size limit holds over SSH too: 300 KiB of incompressible data, 64 KiB allowed.
+    let big = Repo::init(&work.path().join("big"));
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let noise: Vec<u8> = (0..300 << 10)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect();
+    big.write("noise.bin", &noise);
+    big.commit("big");
+    big.publish(work.path(), "big");
+    let pinned = sshd.auth_dir(&sshd.key(), None, Some(&sshd.known_hosts()));
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &sshd.url(&work.path().join("big.git")),
+        &[
+            "--git-max-size",
+            "64KiB",
+            "--git-auth-dir",
+            pinned.to_str().unwrap(),
+        ],
+    );
+    let err = run.failure(1);
+    assert!(err.contains("received more than 65536 bytes"), "{err}");
+    let other = sshd.other_key();
+    let wrong_key = sshd.auth_dir(&other, None, Some(&sshd.known_hosts()));
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &["--git-auth-dir", wrong_key.to_str().unwrap()],
+    );
+    let err = run.failure(1);
+    assert!(err.contains("refused the SSH key"), "{err}");
+    assert!(err.contains("Permission denied"), "OpenSSH's words: {err}");
+    assert!(!err.contains(other.lines().nth(1).unwrap()), "{err}");
+    let wrong_pass = sshd.auth_dir(&sshd.encrypted_key(), Some("not-it"), None);
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &["--git-auth-dir", wrong_pass.to_str().unwrap()],
+    );
+    assert!(run.failure(1).contains("refused the SSH key"));
+    let mismatch = sshd.auth_dir(&sshd.key(), None, Some(&sshd.wrong_known_hosts()));
+    let logged = sshd.log().len();
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        &url,
+        &["--git-auth-dir", mismatch.to_str().unwrap()],
+    );
+    let err = run.failure(1);
+    assert!(
+        err.contains("is not one of the Secret's knownHosts"),
+        "{err}"
+    );
+    let since = sshd.log()[logged..].to_string();
+    assert!(
+        since.contains("Connection from") && !since.contains("Accepted publickey"),
+        "nothing was authenticated to a host that did not prove itself: {since}"
+    );
+    // An SSH URL without a key, and a key for an HTTPS URL: usage errors, before any network.
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        "git@github.com:kyma-project/serverless.git",
+        &[],
+    );
+    let err = run.failure(2);
+    assert!(
+        err.contains("pass --git-auth-dir DIR holding the private key"),
+        "{err}"
+    );
+    let key_only = sshd.auth_dir(&sshd.key(), None, None);
+    let (run, _) = build_git(
+        &kiln,
+        work.path(),
+        "https://127.0.0.1:9/fns.git",
+        &["--git-auth-dir", key_only.to_str().unwrap()],
+    );
+    assert!(run.failure(2).contains("is not an SSH URL"));
+}
+
+#[test]
+fn credentials_over_plain_http_are_refused_before_any_network() {
     let kiln = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    for url in [
-        "git@github.com:kyma-project/serverless.git",
-        "ssh://git@example.com/org/fns.git",
-    ] {
-        let (run, _) = build_git(&kiln, work.path(), url, &[]);
-        let err = run.failure(2);
-        assert!(err.contains("kiln clones over HTTPS only"), "{err}");
-        assert!(err.contains("the builder image does not have"), "{err}");
-    }
-    // Nor are credentials ever sent over plain HTTP.
+    // Credentials are never sent over plain HTTP.
     let auth = work.path().join("auth");
     fs::create_dir_all(&auth).unwrap();
     fs::write(auth.join("username"), "u").unwrap();
@@ -565,10 +730,7 @@ fn ssh_urls_and_credentials_over_plain_http_are_refused_before_any_network() {
     assert!(!err.contains("KILN-PLAIN-SECRET"), "{err}");
     let help = kiln.run(&["build", "--help"]);
     let help = help.stdout.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(
-        help.contains("kiln clones over HTTPS only: SSH URLs"),
-        "{help}"
-    );
+    assert!(help.contains("or an SSH URL"), "{help}");
 }
 
 #[test]
