@@ -14,7 +14,22 @@ RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin kiln \
     && strip target/release/kiln
 
+# OpenSSH's ssh and the libraries it links that the distroless base lacks (it has libc6 and
+# libssl3), for git sources over SSH (the controller resolves their references with it):
+# copied, not installed, so the image keeps no shell or package manager. bookworm, as the
+# distroless base below.
+FROM debian:bookworm-slim AS ssh
+RUN apt-get update && apt-get install -y --no-install-recommends openssh-client \
+    && mkdir /out && cp --parents -L /usr/bin/ssh /out/ \
+    && for lib in $(ldd /usr/bin/ssh | awk '$3 ~ /^\// {print $3}'); do \
+         case "${lib##*/}" in \
+           libc.so.*|libresolv.so.*|libm.so.*|libdl.so.*|ld-linux*|libcrypto.so.*|libssl.so.*) ;; \
+           *) cp --parents -L "$lib" /out/ ;; \
+         esac; \
+       done
+
 FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=ssh /out/ /
 COPY --from=build /src/target/release/kiln /usr/local/bin/kiln
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/kiln"]

@@ -174,8 +174,14 @@ pub async fn assemble(
     base_layers.push(stage.sbom_layer(&recipe.runtime)?);
     // The base's config describes the base's packages only.
     let base_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    let kiln_debs: Vec<LockedPackage> = lock.debs(Target::Kiln).cloned().collect();
     let builder_debs: Vec<LockedPackage> = lock.debs(Target::Builder).cloned().collect();
     let mut builder_layers = base_layers.clone();
+    let kiln_debian = match kiln_debs.is_empty() {
+        true => None,
+        false => Some(stage.debian_layer("kiln-debian", &kiln_debs, false).await?),
+    };
+    builder_layers.extend(kiln_debian.clone());
     builder_layers.push(
         stage
             .debian_layer("builder-debian", &builder_debs, false)
@@ -189,7 +195,12 @@ pub async fn assemble(
     let kiln_dest = KILN_IN_BUILDER.trim_start_matches('/');
     let kiln_layer = stage.file_layer("kiln", kiln_binary, kiln_dest)?;
     builder_layers.push(kiln_layer.clone());
-    let kiln_layers = [debian_base, kiln_layer];
+    // The builder's SBOM lists its own packages too (the base's stays the base's).
+    builder_layers.push(stage.sbom_layer(&recipe.runtime)?);
+    let kiln_layers: Vec<NewLayer> = [Some(debian_base), kiln_debian, Some(kiln_layer)]
+        .into_iter()
+        .flatten()
+        .collect();
 
     let builder_edit = builder_edit(config_edit(recipe, epoch, &stage.sbom_label()), recipe);
     let base = stage.image(&base_layers, &base_edit)?;

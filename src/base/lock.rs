@@ -19,31 +19,29 @@ pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock, Error> {
     let keyring = Keyring::load(&src.keyring)?;
     let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
     let index = debian::fetch_packages(&src.http, &mirror, &release).await?;
-    let base = index.resolve(&recipe.debian.base, &recipe.debian.exclude)?;
-    let roots: Vec<String> = recipe
-        .debian
-        .base
-        .iter()
-        .chain(&recipe.debian.builder)
-        .cloned()
-        .collect();
-    let all = index.resolve(&roots, &recipe.debian.exclude)?;
-    let in_base: std::collections::BTreeSet<&str> = base.iter().map(|p| p.name.as_str()).collect();
-    let mut debs: Vec<LockedDeb> = base
-        .iter()
-        .map(|p| LockedDeb {
-            image: Target::Base,
-            package: p.clone(),
-        })
-        .collect();
-    debs.extend(
-        all.iter()
-            .filter(|p| !in_base.contains(p.name.as_str()))
-            .map(|p| LockedDeb {
-                image: Target::Builder,
-                package: p.clone(),
-            }),
-    );
+    let d = &recipe.debian;
+    let base = index.resolve(&d.base, &d.exclude)?;
+    let with_kiln: Vec<String> = d.base.iter().chain(&d.kiln).cloned().collect();
+    let kiln = index.resolve(&with_kiln, &d.exclude)?;
+    let roots: Vec<String> = with_kiln.iter().chain(&d.builder).cloned().collect();
+    let all = index.resolve(&roots, &d.exclude)?;
+    let mut seen: std::collections::BTreeSet<String> =
+        base.iter().map(|p| p.name.clone()).collect();
+    let mut debs: Vec<LockedDeb> = Vec::new();
+    for (packages, image) in [
+        (&base, Target::Base),
+        (&kiln, Target::Kiln),
+        (&all, Target::Builder),
+    ] {
+        for p in packages.iter() {
+            if image == Target::Base || seen.insert(p.name.clone()) {
+                debs.push(LockedDeb {
+                    image,
+                    package: p.clone(),
+                });
+            }
+        }
+    }
     let mut pinned = Vec::new();
     for n in &recipe.npm {
         let tarball =

@@ -10,7 +10,7 @@ use crate::fetch::npm::NpmTarball;
 // The files compiled in (build.rs lists the folders).
 use crate::runtime::table::BASE_IMAGES as EMBEDDED;
 
-/// Which of the two images an input belongs to.
+/// Which of the images an input belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Target {
@@ -18,6 +18,9 @@ pub enum Target {
     Base,
     /// Only the builder image.
     Builder,
+    /// The kiln image and the builder image: what kiln itself runs besides the base's
+    /// packages (OpenSSH's `ssh`, for git over SSH).
+    Kiln,
 }
 
 /// A recipe.
@@ -85,6 +88,10 @@ pub struct DebianRecipe {
     /// Extra root packages of the builder image.
     #[serde(default)]
     pub builder: Vec<String>,
+    /// Root packages kiln itself runs (`ssh`), in the kiln image (the controller's) and the
+    /// builder image.
+    #[serde(default)]
+    pub kiln: Vec<String>,
     /// Packages treated as present (only maintainer scripts need them).
     #[serde(default)]
     pub exclude: Vec<String>,

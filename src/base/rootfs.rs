@@ -46,13 +46,14 @@ pub fn synthesize(root: &Path) -> Result<(), Error> {
         "etc/passwd",
         &format!(
             "root:x:0:0:root:/root:/usr/sbin/nologin\nnobody:x:65534:65534:nobody:/nonexistent:/\
-                usr/sbin/nologin\napp:x:{IMAGE_UID}:{IMAGE_UID}:function:/tmp:/usr/sbin/nologin\n"
+                usr/sbin/nologin\napp:x:{IMAGE_UID}:{IMAGE_UID}:function:/tmp:/usr/sbin/nologin\n\
+                nonroot:x:65532:65532:kiln:/tmp:/usr/sbin/nologin\n"
         ),
     )?;
     write(
         root,
         "etc/group",
-        &format!("root:x:0:\nnogroup:x:65534:\napp:x:{IMAGE_UID}:\n"),
+        &format!("root:x:0:\nnogroup:x:65534:\napp:x:{IMAGE_UID}:\nnonroot:x:65532:\n"),
     )?;
     write(
         root,

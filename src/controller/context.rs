@@ -16,6 +16,9 @@ use super::slots::BuildSlots;
 use super::stores::Stores;
 use crate::runtime::Catalog;
 
+/// A git source's last resolution: `url#reference`, the commit, when, and the status's note.
+pub type GitChecked = (String, String, Instant, Option<String>);
+
 /// Everything a reconcile uses, shared by all of them.
 pub struct Context {
     /// The API client.
@@ -30,8 +33,9 @@ pub struct Context {
     pub registry_configs: RegistryConfigs,
     /// Git references to commits.
     pub git: Arc<dyn CommitResolver>,
-    /// When each Function's git reference was last resolved, to what.
-    pub git_checked: Mutex<HashMap<String, (String, String, Instant)>>,
+    /// When each Function's git reference was last resolved, to what (source, commit, when,
+    /// and the status's note on it).
+    pub git_checked: Mutex<HashMap<String, GitChecked>>,
     /// The build cap.
     pub slots: BuildSlots,
     /// The watch caches of what the controller made.

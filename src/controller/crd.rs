@@ -192,7 +192,8 @@ pub struct GitRepositorySource {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct RepositoryAuth {
-    /// `basic` (Secret keys `username`, `password`) or `key` (SSH; refused by kiln).
+    /// `basic` (Secret keys `username`, `password`) or `key` (SSH: Secret keys `key`, and
+    /// `password` for an encrypted key, `knownHosts` to verify the host).
     #[serde(rename = "type")]
     #[schemars(extend("enum" = ["basic", "key"]))]
     pub type_: String,

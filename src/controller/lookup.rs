@@ -202,15 +202,16 @@ pub async fn ca_bundle(client: &kube::Client, namespace: &str, name: &str) -> Re
         })
 }
 
-/// Reads the `username` and `password` of a git auth Secret.
+/// Reads a git auth Secret: `username` and `password` (`type: basic`), or `key`, with
+/// `password` for an encrypted key and optional `knownHosts` (`type: key`, SSH).
 ///
 /// # Errors
 /// The Secret is missing or lacks a key.
-pub async fn git_credentials(
+pub async fn git_auth(
     client: &kube::Client,
     namespace: &str,
     secret: &str,
-) -> Result<crate::git::Credentials> {
+) -> Result<crate::git::Auth> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let s = api
         .get_opt(secret)
@@ -222,21 +223,28 @@ pub async fn git_credentials(
             ))
         })?;
     let data = s.data.unwrap_or_default();
-    let key = |k: &str| {
+    let text = |k: &str| {
         data.get(k)
-            .map(|v| {
-                String::from_utf8_lossy(&v.0)
-                    .trim_end_matches('\n')
-                    .to_string()
-            })
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    let key = |k: &str| {
+        text(k)
+            .map(|v| v.trim_end_matches('\n').to_string())
             .ok_or_else(|| {
                 Error::Missing(format!(
                     "the git auth Secret {namespace}/{secret} has no key {k:?}"
                 ))
             })
     };
-    Ok(crate::git::Credentials {
+    if let Some(private) = text("key") {
+        return Ok(crate::git::Auth::Key(crate::git::SshKey {
+            key: private,
+            passphrase: key("password").ok(),
+            known_hosts: text("knownHosts").filter(|k| !k.trim().is_empty()),
+        }));
+    }
+    Ok(crate::git::Auth::Basic(crate::git::Credentials {
         username: key("username")?,
         password: key("password")?,
-    })
+    }))
 }

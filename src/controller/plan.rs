@@ -43,6 +43,9 @@ pub struct Lookups {
     pub builder: (String, Digest),
     /// The git commit, for a git source.
     pub commit: Option<String>,
+    /// What the status says about the git source besides its commit: that the SSH host key
+    /// was not verified (the Secret has no `knownHosts`).
+    pub git_note: Option<String>,
     /// Digest of the namespace's package-registry config, if any.
     pub registry_config: Option<Digest>,
 }

@@ -123,12 +123,21 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
             commit, base_dir, ..
         } => {
             let git = f.spec.source.git_repository.as_ref();
-            if st.status.commit.as_deref() != Some(commit.as_str()) {
+            let message = match &found.git_note {
+                Some(note) => format!("commit {commit}; {note}"),
+                None => format!("commit {commit}"),
+            };
+            let said = st
+                .condition(Kind::ConfigurationReady)
+                .and_then(|c| c.message.as_deref());
+            if st.status.commit.as_deref() != Some(commit.as_str())
+                || said != Some(message.as_str())
+            {
                 st.set(
                     Kind::ConfigurationReady,
                     State::True,
                     reason::SOURCE_UPDATED,
-                    format!("commit {commit}"),
+                    message,
                 );
             }
             st.status.commit = Some(commit.clone());
@@ -237,9 +246,9 @@ async fn lookups(
             }
         }
     }
-    let commit = match &f.spec.source.git_repository {
+    let (commit, git_note) = match &f.spec.source.git_repository {
         Some(_) => match commit(f, ctx).await {
-            Ok(c) => Some(c),
+            Ok((c, note)) => (Some(c), note),
             Err(e) => {
                 st.set(
                     Kind::ConfigurationReady,
@@ -250,7 +259,7 @@ async fn lookups(
                 return Ok(None);
             }
         },
-        None => None,
+        None => (None, None),
     };
     let registry_config = ctx
         .registry_configs
@@ -262,6 +271,7 @@ async fn lookups(
         base,
         builder,
         commit,
+        git_note,
         registry_config,
     }))
 }
@@ -275,8 +285,9 @@ fn continuous_checkout(f: &Function) -> bool {
 }
 
 /// The commit a git source's reference names now: resolved again when the spec changed, the
-/// poll interval passed, or the Function asks for continuous checkout.
-async fn commit(f: &Function, ctx: &Context) -> Result<String> {
+/// poll interval passed, or the Function asks for continuous checkout. With it, what the
+/// status should say besides (an SSH host key that was not verified).
+async fn commit(f: &Function, ctx: &Context) -> Result<(String, Option<String>)> {
     let git = f
         .spec
         .source
@@ -288,20 +299,31 @@ async fn commit(f: &Function, ctx: &Context) -> Result<String> {
     let continuous = continuous_checkout(f);
     {
         let checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((source, commit, at)) = checked.get(&id)
+        if let Some((source, commit, at, note)) = checked.get(&id)
             && *source == wanted
             && !continuous
             && at.elapsed() < ctx.config.git_poll_interval
         {
-            return Ok(commit.clone());
+            return Ok((commit.clone(), note.clone()));
         }
     }
-    let credentials = match &git.auth {
-        Some(auth) => Some(
-            lookup::git_credentials(&ctx.client, f.namespace_or_default(), &auth.secret_name)
-                .await?,
-        ),
+    let auth = match &git.auth {
+        Some(auth) => {
+            Some(lookup::git_auth(&ctx.client, f.namespace_or_default(), &auth.secret_name).await?)
+        }
         None => None,
+    };
+    let (credentials, ssh_key) = match auth {
+        None => (None, None),
+        Some(crate::git::Auth::Basic(c)) => (Some(c), None),
+        Some(crate::git::Auth::Key(k)) => (None, Some(k)),
+    };
+    let note = match (&ssh_key, &git.auth) {
+        (Some(key), Some(auth)) if key.known_hosts.is_none() => Some(format!(
+            "the SSH host key was not verified: add a knownHosts entry to Secret {} to pin it",
+            auth.secret_name
+        )),
+        _ => None,
     };
     // The build Job's `source` container trusts the CA bundle: so does the resolution.
     let extra_ca_pem = match &ctx.config.ca_bundle_configmap {
@@ -310,6 +332,7 @@ async fn commit(f: &Function, ctx: &Context) -> Result<String> {
     };
     let access = crate::git::Access {
         credentials,
+        ssh_key,
         extra_ca_pem,
         ..crate::git::Access::default()
     };
@@ -327,6 +350,6 @@ async fn commit(f: &Function, ctx: &Context) -> Result<String> {
             message,
         })?;
     let mut checked = ctx.git_checked.lock().unwrap_or_else(|e| e.into_inner());
-    checked.insert(id, (wanted, commit.clone(), Instant::now()));
-    Ok(commit)
+    checked.insert(id, (wanted, commit.clone(), Instant::now(), note.clone()));
+    Ok((commit, note))
 }

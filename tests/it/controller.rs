@@ -787,6 +787,89 @@ fn a_git_function_builds_its_resolved_commit_and_a_new_commit_builds_again() {
     );
 }
 
+/// Kyma's `auth.type: key`: the controller resolves the reference over SSH with the Secret's
+/// key (through OpenSSH's `ssh`, as the build Job's `source` container fetches), the Job gets
+/// the Secret's copy, the status says when the host key was not verified, and a key the server
+/// refuses fails the source with OpenSSH's words and no key material.
+#[test]
+fn an_ssh_git_function_resolves_with_the_secrets_key_and_says_when_the_host_is_unverified() {
+    use base64::Engine as _;
+    use common::git::Repo;
+    use common::sshd::SshServer;
+    let env = ControllerEnv::start(&[]);
+    let sshd = SshServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write(
+        "fn/handler.js",
+        b"module.exports = { main: () => 'ssh' };\n",
+    );
+    let commit = repo.commit("ssh");
+    repo.publish(work.path(), "fns");
+    let url = sshd.url(&work.path().join("fns.git"));
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let outcome = push(&env);
+        move |_| outcome.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+    for (name, key) in [("git-key", sshd.key()), ("git-wrong-key", sshd.other_key())] {
+        env.api.insert(
+            json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": "team"},
+            "data": {"key": b64(&key)}}),
+        );
+    }
+    let function = |name: &str, secret: &str| {
+        let doc = json!({
+            "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+            "metadata": {"name": name},
+            "spec": {"runtime": "nodejs22", "source": {"gitRepository": {
+                "url": url, "baseDir": "/fn", "reference": "HEAD",
+                "auth": {"type": "key", "secretName": secret}}}},
+        });
+        serde_yaml::to_string(&doc).unwrap()
+    };
+    env.create_function("team", &function("over-ssh", "git-key"));
+    env.wait_condition("team", "over-ssh", "Running", "True", None);
+    let status = env.function("team", "over-ssh")["status"].clone();
+    assert_eq!(status["commit"], commit.as_str(), "{}", sshd.log());
+    let (_, reason, message) = env
+        .condition("team", "over-ssh", "ConfigurationReady")
+        .unwrap();
+    assert_eq!(reason, "SourceUpdated");
+    assert!(
+        message.contains("the SSH host key was not verified") && message.contains("git-key"),
+        "{message}"
+    );
+    let job = env.build_objects("Job", "team", "over-ssh")[0].clone();
+    let source = &job["spec"]["template"]["spec"]["initContainers"][0];
+    let args = source["args"].to_string();
+    assert!(
+        args.contains(&url) && args.contains("--git-auth-dir"),
+        "{args}"
+    );
+    let copies = env.build_objects("Secret", "team", "over-ssh");
+    assert!(
+        copies.iter().any(|s| s["data"]["key"] == b64(&sshd.key())),
+        "the Job's copy of the Secret holds the key"
+    );
+
+    env.create_function("team", &function("wrong-key", "git-wrong-key"));
+    env.wait_condition("team", "wrong-key", "ConfigurationReady", "False", None);
+    let (_, reason, message) = env
+        .condition("team", "wrong-key", "ConfigurationReady")
+        .unwrap();
+    assert_eq!(reason, "SourceUpdateFailed");
+    assert!(
+        message.contains("refused the SSH key") && message.contains("Permission denied"),
+        "{message}"
+    );
+    let status = env.function("team", "wrong-key")["status"].to_string();
+    let secret_line = sshd.other_key().lines().nth(1).unwrap().to_string();
+    assert!(!status.contains(&secret_line), "{status}");
+}
+
 #[test]
 fn of_two_replicas_one_leads_and_the_other_takes_over_when_it_stops() {
     let lease = [

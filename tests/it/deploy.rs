@@ -171,6 +171,7 @@ fn build_pod_labels() -> Vec<(String, String)> {
         base: ("reg/kiln/nodejs22".into(), digest('b')),
         builder: ("reg/kiln/nodejs22-builder".into(), digest('c')),
         commit: None,
+        git_note: None,
         registry_config: None,
     };
     let config = config::Config::new("reg/functions".into(), Default::default());

@@ -8,7 +8,7 @@
 //! DNS-1035 label and `<namespace>/<name>` a repository path; the runtime is one of
 //! the catalog's (or a Kyma name it maps, with a warning); resource minimums, requests ≤
 //! limits; env, secretMount, label and annotation rules; the dependency manifest's syntax;
-//! git sources over HTTP(S) only (kiln's builder image has no `ssh`); a valid
+//! git sources over HTTP(S) (anonymous or Basic) or SSH with a key; a valid
 //! runtimeImageOverride; scaling bounds.
 //!
 //! A finding is data, not a Rust error: validation itself cannot fail, so there is no

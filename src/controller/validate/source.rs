@@ -1,17 +1,13 @@
 //! `spec.source`: exactly one kind; inline code present and its dependency manifest
 //! well-formed for the runtime (package.json a JSON object, blank allowed; requirements.txt
-//! parses); a git repository reachable the way kiln clones, over HTTP(S) with Basic
-//! credentials. SSH is refused: it needs the `ssh` program, which kiln's distroless builder
-//! image does not have.
+//! parses); a git repository reachable the way kiln clones: over HTTP(S), anonymous or with
+//! Basic credentials, or over SSH with a key (`auth.type: key`).
 
 use std::path::{Component, Path};
 
 use super::{Verdict, dns1123_subdomain};
 use crate::controller::crd::{GitRepositorySource, InlineSource, Source};
 use crate::runtime::{Language, RuntimeSpec, check_registry_only, validate_manifest};
-
-const SSH_REFUSED: &str = "kiln clones over HTTPS with Basic credentials only (SSH needs the \
-    ssh program, which kiln's builder image does not have)";
 
 pub(super) fn check(source: &Source, runtime: Option<&RuntimeSpec>, verdict: &mut Verdict) {
     match (&source.inline, &source.git_repository) {
@@ -60,24 +56,20 @@ fn check_git(git: &GitRepositorySource, verdict: &mut Verdict) {
     check_url(git, verdict);
     if let Some(auth) = &git.auth {
         match auth.type_.as_str() {
-            "basic" => {}
-            "key" => verdict.error(
-                "spec.source.gitRepository.auth.type",
-                format!(
-                    "key (SSH) is not supported: {SSH_REFUSED}; use type: basic with a Secret \
-                     holding username and password (a token)"
-                ),
-            ),
+            "basic" | "key" => {}
             other => verdict.error(
                 "spec.source.gitRepository.auth.type",
-                format!("{other:?} is not supported; use basic"),
+                format!(
+                    "{other:?} is not supported; use basic (username and password over https://) \
+                     or key (an SSH key over ssh://)"
+                ),
             ),
         }
         let name = auth.secret_name.trim();
         if name.is_empty() {
             verdict.error(
                 "spec.source.gitRepository.auth.secretName",
-                "is blank; name the Secret holding username and password",
+                "is blank; name the Secret holding username and password (basic) or key (SSH)",
             );
         } else if let Err(e) = dns1123_subdomain(name) {
             verdict.error(
@@ -114,49 +106,43 @@ fn check_git(git: &GitRepositorySource, verdict: &mut Verdict) {
 fn check_url(git: &GitRepositorySource, verdict: &mut Verdict) {
     const FIELD: &str = "spec.source.gitRepository.url";
     let raw = git.url.trim();
-    let lower = raw.to_ascii_lowercase();
-    let scp_like = !raw.contains("://") && raw.contains('@') && raw.contains(':');
-    if scp_like || lower.starts_with("ssh://") || lower.starts_with("git+ssh://") {
-        verdict.error(
-            FIELD,
-            format!(
-                "{raw:?} is an SSH URL: {SSH_REFUSED}; use the repository's https:// URL with \
-                 auth.type: basic"
-            ),
-        );
-        return;
-    }
-    let url = match url::Url::parse(raw) {
-        Ok(url) => url,
+    let auth_type = git.auth.as_ref().map(|a| a.type_.as_str());
+    // The build's own rule first: what it would refuse is refused here, before a build is
+    // scheduled.
+    let remote = match crate::git::RemoteUrl::parse(raw) {
+        Ok(remote) => remote,
         Err(e) => {
-            verdict.error(
-                FIELD,
-                format!("{raw:?} is not a URL ({e}); use https://HOST/PATH"),
-            );
+            let hint = match url::Url::parse(raw) {
+                Err(_) => "; use https://HOST/PATH or an SSH URL (git@HOST:PATH)",
+                Ok(_) => "",
+            };
+            verdict.error(FIELD, format!("{e}{hint}"));
             return;
         }
     };
-    if !matches!(url.scheme(), "https" | "http") {
+    if remote.is_ssh() {
+        if auth_type != Some("key") {
+            verdict.error(
+                FIELD,
+                format!(
+                    "{raw:?} is an SSH URL, which needs auth.type: key with a Secret holding the \
+                     private key (key; password for an encrypted key; knownHosts to verify the \
+                     host); or use the repository's https:// URL"
+                ),
+            );
+        }
+        return;
+    }
+    if auth_type == Some("key") {
         verdict.error(
             FIELD,
             format!(
-                "{raw:?}: the {} scheme is not supported; kiln clones over https:// (or http://)",
-                url.scheme()
+                "{raw:?} is not an SSH URL, and auth.type: key authenticates over SSH only; use \
+                 the repository's ssh:// or git@HOST:PATH URL, or auth.type: basic"
             ),
         );
-        return;
     }
-    if url.host_str().is_none_or(str::is_empty) {
-        verdict.error(FIELD, format!("{raw:?} has no host; use https://HOST/PATH"));
-        return;
-    }
-    // The rest is the build's own rule (credentials in the URL, a query, a fragment, no
-    // path): what it would refuse is refused here, before a build is scheduled.
-    if let Err(e) = crate::git::RemoteUrl::parse(raw) {
-        verdict.error(FIELD, e.to_string());
-        return;
-    }
-    if url.scheme() == "http" && git.auth.is_some() {
+    if !remote.is_https() && git.auth.is_some() {
         verdict.error(
             FIELD,
             format!(

@@ -94,31 +94,41 @@ fn git(edit: impl FnOnce(&mut Value)) -> Verdict {
 }
 
 #[test]
-fn git_sources_must_be_https_with_basic_auth() {
+fn git_sources_are_https_with_basic_auth_or_ssh_with_a_key() {
     valid(&git(|_| {}));
     let url = "spec.source.gitRepository.url";
     for ssh in [
         "git@github.com:org/repo.git",
         "ssh://git@github.com/org/repo.git",
     ] {
+        valid(&git(|g| {
+            g["url"] = json!(ssh);
+            g["auth"]["type"] = json!("key");
+        }));
         let msg = only_error(&git(|g| g["url"] = json!(ssh)), url, "is an SSH URL");
-        assert!(
-            msg.contains("ssh program") && msg.contains("https://"),
-            "{msg}"
-        );
+        assert!(msg.contains("auth.type: key"), "{msg}");
+        let v = git(|g| {
+            g["url"] = json!(ssh);
+            g["auth"] = Value::Null;
+        });
+        only_error(&v, url, "is an SSH URL");
     }
+    only_error(
+        &git(|g| g["auth"]["type"] = json!("key")),
+        url,
+        "auth.type: key authenticates over SSH only",
+    );
     only_error(
         &git(|g| g["url"] = json!("git://host/repo")),
         url,
-        "git scheme is not supported",
+        "kiln clones over https://, http:// and ssh:// only",
     );
     only_error(&git(|g| g["url"] = json!("not a url")), url, "is not a URL");
-    let msg = only_error(
-        &git(|g| g["auth"]["type"] = json!("key")),
+    only_error(
+        &git(|g| g["auth"]["type"] = json!("token")),
         "spec.source.gitRepository.auth.type",
-        "key (SSH) is not supported",
+        "\"token\" is not supported",
     );
-    assert!(msg.contains("builder image does not have"), "{msg}");
     only_error(
         &git(|g| g["auth"]["secretName"] = json!(" ")),
         "spec.source.gitRepository.auth.secretName",

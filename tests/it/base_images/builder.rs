@@ -357,3 +357,76 @@ fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
         "PyYAML's C extension, built in the builder, loads in the base: {answer}"
     );
 }
+
+/// A build Job's git source over SSH, in the builder image as the controller runs it: the
+/// builder's own `ssh` (Debian's openssh-client, locked with the rest) reaches a loopback
+/// `sshd` with the key of a mounted Secret, as user 1000 on a read-only root, and a host key
+/// not in `knownHosts` stops it.
+#[test]
+fn a_build_job_fetches_a_git_source_over_ssh_with_the_builders_own_ssh() {
+    use common::git::Repo;
+    use common::sshd::SshServer;
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let binary = work.path().join("kiln");
+    common::run(Command::new("strip").args([
+        "-o",
+        binary.to_str().unwrap(),
+        env!("CARGO_BIN_EXE_kiln"),
+    ]));
+    let bases = work.path().join("bases");
+    base_build_with(
+        &k,
+        "nodejs22",
+        &bases,
+        &["--kiln-binary", binary.to_str().unwrap()],
+    );
+    let builder = format!("oci:{}:nodejs22-builder", bases.display());
+    let sshd = SshServer::start();
+    let repo = Repo::init(&work.path().join("src"));
+    repo.write(
+        "fn/handler.js",
+        b"module.exports = { main: () => 'from the job' };\n",
+    );
+    repo.commit("ssh");
+    repo.publish(work.path(), "fns");
+    let url = sshd.url(&work.path().join("fns.git"));
+    let volume = |host: &Path, dest: &str| format!("{}:{dest}", host.display());
+    let job = |auth: &Path, out: &Path| {
+        k.run_cmd(
+            k.command_with_shared_downloads()
+                .args(["run", &builder])
+                .args(["--volume", &volume(&bases, "/workspace/bases:ro")])
+                .args(["--volume", &volume(auth, "/workspace/git:ro")])
+                .args(["--volume", &volume(out, "/workspace/out")])
+                .args(["--", "build", "--git", &url, "--git-base-dir", "fn"])
+                .args(["--git-auth-dir", "/workspace/git", "--runtime", "nodejs22"])
+                .args(["--base", "oci:/workspace/bases:nodejs22"])
+                .args(["--output", "oci:/workspace/out"])
+                .args(["--cache-dir", "/tmp/kiln-cache"]),
+        )
+    };
+    let pinned = sshd.auth_dir(&sshd.key(), None, Some(&sshd.known_hosts()));
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let built = job(&pinned, &out);
+    assert_eq!(built.code, 0, "{}\n{}", built.stderr, sshd.log());
+    let digest = built.reference();
+    let digest = digest.rsplit('@').next().unwrap();
+    let (port, _running) = serve(&k, &format!("oci:{}@{digest}", out.display()), &[]);
+    let (status, answer) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!((status, answer.as_str()), (200, "from the job"));
+    // The same Job with a knownHosts entry for another key fails, naming the host key.
+    let mismatch = sshd.auth_dir(&sshd.key(), None, Some(&sshd.wrong_known_hosts()));
+    let out = work.path().join("out-mismatch");
+    std::fs::create_dir(&out).unwrap();
+    let refused = job(&mismatch, &out);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused
+            .stderr
+            .contains("is not one of the Secret's knownHosts"),
+        "{}",
+        refused.stderr
+    );
+}

@@ -242,7 +242,7 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
                 }
             }}}),
             "spec.source.gitRepository.url",
-            "ssh program",
+            "is an SSH URL, which needs auth.type: key",
         ),
         (
             json!({"spec": {"source": {
@@ -254,8 +254,8 @@ fn broken() -> Vec<(Value, &'static str, &'static str)> {
                     "auth": {"type": "key", "secretName": "k"}
                 }
             }}}),
-            "spec.source.gitRepository.auth.type",
-            "builder image does not have",
+            "spec.source.gitRepository.url",
+            "auth.type: key authenticates over SSH only",
         ),
         (
             json!({"spec": {"source": {

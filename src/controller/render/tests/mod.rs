@@ -79,6 +79,7 @@ fn plan_of(f: &Function, config: &Config) -> Plan {
         base: ("reg/kiln/nodejs22".into(), digest('b')),
         builder: ("reg/kiln/nodejs22-builder".into(), digest('c')),
         commit: None,
+        git_note: None,
         registry_config: None,
     };
     plan::plan(f, runtime, config, &lookups)
