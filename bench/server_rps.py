@@ -14,12 +14,24 @@ each in turn in interleaved rounds, with oha when it is installed (`cargo instal
 keep-alive) or else ApacheBench (`ab -k`, HTTP/1.0 keep-alive). It prints the median requests
 per second of each and kiln's share of the bare rate.
 
+The new handler API (nodejs26, python314) has cases of its own, `express` and `flask`: kiln's
+`express/server.js` and `flask/server.py` against a bare Express app (express.json() and one
+route) and a bare Flask app on cheroot. NODE26=PATH names the Node.js for the express cases
+(Kyma's nodejs26 server wants Node.js 26; default `node`), NODE=PATH the one for the legacy
+Node.js cases (default `node`; the images run Node.js 22 and 24, whose AsyncLocalStorage costs
+less than Node.js 20's).
+
 With KYMA_SERVERLESS=DIR (a checkout of kyma-project/serverless) it also runs Kyma's own
-runtime servers from their source — `components/runtimes/nodejs22/server.mjs` and
-`components/runtimes/python312/server.py` with the packages of their package.json and
-requirements.txt, installed here with npm and pip — on the same node and python3, and prints
-kiln's rate over Kyma's and the servers' resident memory at idle. Kyma's servers listen on the
-fixed port 8080, which must be free.
+runtime servers from their source — `components/runtimes/nodejs22/server.mjs`,
+`python312/server.py`, `nodejs26/server.mjs` and `python314/server.py` with the packages of
+their package.json and requirements.txt, installed here with npm and pip — on the same node and
+python3, and prints kiln's rate over Kyma's and the servers' resident memory at idle. Kyma's
+legacy servers listen on the fixed port 8080, which must be free.
+
+IMAGE=1 runs the legacy cases inside built images instead, under `kiln run` (KILN=PATH, default
+target/debug/kiln): the Function is built with `kiln build` on the runtime's base (nodejs22,
+python313), and the bare server runs in the same image and sandbox, put over the function
+server's file with `kiln run --volume`.
 
 Needs node, python3 with pip (bottle and cheroot at the versions the python313 lock pins are
 installed into a temporary directory), and oha or ab (apache2-utils).
@@ -70,10 +82,50 @@ function mandel(h) {
 function main(event) { return mandel(event.extensions.request.headers); }
 module.exports = { main, mandel };
 """
+# The new API (nodejs26): Kyma's "Hello World" shape, JSON out.
+EXPRESS_HELLO = """function main(req, res) { res.json({ hello: 'world' }); }
+module.exports = { main };
+"""
+EXPRESS_POST = """async function main(req, res) { res.json({ hello: req.body.name }); }
+module.exports = { main };
+"""
+EXPRESS_BARE = """
+const express = require('express');
+const app = express();
+app.use(express.json());
+app.all('/', (req, res) => res.json(req.method === 'POST' ? { hello: req.body.name } : { hello: 'world' }));
+app.listen(Number(process.env.FUNC_PORT), '127.0.0.1');
+"""
+# The new API (python314).
+FLASK_HELLO = """
+def main():
+    return {'hello': 'world'}
+"""
+FLASK_POST = """
+import flask
+
+
+def main():
+    return {'hello': flask.request.get_json()['name']}
+"""
+FLASK_BARE = """
+import os
+import flask
+from cheroot import wsgi
+app = flask.Flask('bare')
+@app.route('/', methods=['GET', 'POST'])
+def root():
+    if flask.request.method == 'POST':
+        return {'hello': flask.request.get_json()['name']}
+    return {'hello': 'world'}
+server = wsgi.Server(('127.0.0.1', int(os.environ['FUNC_PORT'])), app, numthreads=50)
+server.safe_start()
+"""
 NODE_BARE = """
 const http = require('http');
-const work = process.argv[2] === 'mandel' ? require(process.argv[3]).mandel : () => ({ hello: 'world' });
-const post = process.argv[2] === 'post';
+const mode = process.argv[2] || process.env.BARE_MODE;
+const work = mode === 'mandel' ? require(process.argv[3]).mandel : () => ({ hello: 'world' });
+const post = mode === 'post';
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on('data', (c) => { if (post) chunks.push(c); });
@@ -120,13 +172,14 @@ def main(event, context):
 PY_BARE = """
 import json, os, sys
 from cheroot import wsgi
-if sys.argv[1] == 'mandel':
+mode = sys.argv[1] if len(sys.argv) > 1 else os.environ.get('BARE_MODE')
+if mode == 'mandel':
     sys.path.insert(0, sys.argv[2])
     from handler import mandel
     def work(environ):
         return mandel({k: environ.get('HTTP_' + k.upper()) for k in
                        ('width', 'height', 'iterations', 'zoom')})
-elif sys.argv[1] == 'post':
+elif mode == 'post':
     def work(environ):
         size = int(environ.get('CONTENT_LENGTH') or 0)
         return {'hello': json.loads(environ['wsgi.input'].read(size))['name']}
@@ -200,15 +253,20 @@ def load(port, path, headers, requests, body=None):
 
 
 def rss_kib(pid):
-    """Resident memory of a process and its children (Kyma's Python server forks), KiB."""
+    """Resident memory of a process and all its descendants (Kyma's Python server forks;
+    `kiln run` has the sandbox and the server under it), KiB."""
     total = 0
-    pids = [str(pid)]
-    try:
-        pids += subprocess.run(['pgrep', '-P', str(pid)], capture_output=True,
-                               text=True).stdout.split()
-    except OSError:
-        pass
-    for p in pids:
+    pids, seen = [str(pid)], set()
+    while pids:
+        p = pids.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            pids += subprocess.run(['pgrep', '-P', p], capture_output=True,
+                                   text=True).stdout.split()
+        except OSError:
+            pass
         try:
             with open(f'/proc/{p}/status') as f:
                 total += int(re.search(r'VmRSS:\s+(\d+)', f.read()).group(1))
@@ -217,19 +275,49 @@ def rss_kib(pid):
     return total
 
 
-def setup_kyma(checkout, work):
-    """Kyma's Node.js 22 and Python 3.12 servers from `checkout`, with their packages."""
+def setup_kyma(checkout, work, node26):
+    """Kyma's Node.js 22, Python 3.12, Node.js 26 and Python 3.14 servers from `checkout`,
+    with their packages."""
     runtimes = os.path.join(checkout, 'components', 'runtimes')
-    node = os.path.join(work, 'kyma-node')
-    shutil.copytree(os.path.join(runtimes, 'nodejs22'), node)
-    subprocess.run(['npm', 'install', '--no-audit', '--no-fund', '--loglevel=error'], cwd=node,
-                   check=True, stdout=subprocess.DEVNULL)
-    py = os.path.join(work, 'kyma-python')
-    shutil.copytree(os.path.join(runtimes, 'python312'), py)
-    subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target',
-                    os.path.join(py, 'site'), '-r', os.path.join(py, 'requirements.txt')],
-                   check=True)
-    return node, py
+    dirs = {}
+    for name in ('nodejs22', 'nodejs26'):
+        d = os.path.join(work, f'kyma-{name}')
+        shutil.copytree(os.path.join(runtimes, name), d)
+        npm_env = dict(os.environ)
+        if name == 'nodejs26' and os.path.dirname(node26):
+            npm_env['PATH'] = os.path.dirname(node26) + os.pathsep + npm_env['PATH']
+        subprocess.run(['npm', 'install', '--no-audit', '--no-fund', '--loglevel=error',
+                        '--engine-strict=false'], cwd=d, check=True, stdout=subprocess.DEVNULL,
+                       env=npm_env)
+        dirs[name] = d
+    for name in ('python312', 'python314'):
+        d = os.path.join(work, f'kyma-{name}')
+        shutil.copytree(os.path.join(runtimes, name), d)
+        subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target',
+                        os.path.join(d, 'site'), '-r', os.path.join(d, 'requirements.txt')],
+                       check=True)
+        dirs[name] = d
+    return dirs
+
+
+def build_images(kiln, work):
+    """The legacy hello and post Functions built into images with `kiln build` on the
+    nodejs22 and python313 bases: {(runtime, fn): reference}."""
+    refs = {}
+    for runtime, kiln_runtime, files in [
+            ('node', 'nodejs22', {'hello': NODE_HELLO, 'post': NODE_POST}),
+            ('python', 'python313', {'hello': PY_HELLO, 'post': PY_POST})]:
+        for fn, text in files.items():
+            d = os.path.join(work, f'image-{runtime}-{fn}')
+            os.makedirs(d)
+            name = 'handler.js' if runtime == 'node' else 'handler.py'
+            with open(os.path.join(d, name), 'w') as f:
+                f.write(text)
+            out = subprocess.run([kiln, 'build', d, '--runtime', kiln_runtime,
+                                  '--output', f'oci:{work}/layout', '--log-format', 'json'],
+                                 capture_output=True, text=True, check=True).stdout
+            refs[(runtime, fn)] = out.strip().splitlines()[-1]
+    return refs
 
 
 def main():
@@ -238,25 +326,46 @@ def main():
     work = tempfile.mkdtemp(prefix='kiln-rps-')
     site = os.path.join(work, 'site')
     subprocess.run([sys.executable, '-m', 'pip', 'install', '-q', '--target', site,
-                    'bottle==0.13.4', 'cheroot==11.1.2'], check=True)
+                    'bottle==0.13.4', 'cheroot==11.1.2', 'flask==3.1.3'], check=True)
     for name, text in [('hello.js', NODE_HELLO), ('mandel.js', NODE_MANDEL), ('bare.js', NODE_BARE),
-                       ('bare.py', PY_BARE), ('post.js', NODE_POST)]:
+                       ('bare.py', PY_BARE), ('post.js', NODE_POST),
+                       ('express-hello.js', EXPRESS_HELLO), ('express-post.js', EXPRESS_POST),
+                       ('express-bare.js', EXPRESS_BARE), ('flask-bare.py', FLASK_BARE)]:
         with open(os.path.join(work, name), 'w') as f:
             f.write(text)
-    for name, text in [('hello', PY_HELLO), ('mandel', PY_MANDEL), ('post', PY_POST)]:
+    for name, text in [('hello', PY_HELLO), ('mandel', PY_MANDEL), ('post', PY_POST),
+                       ('flask-hello', FLASK_HELLO), ('flask-post', FLASK_POST)]:
         os.makedirs(os.path.join(work, name))
         with open(os.path.join(work, name, 'handler.py'), 'w') as f:
             f.write(text)
     servers = os.path.join(ROOT, 'runtimes', '_servers')
+    node = os.environ.get('NODE', 'node')
+    node26 = os.environ.get('NODE26', 'node')
     base_env = {'PATH': os.environ['PATH'], 'FUNC_TIMEOUT': '30', 'PYTHONPATH': site,
                 'PYTHONDONTWRITEBYTECODE': '1'}
+    cases = [('node', 'hello', {}), ('node', 'post', {}), ('node', 'mandel', MANDEL_HEADERS),
+             ('python', 'hello', {}), ('python', 'post', {}), ('python', 'mandel', MANDEL_HEADERS),
+             ('express', 'hello', {}), ('express', 'post', {}),
+             ('flask', 'hello', {}), ('flask', 'post', {})]
+    image = os.environ.get('IMAGE') == '1'
+    if image:
+        cases = [c for c in cases if c[0] in ('node', 'python') and c[1] != 'mandel']
+    # CASES=node,python:hello: only these runtimes or runtime:Function pairs.
+    wanted = [c for c in os.environ.get('CASES', '').split(',') if c]
+    if wanted:
+        cases = [c for c in cases if c[0] in wanted or f'{c[0]}:{c[1]}' in wanted]
+    if any(c[0] == 'express' for c in cases):
+        subprocess.run(['npm', 'install', '--no-audit', '--no-fund', '--loglevel=error',
+                        'express@5.1.0'], cwd=work, check=True, stdout=subprocess.DEVNULL)
+    node_path = os.pathsep.join([os.path.join(servers, 'express'),
+                                 os.path.join(work, 'node_modules')])
 
     def kiln_node(fn):
-        return ['node', os.path.join(servers, 'node', 'server.js')], {
+        return [node, os.path.join(servers, 'node', 'server.js')], {
             'HANDLER_PATH': os.path.join(work, f'{fn}.js')}
 
     def bare_node(fn):
-        return ['node', os.path.join(work, 'bare.js'), fn, os.path.join(work, 'mandel.js')], {}
+        return [node, os.path.join(work, 'bare.js'), fn, os.path.join(work, 'mandel.js')], {}
 
     def kiln_python(fn):
         return [sys.executable, os.path.join(servers, 'python', 'server.py')], {
@@ -265,42 +374,90 @@ def main():
     def bare_python(fn):
         return [sys.executable, os.path.join(work, 'bare.py'), fn, os.path.join(work, 'mandel')], {}
 
-    contenders = ['kiln', 'bare']
-    starters = {'node': [kiln_node, bare_node], 'python': [kiln_python, bare_python]}
+    def kiln_express(fn):
+        return [node26, os.path.join(servers, 'express', 'server.js')], {
+            'HANDLER_PATH': os.path.join(work, f'express-{fn}.js'), 'NODE_PATH': node_path}
+
+    def bare_express(fn):
+        return [node26, os.path.join(work, 'express-bare.js')], {'NODE_PATH': node_path}
+
+    def kiln_flask(fn):
+        return [sys.executable, os.path.join(servers, 'flask', 'server.py')], {
+            'HANDLER_PATH': os.path.join(work, f'flask-{fn}')}
+
+    def bare_flask(fn):
+        return [sys.executable, os.path.join(work, 'flask-bare.py')], {}
+
+    starters = {'node': [('kiln', kiln_node), ('bare', bare_node)],
+                'python': [('kiln', kiln_python), ('bare', bare_python)],
+                'express': [('kiln', kiln_express), ('bare', bare_express)],
+                'flask': [('kiln', kiln_flask), ('bare', bare_flask)]}
+    if image:
+        kiln = os.environ.get('KILN', os.path.join(ROOT, 'target', 'debug', 'kiln'))
+        refs = build_images(kiln, work)
+        paths = {'node': '/usr/src/app/server.js', 'python': '/usr/lib/kiln/server.py'}
+        bare_files = {'node': os.path.join(work, 'bare.js'), 'python': os.path.join(work, 'bare.py')}
+
+        def in_image(runtime, bare):
+            def start(fn):
+                argv = [kiln, 'run', refs[(runtime, fn)], '--env', 'FUNC_TIMEOUT=30']
+                if bare:
+                    argv += ['--volume', f'{bare_files[runtime]}:{paths[runtime]}:ro',
+                             '--env', f'BARE_MODE={fn}']
+                return argv, {'KILN_PORT_FLAG': '1'}
+            return start
+
+        for runtime in ('node', 'python'):
+            starters[runtime] = [('kiln', in_image(runtime, False)),
+                                 ('bare', in_image(runtime, True))]
     fixed_port = {}
     checkout = os.environ.get('KYMA_SERVERLESS')
     if checkout:
-        kyma_node_dir, kyma_py_dir = setup_kyma(checkout, work)
+        kyma = setup_kyma(checkout, work, node26)
 
         def kyma_node(fn):
-            return ['node', os.path.join(kyma_node_dir, 'server.mjs')], {
+            return [node, os.path.join(kyma['nodejs22'], 'server.mjs')], {
                 'HANDLER_PATH': os.path.join(work, f'{fn}.js'), 'FUNC_NAME': 'bench'}
 
         def kyma_python(fn):
-            return [sys.executable, os.path.join(kyma_py_dir, 'server.py')], {
+            return [sys.executable, os.path.join(kyma['python312'], 'server.py')], {
                 'FUNCTION_PATH': os.path.join(work, fn), 'MOD_NAME': 'handler',
                 'FUNC_HANDLER': 'main', 'FUNC_NAME': 'bench',
-                'PYTHONPATH': os.path.join(kyma_py_dir, 'site')}
+                'PYTHONPATH': os.path.join(kyma['python312'], 'site')}
 
-        contenders.append('kyma')
-        starters['node'].append(kyma_node)
-        starters['python'].append(kyma_python)
-        fixed_port['kyma'] = 8080
-    cases = [('node', 'hello', {}), ('node', 'post', {}), ('node', 'mandel', MANDEL_HEADERS),
-             ('python', 'hello', {}), ('python', 'post', {}), ('python', 'mandel', MANDEL_HEADERS)]
-    # CASES=node,python:hello: only these runtimes or runtime:Function pairs.
-    wanted = [c for c in os.environ.get('CASES', '').split(',') if c]
-    if wanted:
-        cases = [c for c in cases if c[0] in wanted or f'{c[0]}:{c[1]}' in wanted]
+        def kyma_express(fn):
+            return [node26, os.path.join(kyma['nodejs26'], 'server.mjs')], {
+                'HANDLER_PATH': os.path.join(work, f'express-{fn}.js'), 'FUNC_NAME': 'bench',
+                'SERVER_HOST': '127.0.0.1', 'KYMA_PORT_ENV': 'SERVER_PORT'}
+
+        def kyma_flask(fn):
+            return [sys.executable, os.path.join(kyma['python314'], 'server.py')], {
+                'HANDLER_PATH': os.path.join(work, f'flask-{fn}'), 'FUNC_NAME': 'bench',
+                'SERVER_HOST': '127.0.0.1', 'KYMA_PORT_ENV': 'SERVER_PORT',
+                'PYTHONPATH': os.path.join(kyma['python314'], 'site')}
+
+        if not image:
+            starters['node'].append(('kyma', kyma_node))
+            starters['python'].append(('kyma', kyma_python))
+            fixed_port['kyma'] = 8080
+        starters['express'].append(('kyma', kyma_express))
+        starters['flask'].append(('kyma', kyma_flask))
     idle = {}
     results = {}
     for rnd in range(ROUNDS):
         for runtime, fn, headers in cases:
-            for who, start in zip(contenders, starters[runtime]):
+            for who, start in starters[runtime]:
                 argv, env = start(fn)
-                port = fixed_port.get(who) or free_port()
-                proc = subprocess.Popen(argv, env={**base_env, **env, 'FUNC_PORT': str(port)},
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                port = (fixed_port.get(who) if runtime in ('node', 'python') else None) \
+                    or free_port()
+                env = {**base_env, **env, 'FUNC_PORT': str(port)}
+                if env.pop('KYMA_PORT_ENV', None):
+                    env['SERVER_PORT'] = str(port)
+                if env.pop('KILN_PORT_FLAG', None):
+                    argv = argv[:3] + ['--port', str(port)] + argv[3:]
+                    env = {**os.environ, 'FUNC_TIMEOUT': '30'}
+                proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL)
                 try:
                     wait_port(port, proc)
                     time.sleep(0.5)  # settled: Kyma's servers load the Function after listening
@@ -319,7 +476,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     print(f"{'oha (HTTP/1.1)' if OHA else 'ab -k (HTTP/1.0)'}, {CONCURRENCY} connections, "
           f'{REQUESTS} hello / {max(200, REQUESTS // 50)} Mandelbrot requests, median of '
-          f'{ROUNDS} interleaved rounds')
+          f'{ROUNDS} interleaved rounds{", in images under kiln run" if image else ""}')
     head = f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}"
     if checkout:
         head += f" {'Kyma req/s':>11} {'kiln/Kyma':>9}"
@@ -328,7 +485,7 @@ def main():
         k = statistics.median(results[(runtime, fn, 'kiln')])
         b = statistics.median(results[(runtime, fn, 'bare')])
         line = f'{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {k / b:9.2f}'
-        if checkout:
+        if (runtime, fn, 'kyma') in results:
             y = statistics.median(results[(runtime, fn, 'kyma')])
             line += f' {y:11.0f} {k / y:9.2f}'
         print(line)

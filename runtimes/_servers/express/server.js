@@ -32,64 +32,90 @@ const express = require('express');
 const app = express();
 let userFunction;
 
-// A declared body over the limit is answered before the parsers read it (drained, then 413).
-app.use((req, res, next) => {
-  if (Number(req.headers['content-length']) > BODY_LIMIT) return core.tooLarge(req, res);
-  next();
-});
+// The body parsers Kyma's server runs, for a request that has a body (a GET without one skips
+// them): JSON (and CloudEvents), text, forms, anything else raw.
 const limit = BODY_LIMIT;
-app.use(express.json({ type: ['application/json', 'application/cloudevents+json'], limit, strict: false }));
-app.use(express.text({ type: ['text/*'], limit }));
-app.use(express.urlencoded({ limit, extended: true }));
-app.use(express.raw({ limit, type: () => true }));
+const parsers = express.Router();
+parsers.use(express.json({ type: ['application/json', 'application/cloudevents+json'], limit, strict: false }));
+parsers.use(express.text({ type: ['text/*'], limit }));
+parsers.use(express.urlencoded({ limit, extended: true }));
+parsers.use(express.raw({ limit, type: () => true }));
 
-app.get('/healthz', (req, res) => res.status(200).send('OK'));
-app.get('/metrics', (req, res) => core.sendText(res, 200, core.renderMetrics(), core.METRICS_TYPE));
-app.get('/favicon.ico', (req, res) => res.status(204).end());
-
-// Every other request goes to the Function.
-app.use((req, res) => {
+// One middleware before the Function: the built-in endpoints, CORS, and the body. A declared
+// body over the limit is answered before the parsers read it (drained, then 413).
+app.use((req, res, next) => {
   res.setHeader('Access-Control-Allow-Origin', '*');
-  if (req.method === 'OPTIONS') { // CORS preflight: allow whatever is asked for
-    const ask = (name) => req.headers[`access-control-request-${name}`];
+  const { method, headers } = req;
+  if (method === 'GET' || method === 'HEAD') {
+    const path = req.path;
+    if (path === '/healthz') return core.sendText(res, 200, 'OK');
+    if (path === '/metrics') return core.sendText(res, 200, core.renderMetrics(), core.METRICS_TYPE);
+    if (path === '/favicon.ico') return res.status(204).end();
+  } else if (method === 'OPTIONS') { // CORS preflight: allow whatever is asked for
+    const ask = (name) => headers[`access-control-request-${name}`];
     res.setHeader('Access-Control-Allow-Methods', ask('method') || 'GET, POST, PUT, PATCH, DELETE');
     res.setHeader('Access-Control-Allow-Headers', ask('headers') || '*');
     return res.status(204).end();
   }
-  metrics.calls++;
-  const started = process.hrtime.bigint();
-  const trace = core.startTrace(req, req.path);
-  let settled = false;
-  const settle = (failed) => {
-    if (settled) return false;
-    settled = true;
-    clearTimeout(timer);
+  const length = headers['content-length'];
+  if (length === undefined && headers['transfer-encoding'] === undefined) return next();
+  if (Number(length) > BODY_LIMIT) return core.tooLarge(req, res);
+  parsers(req, res, next);
+});
+
+// One call of the Function: it settles when the response is done (or FUNC_TIMEOUT passes),
+// and is then counted. The core's sweep keeps the timeout for calls still open when main()
+// returns; one answered at once needs nothing more.
+class Call {
+  constructor(req, res) {
+    this.req = req;
+    this.res = res;
+    this.started = process.hrtime.bigint();
+    this.settled = false;
+    this.deadline = 0;
+  }
+
+  settle(failed) {
+    if (this.settled) return false;
+    this.settled = true;
+    if (this.deadline) core.disarm(this);
     if (failed) metrics.failures++;
-    core.observe(Number(process.hrtime.bigint() - started) / 1e9);
+    core.observe(Number(process.hrtime.bigint() - this.started) / 1e9);
     return true;
-  };
-  const fail = (err) => {
-    if (!settle(true)) return;
-    console.error(err);
+  }
+
+  fail(err) {
+    console.error(err); // logged even after the answer, as Kyma's server does
+    if (!this.settle(true)) return;
+    const { res } = this;
     if (!res.headersSent) res.status(500).type('text/plain').send('Internal server error');
     else if (!res.writableEnded) res.end();
-  };
-  // FUNC_TIMEOUT: a Function that has not answered by then gets 408.
-  const timer = setTimeout(() => {
-    if (!settle(true)) return;
+  }
+
+  timeOut() {
+    if (!this.settle(true)) return;
+    const { req, res } = this;
     console.error(`Function timed out after ${config.TIMEOUT_S}s: ${req.method} ${req.originalUrl}`);
     if (res.headersSent) res.destroy();
     else core.sendText(res, 408, 'Timeout while processing the function\n');
-  }, config.TIMEOUT_S * 1000);
-  res.once('finish', () => settle(false));
-  res.once('close', () => settle(false));
-  core.runTraced(trace, res, () => {
+  }
+}
+
+// Every other request goes to the Function.
+app.use((req, res) => {
+  metrics.calls++;
+  const call = new Call(req, res);
+  core.runTraced(core.startTrace(req, req.path), res, () => {
+    let out;
     try {
-      const out = userFunction(req, res);
-      if (out && typeof out.then === 'function') out.then(undefined, fail);
+      out = userFunction(req, res);
     } catch (err) {
-      fail(err);
+      return call.fail(err);
     }
+    if (out && typeof out.then === 'function') out.then(undefined, (err) => call.fail(err));
+    if (res.writableEnded) return call.settle(false);
+    res.kilnCall = call; // settled when the response closes (onClose)
+    core.arm(call);
   });
 });
 
@@ -106,9 +132,14 @@ app.use((err, req, res, next) => { // eslint-disable-line no-unused-vars
 // installed them); the server keeps running, as Kyma's does.
 let inflight = 0;
 let stopping = false;
+function onClose() {
+  inflight--;
+  if (this.kilnCall) this.kilnCall.settle(false);
+  if (stopping && inflight === 0) process.exit(0);
+}
 function onRequest(req, res) {
   inflight++;
-  res.on('close', () => { inflight--; if (stopping && inflight === 0) process.exit(0); });
+  res.on('close', onClose);
   if (stopping) res.setHeader('Connection', 'close');
   app(req, res);
 }

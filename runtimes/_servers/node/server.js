@@ -315,7 +315,10 @@ function readBody(req, res, done) {
 }
 
 function mediaType(req) {
-  if (req.headers['content-type'] === undefined) return { mime: '', charset: 'utf-8' };
+  const type = req.headers['content-type'];
+  if (type === undefined) return { mime: '', charset: 'utf-8' };
+  // The common case, a bare type (`application/json`), without splitting.
+  if (type.indexOf(';') < 0) return { mime: type.trim().toLowerCase(), charset: 'utf-8' };
   const [mime, ...params] = String(req.headers['content-type'] || '').split(';');
   const charset = params.map((p) => p.trim().split('='))
     .find(([k]) => k.toLowerCase() === 'charset');
@@ -773,9 +776,7 @@ class Call {
   // sweeps every pending call (a timer per call costs an async handler about a tenth of its
   // rate): a call times out within SWEEP_MS after its deadline.
   armTimeout() {
-    this.deadline = Number(this.started / 1000000n) + TIMEOUT_S * 1000;
-    pending.add(this);
-    if (!sweeper) sweeper = setInterval(sweep, SWEEP_MS);
+    arm(this);
   }
 
   timeOut() {
@@ -790,6 +791,16 @@ class Call {
 const SWEEP_MS = Math.min(100, TIMEOUT_S * 1000);
 const pending = new Set(); // calls waiting on a promise, in start order
 let sweeper = null;
+// Puts `call` (with `started`, a hrtime bigint, and `timeOut()`) under FUNC_TIMEOUT's sweep;
+// its settling must take it out again (`pending.delete`, via `disarm`).
+function arm(call) {
+  call.deadline = Number(call.started / 1000000n) + TIMEOUT_S * 1000;
+  pending.add(call);
+  if (!sweeper) sweeper = setInterval(sweep, SWEEP_MS);
+}
+function disarm(call) {
+  pending.delete(call);
+}
 function sweep() {
   const now = Number(process.hrtime.bigint() / 1000000n);
   for (const call of pending) {
@@ -881,7 +892,7 @@ if (require.main !== module) {
   module.exports = {
     config: { PORT, TIMEOUT_S, MB_LIMIT, BODY_LIMIT, HANDLER_FILE, HANDLER_NAME, FUNC_NAME,
       FUNC_RUNTIME, NAMESPACE, GRACE_MS },
-    metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge,
+    metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge, arm, disarm,
     startTrace, runTraced, userTracer, emitCloudEvent, loadFunction,
   };
 } else loadFunction().then((fn) => {
