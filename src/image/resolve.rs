@@ -115,6 +115,50 @@ pub async fn resolve(
     name: &str,
     platform: &Platform,
 ) -> Result<ResolvedBase, Error> {
+    let resolved = resolve_any(client, base, name, platform).await?;
+    check_platform(&resolved, platform)?;
+    Ok(resolved)
+}
+
+/// A single-platform base (no index to choose from) must be the platform asked for: its
+/// config says which it is. Otherwise `--platform linux/arm64` would build an amd64 image
+/// that does not start on arm64 nodes.
+fn check_platform(resolved: &ResolvedBase, wanted: &Platform) -> Result<(), Error> {
+    #[derive(serde::Deserialize)]
+    struct ConfigPlatform {
+        architecture: Option<String>,
+        os: Option<String>,
+        variant: Option<String>,
+    }
+    let Ok(config) = serde_json::from_slice::<ConfigPlatform>(&resolved.base.config.bytes) else {
+        return Ok(()); // read again, and refused with a reason, when the config is used
+    };
+    let (Some(architecture), Some(os)) = (config.architecture, config.os) else {
+        return Ok(());
+    };
+    let found = Platform {
+        architecture,
+        os,
+        os_version: None,
+        os_features: None,
+        variant: config.variant,
+    };
+    if wanted.matches(&found) {
+        return Ok(());
+    }
+    Err(Error::NoPlatform {
+        reference: resolved.name.clone(),
+        wanted: wanted.to_string(),
+        available: found.to_string(),
+    })
+}
+
+async fn resolve_any(
+    client: &Client,
+    base: &BaseRef,
+    name: &str,
+    platform: &Platform,
+) -> Result<ResolvedBase, Error> {
     match base {
         BaseRef::Registry(reference) => resolve_registry(client, reference, name, platform).await,
         BaseRef::Layout { dir, name: image } => {

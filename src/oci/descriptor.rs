@@ -85,12 +85,22 @@ impl Platform {
         }
     }
 
-    /// Parses `os/arch[/variant]`.
+    /// Parses `os/arch[/variant]`, each part lower-case letters, digits, `_`, `.` or `-` (so
+    /// a list such as `linux/amd64,linux/arm64` is not one platform).
     pub fn parse(s: &str) -> Option<Platform> {
+        let word = |p: &&str| {
+            !p.is_empty()
+                && p.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+        };
         let mut parts = s.split('/');
-        let os = parts.next().filter(|p| !p.is_empty())?;
-        let architecture = parts.next().filter(|p| !p.is_empty())?;
-        let variant = parts.next().map(str::to_string);
+        let os = parts.next().filter(word)?;
+        let architecture = parts.next().filter(word)?;
+        let variant = match parts.next() {
+            Some(v) if word(&v) => Some(v.to_string()),
+            Some(_) => return None,
+            None => None,
+        };
         if parts.next().is_some() {
             return None;
         }

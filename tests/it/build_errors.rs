@@ -523,3 +523,29 @@ fn a_base_index_without_the_wanted_platform_is_a_usage_error() {
     );
     s.assert_nothing_pushed();
 }
+
+/// `--platform` must be what the base is: a single-platform amd64 base does not become an
+/// arm64 image (it would not start on arm64 nodes), and a list of platforms is not one.
+#[test]
+fn a_platform_the_base_is_not_or_a_list_of_platforms_is_refused() {
+    let s = setup();
+    let fixture = s.fixture("hello-node");
+    let err = s
+        .build(&fixture, "nodejs22", &["--platform", "linux/arm64"])
+        .failure(2)
+        .to_string();
+    assert!(
+        err.contains("has no linux/arm64 image (it has: linux/amd64)"),
+        "{err}"
+    );
+    let err = s
+        .build(
+            &fixture,
+            "nodejs22",
+            &["--platform", "linux/amd64,linux/arm64"],
+        )
+        .failure(2)
+        .to_string();
+    assert!(err.contains("names several platforms"), "{err}");
+    s.assert_nothing_pushed();
+}

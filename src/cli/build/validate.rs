@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 
 use super::Extra;
 use super::GitArgs;
@@ -33,6 +33,13 @@ pub(super) fn validate(
     let cache_dir = super::super::cache_dir(args.cache_dir.as_deref())?;
     let store = cache_dir.join("store");
     let (base, base_name, default_base) = base_image(args, manifest.as_ref(), runtime, &store)?;
+    if args.platform.contains(',') {
+        bail!(
+            "--platform {:?} names several platforms: kiln builds one image per run, for one \
+             platform; build once per platform",
+            args.platform
+        );
+    }
     let platform = Platform::parse(&args.platform).ok_or_else(|| {
         anyhow!(
             "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",

@@ -260,24 +260,30 @@ fn proxy_env_args() -> Vec<String> {
         .collect()
 }
 
-#[test]
-fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
-    let k = Kiln::new();
-    let work = tempfile::tempdir().unwrap();
-    // The builder carries a stripped kiln: the same program, a fraction of the bytes to layer.
-    let binary = work.path().join("kiln");
+/// `runtime`'s base and builder images in `work/bases`, the builder carrying a stripped kiln:
+/// the same program, a fraction of the bytes to layer.
+fn bases_with_stripped_kiln(k: &Kiln, runtime: &str, work: &Path) -> PathBuf {
+    let binary = work.join("kiln");
     common::run(Command::new("strip").args([
         "-o",
         binary.to_str().unwrap(),
         env!("CARGO_BIN_EXE_kiln"),
     ]));
-    let bases = work.path().join("bases");
+    let bases = work.join("bases");
     base_build_with(
-        &k,
-        "python313",
+        k,
+        runtime,
         &bases,
         &["--kiln-binary", binary.to_str().unwrap()],
     );
+    bases
+}
+
+#[test]
+fn a_build_job_in_the_builder_image_installs_compiled_dependencies_natively() {
+    let k = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let bases = bases_with_stripped_kiln(&k, "python313", work.path());
     let builder = format!("oci:{}:python313-builder", bases.display());
     let config = common::run_bytes(Command::new("skopeo").args(["inspect", "--config", &builder]));
     assert_eq!(
@@ -368,19 +374,7 @@ fn a_build_job_fetches_a_git_source_over_ssh_with_the_builders_own_ssh() {
     use common::sshd::SshServer;
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let binary = work.path().join("kiln");
-    common::run(Command::new("strip").args([
-        "-o",
-        binary.to_str().unwrap(),
-        env!("CARGO_BIN_EXE_kiln"),
-    ]));
-    let bases = work.path().join("bases");
-    base_build_with(
-        &k,
-        "nodejs22",
-        &bases,
-        &["--kiln-binary", binary.to_str().unwrap()],
-    );
+    let bases = bases_with_stripped_kiln(&k, "nodejs22", work.path());
     let builder = format!("oci:{}:nodejs22-builder", bases.display());
     let sshd = SshServer::start();
     let repo = Repo::init(&work.path().join("src"));

@@ -16,6 +16,36 @@ async fn json(request: reqwest::RequestBuilder) -> Value {
     request.send().await.unwrap().json().await.unwrap()
 }
 
+/// A server started with FUNC_BODY_MB_LIMIT 0.001 answers 413, naming it, to a sized and a
+/// chunked body over the limit.
+async fn bodies_over_the_limit_get_413(server: &Server) {
+    let http = client();
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(vec![b'x'; 2_000])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("FUNC_BODY_MB_LIMIT"),
+        "the 413 names the limit set: {text}"
+    );
+    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain")
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            chunks,
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+}
+
 #[tokio::test]
 async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response() {
     let server = Server::start(Runtime::Express, &[]);
@@ -113,30 +143,7 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
     // FUNC_TIMEOUT → 408; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
     let resp = http.get(server.url("/slow")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
-    let resp = http
-        .post(server.url("/echo"))
-        .header("content-type", "text/plain")
-        .body(vec![b'x'; 2_000])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let text = resp.text().await.unwrap();
-    assert!(
-        text.contains("FUNC_BODY_MB_LIMIT"),
-        "the 413 names the limit set: {text}"
-    );
-    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
-    let resp = http
-        .post(server.url("/echo"))
-        .header("content-type", "text/plain")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+    bodies_over_the_limit_get_413(&server).await;
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
@@ -318,30 +325,7 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
         resp.text().await.unwrap(),
         "Timeout while processing the function\n"
     );
-    let resp = http
-        .post(server.url("/echo"))
-        .header("content-type", "text/plain")
-        .body(vec![b'x'; 2_000])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let text = resp.text().await.unwrap();
-    assert!(
-        text.contains("FUNC_BODY_MB_LIMIT"),
-        "the 413 names the limit set: {text}"
-    );
-    let chunks = (0..8).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'y'; 512])));
-    let resp = http
-        .post(server.url("/echo"))
-        .header("content-type", "text/plain")
-        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
-            chunks,
-        )))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE, "chunked");
+    bodies_over_the_limit_get_413(&server).await;
 }
 
 #[tokio::test]
