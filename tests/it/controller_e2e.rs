@@ -25,6 +25,7 @@ use common::kiln::host_ca_bundle;
 use common::kube_api::KubeApi;
 use common::kubectl::{Kubectl, deploy_with_image};
 use common::registry::{Registry, RegistryKind};
+use common::sshd::SshServer;
 use kubelet::{Config, TestKubelet};
 use serde_json::{Value, json};
 
@@ -519,12 +520,44 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         "module.exports = { main: () => 'never' };\n",
         r#"{"dependencies": {"kiln-no-such-package-0f2e9c": "1.0.0"}}"#,
     );
+    // Kyma's `auth.type: key`: a repository behind a loopback sshd, its host key pinned. The
+    // controller resolves the reference with the kiln image's ssh, the build Job fetches with
+    // the builder image's.
+    let sshd = SshServer::start();
+    let ssh_repo = Repo::init(&work.path().join("ssh-src"));
+    ssh_repo.write(
+        "fn/handler.js",
+        b"module.exports = { main: () => 'fetched over ssh' };\n",
+    );
+    ssh_repo.commit("ssh");
+    ssh_repo.publish(work.path(), "ssh-fns");
+    let key_file = work.path().join("ssh-key");
+    std::fs::write(&key_file, sshd.key()).unwrap();
+    kubectl.ok(&[
+        "-n",
+        "team",
+        "create",
+        "secret",
+        "generic",
+        "git-key",
+        &format!("--from-file=key={}", key_file.display()),
+        &format!("--from-literal=knownHosts={}", sshd.known_hosts()),
+    ]);
+    let over_ssh = serde_yaml::to_string(&json!({
+        "apiVersion": "serverless.kyma-project.io/v1alpha2", "kind": "Function",
+        "metadata": {"name": "over-ssh"},
+        "spec": {"runtime": "nodejs22", "source": {"gitRepository": {
+            "url": sshd.url(&work.path().join("ssh-fns.git")), "baseDir": "/fn",
+            "reference": "HEAD", "auth": {"type": "key", "secretName": "git-key"}}}},
+    }))
+    .unwrap();
     let manifests = [
         node,
         python,
         broken,
         scanning_function(&sa_token),
         git_scanning_function(&git, work.path(), &sa_token),
+        over_ssh,
     ]
     .join("---\n");
     kubectl.ok_with_input(&["-n", "team", "apply", "-f", "-"], &manifests);
@@ -566,6 +599,7 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         "git-scan",
         "hello-node",
         "hardened",
+        "over-ssh",
     ] {
         wait(
             &format!("{name} Running"),
@@ -653,6 +687,13 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     assert_clean_scan(
         &scan_report("git-scan"),
         "/workspace/git/function/handler.js",
+    );
+    let (code, body) = http(kubelet.port("team", "over-ssh").unwrap(), "GET", "");
+    assert_eq!((code, body.as_str()), (200, "fetched over ssh"));
+    let (_, _, message) = condition(&api, "over-ssh", "ConfigurationReady").unwrap();
+    assert!(
+        !message.contains("not verified"),
+        "knownHosts pinned it: {message}"
     );
     let git_status = &api.get("Function", "team", "git-scan").unwrap()["status"];
     assert_eq!(git_status["gitRepository"]["url"], git.url("fns").as_str());
