@@ -16,6 +16,20 @@ async fn json(request: reqwest::RequestBuilder) -> Value {
     request.send().await.unwrap().json().await.unwrap()
 }
 
+/// A new-API server publishing to `publisher`, with a 1 s FUNC_TIMEOUT, and the body limit
+/// set both ways: Kyma's FUNC_BODY_MB_LIMIT (0.001) wins over the legacy REQ_MB_LIMIT (5).
+fn sdk_server(runtime: Runtime, publisher: &Publisher) -> Server {
+    Server::start(
+        runtime,
+        &[
+            ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
+            ("FUNC_TIMEOUT", "1"),
+            ("REQ_MB_LIMIT", "5"),
+            ("FUNC_BODY_MB_LIMIT", "0.001"),
+        ],
+    )
+}
+
 /// A server started with FUNC_BODY_MB_LIMIT 0.001 answers 413, naming it, to a sized and a
 /// chunked body over the limit.
 async fn bodies_over_the_limit_get_413(server: &Server) {
@@ -99,16 +113,7 @@ async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response
 #[tokio::test]
 async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit() {
     let publisher = Publisher::start();
-    let server = Server::start(
-        Runtime::Express,
-        &[
-            ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
-            ("FUNC_TIMEOUT", "1"),
-            // The legacy name loses to Kyma's nodejs26 name.
-            ("REQ_MB_LIMIT", "5"),
-            ("FUNC_BODY_MB_LIMIT", "0.001"),
-        ],
-    );
+    let server = sdk_server(Runtime::Express, &publisher);
     let http = client();
     let sdk = json(http.get(server.url("/sdk"))).await;
     assert_eq!(
@@ -251,16 +256,7 @@ async fn python314_serves_kymas_new_api_samples_with_flasks_request_and_response
 #[tokio::test]
 async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit() {
     let publisher = Publisher::start();
-    let server = Server::start(
-        Runtime::Flask,
-        &[
-            ("PUBLISHER_PROXY_ADDRESS", &publisher.url),
-            ("FUNC_TIMEOUT", "1"),
-            // The image's legacy name loses to Kyma's python314 name.
-            ("REQ_MB_LIMIT", "5"),
-            ("FUNC_BODY_MB_LIMIT", "0.001"),
-        ],
-    );
+    let server = sdk_server(Runtime::Flask, &publisher);
     let http = client();
     let sdk = json(http.get(server.url("/sdk"))).await;
     assert_eq!(
