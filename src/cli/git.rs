@@ -53,10 +53,21 @@ impl GitArgs {
             return Ok(None);
         };
         let source = Source::parse(url, self.git_ref.as_deref(), self.git_base_dir.as_deref())?;
+        let ssh = source.url.is_ssh();
+        if let Some(dir) = &self.git_auth_dir
+            && !ssh
+            && dir.join("key").exists()
+            && !dir.join("username").exists()
+        {
+            return Err(git::Error::KeyNeedsSsh {
+                url: source.url.to_string(),
+            }
+            .into());
+        }
         let auth = self
             .git_auth_dir
             .as_deref()
-            .map(Auth::read_dir)
+            .map(|dir| Auth::read_dir(dir, ssh))
             .transpose()
             .context("reading --git-auth-dir")?;
         let (credentials, ssh_key) = match auth {
@@ -79,11 +90,6 @@ impl GitArgs {
                 ),
                 Some(_) => {}
             }
-        } else if ssh_key.is_some() {
-            return Err(git::Error::KeyNeedsSsh {
-                url: source.url.to_string(),
-            }
-            .into());
         } else if credentials.is_some() && !source.url.is_https() {
             // gix would refuse at the first 401; say so before anything is sent.
             anyhow::bail!(

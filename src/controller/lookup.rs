@@ -202,8 +202,9 @@ pub async fn ca_bundle(client: &kube::Client, namespace: &str, name: &str) -> Re
         })
 }
 
-/// Reads a git auth Secret: `username` and `password` (`type: basic`), or `key`, with
-/// `password` for an encrypted key and optional `knownHosts` (`type: key`, SSH).
+/// Reads a git auth Secret: `username` and `password` (`type: basic`), or, with `ssh_key`
+/// (`type: key`), `key`, with `password` for an encrypted key and optional `knownHosts`.
+/// Values lose one trailing newline, as `kiln build --git-auth-dir` reads them.
 ///
 /// # Errors
 /// The Secret is missing or lacks a key.
@@ -211,6 +212,7 @@ pub async fn git_auth(
     client: &kube::Client,
     namespace: &str,
     secret: &str,
+    ssh_key: bool,
 ) -> Result<crate::git::Auth> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let s = api
@@ -229,16 +231,21 @@ pub async fn git_auth(
     };
     let key = |k: &str| {
         text(k)
-            .map(|v| v.trim_end_matches('\n').to_string())
+            .map(|v| crate::git::trim_newline(&v).to_string())
             .ok_or_else(|| {
                 Error::Missing(format!(
                     "the git auth Secret {namespace}/{secret} has no key {k:?}"
                 ))
             })
     };
-    if let Some(private) = text("key") {
+    if ssh_key {
         return Ok(crate::git::Auth::Key(crate::git::SshKey {
-            key: private,
+            key: text("key").ok_or_else(|| {
+                Error::Missing(format!(
+                    "the git auth Secret {namespace}/{secret} has no key \"key\" (auth.type: \
+                     key needs the private key there)"
+                ))
+            })?,
             passphrase: key("password").ok(),
             known_hosts: text("knownHosts").filter(|k| !k.trim().is_empty()),
         }));

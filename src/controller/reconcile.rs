@@ -309,7 +309,9 @@ async fn commit(f: &Function, ctx: &Context) -> Result<(String, Option<String>)>
     }
     let auth = match &git.auth {
         Some(auth) => {
-            Some(lookup::git_auth(&ctx.client, f.namespace_or_default(), &auth.secret_name).await?)
+            let key = auth.type_ == "key";
+            let ns = f.namespace_or_default();
+            Some(lookup::git_auth(&ctx.client, ns, &auth.secret_name, key).await?)
         }
         None => None,
     };
@@ -341,11 +343,9 @@ async fn commit(f: &Function, ctx: &Context) -> Result<(String, Option<String>)>
         .await
         .map_err(|e| Error::Missing(format!("git resolver task: {e}")))?
         .map_err(|message| Error::Git {
-            url: crate::registry::redact_url(
-                &git.url
-                    .parse()
-                    .unwrap_or_else(|_| "http://invalid".parse().expect("valid URL")),
-            ),
+            // Parsed as the build parses it (an scp-like SSH URL too), so it holds no password.
+            url: crate::git::RemoteUrl::parse(&git.url)
+                .map_or_else(|e| e.to_string(), |u| u.to_string()),
             reference: git.reference.clone(),
             message,
         })?;

@@ -93,13 +93,13 @@ pub enum Auth {
 }
 
 impl Auth {
-    /// Reads `dir`: an SSH key when it holds a file `key`, else Basic credentials. One
-    /// trailing newline is dropped from each value but the key and the known hosts.
+    /// Reads `dir`: an SSH key for an SSH URL (`ssh`), else Basic credentials. One trailing
+    /// newline is dropped from each value but the key and the known hosts.
     ///
     /// # Errors
     /// [`Error::Credentials`] naming the file that is missing or unreadable.
-    pub fn read_dir(dir: &Path) -> Result<Auth, Error> {
-        if !dir.join("key").exists() {
+    pub fn read_dir(dir: &Path, ssh: bool) -> Result<Auth, Error> {
+        if !ssh {
             return Credentials::read_dir(dir).map(Auth::Basic);
         }
         let read = |name: &str| {
@@ -118,7 +118,8 @@ impl Auth {
     }
 }
 
-fn trim_newline(text: &str) -> &str {
+/// `text` without one trailing newline (`\n` or `\r\n`), as a Secret file's value is read.
+pub fn trim_newline(text: &str) -> &str {
     let text = text.strip_suffix('\n').unwrap_or(text);
     text.strip_suffix('\r').unwrap_or(text)
 }

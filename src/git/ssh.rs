@@ -51,6 +51,13 @@ const PROGRAM: &str = "program";
 const LIMIT: &str = "limit";
 const LOG: &str = "ssh.log";
 const EXCEEDED: &str = "exceeded";
+const STALLED: &str = "stalled";
+const TIMEOUT: &str = "timeout";
+const PID: &str = "ssh.pid";
+/// The most of OpenSSH's error output kept (a server can write to it without end).
+const LOG_LIMIT: u64 = 64 << 10;
+/// A connection may last this many times the timeout in all, however it trickles.
+const DEADLINE_FACTOR: u64 = 10;
 
 /// One connection's private directory; removed (key and all) when dropped.
 pub(super) struct SshDir {
@@ -95,6 +102,10 @@ impl SshDir {
         private_file(&path.join(CONFIG), config.as_bytes())?;
         private_file(&path.join(PROGRAM), program.as_os_str().as_encoded_bytes())?;
         private_file(&path.join(LIMIT), format!("0 {limit}").as_bytes())?;
+        private_file(
+            &path.join(TIMEOUT),
+            timeout.as_secs().max(1).to_string().as_bytes(),
+        )?;
         let exe = std::env::current_exe().at("finding", "the kiln executable")?;
         for name in ["ssh", "askpass"] {
             std::os::unix::fs::symlink(&exe, path.join(name)).at("linking", path.join(name))?;
@@ -126,11 +137,56 @@ impl SshDir {
         self.dir.path().join(EXCEEDED).exists()
     }
 
-    /// What OpenSSH said on its error output (the last lines), for the error message.
+    /// What OpenSSH said on its error output (the last lines, each cut to 300 characters),
+    /// for the error message; or that the connection stalled.
     pub(super) fn said(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join(LOG)).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+        if let Ok(text) = std::fs::read_to_string(self.dir.path().join(STALLED)) {
+            return text;
+        }
+        let bytes = std::fs::read(self.dir.path().join(LOG)).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes[bytes.len().saturating_sub(8192)..]);
+        let lines: Vec<String> = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.chars().take(300).collect())
+            .collect();
         lines[lines.len().saturating_sub(3)..].join("; ")
+    }
+}
+
+impl Drop for SshDir {
+    /// gix kills the `ssh` link's process when the connection ends, which orphans the real
+    /// `ssh` (it ends when its pipes close). An orphan is the init process's to reap: when
+    /// that is kiln (PID 1 in the controller's container), reap it here, or each connection
+    /// would leave a zombie behind.
+    fn drop(&mut self) {
+        let Ok(text) = std::fs::read_to_string(self.dir.path().join(PID)) else {
+            return; // the link reaped it itself
+        };
+        let Some(pid) = text
+            .trim()
+            .parse()
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            return;
+        };
+        if std::process::id() != 1 {
+            return; // the machine's init reaps it
+        }
+        for _ in 0..50 {
+            match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG) {
+                Ok(Some(_)) => return,
+                Ok(None) => {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    let _ =
+                        rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+                    return;
+                }
+                // Not (yet) ours: the link is still dying.
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            }
+        }
     }
 }
 
@@ -249,6 +305,7 @@ fn run_ssh(dir: &Path, args: &[OsString]) -> ExitCode {
     let Ok(log) = std::fs::File::create(dir.join(LOG)) else {
         return ExitCode::FAILURE;
     };
+    let timeout = std::time::Duration::from_secs(read(TIMEOUT).trim().parse().unwrap_or(60));
     let mut command = Command::new(program);
     command
         .arg("-F")
@@ -257,6 +314,15 @@ fn run_ssh(dir: &Path, args: &[OsString]) -> ExitCode {
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
         .stderr(log);
+    // ssh inherits this: it cannot write more than LOG_LIMIT of error output (SIGXFSZ ends it
+    // past that). This process writes only its few small files.
+    let cap = rustix::process::Rlimit {
+        current: Some(LOG_LIMIT),
+        maximum: Some(LOG_LIMIT),
+    };
+    if rustix::process::setrlimit(rustix::process::Resource::Fsize, cap).is_err() {
+        return ExitCode::FAILURE;
+    }
     if dir.join(PASSPHRASE).is_file() {
         command
             .env("SSH_ASKPASS", dir.join("askpass"))
@@ -270,6 +336,8 @@ fn run_ssh(dir: &Path, args: &[OsString]) -> ExitCode {
     let Ok(mut child) = command.spawn() else {
         return ExitCode::FAILURE;
     };
+    let _ = std::fs::write(dir.join(PID), child.id().to_string());
+    let progress = watch_progress(dir, child.id(), timeout);
     let mut from = child.stdout.take().expect("piped");
     let mut to = std::io::stdout().lock();
     let mut buf = vec![0; 64 << 10];
@@ -283,6 +351,7 @@ fn run_ssh(dir: &Path, args: &[OsString]) -> ExitCode {
         if now != generation {
             (generation, limit, total) = (now, new_limit, 0);
         }
+        progress.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
         total += n as u64;
         if total > limit {
             let _ = std::fs::write(dir.join(EXCEEDED), b"");
@@ -294,10 +363,61 @@ fn run_ssh(dir: &Path, args: &[OsString]) -> ExitCode {
             break;
         }
     }
-    match child.wait() {
+    let status = child.wait();
+    let _ = std::fs::remove_file(dir.join(PID)); // reaped
+    match status {
         Ok(status) => ExitCode::from(u8::try_from(status.code().unwrap_or(1)).unwrap_or(1)),
         Err(_) => ExitCode::FAILURE,
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Stops `ssh` (process `pid`) when nothing arrives for `timeout`, or when the connection
+/// has lasted [`DEADLINE_FACTOR`] times that in all (a server that trickles a byte now and
+/// then), as the HTTP client's timeouts do; says so in the directory. Returns the clock the
+/// copy loop sets on every read.
+fn watch_progress(
+    dir: &Path,
+    pid: u32,
+    timeout: std::time::Duration,
+) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+    use std::sync::atomic::Ordering;
+    let progress = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(now_ms()));
+    let (clock, dir) = (std::sync::Arc::clone(&progress), dir.to_path_buf());
+    let idle_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let deadline = now_ms().saturating_add(idle_ms.saturating_mul(DEADLINE_FACTOR));
+    std::thread::spawn(move || {
+        loop {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let now = now_ms();
+            let idle = now.saturating_sub(clock.load(Ordering::Relaxed));
+            let why = if idle > idle_ms {
+                format!("no data for {} s: the connection stalled", idle_ms / 1000)
+            } else if now > deadline {
+                format!(
+                    "the connection took over {} s (the git timeout, {} s, times {DEADLINE_FACTOR})",
+                    idle_ms.saturating_mul(DEADLINE_FACTOR) / 1000,
+                    idle_ms / 1000
+                )
+            } else {
+                continue;
+            };
+            let _ = std::fs::write(dir.join(STALLED), why);
+            if let Some(pid) = i32::try_from(pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+            {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            }
+            return;
+        }
+    });
+    progress
 }
 
 /// What OpenSSH's words mean, for the error: the host key, the key, or the network.
@@ -316,6 +436,12 @@ pub(super) fn classify(said: &str, url: &str, verified: bool) -> Option<Error> {
     }
     if has("Permission denied") || has("incorrect passphrase") || has("invalid format") {
         return Some(Error::KeyRejected {
+            url: url.to_string(),
+            said: said.to_string(),
+        });
+    }
+    if has("the connection stalled") || has("the connection took over") {
+        return Some(Error::SshUnreachable {
             url: url.to_string(),
             said: said.to_string(),
         });

@@ -50,6 +50,10 @@ impl RemoteUrl {
                 }
             }
             "ssh" => {
+                let host = url.host_str().unwrap_or_default();
+                if url.username().starts_with('-') || host.starts_with('-') {
+                    return Err(unsupported("it could be mistaken for an ssh option"));
+                }
                 if url.password().is_some() {
                     return Err(unsupported(
                         "it carries a password; SSH sources authenticate with the key file of \
@@ -291,6 +295,8 @@ mod tests {
             "ssh://git:hunter2@host/repo",
             "-oProxyCommand=x:repo",
             "host:-repo",
+            "ssh://-oProxyCommand=x/repo",
+            "ssh://-u@host/repo",
             "ssh://host",
         ] {
             let err = RemoteUrl::parse(bad).unwrap_err();

@@ -60,6 +60,18 @@ app.use((req, res, next) => {
   const length = headers['content-length'];
   if (length === undefined && headers['transfer-encoding'] === undefined) return next();
   if (Number(length) > BODY_LIMIT) return core.tooLarge(req, res);
+  if (length === undefined) {
+    // Chunked: body-parser reads an upload past its limit to the end before it reports it,
+    // however long that is. Counted here, it gets the core's bounded drain and 413 instead.
+    let seen = 0;
+    const count = (chunk) => {
+      seen += chunk.length;
+      if (seen <= BODY_LIMIT) return;
+      req.off('data', count);
+      core.tooLarge(req, res);
+    };
+    req.on('data', count);
+  }
   parsers(req, res, next);
 });
 
@@ -113,7 +125,8 @@ app.use((req, res) => {
       return call.fail(err);
     }
     if (out && typeof out.then === 'function') out.then(undefined, (err) => call.fail(err));
-    if (res.writableEnded) return call.settle(false);
+    // Answered, or the client already gone: nothing to wait for.
+    if (res.writableEnded || res.closed) return call.settle(false);
     res.kilnCall = call; // settled when the response closes (onClose)
     core.arm(call);
   });

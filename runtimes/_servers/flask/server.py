@@ -36,7 +36,7 @@ sdk._configure(core, {
     'name': os.environ.get('FUNC_NAME') or '',
     'namespace': os.environ.get('SERVICE_NAMESPACE') or '',
     'runtime': os.environ.get('FUNC_RUNTIME') or 'python314',
-    'timeout': core.TIMEOUT,
+    'timeout': int(core.TIMEOUT) if core.TIMEOUT == int(core.TIMEOUT) else core.TIMEOUT,
     # In MiB, as FUNC_BODY_MB_LIMIT says it.
     'body_size_limit': _mb if (_mb := core._num('REQ_MB_LIMIT', core.BODY_LIMIT / (1 << 20))) % 1
     else int(_mb),
@@ -82,13 +82,18 @@ def function(path):  # noqa: ARG001 - the Function reads flask.request
     outcome, value = core.call_function(_function, req.environ, trace, (HTTPException,))
     if outcome == 'timeout':  # the watchdog answered 408; nothing more is written
         return flask.Response(status=408)
-    answer = None
-    if outcome == 'ok':
+    answer, failed = None, outcome != 'ok'
+    if isinstance(value, HTTPException):  # flask.abort(…), or an HTTP error raised
+        if value.code is not None:
+            answer = value.get_response()
+        failed = value.code is None or value.code >= 500
+    elif outcome == 'ok':
         try:
             answer = app.make_response(value)
         except (TypeError, ValueError) as exc:  # None, or what no Flask view may return
             sys.stderr.write(f'The function returned no valid response: {exc}\n')
-    core._observe(time.monotonic() - started, answer is None)
+    failed = failed or answer is None
+    core._observe(time.monotonic() - started, failed)
     if answer is None:
         answer = flask.Response('Internal server error', 500, mimetype='text/plain')
     answer.headers.setdefault('Access-Control-Allow-Origin', '*')

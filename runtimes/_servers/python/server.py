@@ -822,7 +822,7 @@ def _drain(stream, left=None):
         pass
 
 
-def _too_large(start_response, stream, left=None):
+def _too_large(start_response, stream, left=None, head=False):
     """413, after the client's upload is drained (bounded) so it reads the 413 rather than a
     reset; the connection closes after it."""
     _drain(stream, left)
@@ -830,7 +830,7 @@ def _too_large(start_response, stream, left=None):
     start_response('413 Payload Too Large', [
         ('Content-Type', TEXT_TYPE), ('Access-Control-Allow-Origin', '*'),
         ('Content-Length', str(len(msg))), ('Connection', 'close')])
-    return [msg]
+    return [] if head else [msg]
 
 
 class BodyLimit:
@@ -859,7 +859,8 @@ class BodyLimit:
                 size += len(chunk)
                 if size > BODY_LIMIT:
                     chunks.clear()
-                    return _too_large(start_response, stream)
+                    return _too_large(start_response, stream, None,
+                                      environ.get('REQUEST_METHOD') == 'HEAD')
                 chunks.append(chunk)
             body = b''.join(chunks)
             del environ['HTTP_TRANSFER_ENCODING']
@@ -871,7 +872,8 @@ class BodyLimit:
             except ValueError:
                 length = 0
             if length > BODY_LIMIT:
-                return _too_large(start_response, stream, length)
+                return _too_large(start_response, stream, length,
+                                  environ.get('REQUEST_METHOD') == 'HEAD')
         return self.app(environ, start_response)
 
 

@@ -343,7 +343,7 @@ fn the_python314_base_runs_kymas_new_api_samples() {
         ),
         (
             &serde_json::json!("python314"),
-            &serde_json::json!(180.0),
+            &serde_json::json!(180),
             &serde_json::json!(1),
             &serde_json::json!(true)
         ),

@@ -5,7 +5,7 @@
 use crate::common;
 
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::function_server::{
     Runtime, Server, assert_json, call_json, client, header, metrics, sample,
@@ -345,6 +345,57 @@ pub(super) async fn http_1_0_keep_alive_clients_reuse_the_connection(rt: Runtime
             let mut body = vec![0; length];
             reader.read_exact(&mut body).unwrap();
         }
+    })
+    .await
+    .unwrap();
+}
+
+/// An upload over the limit that never ends (chunked, so nothing declares it too big) is
+/// read for a bounded time only: the 413 comes, and the connection is cut, long before the
+/// client stops sending.
+pub(super) async fn an_endless_upload_over_the_limit_is_cut_off(rt: Runtime) {
+    use std::io::{Read, Write};
+    let server = Server::start(rt, &[("REQ_MB_LIMIT", "1"), ("FUNC_BODY_MB_LIMIT", "1")]);
+    let port = server.port;
+    tokio::task::spawn_blocking(move || {
+        let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_write_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        write!(
+            stream,
+            "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\n\
+             Transfer-Encoding: chunked\r\n\r\n"
+        )
+        .unwrap();
+        let chunk = vec![b'z'; 64 << 10];
+        let started = Instant::now();
+        let mut sent = 0u64;
+        // 1 GiB at most: far past the 64 MiB / 2 s the servers drain.
+        while sent < 1 << 30 {
+            let wrote = write!(stream, "{:x}\r\n", chunk.len())
+                .and_then(|()| stream.write_all(&chunk))
+                .and_then(|()| stream.write_all(b"\r\n"));
+            if wrote.is_err() {
+                break;
+            }
+            sent += chunk.len() as u64;
+        }
+        assert!(
+            sent < 1 << 30 && started.elapsed() < Duration::from_secs(15),
+            "{rt:?} read {sent} bytes in {:?} without cutting the upload off",
+            started.elapsed()
+        );
+        let mut answer = Vec::new();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer[..answer.len().min(100)]).into_owned();
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 413 "),
+            "{rt:?}: {answer:?}"
+        );
     })
     .await
     .unwrap();

@@ -28,7 +28,8 @@ use events::{
 };
 use http::{
     a_body_over_the_limit_gets_413, a_client_that_writes_the_whole_body_first_reads_the_413,
-    a_throw_answers_500_and_logs_the_stack, built_in_endpoints_and_preflight_skip_the_function,
+    a_throw_answers_500_and_logs_the_stack, an_endless_upload_over_the_limit_is_cut_off,
+    built_in_endpoints_and_preflight_skip_the_function,
     http_1_0_keep_alive_clients_reuse_the_connection, json_body_round_trips_with_context,
     metrics_count_calls_and_failures, status_and_headers_set_by_the_function_reach_the_client,
     text_form_raw_and_empty_bodies_are_parsed,
@@ -134,4 +135,24 @@ async fn nodejs26_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads
 #[tokio::test]
 async fn python314_reads_the_rest_of_an_upload_over_the_limit_so_the_client_reads_its_413() {
     a_client_that_writes_the_whole_body_first_reads_the_413(Runtime::Flask).await;
+}
+
+#[tokio::test]
+async fn node_cuts_off_an_endless_upload_over_the_limit() {
+    an_endless_upload_over_the_limit_is_cut_off(Runtime::Node).await;
+}
+
+#[tokio::test]
+async fn python_cuts_off_an_endless_upload_over_the_limit() {
+    an_endless_upload_over_the_limit_is_cut_off(Runtime::Python).await;
+}
+
+#[tokio::test]
+async fn nodejs26_cuts_off_an_endless_upload_over_the_limit() {
+    an_endless_upload_over_the_limit_is_cut_off(Runtime::Express).await;
+}
+
+#[tokio::test]
+async fn python314_cuts_off_an_endless_upload_over_the_limit() {
+    an_endless_upload_over_the_limit_is_cut_off(Runtime::Flask).await;
 }

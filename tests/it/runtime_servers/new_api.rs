@@ -261,7 +261,7 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
     let sdk = json(http.get(server.url("/sdk"))).await;
     assert_eq!(
         sdk,
-        json!({"name": "fixture", "namespace": "tests", "runtime": "python314", "timeout": 1.0,
+        json!({"name": "fixture", "namespace": "tests", "runtime": "python314", "timeout": 1,
                "bodySizeLimit": 0.001, "tracer": true}),
         "{}",
         server.logs()
