@@ -400,7 +400,8 @@ fn watch_progress(
                 format!("no data for {} s: the connection stalled", idle_ms / 1000)
             } else if now > deadline {
                 format!(
-                    "the connection took over {} s (the git timeout, {} s, times {DEADLINE_FACTOR})",
+                    "the connection took over {} s (the git timeout, {} s, times \
+                     {DEADLINE_FACTOR})",
                     idle_ms.saturating_mul(DEADLINE_FACTOR) / 1000,
                     idle_ms / 1000
                 )
