@@ -75,41 +75,16 @@ app.use((req, res, next) => {
   parsers(req, res, next);
 });
 
-// One call of the Function: it settles when the response is done (or FUNC_TIMEOUT passes),
-// and is then counted. The core's sweep keeps the timeout for calls still open when main()
-// returns; one answered at once needs nothing more.
-class Call {
-  constructor(req, res) {
-    this.req = req;
-    this.res = res;
-    this.started = process.hrtime.bigint();
-    this.settled = false;
-    this.deadline = 0;
-  }
-
-  settle(failed) {
-    if (this.settled) return false;
-    this.settled = true;
-    if (this.deadline) core.disarm(this);
-    if (failed) metrics.failures++;
-    core.observe(Number(process.hrtime.bigint() - this.started) / 1e9);
-    return true;
-  }
-
+// One call of the Function: the core's (counted once when it settles, FUNC_TIMEOUT kept by
+// the core's sweep for a call still open when main() returns), settled here when the
+// response is done, and failing as Express answers.
+class Call extends core.Call {
   fail(err) {
     console.error(err); // logged even after the answer, as Kyma's server does
     if (!this.settle(true)) return;
     const { res } = this;
     if (!res.headersSent) res.status(500).type('text/plain').send('Internal server error');
     else if (!res.writableEnded) res.end();
-  }
-
-  timeOut() {
-    if (!this.settle(true)) return;
-    const { req, res } = this;
-    console.error(`Function timed out after ${config.TIMEOUT_S}s: ${req.method} ${req.originalUrl}`);
-    if (res.headersSent) res.destroy();
-    else core.sendText(res, 408, 'Timeout while processing the function\n');
   }
 }
 
@@ -128,7 +103,7 @@ app.use((req, res) => {
     // Answered, or the client already gone: nothing to wait for.
     if (res.writableEnded || res.closed) return call.settle(false);
     res.kilnCall = call; // settled when the response closes (onClose)
-    core.arm(call);
+    call.armTimeout();
   });
 });
 

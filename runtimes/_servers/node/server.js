@@ -726,7 +726,8 @@ function runTraced(trace, res, call) {
 }
 
 // One call of the Function. It settles once — with its result, its failure or FUNC_TIMEOUT —
-// and is then answered and counted.
+// and is then answered and counted. The new-API server (express/) extends it: its calls
+// settle when the response is done, and fail as Express answers.
 class Call {
   constructor(req, res) {
     this.req = req;
@@ -776,7 +777,9 @@ class Call {
   // sweeps every pending call (a timer per call costs an async handler about a tenth of its
   // rate): a call times out within SWEEP_MS after its deadline.
   armTimeout() {
-    arm(this);
+    this.deadline = Number(this.started / 1000000n) + TIMEOUT_S * 1000;
+    pending.add(this);
+    if (!sweeper) sweeper = setInterval(sweep, SWEEP_MS);
   }
 
   timeOut() {
@@ -791,16 +794,6 @@ class Call {
 const SWEEP_MS = Math.min(100, TIMEOUT_S * 1000);
 const pending = new Set(); // calls waiting on a promise, in start order
 let sweeper = null;
-// Puts `call` (with `started`, a hrtime bigint, and `timeOut()`) under FUNC_TIMEOUT's sweep;
-// its settling must take it out again (`pending.delete`, via `disarm`).
-function arm(call) {
-  call.deadline = Number(call.started / 1000000n) + TIMEOUT_S * 1000;
-  pending.add(call);
-  if (!sweeper) sweeper = setInterval(sweep, SWEEP_MS);
-}
-function disarm(call) {
-  pending.delete(call);
-}
 function sweep() {
   const now = Number(process.hrtime.bigint() / 1000000n);
   for (const call of pending) {
@@ -892,7 +885,7 @@ if (require.main !== module) {
   module.exports = {
     config: { PORT, TIMEOUT_S, MB_LIMIT, BODY_LIMIT, HANDLER_FILE, HANDLER_NAME, FUNC_NAME,
       FUNC_RUNTIME, NAMESPACE, GRACE_MS },
-    metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge, arm, disarm,
+    metrics: m, observe, renderMetrics, METRICS_TYPE, sendText, tooLarge, Call,
     startTrace, runTraced, userTracer, emitCloudEvent, loadFunction,
   };
 } else loadFunction().then((fn) => {
