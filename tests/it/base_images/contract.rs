@@ -4,6 +4,7 @@
 
 use crate::common;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -234,6 +235,39 @@ fn the_nodejs22_base_runs_a_function_that_honours_the_contract() {
     runtime_serves_the_contract("nodejs22", "node");
 }
 
+/// `runtime`'s base (and builder) built fresh under `work`, and the fixture Function
+/// `tests/fixtures/servers/<fixture>` (plus `files`) built on it into a layout; its reference.
+/// With `in_builder`, the dependencies install in the builder image (its package manager,
+/// not kiln's own lock-file install).
+fn build_on_fresh_base(
+    k: &Kiln,
+    runtime: &str,
+    fixture: &str,
+    files: &[(&str, &str)],
+    work: &Path,
+    in_builder: bool,
+) -> String {
+    let bases = work.join("bases");
+    base_build(k, runtime, &bases);
+    validate_layout(&bases);
+    let dir = work.join("fn");
+    copy_tree(&fixtures().join("servers").join(fixture), &dir);
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    let base = format!("oci:{}:{runtime}", bases.display());
+    let builder = format!("oci:{}:{runtime}-builder", bases.display());
+    let output = format!("oci:{}", work.join("out").display());
+    let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
+    args.extend(["--base", &base, "--output", &output]);
+    if in_builder {
+        args.extend(["--builder-image", &builder, "--deps-sandbox", "bwrap"]);
+        args.extend(["--lockfile-install", "off"]);
+    }
+    k.run_cmd(k.command_with_shared_downloads().args(&args))
+        .reference()
+}
+
 /// Kyma's new-API runtime: its "Hello World from Node.js 26" sample (`res.send`, which the
 /// legacy API has not), query parameters and status codes, an async handler and the `sdk`
 /// module, built on the kiln-built nodejs26 base and run under `kiln run`.
@@ -241,23 +275,8 @@ fn the_nodejs22_base_runs_a_function_that_honours_the_contract() {
 fn the_nodejs26_base_runs_kymas_new_api_samples() {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let bases = work.path().join("bases");
-    base_build(&k, "nodejs26", &bases);
-    validate_layout(&bases);
-    let dir = work.path().join("fn");
-    copy_tree(&fixtures().join("servers/express"), &dir);
-    let out = work.path().join("out");
-    let built = k.run_cmd(k.command_with_shared_downloads().args([
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        "nodejs26",
-        "--base",
-        &format!("oci:{}:nodejs26", bases.display()),
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]));
-    let (port, running) = serve(&k, &built.reference(), &[]);
+    let built = build_on_fresh_base(&k, "nodejs26", "express", &[], work.path(), false);
+    let (port, running) = serve(&k, &built, &[]);
     let get = |path: &str| http::request(port, "GET", path, &[], b"");
     assert_eq!(get("/hello"), (200, "Hello World!".to_string()));
     assert_eq!(get("/query"), (400, "Missing id parameter".to_string()));
@@ -298,31 +317,10 @@ fn the_nodejs26_base_runs_kymas_new_api_samples() {
 fn the_python314_base_runs_kymas_new_api_samples() {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let bases = work.path().join("bases");
-    base_build(&k, "python314", &bases);
-    validate_layout(&bases);
-    let dir = work.path().join("fn");
-    copy_tree(&fixtures().join("servers/flask"), &dir);
-    std::fs::write(dir.join("requirements.txt"), "idna==3.10\n").unwrap();
-    let out = work.path().join("out");
-    let built = k.run_cmd(k.command_with_shared_downloads().args([
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        "python314",
-        "--base",
-        &format!("oci:{}:python314", bases.display()),
-        "--builder-image",
-        &format!("oci:{}:python314-builder", bases.display()),
-        // pip 26 on CPython 3.14 in the builder image, not kiln's own wheel install.
-        "--deps-sandbox",
-        "bwrap",
-        "--lockfile-install",
-        "off",
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]));
-    let (port, running) = serve(&k, &built.reference(), &[]);
+    let files = [("requirements.txt", "idna==3.10\n")];
+    // pip 26 on CPython 3.14 in the builder image, not kiln's own wheel install.
+    let built = build_on_fresh_base(&k, "python314", "flask", &files, work.path(), true);
+    let (port, running) = serve(&k, &built, &[]);
     let get = |path: &str| http::request(port, "GET", path, &[], b"");
     assert_eq!(get("/hello"), (200, "Hello World!".to_string()));
     assert_eq!(get("/name?name=kiln"), (200, "Hello kiln!".to_string()));
