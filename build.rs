@@ -4,6 +4,7 @@
 //! folder in each, and nothing else.
 
 use std::fs;
+use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
 fn main() {
@@ -32,8 +33,46 @@ fn main() {
             lock.display().to_string()
         );
     }
+    text += "];\n\n";
+    // What each runtime's base and builder images are assembled from: its recipe and lock, the
+    // function servers and kiln's version. The image store re-assembles a runtime whose images
+    // another kiln made (src/base/store.rs).
+    let mut servers = Vec::new();
+    files_under(&root.join("runtimes/_servers"), &mut servers);
+    servers.sort();
+    text += "/// `(name, fingerprint)` of what each base-images/ runtime is assembled from.\n\
+             pub const ASSEMBLY_INPUTS: &[(&str, &str)] = &[\n";
+    for (name, dir) in folders(&root.join("base-images"), &["recipe.toml", "lock.toml"]) {
+        let mut hasher = std::hash::DefaultHasher::new();
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        for file in [dir.join("recipe.toml"), dir.join("lock.toml")]
+            .iter()
+            .chain(&servers)
+        {
+            file.strip_prefix(&root).unwrap_or(file).hash(&mut hasher);
+            fs::read(file)
+                .unwrap_or_else(|e| panic!("reading {}: {e}", file.display()))
+                .hash(&mut hasher);
+        }
+        text += &format!("    ({name:?}, \"{:016x}\"),\n", hasher.finish());
+    }
     text += "];\n";
     fs::write(&out, text).expect("writing the runtime table");
+}
+
+/// Every file under `dir`, recursively, without Python's bytecode caches.
+fn files_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display())) {
+        let path = entry.expect("listing runtimes/_servers").path();
+        if path.file_name().is_some_and(|n| n == "__pycache__") {
+            continue;
+        }
+        if path.is_dir() {
+            files_under(&path, out);
+        } else {
+            out.push(path);
+        }
+    }
 }
 
 /// The folders of `dir` that hold every file of `files`, by name; `_`-prefixed folders

@@ -42,15 +42,33 @@ pub fn builder_name(runtime: &str) -> String {
     format!("{runtime}-builder")
 }
 
-/// Whether the store at `dir` already holds `runtime`'s base and builder images. Cheap: the
-/// fast path of every build on the runtime's own base.
+/// Whether the store at `dir` already holds `runtime`'s base and builder images, assembled
+/// by a kiln with this one's recipe, lock and function servers. Images another kiln assembled
+/// (before an upgrade, or from another checkout) are not these: a build on them would carry
+/// that kiln's server and give another digest than this kiln's, so they are assembled again.
+/// Cheap: the fast path of every build on the runtime's own base.
 pub fn has_images(dir: &Path, runtime: &str) -> bool {
     let present = |name: &str| {
         Layout::open(dir)
             .and_then(|l| l.resolve(Some(name)))
             .is_ok()
     };
-    present(runtime) && present(&builder_name(runtime))
+    let current = std::fs::read_to_string(stamp(dir, runtime))
+        .is_ok_and(|s| Some(s.trim()) == assembly_inputs(runtime));
+    current && present(runtime) && present(&builder_name(runtime))
+}
+
+/// Where the store notes what `runtime`'s images were assembled from.
+fn stamp(dir: &Path, runtime: &str) -> std::path::PathBuf {
+    dir.join(format!(".assembled-{runtime}"))
+}
+
+/// The fingerprint of what this kiln assembles `runtime`'s images from (build.rs).
+fn assembly_inputs(runtime: &str) -> Option<&'static str> {
+    crate::runtime::table::ASSEMBLY_INPUTS
+        .iter()
+        .find(|(r, _)| *r == runtime)
+        .map(|(_, f)| *f)
 }
 
 /// Makes sure the store at `dir` holds `runtime`'s base and builder images, assembling them
@@ -109,6 +127,9 @@ pub async fn ensure(
         })
     })?;
     write_layout(&built, &client, dir, runtime, &src.cache_dir.join("tmp")).await?;
+    if let Some(inputs) = assembly_inputs(runtime) {
+        std::fs::write(stamp(dir, runtime), inputs).map_err(io)?;
+    }
     drop(lock);
     Ok(())
 }
@@ -145,4 +166,50 @@ pub async fn write_layout(
         references.push(publisher.publish(input).await?.reference);
     }
     Ok(references)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{assembly_inputs, builder_name, has_images, stamp};
+
+    /// A layout whose index names `runtime`'s base and builder (no blobs: only names count).
+    fn named_layout(runtime: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("oci-layout"),
+            r#"{"imageLayoutVersion":"1.0.0"}"#,
+        )
+        .unwrap();
+        let entry = |name: &str| {
+            serde_json::json!({
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": format!("sha256:{}", "a".repeat(64)),
+                "size": 1,
+                "annotations": {"org.opencontainers.image.ref.name": name},
+            })
+        };
+        let index = serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [entry(runtime), entry(&builder_name(runtime))],
+        });
+        std::fs::write(dir.path().join("index.json"), index.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn images_another_kiln_assembled_are_not_reused() {
+        let store = named_layout("nodejs22");
+        // Named, but with no note of what they were assembled from (a store of an older kiln).
+        assert!(!has_images(store.path(), "nodejs22"));
+        std::fs::write(stamp(store.path(), "nodejs22"), "0123456789abcdef").unwrap();
+        assert!(
+            !has_images(store.path(), "nodejs22"),
+            "another kiln's inputs"
+        );
+        let current = assembly_inputs("nodejs22").unwrap();
+        std::fs::write(stamp(store.path(), "nodejs22"), current).unwrap();
+        assert!(has_images(store.path(), "nodejs22"));
+        // Each runtime has inputs of its own (its recipe and lock).
+        assert_ne!(assembly_inputs("nodejs24"), Some(current));
+    }
 }

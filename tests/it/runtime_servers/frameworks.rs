@@ -81,6 +81,25 @@ async fn node_functions_can_answer_through_the_send_response_argument() {
 }
 
 #[tokio::test]
+async fn node_answers_the_function_writes_itself_allow_any_origin_unless_it_set_its_own() {
+    let server = Server::start(Runtime::Node, &[]);
+    let resp = client().post(server.url("/raw")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "access-control-allow-origin"), "*");
+    assert_eq!(resp.text().await.unwrap(), "raw");
+    let resp = client()
+        .post(server.url("/own-origin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        header(&resp, "access-control-allow-origin"),
+        "https://app.example"
+    );
+    assert_eq!(resp.text().await.unwrap(), "own");
+}
+
+#[tokio::test]
 async fn node_functions_get_expresss_request_and_response_helpers() {
     let server = Server::start(Runtime::Node, &[]);
     let client = Client::builder()

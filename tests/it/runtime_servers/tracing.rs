@@ -229,3 +229,51 @@ pub(super) async fn a_library_the_function_instruments_continues_the_requests_tr
     assert_eq!(h["x-b3-traceid"], TRACE_ID, "{h:?}");
     assert_eq!(h["x-b3-spanid"], request_span, "{h:?}");
 }
+
+/// Each request's trace stays with its own code: calls made while other requests run, on the
+/// same keep-alive connection or another, and calls a timer makes after the answer has gone.
+#[tokio::test]
+async fn node_keeps_each_requests_trace_across_interleaved_requests_and_leftover_timers() {
+    let server = Server::start(Runtime::Node, &[]);
+    let echo = Publisher::start();
+    let trace = |n: u8| format!("{:032x}", 0x1000 + u32::from(n));
+    let call = |http: reqwest::Client, tag: &'static str, n: u8, wait: u32, after: u32| {
+        let url = server.url(&format!(
+            "/trace-later?url={}&tag={tag}&wait={wait}&after={after}",
+            echo.base()
+        ));
+        let parent = format!("00-{}-{CALLER_SPAN}-01", trace(n));
+        async move {
+            let resp = http
+                .get(url)
+                .header("traceparent", parent)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+        }
+    };
+    // `a` answers at once and leaves a timer that calls out 300 ms later; `b` follows on the same
+    // keep-alive connection; `c` waits 200 ms on another connection while `b` runs.
+    let (one, other) = (client(), client());
+    let c = tokio::spawn(call(other, "c", 3, 200, 0));
+    call(one.clone(), "a", 1, 0, 300).await;
+    call(one, "b", 2, 100, 0).await;
+    c.await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while echo.requests().len() < 6 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (path, n) in [
+        ("/during-a", 1),
+        ("/after-a", 1),
+        ("/during-b", 2),
+        ("/after-b", 2),
+        ("/during-c", 3),
+        ("/after-c", 3),
+    ] {
+        let h = echo.request(path).headers;
+        assert_eq!(h["x-b3-traceid"], trace(n), "{path}: {h:?}");
+        assert!(h["traceparent"].contains(&trace(n)), "{path}: {h:?}");
+    }
+}
