@@ -58,6 +58,18 @@ pub fn has_images(dir: &Path, runtime: &str) -> bool {
     current && present(runtime) && present(&builder_name(runtime))
 }
 
+/// Notes in the layout at `dir` that its `runtime` images are what this kiln assembles for the
+/// store (the embedded recipe and lock, no SOURCE_DATE_EPOCH), so it can serve as the store.
+///
+/// # Errors
+/// Writing the note.
+pub fn mark_assembled(dir: &Path, runtime: &str) -> std::io::Result<()> {
+    match assembly_inputs(runtime) {
+        Some(inputs) => std::fs::write(stamp(dir, runtime), inputs),
+        None => Ok(()),
+    }
+}
+
 /// Where the store notes what `runtime`'s images were assembled from.
 fn stamp(dir: &Path, runtime: &str) -> std::path::PathBuf {
     dir.join(format!(".assembled-{runtime}"))
@@ -127,9 +139,7 @@ pub async fn ensure(
         })
     })?;
     write_layout(&built, &client, dir, runtime, &src.cache_dir.join("tmp")).await?;
-    if let Some(inputs) = assembly_inputs(runtime) {
-        std::fs::write(stamp(dir, runtime), inputs).map_err(io)?;
-    }
+    mark_assembled(dir, runtime).map_err(io)?;
     drop(lock);
     Ok(())
 }

@@ -201,7 +201,14 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
     let scratch = src.cache_dir.join("tmp");
     let lines = match destination {
         Destination::Layout(dir) => {
-            store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await
+            let written = store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await;
+            // Exactly what a first build assembles into the store: the layout can be one.
+            if written.is_ok() && args.lock.is_none() && epoch == 0 && args.kiln_binary.is_none() {
+                store::mark_assembled(&dir, &args.runtime)
+                    .with_context(|| format!("writing into {}", dir.display()))
+                    .map_err(Failure::Build)?;
+            }
+            written
         }
         Destination::Registry {
             base,
