@@ -37,6 +37,7 @@ pub mod build;
 pub mod capped;
 pub mod cli;
 pub mod controller;
+pub mod cosign;
 pub mod fetch;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -75,7 +75,11 @@ impl fmt::Debug for PublicKey {
 }
 
 /// The base64 body of the PEM block labelled `label`, decoded.
-fn pem_body(text: &str, label: &'static str, hint: &'static str) -> Result<Vec<u8>, Error> {
+pub(crate) fn pem_body(
+    text: &str,
+    label: &'static str,
+    hint: &'static str,
+) -> Result<Vec<u8>, Error> {
     let not_pem = || Error::NotPem { label, hint };
     let begin = format!("-----BEGIN {label}-----");
     let end = format!("-----END {label}-----");

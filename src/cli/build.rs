@@ -215,6 +215,12 @@ pub struct BuildArgs {
     /// as printed, with the install's last output lines; at most 4096 bytes.
     #[arg(long, value_name = "PATH")]
     pub termination_log: Option<PathBuf>,
+    /// Sign the image with this ECDSA P-256 private key (PEM, PKCS#8 or SEC1): a file, or
+    /// `env://VAR` for a key held in an environment variable. The signature is stored as cosign
+    /// stores it (the `sha256-<digest>.sig` tag beside the image), so `kiln verify --key` and
+    /// `cosign verify --key` check it. Registry targets only.
+    #[arg(long, value_name = "FILE|env://VAR", env = "KILN_SIGN_KEY")]
+    pub sign_key: Option<String>,
 }
 
 /// `--lockfile-install`.
@@ -363,6 +369,20 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 async fn build(args: BuildArgs) -> Result<String, Failure> {
     let env = Env::read();
     let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    let sign_key = match (&args.sign_key, &opts.target) {
+        (None, _) => None,
+        (Some(spec), build::Target::Registry(target)) => {
+            let key = super::verify::read_key(spec, "--sign-key", crate::cosign::SignKey::from_pem)
+                .map_err(Failure::Usage)?;
+            Some((key, target.clone()))
+        }
+        (Some(_), build::Target::Layout { .. }) => {
+            return Err(Failure::Usage(anyhow!(
+                "--sign-key stores the signature in the image's registry: name a registry \
+                 target with --image, or sign after pushing the layout"
+            )));
+        }
+    };
     if let (Stage::Source(dir), FunctionSpec::Git { source, access }) =
         (&opts.stage, &opts.function)
     {
@@ -449,6 +469,17 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         crate::oci::validate::check_image(&image.manifest, &image.config)
             .context("verifying the built image")
             .map_err(Failure::Build)?;
+    }
+    if let Some((key, target)) = &sign_key {
+        let signed = crate::cosign::sign(&client, target, &output.published.digest, key)
+            .await
+            .with_context(|| format!("signing {}", output.published.reference))
+            .map_err(Failure::Build)?;
+        let (what, at) = match &signed {
+            crate::cosign::Signed::Pushed(at) => ("signed the image", at),
+            crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
+        };
+        tracing::info!(key = %key.public().id(), signatures = %at, "{what}");
     }
     write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
     Ok(output.published.reference)

@@ -40,6 +40,12 @@ pub struct GitArgs {
     /// [default: 2GiB].
     #[arg(long, value_name = "SIZE", requires = "git", value_parser = super::run::parse_size)]
     pub git_max_size: Option<u64>,
+    /// Seconds allowed to connect to the git server, and for any pause in its answer, before
+    /// the fetch stops; over SSH a connection may also last at most ten times this in all, so
+    /// a server that trickles cannot hold a build [default: 60].
+    #[arg(long, value_name = "SECONDS", requires = "git",
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub git_timeout: Option<u64>,
 }
 
 impl GitArgs {
@@ -109,7 +115,9 @@ impl GitArgs {
             credentials,
             ssh_key,
             extra_ca_pem,
-            timeout: git::DEFAULT_TIMEOUT,
+            timeout: self
+                .git_timeout
+                .map_or(git::DEFAULT_TIMEOUT, std::time::Duration::from_secs),
             max_fetch: self.git_max_size.unwrap_or(git::DEFAULT_MAX_FETCH),
         };
         Ok(Some((source, access)))

@@ -11,6 +11,7 @@ mod registry;
 mod report;
 mod run;
 pub mod termination;
+mod verify;
 mod warm;
 mod webhook;
 
@@ -86,6 +87,13 @@ pub enum Command {
     ///
     /// What is there already is left alone: a second run uploads nothing.
     Warm(Box<warm::WarmArgs>),
+    /// Check an image's signature: that a signature stored as cosign stores it (the
+    /// `sha256-<digest>.sig` tag, as `kiln build --sign-key` and `cosign sign` write it) was
+    /// made by the key's owner over the image's manifest digest.
+    ///
+    /// Prints the verified digest. Exit codes: 0 verified, 1 not verified (the reason on
+    /// stderr), 2 bad usage or input.
+    Verify(Box<verify::VerifyArgs>),
     /// Manage the cache directory (`kiln cache prune`).
     #[command(subcommand)]
     Cache(cache::CacheCommand),
@@ -157,6 +165,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
             .map(|yaml| yaml.trim_end().to_string())
             .map_err(|e| Failure::Build(e.into())),
         Command::Warm(args) => warm::run(*args).await,
+        Command::Verify(args) => verify::run(*args).await,
         Command::Cache(cmd) => cache::run(cmd),
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }

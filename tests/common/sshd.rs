@@ -40,10 +40,26 @@ impl SshServer {
         keygen(&d.join("client_key"), "");
         keygen(&d.join("encrypted_key"), KEY_PASSPHRASE);
         keygen(&d.join("other_key"), "");
-        let authorized: String = ["client_key.pub", "encrypted_key.pub"]
+        keygen(&d.join("stall_key"), "");
+        keygen(&d.join("trickle_key"), "");
+        let mut authorized: String = ["client_key.pub", "encrypted_key.pub"]
             .iter()
             .map(|f| fs::read_to_string(d.join(f)).unwrap())
             .collect();
+        // Keys whose session runs a command of the server's instead of git: one that says
+        // nothing, one that announces a 64 KiB packet line and sends it a byte at a time.
+        for (key, command) in [
+            ("stall_key.pub", "sleep 30"),
+            (
+                "trickle_key.pub",
+                "printf fff0; i=0; while [ $i -lt 200 ]; do printf a; sleep 0.3; i=$((i+1)); done",
+            ),
+        ] {
+            authorized += &format!(
+                "command=\"{command}\" {}",
+                fs::read_to_string(d.join(key)).unwrap()
+            );
+        }
         fs::write(d.join("authorized_keys"), authorized).unwrap();
         // sshd checks that its privilege-separation directory exists.
         let _ = fs::create_dir_all("/run/sshd");
@@ -90,6 +106,16 @@ impl SshServer {
     /// A key sshd does not authorize.
     pub fn other_key(&self) -> String {
         fs::read_to_string(self.dir.path().join("other_key")).unwrap()
+    }
+
+    /// An authorized key whose session sends nothing.
+    pub fn stall_key(&self) -> String {
+        fs::read_to_string(self.dir.path().join("stall_key")).unwrap()
+    }
+
+    /// An authorized key whose session sends a byte every 0.3 s, without end.
+    pub fn trickle_key(&self) -> String {
+        fs::read_to_string(self.dir.path().join("trickle_key")).unwrap()
     }
 
     /// The `known_hosts` line for this server's host key.

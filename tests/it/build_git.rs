@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use common::git::{GIT_FORBIDDEN_PASSWORD, GIT_PASSWORD, GitServer, GitServerKind, Repo};
 use common::kiln::{Kiln, Run, read_report, tiny_base};
@@ -705,6 +706,43 @@ fn a_wrong_key_a_host_key_mismatch_and_a_missing_key_fail_clearly_over_ssh() {
         &["--git-auth-dir", key_only.to_str().unwrap()],
     );
     assert!(run.failure(2).contains("is not an SSH URL"));
+}
+
+#[test]
+fn an_ssh_server_that_stalls_or_trickles_is_cut_off_at_the_git_timeout() {
+    let sshd = SshServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let url = sshd.url(&work.path().join("fns.git"));
+    let kiln = Kiln::new();
+    for (key, said, within) in [
+        (
+            sshd.stall_key(),
+            "no data for 1 s: the connection stalled",
+            8,
+        ),
+        (
+            sshd.trickle_key(),
+            "the connection took over 10 s (the git timeout, 1 s, times 10)",
+            25,
+        ),
+    ] {
+        let auth = sshd.auth_dir(&key, None, Some(&sshd.known_hosts()));
+        let started = Instant::now();
+        let (run, _) = build_git(
+            &kiln,
+            work.path(),
+            &url,
+            &[
+                "--git-timeout",
+                "1",
+                "--git-auth-dir",
+                auth.to_str().unwrap(),
+            ],
+        );
+        let err = run.failure(1);
+        assert!(err.contains(said), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(within), "{err}");
+    }
 }
 
 #[test]

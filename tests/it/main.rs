@@ -46,6 +46,7 @@ mod registry_client;
 mod registry_faults;
 mod run;
 mod runtime_servers;
+mod sign;
 mod structure;
 mod tenancy;
 mod warm;

@@ -1,0 +1,519 @@
+//! Image signatures stored the way cosign stores them, so `cosign verify --key` and kiln's own
+//! `kiln verify` accept them (sigstore/cosign specs/SIGNATURE_SPEC.md):
+//!
+//! - the signed bytes are a *simple signing* payload naming the image's manifest digest;
+//! - the signature is ECDSA P-256 over SHA-256, ASN.1 DER, base64 in the layer annotation
+//!   `dev.cosignproject.cosign/signature`;
+//! - the payload is a layer (`application/vnd.dev.cosign.simplesigning.v1+json`) of an OCI image
+//!   manifest tagged `sha256-<hex>.sig` in the image's repository. Signatures of other keys
+//!   already there are kept: a new one is added beside them.
+//!
+//! Keys are PEM: a private key as PKCS#8 (`PRIVATE KEY`, as `openssl genpkey -algorithm EC
+//! -pkeyopt ec_paramgen_curve:P-256` writes it) or SEC1 (`EC PRIVATE KEY`); a public key as
+//! SubjectPublicKeyInfo (`PUBLIC KEY`, as `cosign generate-key-pair` and `openssl pkey -pubout`
+//! write it). A key is named by `sha256:` over its public key's DER, never shown itself.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use aws_lc_rs::encoding::AsDer as _;
+use aws_lc_rs::rand::SystemRandom;
+use aws_lc_rs::signature::{
+    ECDSA_P256_SHA256_ASN1, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair as _,
+    UnparsedPublicKey,
+};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use serde_json::json;
+use sha2::{Digest as _, Sha256};
+
+use crate::oci::{Descriptor, Digest, Document, Manifest, MediaType};
+use crate::registry::{self, BlobSource, Client, Reference};
+use crate::signing::pem_body;
+
+/// The media type of a simple signing payload.
+pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+/// The layer annotation holding the base64 signature.
+pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
+/// `critical.type` of a cosign image signature.
+const SIGNATURE_TYPE: &str = "cosign container image signature";
+/// The largest payload `kiln verify` reads (a payload is a few hundred bytes).
+const MAX_PAYLOAD: u64 = 64 * 1024;
+
+/// Why a key could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Neither PEM label of a private key, or a bad public key block.
+    #[error("not a PEM {what} (expected a `-----BEGIN {labels}-----` block, as `{hint}` writes)")]
+    NotPem {
+        /// Private or public key.
+        what: &'static str,
+        /// The labels accepted.
+        labels: &'static str,
+        /// A command that writes one.
+        hint: &'static str,
+    },
+    /// A cosign key encrypted with a password.
+    #[error(
+        "an encrypted cosign key: kiln reads unencrypted keys only; export one with `openssl` \
+         or use the PKCS#8 key you imported into cosign (`cosign import-key-pair` reads it)"
+    )]
+    Encrypted,
+    /// A PEM block that is not an ECDSA P-256 key.
+    #[error("not an ECDSA P-256 {what} ({detail}); cosign-compatible signatures use P-256")]
+    NotP256 {
+        /// Private or public key.
+        what: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// An ECDSA P-256 private key.
+pub struct SignKey {
+    pair: EcdsaKeyPair,
+    public: VerifyKey,
+}
+
+impl fmt::Debug for SignKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignKey")
+            .field("id", &self.public.id())
+            .finish()
+    }
+}
+
+/// An ECDSA P-256 public key (its SubjectPublicKeyInfo DER).
+#[derive(Clone, PartialEq, Eq)]
+pub struct VerifyKey {
+    spki: Vec<u8>,
+}
+
+impl fmt::Debug for VerifyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "VerifyKey({})", self.id())
+    }
+}
+
+impl SignKey {
+    /// Parses a PEM PKCS#8 or SEC1 P-256 private key.
+    ///
+    /// # Errors
+    /// When it is not one, or is encrypted.
+    pub fn from_pem(text: &str) -> Result<SignKey, KeyError> {
+        if text.contains("ENCRYPTED SIGSTORE PRIVATE KEY")
+            || text.contains("ENCRYPTED COSIGN PRIVATE KEY")
+            || text.contains("ENCRYPTED PRIVATE KEY")
+        {
+            return Err(KeyError::Encrypted);
+        }
+        let bad = |e: aws_lc_rs::error::KeyRejected| KeyError::NotP256 {
+            what: "private key",
+            detail: e.to_string(),
+        };
+        let not_pem = KeyError::NotPem {
+            what: "private key",
+            labels: "PRIVATE KEY` or `EC PRIVATE KEY",
+            hint: "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256",
+        };
+        let pair = if let Ok(der) = pem_body(text, "EC PRIVATE KEY", "") {
+            EcdsaKeyPair::from_private_key_der(&ECDSA_P256_SHA256_ASN1_SIGNING, &der)
+                .map_err(bad)?
+        } else if let Ok(der) = pem_body(text, "PRIVATE KEY", "") {
+            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &der).map_err(bad)?
+        } else {
+            return Err(not_pem);
+        };
+        let spki = pair
+            .public_key()
+            .as_der()
+            .map_err(|_| KeyError::NotP256 {
+                what: "private key",
+                detail: "its public key cannot be encoded".into(),
+            })?
+            .as_ref()
+            .to_vec();
+        Ok(SignKey {
+            pair,
+            public: VerifyKey { spki },
+        })
+    }
+
+    /// The key's public half.
+    pub fn public(&self) -> &VerifyKey {
+        &self.public
+    }
+
+    /// The ASN.1 DER signature of `message`.
+    ///
+    /// # Panics
+    /// Never in practice: signing fails only when the system's random source does.
+    pub fn sign(&self, message: &[u8]) -> Vec<u8> {
+        self.pair
+            .sign(&SystemRandom::new(), message)
+            .expect("ECDSA signing with the system's random source")
+            .as_ref()
+            .to_vec()
+    }
+}
+
+impl VerifyKey {
+    /// Parses a PEM SubjectPublicKeyInfo P-256 key.
+    ///
+    /// # Errors
+    /// When it is not one.
+    pub fn from_pem(text: &str) -> Result<VerifyKey, KeyError> {
+        let spki = pem_body(text, "PUBLIC KEY", "").map_err(|_| KeyError::NotPem {
+            what: "public key",
+            labels: "PUBLIC KEY",
+            hint: "cosign generate-key-pair` or `openssl pkey -pubout",
+        })?;
+        // A P-256 SubjectPublicKeyInfo: id-ecPublicKey with the prime256v1 curve.
+        const P256_OIDS: [&[u8]; 2] = [
+            &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01],
+            &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07],
+        ];
+        if !P256_OIDS
+            .iter()
+            .all(|oid| spki.windows(oid.len()).any(|w| w == *oid))
+        {
+            return Err(KeyError::NotP256 {
+                what: "public key",
+                detail: "its algorithm is not id-ecPublicKey on prime256v1".into(),
+            });
+        }
+        Ok(VerifyKey { spki })
+    }
+
+    /// `sha256:` over the public key's DER.
+    pub fn id(&self) -> String {
+        format!("sha256:{}", hex::encode(Sha256::digest(&self.spki)))
+    }
+
+    /// Whether `signature` (ASN.1 DER) is this key's over `message`.
+    pub fn verify(&self, message: &[u8], signature: &[u8]) -> bool {
+        UnparsedPublicKey::new(&ECDSA_P256_SHA256_ASN1, &self.spki)
+            .verify(message, signature)
+            .is_ok()
+    }
+}
+
+/// The simple signing payload for the manifest `digest` in `repository` (`host/path`).
+pub fn payload(repository: &str, digest: &Digest) -> Vec<u8> {
+    let doc = json!({
+        "critical": {
+            "identity": {"docker-reference": repository},
+            "image": {"docker-manifest-digest": digest.to_string()},
+            "type": SIGNATURE_TYPE,
+        },
+        "optional": null,
+    });
+    serde_json::to_vec(&doc).expect("a JSON value serialises")
+}
+
+/// The tag of the signatures of the manifest `digest`.
+pub fn signature_tag(digest: &Digest) -> String {
+    format!("sha256-{}.sig", digest.hex())
+}
+
+/// What signing did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// A signature by this key was pushed, to this reference.
+    Pushed(String),
+    /// The image already carried a valid signature by this key.
+    Present(String),
+}
+
+/// Signs the manifest `digest` in `image`'s repository with `key`, and stores the signature
+/// under its `.sig` tag beside any other key's.
+///
+/// # Errors
+/// Registry errors (the image's manifest itself is untouched).
+pub async fn sign(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+) -> Result<Signed, registry::Error> {
+    let sig_ref = image.with_tag(&signature_tag(digest))?;
+    let shown = format!("{}:{}", image.repository_path(), signature_tag(digest));
+    let payload = payload(&image.repository_path(), digest);
+    let payload_digest = Digest::of(&payload);
+    let mut layers = match existing(client, &sig_ref).await? {
+        Some(manifest) => manifest.layers,
+        None => Vec::new(),
+    };
+    // The same payload already signed by this key (ECDSA signatures differ every time, the
+    // payload does not): nothing to add.
+    if layers.iter().any(|l| {
+        l.digest == payload_digest
+            && signature_of(l).is_some_and(|s| key.public.verify(&payload, &s))
+    }) {
+        return Ok(Signed::Present(shown));
+    }
+    let signature = STANDARD.encode(key.sign(&payload));
+    let mut layer = Descriptor::new(
+        MediaType::from(SIMPLE_SIGNING),
+        payload_digest.clone(),
+        payload.len() as u64,
+    );
+    layer.annotations = Some(BTreeMap::from([(
+        SIGNATURE_ANNOTATION.to_string(),
+        signature,
+    )]));
+    layers.push(layer);
+    client
+        .push_blob(
+            image,
+            &layers[layers.len() - 1],
+            BlobSource::Bytes(Bytes::from(payload)),
+            None,
+        )
+        .await?;
+    // The config cosign writes: one diff id per payload, no platform.
+    let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
+    let config = serde_json::to_vec(&json!({
+        "architecture": "",
+        "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"}],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "config": {},
+    }))
+    .expect("a JSON value serialises");
+    let config_desc = Descriptor::new(
+        MediaType::OciConfig,
+        Digest::of(&config),
+        config.len() as u64,
+    );
+    client
+        .push_blob(
+            image,
+            &config_desc,
+            BlobSource::Bytes(Bytes::from(config)),
+            None,
+        )
+        .await?;
+    let manifest = Manifest {
+        schema_version: 2,
+        media_type: Some(MediaType::OciManifest),
+        artifact_type: None,
+        config: config_desc,
+        layers,
+        subject: None,
+        annotations: None,
+    };
+    let doc = Document::new(
+        MediaType::OciManifest,
+        serde_json::to_vec(&manifest).expect("a manifest serialises"),
+    );
+    client.put_manifest(&sig_ref, &doc).await?;
+    Ok(Signed::Pushed(shown))
+}
+
+/// The signature manifest at `sig_ref`, if there is one.
+async fn existing(
+    client: &Client,
+    sig_ref: &Reference,
+) -> Result<Option<Manifest>, registry::Error> {
+    match client
+        .get_manifest(sig_ref, &[MediaType::OciManifest])
+        .await
+    {
+        Ok(doc) => Ok(serde_json::from_slice(&doc.bytes).ok()),
+        Err(e) if e.status() == Some(404) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The decoded signature a layer carries.
+fn signature_of(layer: &Descriptor) -> Option<Vec<u8>> {
+    let text = layer.annotations.as_ref()?.get(SIGNATURE_ANNOTATION)?;
+    STANDARD.decode(text).ok()
+}
+
+/// Why an image did not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The image has no signature tag.
+    #[error("{image} has no signatures: nothing is tagged {tag}")]
+    Unsigned {
+        /// The image.
+        image: String,
+        /// The tag looked for.
+        tag: String,
+    },
+    /// Signatures exist, none valid for the key.
+    #[error("no signature of {image} verifies with key {key}: {reasons}")]
+    NoValidSignature {
+        /// The image.
+        image: String,
+        /// The key's id.
+        key: String,
+        /// Why each signature failed, `; `-separated.
+        reasons: String,
+    },
+    /// A registry request failed.
+    #[error("reading {what}")]
+    Registry {
+        /// What was being read.
+        what: String,
+        /// The cause.
+        #[source]
+        source: registry::Error,
+    },
+}
+
+/// A verified image.
+#[derive(Debug)]
+pub struct Verified {
+    /// The manifest digest that was signed.
+    pub digest: Digest,
+    /// The verified payload, as signed.
+    pub payload: Vec<u8>,
+}
+
+/// Checks that `image` (by tag or digest) carries a signature by `key` over a simple signing
+/// payload naming its manifest digest.
+///
+/// # Errors
+/// [`VerifyError`] with the reason.
+pub async fn verify(
+    client: &Client,
+    image: &Reference,
+    key: &VerifyKey,
+) -> Result<Verified, VerifyError> {
+    let shown = image.to_string();
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let digest = match &image.digest {
+        Some(d) => d.clone(),
+        None => {
+            client
+                .head_manifest(image)
+                .await
+                .map_err(registry_err(shown.clone()))?
+                .ok_or_else(|| VerifyError::Registry {
+                    what: shown.clone(),
+                    source: registry::Error::Protocol {
+                        method: reqwest::Method::HEAD,
+                        url: shown.clone(),
+                        problem: "the image does not exist",
+                    },
+                })?
+                .digest
+        }
+    };
+    let tag = signature_tag(&digest);
+    let sig_ref = image.with_tag(&tag).map_err(registry_err(shown.clone()))?;
+    let sig_ref = Reference {
+        digest: None,
+        ..sig_ref
+    };
+    let Some(manifest) = existing(client, &sig_ref)
+        .await
+        .map_err(registry_err(format!("the signatures of {shown}")))?
+    else {
+        return Err(VerifyError::Unsigned { image: shown, tag });
+    };
+    let mut reasons = Vec::new();
+    for layer in &manifest.layers {
+        if layer.media_type.as_str() != SIMPLE_SIGNING {
+            reasons.push(format!("a layer of type {}", layer.media_type.as_str()));
+            continue;
+        }
+        let Some(signature) = signature_of(layer) else {
+            reasons.push("a payload without a base64 signature annotation".into());
+            continue;
+        };
+        if layer.size > MAX_PAYLOAD {
+            reasons.push(format!("a payload of {} bytes", layer.size));
+            continue;
+        }
+        let payload = client
+            .get_blob(&sig_ref, layer)
+            .await
+            .map_err(registry_err(format!("signature payload {}", layer.digest)))?;
+        if !key.verify(&payload, &signature) {
+            reasons.push("a signature that is not this key's over its payload".into());
+            continue;
+        }
+        match signed_digest(&payload) {
+            Ok(signed) if signed == digest => return Ok(Verified { digest, payload }),
+            Ok(signed) => reasons.push(format!("a valid signature of another image ({signed})")),
+            Err(why) => reasons.push(why),
+        }
+    }
+    Err(VerifyError::NoValidSignature {
+        image: shown,
+        key: key.id(),
+        reasons: reasons.join("; "),
+    })
+}
+
+/// The manifest digest a cosign payload signs.
+fn signed_digest(payload: &[u8]) -> Result<Digest, String> {
+    let doc: serde_json::Value =
+        serde_json::from_slice(payload).map_err(|e| format!("a payload that is not JSON: {e}"))?;
+    let critical = &doc["critical"];
+    if critical["type"] != SIGNATURE_TYPE {
+        return Err(format!("a payload of type {}", critical["type"]));
+    }
+    critical["image"]["docker-manifest-digest"]
+        .as_str()
+        .and_then(|d| d.parse().ok())
+        .ok_or_else(|| "a payload without a manifest digest".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SignKey {
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &SystemRandom::new())
+                .unwrap();
+        let text = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            STANDARD.encode(pkcs8.as_ref())
+        );
+        SignKey::from_pem(&text).unwrap()
+    }
+
+    #[test]
+    fn a_signature_verifies_with_its_key_only_and_over_its_payload_only() {
+        let (a, b) = (key(), key());
+        let digest = Digest::of(b"manifest");
+        let payload = payload("reg.example/fn", &digest);
+        let sig = a.sign(&payload);
+        assert!(a.public().verify(&payload, &sig));
+        assert!(!b.public().verify(&payload, &sig));
+        let mut tampered = payload.clone();
+        tampered[10] ^= 1;
+        assert!(!a.public().verify(&tampered, &sig));
+        assert_eq!(signed_digest(&payload).unwrap(), digest);
+        let public = format!(
+            "-----BEGIN PUBLIC KEY-----\n{}\n-----END PUBLIC KEY-----\n",
+            STANDARD.encode(&a.public().spki)
+        );
+        assert_eq!(VerifyKey::from_pem(&public).unwrap(), *a.public());
+    }
+
+    #[test]
+    fn encrypted_and_foreign_keys_are_refused_with_the_reason() {
+        let encrypted = "-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\nabc\n\
+                         -----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n";
+        assert!(matches!(
+            SignKey::from_pem(encrypted),
+            Err(KeyError::Encrypted)
+        ));
+        assert!(matches!(
+            SignKey::from_pem("hello"),
+            Err(KeyError::NotPem { .. })
+        ));
+        let ed25519 = crate::signing::SigningKey::generate_pem().unwrap();
+        let err = SignKey::from_pem(&ed25519).unwrap_err();
+        assert!(err.to_string().contains("P-256"), "{err}");
+    }
+}

@@ -1,0 +1,192 @@
+//! Image signatures: `kiln build --sign-key` stores them as cosign does, beside the image in a
+//! real registry. Python's `cryptography` checks them over the exact payload bytes, with the
+//! registry's HTTP API only (tests/fixtures/cosign/check.py), and so does `kiln verify`. Another
+//! key, a payload changed after signing and a signature of another image all fail.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::kiln::{Kiln, copy_fixture, tiny_base};
+use common::registry::{Registry, RegistryKind};
+
+fn check(args: &[&str]) -> String {
+    let script = common::kiln::fixtures().join("cosign/check.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "check.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> String {
+    kiln.run(&[
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        "nodejs22",
+        "--base",
+        &tiny_base(),
+        "--image",
+        &reg.reference(image),
+        "--insecure-registry",
+        &reg.host(),
+        "--sign-key",
+        key,
+    ])
+    .reference()
+}
+
+#[test]
+fn signatures_verify_with_their_key_and_fail_for_another_key_a_changed_payload_or_image() {
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let keys = work.path();
+    check(&["keys", keys.to_str().unwrap()]);
+    let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    let reference = build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
+    let digest = reference.split_once('@').unwrap().1.to_string();
+    let verify = |image: &str, public: &str| {
+        kiln.run(&[
+            "verify",
+            image,
+            "--key",
+            public,
+            "--insecure-registry",
+            &host,
+        ])
+    };
+    // cryptography agrees, over the bytes in the registry.
+    assert_eq!(
+        check(&["verify", &host, "fns/hello", &digest, &key("a.pub")]),
+        "1"
+    );
+    assert_eq!(
+        check(&["verify", &host, "fns/hello", &digest, &key("b.pub")]),
+        "0"
+    );
+    assert_eq!(verify(&reference, &key("a.pub")).reference(), reference);
+    // By tag too: the tag is resolved to the digest that was signed.
+    assert_eq!(
+        verify(&reg.reference("fns/hello:1"), &key("a.pub")).reference(),
+        reference
+    );
+    let err = verify(&reference, &key("b.pub")).failure(1).to_string();
+    assert!(
+        err.contains("no signature of") && err.contains("not this key's"),
+        "{err}"
+    );
+    // The same build again adds nothing; another key's signature goes beside the first.
+    assert_eq!(
+        build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key")),
+        reference
+    );
+    assert_eq!(
+        check(&["verify", &host, "fns/hello", &digest, &key("a.pub")]),
+        "1"
+    );
+    let run = kiln.run_cmd(
+        kiln.command()
+            .env(
+                "B_KEY",
+                std::fs::read_to_string(keys.join("b.key")).unwrap(),
+            )
+            .args([
+                "build",
+                dir.to_str().unwrap(),
+                "--runtime",
+                "nodejs22",
+                "--base",
+            ])
+            .arg(tiny_base())
+            .args([
+                "--image",
+                &reg.reference("fns/hello:1"),
+                "--insecure-registry",
+                &host,
+            ])
+            .args(["--sign-key", "env://B_KEY"]),
+    );
+    assert_eq!(run.reference(), reference);
+    assert!(!run.stderr.contains("PRIVATE KEY"), "{}", run.stderr);
+    for public in ["a.pub", "b.pub"] {
+        assert_eq!(
+            check(&["verify", &host, "fns/hello", &digest, &key(public)]),
+            "1"
+        );
+        verify(&reference, &key(public)).reference();
+    }
+    // A signature of another image, stored as this one's: valid, but not for this digest.
+    let other_dir = copy_fixture("hello-node", &work.path().join("other"));
+    std::fs::write(other_dir.join("extra.txt"), "another image").unwrap();
+    let other = build(&kiln, &reg, &other_dir, "fns/hello:2", &key("a.key"));
+    let other_digest = other.split_once('@').unwrap().1.to_string();
+    check(&["graft", &host, "fns/hello", &digest, &other_digest]);
+    let err = verify(&other, &key("a.pub")).failure(1).to_string();
+    assert!(
+        err.contains(&format!("a valid signature of another image ({digest})")),
+        "{err}"
+    );
+    // A payload changed after signing.
+    check(&["tamper", &host, "fns/hello", &digest]);
+    assert_eq!(
+        check(&["verify", &host, "fns/hello", &digest, &key("a.pub")]),
+        "0"
+    );
+    let err = verify(&reference, &key("a.pub")).failure(1).to_string();
+    assert!(err.contains("not this key's over its payload"), "{err}");
+    // Unsigned images, bad keys and layout targets are named.
+    let plain = copy_fixture("hello-node", &work.path().join("plain"));
+    std::fs::write(plain.join("extra.txt"), "unsigned").unwrap();
+    let unsigned = kiln
+        .run(&[
+            "build",
+            plain.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &tiny_base(),
+            "--image",
+            &reg.reference("fns/plain"),
+            "--insecure-registry",
+            &host,
+        ])
+        .reference();
+    let err = verify(&unsigned, &key("a.pub")).failure(1).to_string();
+    assert!(
+        err.contains("has no signatures: nothing is tagged sha256-"),
+        "{err}"
+    );
+    let err = verify(&unsigned, &key("a.key")).failure(2).to_string();
+    assert!(err.contains("not a PEM public key"), "{err}");
+    let out = work.path().join("layout");
+    let err = kiln
+        .run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &tiny_base(),
+            "--output",
+            &format!("oci:{}", out.display()),
+            "--sign-key",
+            &key("a.key"),
+        ])
+        .failure(2)
+        .to_string();
+    assert!(
+        err.contains("--sign-key stores the signature in the image's registry"),
+        "{err}"
+    );
+}
