@@ -256,7 +256,7 @@ pub async fn sign(
     let signature = STANDARD.encode(key.sign(&payload));
     let mut layer = Descriptor::new(
         MediaType::from(SIMPLE_SIGNING),
-        payload_digest.clone(),
+        payload_digest,
         payload.len() as u64,
     );
     layer.annotations = Some(BTreeMap::from([(
@@ -264,15 +264,23 @@ pub async fn sign(
         signature,
     )]));
     layers.push(layer);
+    store(client, image, &sig_ref, layers, payload).await?;
+    Ok(Signed::Pushed(shown))
+}
+
+/// Pushes `blob` (the last of `layers`), the config cosign writes for `layers` (one diff id per
+/// layer, no platform), and the manifest over them at `tag_ref`.
+async fn store(
+    client: &Client,
+    image: &Reference,
+    tag_ref: &Reference,
+    layers: Vec<Descriptor>,
+    blob: Vec<u8>,
+) -> Result<(), registry::Error> {
+    let last = layers.last().expect("a layer to store");
     client
-        .push_blob(
-            image,
-            &layers[layers.len() - 1],
-            BlobSource::Bytes(Bytes::from(payload)),
-            None,
-        )
+        .push_blob(image, last, BlobSource::Bytes(Bytes::from(blob)), None)
         .await?;
-    // The config cosign writes: one diff id per payload, no platform.
     let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
     let config = serde_json::to_vec(&json!({
         "architecture": "",
@@ -309,8 +317,65 @@ pub async fn sign(
         MediaType::OciManifest,
         serde_json::to_vec(&manifest).expect("a manifest serialises"),
     );
-    client.put_manifest(&sig_ref, &doc).await?;
-    Ok(Signed::Pushed(shown))
+    client.put_manifest(tag_ref, &doc).await?;
+    Ok(())
+}
+
+/// The tag of the attestations of the manifest `digest`.
+pub fn attestation_tag(digest: &Digest) -> String {
+    format!("sha256-{}.att", digest.hex())
+}
+
+/// The media type of a DSSE envelope layer.
+pub const DSSE_ENVELOPE: &str = "application/vnd.dsse.envelope.v1+json";
+/// The largest envelope `kiln verify` reads.
+const MAX_ENVELOPE: u64 = 1 << 20;
+
+/// Signs `statement` (an in-toto Statement about the manifest `digest`) in a DSSE envelope and
+/// attaches it as `cosign attest` does: a layer of the manifest tagged `sha256-<hex>.att`,
+/// annotated with its predicate type, beside the attestations already there. With `once`, an
+/// existing attestation tag is left as it is (a rebuild of an image that has its provenance).
+///
+/// # Errors
+/// Registry errors.
+pub async fn attest(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    statement: &[u8],
+    once: bool,
+) -> Result<Option<String>, registry::Error> {
+    use crate::provenance::{PAYLOAD_TYPE, PREDICATE_TYPE, pae};
+    let att_ref = image.with_tag(&attestation_tag(digest))?;
+    let mut layers = match existing(client, &att_ref).await? {
+        Some(_) if once => return Ok(None),
+        Some(manifest) => manifest.layers,
+        None => Vec::new(),
+    };
+    let signature = STANDARD.encode(key.sign(&pae(PAYLOAD_TYPE, statement)));
+    let envelope = serde_json::to_vec(&json!({
+        "payloadType": PAYLOAD_TYPE,
+        "payload": STANDARD.encode(statement),
+        "signatures": [{"keyid": "", "sig": signature}],
+    }))
+    .expect("a JSON value serialises");
+    let mut layer = Descriptor::new(
+        MediaType::from(DSSE_ENVELOPE),
+        Digest::of(&envelope),
+        envelope.len() as u64,
+    );
+    layer.annotations = Some(BTreeMap::from([
+        (SIGNATURE_ANNOTATION.to_string(), String::new()),
+        ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
+    ]));
+    layers.push(layer);
+    store(client, image, &att_ref, layers, envelope).await?;
+    Ok(Some(format!(
+        "{}:{}",
+        image.repository_path(),
+        attestation_tag(digest)
+    )))
 }
 
 /// The signature manifest at `sig_ref`, if there is one.
@@ -355,6 +420,26 @@ pub enum VerifyError {
         /// Why each signature failed, `; `-separated.
         reasons: String,
     },
+    /// `--build-key` was asked for and no provenance by the key exists.
+    #[error(
+        "{image} has no provenance signed by key {key}, so nothing says it is build {build_key}"
+    )]
+    NoProvenance {
+        /// The image.
+        image: String,
+        /// The key's id.
+        key: String,
+        /// The build key asked for.
+        build_key: String,
+    },
+    /// Provenances by the key exist, none for this image (and build key).
+    #[error("the provenance of {image} does not hold: {reasons}")]
+    BadProvenance {
+        /// The image.
+        image: String,
+        /// Why each provenance failed.
+        reasons: String,
+    },
     /// A registry request failed.
     #[error("reading {what}")]
     Registry {
@@ -373,10 +458,14 @@ pub struct Verified {
     pub digest: Digest,
     /// The verified payload, as signed.
     pub payload: Vec<u8>,
+    /// The build key of its verified provenance, if it has one by the key.
+    pub build_key: Option<String>,
 }
 
 /// Checks that `image` (by tag or digest) carries a signature by `key` over a simple signing
-/// payload naming its manifest digest.
+/// payload naming its manifest digest, and that a provenance `key` signed names it too: with
+/// `build_key`, such a provenance must exist and be for that build key; without, one that
+/// exists must still name this image.
 ///
 /// # Errors
 /// [`VerifyError`] with the reason.
@@ -384,6 +473,7 @@ pub async fn verify(
     client: &Client,
     image: &Reference,
     key: &VerifyKey,
+    build_key: Option<&str>,
 ) -> Result<Verified, VerifyError> {
     let shown = image.to_string();
     let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
@@ -440,7 +530,14 @@ pub async fn verify(
             continue;
         }
         match signed_digest(&payload) {
-            Ok(signed) if signed == digest => return Ok(Verified { digest, payload }),
+            Ok(signed) if signed == digest => {
+                let build_key = provenance(client, image, &digest, key, build_key).await?;
+                return Ok(Verified {
+                    digest,
+                    payload,
+                    build_key,
+                });
+            }
             Ok(signed) => reasons.push(format!("a valid signature of another image ({signed})")),
             Err(why) => reasons.push(why),
         }
@@ -450,6 +547,97 @@ pub async fn verify(
         key: key.id(),
         reasons: reasons.join("; "),
     })
+}
+
+/// The build key of the provenance `key` signed for the manifest `digest` (see [`verify`]).
+async fn provenance(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &VerifyKey,
+    wanted: Option<&str>,
+) -> Result<Option<String>, VerifyError> {
+    use crate::provenance::{PAYLOAD_TYPE, claims, pae};
+    let shown = format!("{}@{digest}", image.repository_path());
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let att_ref = image
+        .with_tag(&attestation_tag(digest))
+        .map_err(registry_err(shown.clone()))?;
+    let att_ref = Reference {
+        digest: None,
+        ..att_ref
+    };
+    let layers = existing(client, &att_ref)
+        .await
+        .map_err(registry_err(format!("the attestations of {shown}")))?
+        .map(|m| m.layers)
+        .unwrap_or_default();
+    let mut reasons = Vec::new();
+    let mut found = false;
+    for layer in layers
+        .iter()
+        .filter(|l| l.media_type.as_str() == DSSE_ENVELOPE)
+    {
+        if layer.size > MAX_ENVELOPE {
+            reasons.push(format!("an envelope of {} bytes", layer.size));
+            continue;
+        }
+        let bytes = client
+            .get_blob(&att_ref, layer)
+            .await
+            .map_err(registry_err(format!("attestation {}", layer.digest)))?;
+        let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            reasons.push("an envelope that is not JSON".into());
+            continue;
+        };
+        let payload_type = envelope["payloadType"].as_str().unwrap_or_default();
+        let Some(payload) = envelope["payload"]
+            .as_str()
+            .and_then(|p| STANDARD.decode(p).ok())
+        else {
+            reasons.push("an envelope without a base64 payload".into());
+            continue;
+        };
+        let signed = envelope["signatures"].as_array().is_some_and(|sigs| {
+            sigs.iter().any(|s| {
+                s["sig"]
+                    .as_str()
+                    .and_then(|s| STANDARD.decode(s).ok())
+                    .is_some_and(|sig| key.verify(&pae(payload_type, &payload), &sig))
+            })
+        });
+        if !signed || payload_type != PAYLOAD_TYPE {
+            // Another key's attestation (or not an in-toto one): not this check's business.
+            continue;
+        }
+        found = true;
+        match claims(&payload) {
+            Err(why) => reasons.push(why),
+            Ok(c) if !c.subjects.iter().any(|s| s == digest.hex()) => reasons.push(format!(
+                "a provenance of another image (subject sha256:{})",
+                c.subjects.join(", sha256:")
+            )),
+            Ok(c) => match (wanted, &c.build_key) {
+                (Some(want), Some(have)) if want != have => {
+                    reasons.push(format!("a provenance of build key {have}"));
+                }
+                (Some(_), None) => reasons.push("a provenance without a build key".into()),
+                _ => return Ok(c.build_key),
+            },
+        }
+    }
+    match (found, wanted) {
+        (false, None) => Ok(None),
+        (false, Some(want)) => Err(VerifyError::NoProvenance {
+            image: shown,
+            key: key.id(),
+            build_key: want.to_string(),
+        }),
+        (true, _) => Err(VerifyError::BadProvenance {
+            image: shown,
+            reasons: reasons.join("; "),
+        }),
+    }
 }
 
 /// The manifest digest a cosign payload signs.

@@ -14,7 +14,8 @@
 //! - `controller`: `git` `runtime` `registry` `oci` `signing` `k8s_names` `redact` `capped`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
-//!   `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//!   `provenance` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//! - `cosign`: `provenance` `registry` `oci` `signing`.
 //! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
 //!   `tarmeter` `capped`.
 //! - `run`: `registry` `sandbox` `oci` `inuse` `progress` `rootpath` `tarmeter` `capped`.
@@ -24,6 +25,7 @@
 //! - `registry`: `oci` `origin` `redact` `progress` `capped`.
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
+//! - `provenance`: `oci`.
 //! - `telemetry`: `progress`.
 //! - `capped`, `inuse`, `io_error`, `k8s_names`, `origin`, `progress`, `redact`, `rootpath`,
 //!   `runtime`, `signing`, `tarmeter`, `testing`: nothing.
@@ -49,6 +51,7 @@ pub mod k8s_names;
 pub mod oci;
 pub mod origin;
 pub mod progress;
+pub mod provenance;
 pub mod prune;
 pub mod redact;
 pub mod registry;

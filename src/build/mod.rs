@@ -38,7 +38,7 @@ pub use error::Error;
 use function::Function;
 pub use load::run_source;
 pub use options::{
-    DepsOutput, FunctionSpec, Options, Output, Stage, Target, dependency_media_type,
+    DepsOutput, FunctionSpec, Inputs, Options, Output, Stage, Target, dependency_media_type,
 };
 use publish::Published;
 pub use split::run_lookup;
@@ -97,12 +97,20 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             .map(|d| &d.key)
             .or(dep_key.as_ref().map(|k| &k.key));
         let planned = assemble::plan(opts, function, &base, keyed, &source);
+        let inputs = inputs(
+            opts,
+            function,
+            &base,
+            keyed,
+            &source,
+            loaded.commit.as_deref(),
+        );
         // `--no-cache` rebuilds: no existing image is taken either.
         if opts.use_cache
             && let Some(found) =
                 existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
         {
-            return Ok(unchanged(found, planned.image_key, loaded.commit));
+            return Ok(unchanged(found, planned.image_key, loaded.commit, inputs));
         }
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
@@ -145,6 +153,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             image: Some(assembled.image),
             unchanged: false,
             commit: loaded.commit,
+            inputs,
         })
     }
     .instrument(span)
@@ -174,7 +183,49 @@ async fn staged_or_checked(
 }
 
 /// The output of a build whose image the target already holds: nothing installed or pushed.
-fn unchanged(found: existing::Found, image_key: Digest, commit: Option<String>) -> Output {
+/// What the build is made of, by digest (see [`Inputs`]).
+fn inputs(
+    opts: &Options,
+    function: &function::Function,
+    base: &resolve::ResolvedBase,
+    dependency_key: Option<&Digest>,
+    source: &crate::oci::LayerBlob,
+    commit: Option<&str>,
+) -> Inputs {
+    let dependency_files = function
+        .deps
+        .iter()
+        .flat_map(|d| std::iter::once(&d.manifest).chain(&d.lock))
+        .map(|f| (f.name.clone(), Digest::of(&f.bytes)))
+        .collect();
+    let builder = match &opts.install.isolation {
+        deps::Isolation::Native { builder } => Some(builder.to_string()),
+        deps::Isolation::Pending(image) if function.deps.is_some() => Some(image.to_string()),
+        _ => None,
+    };
+    let git = match (&opts.function, commit) {
+        (FunctionSpec::Git { source, .. }, Some(commit)) => {
+            Some((source.url.to_string(), commit.to_string()))
+        }
+        _ => None,
+    };
+    Inputs {
+        base_name: opts.base_name.clone(),
+        base_digest: base.base.manifest.digest.clone(),
+        source_diff_id: source.diff_id.clone(),
+        dependency_files,
+        dependency_key: dependency_key.cloned(),
+        builder,
+        git,
+    }
+}
+
+fn unchanged(
+    found: existing::Found,
+    image_key: Digest,
+    commit: Option<String>,
+    inputs: Inputs,
+) -> Output {
     tracing::info!(
         reference = %found.reference,
         image_key = %image_key,
@@ -191,6 +242,7 @@ fn unchanged(found: existing::Found, image_key: Digest, commit: Option<String>) 
         image: None,
         unchanged: true,
         commit,
+        inputs,
     }
 }
 

@@ -9,6 +9,7 @@ use super::stage;
 use crate::image::publish::{self, Published};
 use crate::image::resolve::BaseRef;
 use crate::oci::{self, Digest, Image, Platform};
+pub use crate::provenance::Inputs;
 use crate::registry::{Client, Reference};
 use crate::runtime::RuntimeSpec;
 
@@ -133,6 +134,8 @@ pub struct Output {
     pub unchanged: bool,
     /// The commit built, for a git source.
     pub commit: Option<String>,
+    /// What it was made from, for its provenance.
+    pub inputs: Inputs,
 }
 
 /// A finished `--stage deps`.

@@ -367,6 +367,7 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 }
 
 async fn build(args: BuildArgs) -> Result<String, Failure> {
+    let started = now_rfc3339();
     let env = Env::read();
     let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
     let sign_key = match (&args.sign_key, &opts.target) {
@@ -480,6 +481,30 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
         };
         tracing::info!(key = %key.public().id(), signatures = %at, "{what}");
+        let statement = crate::provenance::statement(&crate::provenance::Build {
+            repository: &target.repository_path(),
+            digest: &output.published.digest,
+            build_key: &output.image_key,
+            inputs: &output.inputs,
+            external: external_parameters(&opts),
+            started: started.clone(),
+            finished: now_rfc3339(),
+        });
+        let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
+        let attached = crate::cosign::attest(
+            &client,
+            target,
+            &output.published.digest,
+            key,
+            &statement,
+            output.unchanged,
+        )
+        .await
+        .with_context(|| format!("attaching the provenance of {}", output.published.reference))
+        .map_err(Failure::Build)?;
+        if let Some(at) = attached {
+            tracing::info!(attestations = %at, "attached the SLSA provenance");
+        }
     }
     write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
     Ok(output.published.reference)
@@ -544,4 +569,37 @@ fn build_failure(e: build::Error) -> Failure {
     } else {
         Failure::Build(e)
     }
+}
+
+/// The time now, RFC 3339 in UTC, to the second.
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    crate::oci::rfc3339(secs)
+}
+
+/// The flags that change the image, for the provenance's `externalParameters`.
+fn external_parameters(opts: &Options) -> serde_json::Value {
+    let source = match &opts.function {
+        FunctionSpec::Dir(_) => serde_json::json!({"kind": "directory"}),
+        FunctionSpec::Manifest(m) => serde_json::json!({"kind": "manifest", "name": m.name}),
+        FunctionSpec::Git { source, .. } => serde_json::json!({
+            "kind": "git",
+            "url": source.url.to_string(),
+            "reference": source.reference.to_string(),
+            "baseDir": source.base_dir.to_string(),
+        }),
+    };
+    serde_json::json!({
+        "source": source,
+        "runtime": opts.runtime.name,
+        "name": opts.name,
+        "namespace": opts.namespace,
+        "base": opts.base_name,
+        "platform": opts.platform.to_string(),
+        "sourceDateEpoch": opts.epoch,
+        "compression": opts.compression,
+        "lockfileInstall": opts.lockfile_install,
+    })
 }

@@ -21,6 +21,12 @@ pub struct VerifyArgs {
     /// `openssl pkey -pubout` write it): a file, or `env://VAR`.
     #[arg(long, value_name = "FILE|env://VAR")]
     pub key: String,
+    /// The build key the image must have been built as (`dev.kiln.build-key`, as the
+    /// controller and `--report` name it): the image's SLSA provenance, signed by --key, must
+    /// exist and say so. Without it, a provenance by the key that exists must still name the
+    /// image.
+    #[arg(long, value_name = "sha256:HEX")]
+    pub build_key: Option<String>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -58,9 +64,18 @@ pub(super) async fn run(args: VerifyArgs) -> Result<String, Failure> {
     let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    let verified = cosign::verify(&client, &image, &key)
+    let verified = cosign::verify(&client, &image, &key, args.build_key.as_deref())
         .await
         .map_err(|e| Failure::Build(e.into()))?;
-    tracing::info!(key = %key.id(), digest = %verified.digest, "verified the image's signature");
+    match &verified.build_key {
+        Some(build_key) => tracing::info!(
+            key = %key.id(), digest = %verified.digest, %build_key,
+            "verified the image's signature and its provenance"
+        ),
+        None => tracing::info!(
+            key = %key.id(), digest = %verified.digest,
+            "verified the image's signature (no provenance by this key)"
+        ),
+    }
     Ok(format!("{}@{}", image.repository_path(), verified.digest))
 }
