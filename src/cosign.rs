@@ -54,12 +54,24 @@ pub enum KeyError {
         /// A command that writes one.
         hint: &'static str,
     },
-    /// A cosign key encrypted with a password.
+    /// A key encrypted the way kiln does not read (PKCS#8 encryption).
     #[error(
-        "an encrypted cosign key: kiln reads unencrypted keys only; export one with `openssl` \
-         or use the PKCS#8 key you imported into cosign (`cosign import-key-pair` reads it)"
+        "an encrypted PKCS#8 key: decrypt it (`openssl pkey -in KEY -out PLAIN`) or give the \
+         key as `cosign generate-key-pair` wrote it"
     )]
     Encrypted,
+    /// A cosign-encrypted key without its password.
+    #[error(
+        "a password-encrypted cosign key: set COSIGN_PASSWORD to its password (empty for \
+         none), as cosign reads it"
+    )]
+    NeedsPassword,
+    /// A cosign-encrypted key the password does not open.
+    #[error("the cosign key does not open with COSIGN_PASSWORD: the password is wrong")]
+    WrongPassword,
+    /// A cosign-encrypted key that is not what cosign writes.
+    #[error("not a cosign-encrypted key as cosign writes it: {0}")]
+    BadEncrypted(String),
     /// A PEM block that is not an ECDSA P-256 key.
     #[error("not an ECDSA P-256 {what} ({detail}); cosign-compatible signatures use P-256")]
     NotP256 {
@@ -102,28 +114,53 @@ impl SignKey {
     /// # Errors
     /// When it is not one, or is encrypted.
     pub fn from_pem(text: &str) -> Result<SignKey, KeyError> {
-        if text.contains("ENCRYPTED SIGSTORE PRIVATE KEY")
-            || text.contains("ENCRYPTED COSIGN PRIVATE KEY")
-            || text.contains("ENCRYPTED PRIVATE KEY")
+        let password = std::env::var("COSIGN_PASSWORD").ok();
+        SignKey::from_pem_with_password(text, password.as_deref())
+    }
+
+    /// [`SignKey::from_pem`] with the password of a cosign-encrypted key given.
+    ///
+    /// # Errors
+    /// As [`SignKey::from_pem`].
+    pub fn from_pem_with_password(text: &str, password: Option<&str>) -> Result<SignKey, KeyError> {
+        if let Some(body) = [
+            "ENCRYPTED SIGSTORE PRIVATE KEY",
+            "ENCRYPTED COSIGN PRIVATE KEY",
+        ]
+        .into_iter()
+        .find_map(|label| pem_body(text, label, "").ok())
         {
+            let password = password.ok_or(KeyError::NeedsPassword)?;
+            let der = decrypt_cosign_key(&body, password.as_bytes())?;
+            return SignKey::from_der(&der, false);
+        }
+        if text.contains("ENCRYPTED PRIVATE KEY") {
             return Err(KeyError::Encrypted);
         }
-        let bad = |e: aws_lc_rs::error::KeyRejected| KeyError::NotP256 {
-            what: "private key",
-            detail: e.to_string(),
-        };
         let not_pem = KeyError::NotPem {
             what: "private key",
             labels: "PRIVATE KEY` or `EC PRIVATE KEY",
             hint: "openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256",
         };
-        let pair = if let Ok(der) = pem_body(text, "EC PRIVATE KEY", "") {
-            EcdsaKeyPair::from_private_key_der(&ECDSA_P256_SHA256_ASN1_SIGNING, &der)
-                .map_err(bad)?
+        if let Ok(der) = pem_body(text, "EC PRIVATE KEY", "") {
+            SignKey::from_der(&der, true)
         } else if let Ok(der) = pem_body(text, "PRIVATE KEY", "") {
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &der).map_err(bad)?
+            SignKey::from_der(&der, false)
         } else {
-            return Err(not_pem);
+            Err(not_pem)
+        }
+    }
+
+    /// A key from its DER: SEC1 (`sec1`) or PKCS#8.
+    fn from_der(der: &[u8], sec1: bool) -> Result<SignKey, KeyError> {
+        let bad = |e: aws_lc_rs::error::KeyRejected| KeyError::NotP256 {
+            what: "private key",
+            detail: e.to_string(),
+        };
+        let pair = if sec1 {
+            EcdsaKeyPair::from_private_key_der(&ECDSA_P256_SHA256_ASN1_SIGNING, der).map_err(bad)?
+        } else {
+            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, der).map_err(bad)?
         };
         let spki = pair
             .public_key()
@@ -156,6 +193,56 @@ impl SignKey {
             .as_ref()
             .to_vec()
     }
+}
+
+/// The PKCS#8 DER inside a cosign-encrypted key's body (sigstore's `encrypted` format: a JSON
+/// document naming scrypt's parameters and salt, and NaCl secretbox's nonce and ciphertext).
+/// scrypt's cost is bounded (N at most 2^16, r 8, p 4: at most 64 MiB), so a key file cannot
+/// make kiln spend memory without end; cosign writes N = 2^15 or 2^16, r = 8, p = 1.
+fn decrypt_cosign_key(body: &[u8], password: &[u8]) -> Result<Vec<u8>, KeyError> {
+    use crypto_secretbox::aead::{Aead as _, KeyInit as _};
+    let bad = |what: &str| KeyError::BadEncrypted(what.to_string());
+    let doc: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| bad("its body is not JSON"))?;
+    let b64 = |v: &serde_json::Value, what: &str| {
+        v.as_str()
+            .and_then(|t| STANDARD.decode(t).ok())
+            .ok_or_else(|| bad(what))
+    };
+    let (kdf, cipher) = (&doc["kdf"], &doc["cipher"]);
+    if kdf["name"] != "scrypt" || cipher["name"] != "nacl/secretbox" {
+        return Err(bad("not scrypt and nacl/secretbox"));
+    }
+    let param = |k: &str| {
+        kdf["params"][k]
+            .as_u64()
+            .ok_or_else(|| bad("scrypt parameters"))
+    };
+    let (n, r, p) = (param("N")?, param("r")?, param("p")?);
+    if !n.is_power_of_two()
+        || !(2..=1 << 16).contains(&n)
+        || !(1..=8).contains(&r)
+        || !(1..=4).contains(&p)
+    {
+        return Err(bad("scrypt parameters past N 2^16, r 8, p 4"));
+    }
+    let log_n = u8::try_from(n.trailing_zeros()).map_err(|_| bad("scrypt parameters"))?;
+    let params =
+        scrypt::Params::new(log_n, r as u32, p as u32).map_err(|_| bad("scrypt parameters"))?;
+    let salt = b64(&kdf["salt"], "the salt")?;
+    let mut key = [0u8; 32];
+    scrypt::scrypt(password, &salt, &params, &mut key).map_err(|_| bad("scrypt"))?;
+    let nonce = b64(&cipher["nonce"], "the nonce")?;
+    if nonce.len() != 24 {
+        return Err(bad("a nonce that is not 24 bytes"));
+    }
+    let ciphertext = b64(&doc["ciphertext"], "the ciphertext")?;
+    crypto_secretbox::XSalsa20Poly1305::new(&key.into())
+        .decrypt(
+            crypto_secretbox::Nonce::from_slice(&nonce),
+            ciphertext.as_slice(),
+        )
+        .map_err(|_| KeyError::WrongPassword)
 }
 
 impl VerifyKey {
@@ -269,7 +356,9 @@ pub async fn sign(
 }
 
 /// Pushes `blob` (the last of `layers`), the config cosign writes for `layers` (one diff id per
-/// layer, no platform), and the manifest over them at `tag_ref`.
+/// layer, no platform), and the manifest over them at `tag_ref`. Both blobs are new but for a
+/// payload another key signed the same: uploaded without asking first (a `HEAD` each, spent
+/// for nothing nearly always).
 async fn store(
     client: &Client,
     image: &Reference,
@@ -279,7 +368,7 @@ async fn store(
 ) -> Result<(), registry::Error> {
     let last = layers.last().expect("a layer to store");
     client
-        .push_blob(image, last, BlobSource::Bytes(Bytes::from(blob)), None)
+        .push_new_blob(image, last, BlobSource::Bytes(Bytes::from(blob)))
         .await?;
     let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
     let config = serde_json::to_vec(&json!({
@@ -297,12 +386,7 @@ async fn store(
         config.len() as u64,
     );
     client
-        .push_blob(
-            image,
-            &config_desc,
-            BlobSource::Bytes(Bytes::from(config)),
-            None,
-        )
+        .push_new_blob(image, &config_desc, BlobSource::Bytes(Bytes::from(config)))
         .await?;
     let manifest = Manifest {
         schema_version: 2,
@@ -689,9 +773,38 @@ mod tests {
     }
 
     #[test]
+    fn a_key_cosign_encrypted_opens_with_its_password_only() {
+        // Written by `cosign generate-key-pair` with an empty password (see the fixture's
+        // README): scrypt N = 2^16, r = 8, p = 1, NaCl secretbox.
+        let text = include_str!("../tests/fixtures/cosign/cosign-empty-password.key");
+        let key = SignKey::from_pem_with_password(text, Some("")).unwrap();
+        let sig = key.sign(b"payload");
+        assert!(key.public().verify(b"payload", &sig));
+        assert!(matches!(
+            SignKey::from_pem_with_password(text, Some("not it")),
+            Err(KeyError::WrongPassword)
+        ));
+        assert!(matches!(
+            SignKey::from_pem_with_password(text, None),
+            Err(KeyError::NeedsPassword)
+        ));
+        // A body asking scrypt for a gigabyte is refused before scrypt runs.
+        let greedy = format!(
+            "-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\n{}\n\
+             -----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n",
+            STANDARD.encode(
+                r#"{"kdf":{"name":"scrypt","params":{"N":1048576,"r":8,"p":1},"salt":"AA=="},
+                   "cipher":{"name":"nacl/secretbox","nonce":"AA=="},"ciphertext":"AA=="}"#
+            )
+        );
+        let err = SignKey::from_pem_with_password(&greedy, Some("")).unwrap_err();
+        assert!(err.to_string().contains("past N 2^16"), "{err}");
+    }
+
+    #[test]
     fn encrypted_and_foreign_keys_are_refused_with_the_reason() {
-        let encrypted = "-----BEGIN ENCRYPTED SIGSTORE PRIVATE KEY-----\nabc\n\
-                         -----END ENCRYPTED SIGSTORE PRIVATE KEY-----\n";
+        let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nabc\n\
+                         -----END ENCRYPTED PRIVATE KEY-----\n";
         assert!(matches!(
             SignKey::from_pem(encrypted),
             Err(KeyError::Encrypted)

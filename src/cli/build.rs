@@ -215,10 +215,12 @@ pub struct BuildArgs {
     /// as printed, with the install's last output lines; at most 4096 bytes.
     #[arg(long, value_name = "PATH")]
     pub termination_log: Option<PathBuf>,
-    /// Sign the image with this ECDSA P-256 private key (PEM, PKCS#8 or SEC1): a file, or
-    /// `env://VAR` for a key held in an environment variable. The signature is stored as cosign
-    /// stores it (the `sha256-<digest>.sig` tag beside the image), so `kiln verify --key` and
-    /// `cosign verify --key` check it. Registry targets only.
+    /// Sign the image with this ECDSA P-256 private key: PEM (PKCS#8 or SEC1, or as `cosign
+    /// generate-key-pair` writes it, its password in COSIGN_PASSWORD), a file or `env://VAR`
+    /// for a key held in an environment variable. The signature and a signed SLSA provenance
+    /// are stored as cosign stores them (the `sha256-<digest>.sig` and `.att` tags beside the
+    /// image), so `kiln verify --key` and `cosign verify --key` check them. Registry targets
+    /// only.
     #[arg(long, value_name = "FILE|env://VAR", env = "KILN_SIGN_KEY")]
     pub sign_key: Option<String>,
 }
