@@ -16,15 +16,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use aws_lc_rs::encoding::AsDer as _;
-use aws_lc_rs::rand::SystemRandom;
-use aws_lc_rs::signature::{
-    ECDSA_P256_SHA256_ASN1, ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair, KeyPair as _,
-    UnparsedPublicKey,
-};
+use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1, UnparsedPublicKey};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use p256::ecdsa::signature::Signer as _;
+use p256::pkcs8::{DecodePrivateKey as _, EncodePublicKey as _};
 use serde_json::json;
 use sha2::{Digest as _, Sha256};
 
@@ -82,9 +79,11 @@ pub enum KeyError {
     },
 }
 
-/// An ECDSA P-256 private key.
+/// An ECDSA P-256 private key. It signs deterministically (RFC 6979): the same payload gets
+/// the same signature, and signing needs no random source (whose first use costs aws-lc about
+/// 30 ms, six times a whole source-only rebuild's budget for signing).
 pub struct SignKey {
-    pair: EcdsaKeyPair,
+    key: p256::ecdsa::SigningKey,
     public: VerifyKey,
 }
 
@@ -153,26 +152,23 @@ impl SignKey {
 
     /// A key from its DER: SEC1 (`sec1`) or PKCS#8.
     fn from_der(der: &[u8], sec1: bool) -> Result<SignKey, KeyError> {
-        let bad = |e: aws_lc_rs::error::KeyRejected| KeyError::NotP256 {
+        let bad = |detail: String| KeyError::NotP256 {
             what: "private key",
-            detail: e.to_string(),
+            detail,
         };
-        let pair = if sec1 {
-            EcdsaKeyPair::from_private_key_der(&ECDSA_P256_SHA256_ASN1_SIGNING, der).map_err(bad)?
+        let secret = if sec1 {
+            p256::SecretKey::from_sec1_der(der).map_err(|e| bad(e.to_string()))?
         } else {
-            EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, der).map_err(bad)?
+            p256::SecretKey::from_pkcs8_der(der).map_err(|e| bad(e.to_string()))?
         };
-        let spki = pair
+        let spki = secret
             .public_key()
-            .as_der()
-            .map_err(|_| KeyError::NotP256 {
-                what: "private key",
-                detail: "its public key cannot be encoded".into(),
-            })?
-            .as_ref()
+            .to_public_key_der()
+            .map_err(|e| bad(format!("its public key cannot be encoded: {e}")))?
+            .as_bytes()
             .to_vec();
         Ok(SignKey {
-            pair,
+            key: p256::ecdsa::SigningKey::from(secret),
             public: VerifyKey { spki },
         })
     }
@@ -182,16 +178,10 @@ impl SignKey {
         &self.public
     }
 
-    /// The ASN.1 DER signature of `message`.
-    ///
-    /// # Panics
-    /// Never in practice: signing fails only when the system's random source does.
+    /// The ASN.1 DER signature of `message` (ECDSA over SHA-256).
     pub fn sign(&self, message: &[u8]) -> Vec<u8> {
-        self.pair
-            .sign(&SystemRandom::new(), message)
-            .expect("ECDSA signing with the system's random source")
-            .as_ref()
-            .to_vec()
+        let signature: p256::ecdsa::Signature = self.key.sign(message);
+        signature.to_der().as_bytes().to_vec()
     }
 }
 
@@ -314,7 +304,8 @@ pub enum Signed {
 }
 
 /// Signs the manifest `digest` in `image`'s repository with `key`, and stores the signature
-/// under its `.sig` tag beside any other key's.
+/// under its `.sig` tag beside any other key's. `fresh`: the build has just pushed the image
+/// (see [`append`]).
 ///
 /// # Errors
 /// Registry errors (the image's manifest itself is untouched).
@@ -323,71 +314,84 @@ pub async fn sign(
     image: &Reference,
     digest: &Digest,
     key: &SignKey,
+    fresh: bool,
 ) -> Result<Signed, registry::Error> {
     let sig_ref = image.with_tag(&signature_tag(digest))?;
     let shown = format!("{}:{}", image.repository_path(), signature_tag(digest));
     let payload = payload(&image.repository_path(), digest);
-    let payload_digest = Digest::of(&payload);
-    let mut layers = match existing(client, &sig_ref).await? {
-        Some(manifest) => manifest.layers,
-        None => Vec::new(),
-    };
-    // The same payload already signed by this key (ECDSA signatures differ every time, the
-    // payload does not): nothing to add.
-    if layers.iter().any(|l| {
-        l.digest == payload_digest
-            && signature_of(l).is_some_and(|s| key.public.verify(&payload, &s))
-    }) {
-        return Ok(Signed::Present(shown));
-    }
-    let signature = STANDARD.encode(key.sign(&payload));
     let mut layer = Descriptor::new(
         MediaType::from(SIMPLE_SIGNING),
-        payload_digest,
+        Digest::of(&payload),
         payload.len() as u64,
     );
+    let signature = STANDARD.encode(key.sign(&payload));
     layer.annotations = Some(BTreeMap::from([(
         SIGNATURE_ANNOTATION.to_string(),
         signature,
     )]));
-    layers.push(layer);
-    store(client, image, &sig_ref, layers, payload).await?;
-    Ok(Signed::Pushed(shown))
+    // The same payload already signed by this key: nothing to add.
+    let signed_already = |layers: &[Descriptor]| {
+        layers.iter().any(|l| {
+            l.digest == layer.digest
+                && signature_of(l).is_some_and(|s| key.public.verify(&payload, &s))
+        })
+    };
+    let added = append(
+        client,
+        image,
+        &sig_ref,
+        layer.clone(),
+        payload.clone(),
+        fresh,
+        signed_already,
+    )
+    .await?;
+    Ok(if added {
+        Signed::Pushed(shown)
+    } else {
+        Signed::Present(shown)
+    })
 }
 
-/// Pushes `blob` (the last of `layers`), the config cosign writes for `layers` (one diff id per
-/// layer, no platform), and the manifest over them at `tag_ref`. Both blobs are new but for a
-/// payload another key signed the same: uploaded without asking first (a `HEAD` each, spent
-/// for nothing nearly always).
-async fn store(
+/// Adds `layer` (its bytes `blob`) to the cosign manifest at `tag_ref`, after the layers
+/// already there, unless `done` says those hold what it would add: pushes the blob, the config
+/// cosign writes and the manifest. Returns whether it added. With `fresh` (an image this build
+/// has just pushed) the blob is uploaded while the tag is read; otherwise only once the tag is
+/// known to need it. Blobs are uploaded without a `HEAD` first: they are new, nearly always.
+async fn append(
     client: &Client,
     image: &Reference,
     tag_ref: &Reference,
-    layers: Vec<Descriptor>,
+    layer: Descriptor,
     blob: Vec<u8>,
-) -> Result<(), registry::Error> {
-    let last = layers.last().expect("a layer to store");
-    client
-        .push_new_blob(image, last, BlobSource::Bytes(Bytes::from(blob)))
-        .await?;
-    let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
-    let config = serde_json::to_vec(&json!({
-        "architecture": "",
-        "created": "0001-01-01T00:00:00Z",
-        "history": [{"created": "0001-01-01T00:00:00Z"}],
-        "os": "",
-        "rootfs": {"type": "layers", "diff_ids": diff_ids},
-        "config": {},
-    }))
-    .expect("a JSON value serialises");
-    let config_desc = Descriptor::new(
-        MediaType::OciConfig,
-        Digest::of(&config),
-        config.len() as u64,
-    );
-    client
-        .push_new_blob(image, &config_desc, BlobSource::Bytes(Bytes::from(config)))
-        .await?;
+    fresh: bool,
+    done: impl Fn(&[Descriptor]) -> bool,
+) -> Result<bool, registry::Error> {
+    let upload = |desc: Descriptor, bytes: Vec<u8>| async move {
+        client
+            .push_new_blob(image, &desc, BlobSource::Bytes(Bytes::from(bytes)))
+            .await
+    };
+    let (found, uploaded) = if fresh {
+        let (found, pushed) = tokio::join!(
+            existing(client, tag_ref),
+            upload(layer.clone(), blob.clone())
+        );
+        pushed?;
+        (found?, true)
+    } else {
+        (existing(client, tag_ref).await?, false)
+    };
+    let mut layers = found.map(|m| m.layers).unwrap_or_default();
+    if done(&layers) {
+        return Ok(false);
+    }
+    if !uploaded {
+        upload(layer.clone(), blob).await?;
+    }
+    layers.push(layer);
+    let (config_desc, config) = config_for(&layers);
+    upload(config_desc.clone(), config).await?;
     let manifest = Manifest {
         schema_version: 2,
         media_type: Some(MediaType::OciManifest),
@@ -402,7 +406,28 @@ async fn store(
         serde_json::to_vec(&manifest).expect("a manifest serialises"),
     );
     client.put_manifest(tag_ref, &doc).await?;
-    Ok(())
+    Ok(true)
+}
+
+/// The config cosign writes for a signature or attestation manifest of `layers`: one diff id
+/// per layer, no platform. Its descriptor and bytes.
+fn config_for(layers: &[Descriptor]) -> (Descriptor, Vec<u8>) {
+    let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
+    let config = serde_json::to_vec(&json!({
+        "architecture": "",
+        "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"}],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "config": {},
+    }))
+    .expect("a JSON value serialises");
+    let desc = Descriptor::new(
+        MediaType::OciConfig,
+        Digest::of(&config),
+        config.len() as u64,
+    );
+    (desc, config)
 }
 
 /// The tag of the attestations of the manifest `digest`.
@@ -417,8 +442,9 @@ const MAX_ENVELOPE: u64 = 1 << 20;
 
 /// Signs `statement` (an in-toto Statement about the manifest `digest`) in a DSSE envelope and
 /// attaches it as `cosign attest` does: a layer of the manifest tagged `sha256-<hex>.att`,
-/// annotated with its predicate type, beside the attestations already there. With `once`, an
-/// existing attestation tag is left as it is (a rebuild of an image that has its provenance).
+/// annotated with its predicate type, beside the attestations already there. With `fresh`
+/// false (a rebuild that found its image), an attestation tag already there is left as it is:
+/// the image has its provenance.
 ///
 /// # Errors
 /// Registry errors.
@@ -428,15 +454,10 @@ pub async fn attest(
     digest: &Digest,
     key: &SignKey,
     statement: &[u8],
-    once: bool,
+    fresh: bool,
 ) -> Result<Option<String>, registry::Error> {
     use crate::provenance::{PAYLOAD_TYPE, PREDICATE_TYPE, pae};
     let att_ref = image.with_tag(&attestation_tag(digest))?;
-    let mut layers = match existing(client, &att_ref).await? {
-        Some(_) if once => return Ok(None),
-        Some(manifest) => manifest.layers,
-        None => Vec::new(),
-    };
     let signature = STANDARD.encode(key.sign(&pae(PAYLOAD_TYPE, statement)));
     let envelope = serde_json::to_vec(&json!({
         "payloadType": PAYLOAD_TYPE,
@@ -453,13 +474,18 @@ pub async fn attest(
         (SIGNATURE_ANNOTATION.to_string(), String::new()),
         ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
     ]));
-    layers.push(layer);
-    store(client, image, &att_ref, layers, envelope).await?;
-    Ok(Some(format!(
-        "{}:{}",
-        image.repository_path(),
-        attestation_tag(digest)
-    )))
+    let has_provenance = |layers: &[Descriptor]| !fresh && !layers.is_empty();
+    let added = append(
+        client,
+        image,
+        &att_ref,
+        layer,
+        envelope,
+        fresh,
+        has_provenance,
+    )
+    .await?;
+    Ok(added.then(|| format!("{}:{}", image.repository_path(), attestation_tag(digest))))
 }
 
 /// The signature manifest at `sig_ref`, if there is one.
@@ -743,6 +769,8 @@ mod tests {
     use super::*;
 
     fn key() -> SignKey {
+        use aws_lc_rs::rand::SystemRandom;
+        use aws_lc_rs::signature::{ECDSA_P256_SHA256_ASN1_SIGNING, EcdsaKeyPair};
         let pkcs8 =
             EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_ASN1_SIGNING, &SystemRandom::new())
                 .unwrap();
@@ -760,6 +788,7 @@ mod tests {
         let payload = payload("reg.example/fn", &digest);
         let sig = a.sign(&payload);
         assert!(a.public().verify(&payload, &sig));
+        assert_eq!(a.sign(&payload), sig, "deterministic (RFC 6979)");
         assert!(!b.public().verify(&payload, &sig));
         let mut tampered = payload.clone();
         tampered[10] ^= 1;

@@ -474,15 +474,6 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             .map_err(Failure::Build)?;
     }
     if let Some((key, target)) = &sign_key {
-        let signed = crate::cosign::sign(&client, target, &output.published.digest, key)
-            .await
-            .with_context(|| format!("signing {}", output.published.reference))
-            .map_err(Failure::Build)?;
-        let (what, at) = match &signed {
-            crate::cosign::Signed::Pushed(at) => ("signed the image", at),
-            crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
-        };
-        tracing::info!(key = %key.public().id(), signatures = %at, "{what}");
         let statement = crate::provenance::statement(&crate::provenance::Build {
             repository: &target.repository_path(),
             digest: &output.published.digest,
@@ -493,17 +484,24 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             finished: now_rfc3339(),
         });
         let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
-        let attached = crate::cosign::attest(
-            &client,
-            target,
-            &output.published.digest,
-            key,
-            &statement,
-            output.unchanged,
-        )
-        .await
-        .with_context(|| format!("attaching the provenance of {}", output.published.reference))
-        .map_err(Failure::Build)?;
+        let digest = &output.published.digest;
+        let fresh = !output.unchanged;
+        // The signature and the provenance side by side: neither waits for the other.
+        let (signed, attached) = tokio::join!(
+            crate::cosign::sign(&client, target, digest, key, fresh),
+            crate::cosign::attest(&client, target, digest, key, &statement, fresh),
+        );
+        let signed = signed
+            .with_context(|| format!("signing {}", output.published.reference))
+            .map_err(Failure::Build)?;
+        let attached = attached
+            .with_context(|| format!("attaching the provenance of {}", output.published.reference))
+            .map_err(Failure::Build)?;
+        let (what, at) = match &signed {
+            crate::cosign::Signed::Pushed(at) => ("signed the image", at),
+            crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
+        };
+        tracing::info!(key = %key.public().id(), signatures = %at, "{what}");
         if let Some(at) = attached {
             tracing::info!(attestations = %at, "attached the SLSA provenance");
         }
