@@ -14,7 +14,7 @@
 //! - `controller`: `git` `runtime` `registry` `oci` `signing` `k8s_names` `redact` `capped`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
-//!   `provenance` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//!   `cosign` `provenance` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
 //! - `cosign`: `provenance` `registry` `oci` `signing`.
 //! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
 //!   `tarmeter` `capped`.

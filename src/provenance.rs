@@ -58,6 +58,14 @@ pub struct Build<'a> {
     pub finished: String,
 }
 
+/// The time now, RFC 3339 in UTC, to the second: a build's start or end.
+pub fn now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    crate::oci::rfc3339(secs)
+}
+
 fn sha256(d: &Digest) -> Value {
     json!({"sha256": d.hex()})
 }

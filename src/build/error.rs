@@ -67,6 +67,15 @@ pub enum Error {
     /// Publishing.
     #[error(transparent)]
     Publish(#[from] publish::Error),
+    /// Signing the image or attaching its provenance (`--sign-key`).
+    #[error("signing {image}")]
+    Attach {
+        /// The image, by digest.
+        image: String,
+        /// The cause.
+        #[source]
+        source: crate::cosign::AttachError,
+    },
     /// Looking for an image of this build in the target registry.
     #[error("looking for an image of this build in {target}")]
     Lookup {

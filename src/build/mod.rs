@@ -38,7 +38,8 @@ pub use error::Error;
 use function::Function;
 pub use load::run_source;
 pub use options::{
-    DepsOutput, FunctionSpec, Inputs, Options, Output, Stage, Target, dependency_media_type,
+    DepsOutput, FunctionSpec, Inputs, Options, Output, Signing, Stage, Target,
+    dependency_media_type,
 };
 use publish::Published;
 pub use split::run_lookup;
@@ -110,7 +111,10 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             && let Some(found) =
                 existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
         {
-            return Ok(unchanged(found, planned.image_key, loaded.commit, inputs));
+            let mut output = unchanged(found, planned.image_key, loaded.commit, inputs);
+            let prepared = prepare_attachments(client, opts, &output, false).await?;
+            output.attached = push_attachments(client, &output, prepared).await?;
+            return Ok(output);
         }
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
@@ -125,17 +129,35 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         };
         let image_key = planned.image_key.clone();
         let assembled = assemble::assemble(&base, deps.as_ref(), source, planned)?;
-        let published = assemble::publish(
+        let mut output = Output {
+            published: Published {
+                reference: String::new(),
+                digest: assembled.image.manifest.digest.clone(),
+                blobs: Vec::new(),
+            },
+            image_key,
+            image: None,
+            unchanged: false,
+            commit: loaded.commit,
+            inputs,
+            attached: None,
+        };
+        let publishing = assemble::publish(
             client,
             opts,
             &cache,
             &assembled.image,
             &base,
             assembled.plans,
-            &image_key,
-        )
-        .await?;
-        tracing::info!(reference = %published.reference, "built");
+            &output.image_key,
+        );
+        // The signature and the provenance are made ready while the image goes up: once its
+        // manifest is there, only theirs remain.
+        let (published, prepared) =
+            tokio::join!(publishing, prepare_attachments(client, opts, &output, true));
+        output.published = published?;
+        tracing::info!(reference = %output.published.reference, "built");
+        output.attached = push_attachments(client, &output, prepared?).await?;
         if let (Some(repo), Some(dep), Some(inputs)) = (store_in, &deps, &function.deps) {
             store_in_cache_repo(
                 client,
@@ -147,14 +169,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             )
             .await;
         }
-        Ok(Output {
-            published,
-            image_key,
-            image: Some(assembled.image),
-            unchanged: false,
-            commit: loaded.commit,
-            inputs,
-        })
+        output.image = Some(assembled.image);
+        Ok(output)
     }
     .instrument(span)
     .await
@@ -182,7 +198,6 @@ async fn staged_or_checked(
     }
 }
 
-/// The output of a build whose image the target already holds: nothing installed or pushed.
 /// What the build is made of, by digest (see [`Inputs`]).
 fn inputs(
     opts: &Options,
@@ -220,6 +235,7 @@ fn inputs(
     }
 }
 
+/// The output of a build whose image the target already holds: nothing installed or pushed.
 fn unchanged(
     found: existing::Found,
     image_key: Digest,
@@ -243,7 +259,59 @@ fn unchanged(
         unchanged: true,
         commit,
         inputs,
+        attached: None,
     }
+}
+
+/// With `--sign-key`, the signature and provenance of `output`'s image made ready (see
+/// [`crate::cosign::prepare`]); `fresh`: its manifest is going up now.
+async fn prepare_attachments(
+    client: &Client,
+    opts: &Options,
+    output: &Output,
+    fresh: bool,
+) -> Result<Option<crate::cosign::Prepared>, Error> {
+    let (Some(signing), Target::Registry(target)) = (&opts.signing, &opts.target) else {
+        return Ok(None);
+    };
+    let digest = &output.published.digest;
+    let statement = crate::provenance::statement(&crate::provenance::Build {
+        repository: &target.repository_path(),
+        digest,
+        build_key: &output.image_key,
+        inputs: &output.inputs,
+        external: signing.external.clone(),
+        started: signing.started.clone(),
+        // The image is complete: only its push (beside this) remains.
+        finished: crate::provenance::now(),
+    });
+    let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
+    crate::cosign::prepare(client, target, digest, &signing.key, &statement, fresh)
+        .await
+        .map(Some)
+        .map_err(|source| Error::Attach {
+            image: format!("{}@{digest}", target.repository_path()),
+            source,
+        })
+}
+
+/// Puts what [`prepare_attachments`] made ready, once the image's manifest is up.
+async fn push_attachments(
+    client: &Client,
+    output: &Output,
+    prepared: Option<crate::cosign::Prepared>,
+) -> Result<Option<crate::cosign::Attached>, Error> {
+    let Some(prepared) = prepared else {
+        return Ok(None);
+    };
+    prepared
+        .push(client)
+        .await
+        .map(Some)
+        .map_err(|source| Error::Attach {
+            image: output.published.reference.clone(),
+            source,
+        })
 }
 
 /// The dependency layer for `dep_key` (cached, from the cache repository, or installed), and

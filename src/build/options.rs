@@ -110,6 +110,19 @@ pub struct Options {
     /// `--lockfile-install auto`: install from the lock file without the package manager
     /// when the lock decides everything (see [`lockfile`]).
     pub lockfile_install: bool,
+    /// `--sign-key`: sign the image and attach its provenance (registry targets only).
+    pub signing: Option<Signing>,
+}
+
+/// What signing an image and attesting its provenance needs (see [`crate::cosign`]).
+#[derive(Clone, Debug)]
+pub struct Signing {
+    /// The key.
+    pub key: std::sync::Arc<crate::cosign::SignKey>,
+    /// The flags that change the image: the provenance's external parameters.
+    pub external: serde_json::Value,
+    /// When the build started (RFC 3339).
+    pub started: String,
 }
 
 /// The media type a dependency layer is written, cached and staged with. In the image it
@@ -136,6 +149,8 @@ pub struct Output {
     pub commit: Option<String>,
     /// What it was made from, for its provenance.
     pub inputs: Inputs,
+    /// The signature and provenance attached, with `signing`.
+    pub attached: Option<crate::cosign::Attached>,
 }
 
 /// A finished `--stage deps`.

@@ -369,16 +369,15 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 }
 
 async fn build(args: BuildArgs) -> Result<String, Failure> {
-    let started = now_rfc3339();
+    let started = crate::provenance::now();
     let env = Env::read();
     let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
     let sign_key = match (&args.sign_key, &opts.target) {
         (None, _) => None,
-        (Some(spec), build::Target::Registry(target)) => {
-            let key = super::verify::read_key(spec, "--sign-key", crate::cosign::SignKey::from_pem)
-                .map_err(Failure::Usage)?;
-            Some((key, target.clone()))
-        }
+        (Some(spec), build::Target::Registry(_)) => Some(
+            super::verify::read_key(spec, "--sign-key", crate::cosign::SignKey::from_pem)
+                .map_err(Failure::Usage)?,
+        ),
         (Some(_), build::Target::Layout { .. }) => {
             return Err(Failure::Usage(anyhow!(
                 "--sign-key stores the signature in the image's registry: name a registry \
@@ -464,6 +463,11 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             .dependencies
             .map_or_else(|| "none".to_string(), |l| l.digest.to_string()));
     }
+    opts.signing = sign_key.map(|key| build::Signing {
+        key: std::sync::Arc::new(key),
+        external: external_parameters(&opts),
+        started,
+    });
     let output = build::run(&client, &opts).await.map_err(build_failure)?;
     // An unchanged build made no image here: it was checked when it was built.
     if extra.verify
@@ -473,36 +477,14 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             .context("verifying the built image")
             .map_err(Failure::Build)?;
     }
-    if let Some((key, target)) = &sign_key {
-        let statement = crate::provenance::statement(&crate::provenance::Build {
-            repository: &target.repository_path(),
-            digest: &output.published.digest,
-            build_key: &output.image_key,
-            inputs: &output.inputs,
-            external: external_parameters(&opts),
-            started: started.clone(),
-            finished: now_rfc3339(),
-        });
-        let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
-        let digest = &output.published.digest;
-        let fresh = !output.unchanged;
-        // The signature and the provenance side by side: neither waits for the other.
-        let (signed, attached) = tokio::join!(
-            crate::cosign::sign(&client, target, digest, key, fresh),
-            crate::cosign::attest(&client, target, digest, key, &statement, fresh),
-        );
-        let signed = signed
-            .with_context(|| format!("signing {}", output.published.reference))
-            .map_err(Failure::Build)?;
-        let attached = attached
-            .with_context(|| format!("attaching the provenance of {}", output.published.reference))
-            .map_err(Failure::Build)?;
-        let (what, at) = match &signed {
+    if let Some(attached) = &output.attached {
+        let (what, at) = match &attached.signature {
             crate::cosign::Signed::Pushed(at) => ("signed the image", at),
             crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
         };
-        tracing::info!(key = %key.public().id(), signatures = %at, "{what}");
-        if let Some(at) = attached {
+        let key = opts.signing.as_ref().map(|s| s.key.public().id());
+        tracing::info!(key = key.unwrap_or_default(), signatures = %at, "{what}");
+        if let Some(at) = &attached.provenance {
             tracing::info!(attestations = %at, "attached the SLSA provenance");
         }
     }
@@ -569,14 +551,6 @@ fn build_failure(e: build::Error) -> Failure {
     } else {
         Failure::Build(e)
     }
-}
-
-/// The time now, RFC 3339 in UTC, to the second.
-fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    crate::oci::rfc3339(secs)
 }
 
 /// The flags that change the image, for the provenance's `externalParameters`.

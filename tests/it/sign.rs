@@ -126,6 +126,27 @@ fn signatures_verify_with_their_key_and_fail_for_another_key_a_changed_payload_o
         );
         verify(&reference, &key(public)).reference();
     }
+    // An edit and its revert: the reverted build pushes its image again (the tag held the
+    // edit's), meets the signatures already there, and keeps both keys' without a second
+    // one of its own. Both images verify.
+    let handler = dir.join("handler.js");
+    let original = std::fs::read_to_string(&handler).unwrap();
+    std::fs::write(&handler, format!("{original}// an edit\n")).unwrap();
+    let edited = build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
+    assert_ne!(edited, reference);
+    verify(&edited, &key("a.pub")).reference();
+    std::fs::write(&handler, &original).unwrap();
+    assert_eq!(
+        build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key")),
+        reference
+    );
+    for public in ["a.pub", "b.pub"] {
+        assert_eq!(
+            check(&["verify", &host, "fns/hello", &digest, &key(public)]),
+            "1",
+            "{public}'s signatures after the revert"
+        );
+    }
     // A signature of another image, stored as this one's: valid, but not for this digest.
     let other_dir = copy_fixture("hello-node", &work.path().join("other"));
     std::fs::write(other_dir.join("extra.txt"), "another image").unwrap();

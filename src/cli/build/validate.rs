@@ -88,6 +88,7 @@ pub(super) fn validate(
             CompressionArg::Zstd => crate::oci::Compression::Zstd,
         },
         lockfile_install: args.lockfile_install == LockfileInstallArg::Auto,
+        signing: None,
     };
     let extra = Extra {
         digest_file: args.digest_file.clone(),
