@@ -12,7 +12,10 @@ and a bare server that does the same work with nothing around it (Node: `http.cr
 Python: a plain WSGI app on cheroot, the WSGI server kiln's Python server runs on), and loads
 each in turn in interleaved rounds, with oha when it is installed (`cargo install oha`; HTTP/1.1
 keep-alive) or else ApacheBench (`ab -k`, HTTP/1.0 keep-alive). It prints the median requests
-per second of each and kiln's share of the bare rate.
+per second of each and kiln's share of the bare rate, and the server's CPU time per request
+(its whole process tree, from /proc, around the measured load) with the bare server's share
+of it: with the load generator on the same cores the rate ratio moves from run to run more
+than the server's cost does, and the CPU time does not.
 
 The new handler API (nodejs26, python314) has cases of its own, `express` and `flask`: kiln's
 `express/server.js` and `flask/server.py` against a bare Express app (express.json() and one
@@ -252,27 +255,49 @@ def load(port, path, headers, requests, body=None):
     return float(re.search(r'Requests per second:\s+([\d.]+)', out).group(1))
 
 
-def rss_kib(pid):
-    """Resident memory of a process and all its descendants (Kyma's Python server forks;
-    `kiln run` has the sandbox and the server under it), KiB."""
-    total = 0
-    pids, seen = [str(pid)], set()
+def tree(pid):
+    """A process and all its descendants (Kyma's Python server forks; `kiln run` has the
+    sandbox and the server under it)."""
+    pids, seen = [str(pid)], []
     while pids:
         p = pids.pop()
         if p in seen:
             continue
-        seen.add(p)
+        seen.append(p)
         try:
             pids += subprocess.run(['pgrep', '-P', p], capture_output=True,
                                    text=True).stdout.split()
         except OSError:
             pass
+    return seen
+
+
+def rss_kib(pid):
+    """Resident memory of a process and its descendants, KiB."""
+    total = 0
+    for p in tree(pid):
         try:
             with open(f'/proc/{p}/status') as f:
                 total += int(re.search(r'VmRSS:\s+(\d+)', f.read()).group(1))
         except (OSError, AttributeError):
             pass
     return total
+
+
+TICK = os.sysconf('SC_CLK_TCK')
+
+
+def cpu_seconds(pids):
+    """CPU time (user + system) the processes `pids` have used so far, seconds."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f'/proc/{p}/stat') as f:
+                fields = f.read().rsplit(')', 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / TICK
 
 
 def setup_kyma(checkout, work, node26):
@@ -444,6 +469,7 @@ def main():
         starters['flask'].append(('kyma', kyma_flask))
     idle = {}
     results = {}
+    cpu = {}
     for rnd in range(ROUNDS):
         for runtime, fn, headers in cases:
             for who, start in starters[runtime]:
@@ -467,11 +493,17 @@ def main():
                     n = REQUESTS if fn != 'mandel' else max(200, REQUESTS // 50)
                     body = POST_BODY if fn == 'post' else None
                     load(port, '/', headers, max(100, n // 10), body)  # warm-up (JIT, threads)
+                    # The server's own CPU time per request: unlike the rate, it does not
+                    # move with what the load generator takes from the same cores.
+                    pids = tree(proc.pid)
+                    before = cpu_seconds(pids)
                     rps = load(port, '/', headers, n, body)
+                    cpu_us = (cpu_seconds(pids) - before) / n * 1e6
                 finally:
                     proc.terminate()
                     proc.wait()
                 results.setdefault((runtime, fn, who), []).append(rps)
+                cpu.setdefault((runtime, fn, who), []).append(cpu_us)
         print(f'round {rnd + 1}/{ROUNDS} done', file=sys.stderr)
     shutil.rmtree(work, ignore_errors=True)
     print(f"{'oha (HTTP/1.1)' if OHA else 'ab -k (HTTP/1.0)'}, {CONCURRENCY} connections, "
@@ -480,7 +512,7 @@ def main():
     head = f"{'runtime':8} {'function':10} {'kiln req/s':>11} {'bare req/s':>11} {'kiln/bare':>9}"
     if checkout:
         head += f" {'Kyma req/s':>11} {'kiln/Kyma':>9}"
-    print(head)
+    print(head + f" {'kiln µs':>8} {'bare µs':>8} {'bare/kiln':>9}")
     for runtime, fn, _ in cases:
         k = statistics.median(results[(runtime, fn, 'kiln')])
         b = statistics.median(results[(runtime, fn, 'bare')])
@@ -488,7 +520,13 @@ def main():
         if (runtime, fn, 'kyma') in results:
             y = statistics.median(results[(runtime, fn, 'kyma')])
             line += f' {y:11.0f} {k / y:9.2f}'
-        print(line)
+        elif checkout:
+            line += f" {'':>11} {'':>9}"
+        kc = statistics.median(cpu[(runtime, fn, 'kiln')])
+        bc = statistics.median(cpu[(runtime, fn, 'bare')])
+        print(line + f' {kc:8.1f} {bc:8.1f} {bc / kc:9.2f}')
+    print('(µs: the server\'s CPU time per request, its whole process tree; bare/kiln is the '
+          'share of kiln\'s CPU time a bare server needs)')
     print('resident memory at idle (hello Function, after start-up), median KiB:')
     for (runtime, who), values in sorted(idle.items()):
         print(f'  {runtime:8} {who:5} {statistics.median(values):8.0f}')
