@@ -74,7 +74,7 @@ pub enum Error {
         image: String,
         /// The cause.
         #[source]
-        source: crate::cosign::AttachError,
+        source: Box<crate::cosign::AttachError>,
     },
     /// Looking for an image of this build in the target registry.
     #[error("looking for an image of this build in {target}")]

@@ -291,7 +291,7 @@ async fn prepare_attachments(
         .map(Some)
         .map_err(|source| Error::Attach {
             image: format!("{}@{digest}", target.repository_path()),
-            source,
+            source: Box::new(source),
         })
 }
 
@@ -310,7 +310,7 @@ async fn push_attachments(
         .map(Some)
         .map_err(|source| Error::Attach {
             image: output.published.reference.clone(),
-            source,
+            source: Box::new(source),
         })
 }
 
