@@ -96,8 +96,9 @@ async fn copy_to_secret(
     Ok(Action::await_change())
 }
 
+/// Waits up to 10 s: a loaded 2-core machine took over 2 s to see one apply.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..100 {
+    for _ in 0..500 {
         if check() {
             return;
         }
