@@ -1,6 +1,6 @@
 //! SLSA v1.0 provenance for a built image: an in-toto Statement (v1) whose subject is the
 //! image's manifest, signed in a DSSE envelope and attached the way `cosign attest` attaches
-//! one (see [`crate::cosign::attest`]).
+//! one (see [`crate::cosign::prepare`]).
 //!
 //! The build's start and end times are in the provenance, never in the image, so the image
 //! stays reproducible; every input is named by digest ([`Inputs`]).

@@ -1,0 +1,301 @@
+//! Storing a signature and an attestation beside an image, as cosign does.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use bytes::Bytes;
+use serde_json::json;
+
+use super::{
+    DSSE_ENVELOPE, SIGNATURE_ANNOTATION, SIMPLE_SIGNING, SignKey, attestation_tag, existing,
+    payload, signature_of, signature_tag,
+};
+use crate::oci::{Descriptor, Digest, Document, Manifest, MediaType};
+use crate::registry::{self, BlobSource, Client, Reference};
+
+/// What signing did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Signed {
+    /// A signature by this key was pushed, to this reference.
+    Pushed(String),
+    /// The image already carried a valid signature by this key.
+    Present(String),
+}
+
+/// What [`Prepared::push`] attached to an image.
+#[derive(Debug)]
+pub struct Attached {
+    /// The signature.
+    pub signature: Signed,
+    /// Where the provenance went, when it was added (an image found unchanged keeps its own).
+    pub provenance: Option<String>,
+}
+
+/// An image's signature and provenance, made ready while the image itself is pushed: their
+/// tags read, their layers and configs uploaded, so that once the image's manifest is up
+/// only their two manifests remain ([`Prepared::push`]). Nothing is tagged before that.
+#[derive(Debug)]
+pub struct Prepared {
+    signature: Pending,
+    provenance: Pending,
+}
+
+/// A signature or attestation (or what went wrong making it ready).
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    /// The signature.
+    #[error("the signature")]
+    Signature(#[source] registry::Error),
+    /// The provenance.
+    #[error("the provenance attestation")]
+    Provenance(#[source] registry::Error),
+}
+
+/// Prepares the signature of the manifest `digest` in `image`'s repository by `key`, and the
+/// attestation of `statement` (an in-toto Statement about it, signed in a DSSE envelope),
+/// both as cosign stores them: beside the other keys' signatures under `sha256-<hex>.sig`,
+/// and beside the other attestations under `sha256-<hex>.att` with its predicate type.
+///
+/// `fresh`: the image is new in the repository (its manifest is going up now), so its tags
+/// are nearly always absent: each layer and the config of a manifest of it alone are uploaded
+/// while the tag is read, without a `HEAD` first. Otherwise (a rebuild that found its image)
+/// an image already signed by this key, or with an attestation, is left as it is.
+///
+/// # Errors
+/// Registry errors, saying which of the two failed.
+pub async fn prepare(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    statement: &[u8],
+    fresh: bool,
+) -> Result<Prepared, AttachError> {
+    let (signature, provenance) = tokio::join!(
+        prepare_signature(client, image, digest, key, fresh),
+        prepare_attestation(client, image, digest, key, statement, fresh),
+    );
+    Ok(Prepared {
+        signature: signature.map_err(AttachError::Signature)?,
+        provenance: provenance.map_err(AttachError::Provenance)?,
+    })
+}
+
+impl Prepared {
+    /// Puts the signature and attestation manifests, side by side: call it once the image's
+    /// own manifest is up.
+    ///
+    /// # Errors
+    /// Registry errors, saying which of the two failed.
+    pub async fn push(self, client: &Client) -> Result<Attached, AttachError> {
+        let (signature, provenance) =
+            tokio::join!(self.signature.push(client), self.provenance.push(client));
+        let signature = signature.map_err(AttachError::Signature)?;
+        let provenance = provenance.map_err(AttachError::Provenance)?;
+        Ok(Attached {
+            signature: if signature.added {
+                Signed::Pushed(signature.shown)
+            } else {
+                Signed::Present(signature.shown)
+            },
+            provenance: provenance.added.then_some(provenance.shown),
+        })
+    }
+}
+
+async fn prepare_signature(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    fresh: bool,
+) -> Result<Pending, registry::Error> {
+    let payload = payload(&image.repository_path(), digest);
+    let mut layer = Descriptor::new(
+        MediaType::from(SIMPLE_SIGNING),
+        Digest::of(&payload),
+        payload.len() as u64,
+    );
+    let signature = STANDARD.encode(key.sign(&payload));
+    layer.annotations = Some(BTreeMap::from([(
+        SIGNATURE_ANNOTATION.to_string(),
+        signature,
+    )]));
+    // The same payload already signed by this key: nothing to add.
+    let signed_already = |layers: &[Descriptor]| {
+        layers.iter().any(|l| {
+            l.digest == layer.digest
+                && signature_of(l).is_some_and(|s| key.public().verify(&payload, &s))
+        })
+    };
+    let tag = signature_tag(digest);
+    let addition = Addition {
+        layer: layer.clone(),
+        blob: payload.clone(),
+        fresh,
+    };
+    prepare_append(client, image, &tag, addition, signed_already).await
+}
+
+async fn prepare_attestation(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    statement: &[u8],
+    fresh: bool,
+) -> Result<Pending, registry::Error> {
+    use crate::provenance::{PAYLOAD_TYPE, PREDICATE_TYPE, pae};
+    let signature = STANDARD.encode(key.sign(&pae(PAYLOAD_TYPE, statement)));
+    let envelope = serde_json::to_vec(&json!({
+        "payloadType": PAYLOAD_TYPE,
+        "payload": STANDARD.encode(statement),
+        "signatures": [{"keyid": "", "sig": signature}],
+    }))
+    .expect("a JSON value serialises");
+    let mut layer = Descriptor::new(
+        MediaType::from(DSSE_ENVELOPE),
+        Digest::of(&envelope),
+        envelope.len() as u64,
+    );
+    layer.annotations = Some(BTreeMap::from([
+        (SIGNATURE_ANNOTATION.to_string(), String::new()),
+        ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
+    ]));
+    let has_provenance = |layers: &[Descriptor]| !fresh && !layers.is_empty();
+    let tag = attestation_tag(digest);
+    let addition = Addition {
+        layer,
+        blob: envelope,
+        fresh,
+    };
+    prepare_append(client, image, &tag, addition, has_provenance).await
+}
+
+/// A layer to add to a cosign tag: its descriptor, its bytes, and whether the image is new
+/// in the repository.
+struct Addition {
+    layer: Descriptor,
+    blob: Vec<u8>,
+    fresh: bool,
+}
+
+/// A cosign manifest ready to be put (`manifest`, or `None` when its tag already holds what
+/// it would add), and the tag as shown.
+#[derive(Debug)]
+struct Pending {
+    tag_ref: Reference,
+    shown: String,
+    manifest: Option<Document>,
+}
+
+/// What putting a [`Pending`] did.
+struct Put {
+    shown: String,
+    added: bool,
+}
+
+impl Pending {
+    async fn push(self, client: &Client) -> Result<Put, registry::Error> {
+        let added = self.manifest.is_some();
+        if let Some(doc) = &self.manifest {
+            client.put_manifest(&self.tag_ref, doc).await?;
+        }
+        Ok(Put {
+            shown: self.shown,
+            added,
+        })
+    }
+}
+
+/// Prepares the addition of a layer to the cosign manifest tagged `tag` in `image`'s
+/// repository, after the layers already there, unless `done` says those hold what it would
+/// add: uploads the layer's blob and the config cosign writes, and makes the manifest.
+async fn prepare_append(
+    client: &Client,
+    image: &Reference,
+    tag: &str,
+    addition: Addition,
+    done: impl Fn(&[Descriptor]) -> bool,
+) -> Result<Pending, registry::Error> {
+    let tag_ref = image.with_tag(tag)?;
+    let shown = format!("{}:{tag}", image.repository_path());
+    let upload = |desc: Descriptor, bytes: Vec<u8>| async move {
+        client
+            .push_new_blob(image, &desc, BlobSource::Bytes(Bytes::from(bytes)))
+            .await
+    };
+    let Addition { layer, blob, fresh } = addition;
+    let alone = config_for(std::slice::from_ref(&layer));
+    let found = if fresh {
+        let (found, layer_up, config_up) = tokio::join!(
+            existing(client, &tag_ref),
+            upload(layer.clone(), blob.clone()),
+            upload(alone.0.clone(), alone.1.clone()),
+        );
+        layer_up?;
+        config_up?;
+        found?
+    } else {
+        existing(client, &tag_ref).await?
+    };
+    let mut layers = found.map(|m| m.layers).unwrap_or_default();
+    if done(&layers) {
+        return Ok(Pending {
+            tag_ref,
+            shown,
+            manifest: None,
+        });
+    }
+    layers.push(layer.clone());
+    let (config_desc, config) = config_for(&layers);
+    if !fresh {
+        let (layer_up, config_up) =
+            tokio::join!(upload(layer, blob), upload(config_desc.clone(), config));
+        layer_up?;
+        config_up?;
+    } else if config_desc.digest != alone.0.digest {
+        // Other signatures were there: the config names theirs too.
+        upload(config_desc.clone(), config).await?;
+    }
+    let manifest = Manifest {
+        schema_version: 2,
+        media_type: Some(MediaType::OciManifest),
+        artifact_type: None,
+        config: config_desc,
+        layers,
+        subject: None,
+        annotations: None,
+    };
+    let doc = Document::new(
+        MediaType::OciManifest,
+        serde_json::to_vec(&manifest).expect("a manifest serialises"),
+    );
+    Ok(Pending {
+        tag_ref,
+        shown,
+        manifest: Some(doc),
+    })
+}
+
+/// The config cosign writes for a signature or attestation manifest of `layers`: one diff id
+/// per layer, no platform. Its descriptor and bytes.
+fn config_for(layers: &[Descriptor]) -> (Descriptor, Vec<u8>) {
+    let diff_ids: Vec<String> = layers.iter().map(|l| l.digest.to_string()).collect();
+    let config = serde_json::to_vec(&json!({
+        "architecture": "",
+        "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"}],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "config": {},
+    }))
+    .expect("a JSON value serialises");
+    let desc = Descriptor::new(
+        MediaType::OciConfig,
+        Digest::of(&config),
+        config.len() as u64,
+    );
+    (desc, config)
+}

@@ -1,0 +1,258 @@
+//! `kiln verify`: an image's signature and provenance checked against a key.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+
+use super::{
+    DSSE_ENVELOPE, MAX_ENVELOPE, MAX_PAYLOAD, SIMPLE_SIGNING, VerifyKey, attestation_tag, existing,
+    signature_of, signature_tag, signed_digest,
+};
+use crate::oci::{Digest, Manifest};
+use crate::registry::{self, Client, Reference};
+
+/// Why an image did not verify.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// The image has no signature tag.
+    #[error("{image} has no signatures: nothing is tagged {tag}")]
+    Unsigned {
+        /// The image.
+        image: String,
+        /// The tag looked for.
+        tag: String,
+    },
+    /// Signatures exist, none valid for the key.
+    #[error("no signature of {image} verifies with key {key}: {reasons}")]
+    NoValidSignature {
+        /// The image.
+        image: String,
+        /// The key's id.
+        key: String,
+        /// Why each signature failed, `; `-separated.
+        reasons: String,
+    },
+    /// `--build-key` was asked for and no provenance by the key exists.
+    #[error(
+        "{image} has no provenance signed by key {key}, so nothing says it is build {build_key}"
+    )]
+    NoProvenance {
+        /// The image.
+        image: String,
+        /// The key's id.
+        key: String,
+        /// The build key asked for.
+        build_key: String,
+    },
+    /// Provenances by the key exist, none for this image (and build key).
+    #[error("the provenance of {image} does not hold: {reasons}")]
+    BadProvenance {
+        /// The image.
+        image: String,
+        /// Why each provenance failed.
+        reasons: String,
+    },
+    /// A registry request failed.
+    #[error("reading {what}")]
+    Registry {
+        /// What was being read.
+        what: String,
+        /// The cause.
+        #[source]
+        source: registry::Error,
+    },
+}
+
+/// A verified image.
+#[derive(Debug)]
+pub struct Verified {
+    /// The manifest digest that was signed.
+    pub digest: Digest,
+    /// The verified payload, as signed.
+    pub payload: Vec<u8>,
+    /// The build key of its verified provenance, if it has one by the key.
+    pub build_key: Option<String>,
+}
+
+/// Checks that `image` (by tag or digest) carries a signature by `key` over a simple signing
+/// payload naming its manifest digest, and that a provenance `key` signed names it too: with
+/// `build_key`, such a provenance must exist and be for that build key; without, one that
+/// exists must still name this image.
+///
+/// # Errors
+/// [`VerifyError`] with the reason.
+pub async fn verify(
+    client: &Client,
+    image: &Reference,
+    key: &VerifyKey,
+    build_key: Option<&str>,
+) -> Result<Verified, VerifyError> {
+    let shown = image.to_string();
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let digest = match &image.digest {
+        Some(d) => d.clone(),
+        None => {
+            client
+                .head_manifest(image)
+                .await
+                .map_err(registry_err(shown.clone()))?
+                .ok_or_else(|| VerifyError::Registry {
+                    what: shown.clone(),
+                    source: registry::Error::Protocol {
+                        method: reqwest::Method::HEAD,
+                        url: shown.clone(),
+                        problem: "the image does not exist",
+                    },
+                })?
+                .digest
+        }
+    };
+    let tag = signature_tag(&digest);
+    let (sig_ref, found) = tagged(client, image, &tag, &shown, "signatures").await?;
+    let Some(manifest) = found else {
+        return Err(VerifyError::Unsigned { image: shown, tag });
+    };
+    let mut reasons = Vec::new();
+    for layer in &manifest.layers {
+        if layer.media_type.as_str() != SIMPLE_SIGNING {
+            reasons.push(format!("a layer of type {}", layer.media_type.as_str()));
+            continue;
+        }
+        let Some(signature) = signature_of(layer) else {
+            reasons.push("a payload without a base64 signature annotation".into());
+            continue;
+        };
+        if layer.size > MAX_PAYLOAD {
+            reasons.push(format!("a payload of {} bytes", layer.size));
+            continue;
+        }
+        let payload = client
+            .get_blob(&sig_ref, layer)
+            .await
+            .map_err(registry_err(format!("signature payload {}", layer.digest)))?;
+        if !key.verify(&payload, &signature) {
+            reasons.push("a signature that is not this key's over its payload".into());
+            continue;
+        }
+        match signed_digest(&payload) {
+            Ok(signed) if signed == digest => {
+                let build_key = provenance(client, image, &digest, key, build_key).await?;
+                return Ok(Verified {
+                    digest,
+                    payload,
+                    build_key,
+                });
+            }
+            Ok(signed) => reasons.push(format!("a valid signature of another image ({signed})")),
+            Err(why) => reasons.push(why),
+        }
+    }
+    Err(VerifyError::NoValidSignature {
+        image: shown,
+        key: key.id(),
+        reasons: reasons.join("; "),
+    })
+}
+
+/// The build key of the provenance `key` signed for the manifest `digest` (see [`verify`]).
+async fn provenance(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &VerifyKey,
+    wanted: Option<&str>,
+) -> Result<Option<String>, VerifyError> {
+    use crate::provenance::{PAYLOAD_TYPE, claims, pae};
+    let shown = format!("{}@{digest}", image.repository_path());
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let tag = attestation_tag(digest);
+    let (att_ref, found) = tagged(client, image, &tag, &shown, "attestations").await?;
+    let layers = found.map(|m| m.layers).unwrap_or_default();
+    let mut reasons = Vec::new();
+    let mut found = false;
+    for layer in layers
+        .iter()
+        .filter(|l| l.media_type.as_str() == DSSE_ENVELOPE)
+    {
+        if layer.size > MAX_ENVELOPE {
+            reasons.push(format!("an envelope of {} bytes", layer.size));
+            continue;
+        }
+        let bytes = client
+            .get_blob(&att_ref, layer)
+            .await
+            .map_err(registry_err(format!("attestation {}", layer.digest)))?;
+        let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+            reasons.push("an envelope that is not JSON".into());
+            continue;
+        };
+        let payload_type = envelope["payloadType"].as_str().unwrap_or_default();
+        let Some(payload) = envelope["payload"]
+            .as_str()
+            .and_then(|p| STANDARD.decode(p).ok())
+        else {
+            reasons.push("an envelope without a base64 payload".into());
+            continue;
+        };
+        let signed = envelope["signatures"].as_array().is_some_and(|sigs| {
+            sigs.iter().any(|s| {
+                s["sig"]
+                    .as_str()
+                    .and_then(|s| STANDARD.decode(s).ok())
+                    .is_some_and(|sig| key.verify(&pae(payload_type, &payload), &sig))
+            })
+        });
+        if !signed || payload_type != PAYLOAD_TYPE {
+            // Another key's attestation (or not an in-toto one): not this check's business.
+            continue;
+        }
+        found = true;
+        match claims(&payload) {
+            Err(why) => reasons.push(why),
+            Ok(c) if !c.subjects.iter().any(|s| s == digest.hex()) => reasons.push(format!(
+                "a provenance of another image (subject sha256:{})",
+                c.subjects.join(", sha256:")
+            )),
+            Ok(c) => match (wanted, &c.build_key) {
+                (Some(want), Some(have)) if want != have => {
+                    reasons.push(format!("a provenance of build key {have}"));
+                }
+                (Some(_), None) => reasons.push("a provenance without a build key".into()),
+                _ => return Ok(c.build_key),
+            },
+        }
+    }
+    match (found, wanted) {
+        (false, None) => Ok(None),
+        (false, Some(want)) => Err(VerifyError::NoProvenance {
+            image: shown,
+            key: key.id(),
+            build_key: want.to_string(),
+        }),
+        (true, _) => Err(VerifyError::BadProvenance {
+            image: shown,
+            reasons: reasons.join("; "),
+        }),
+    }
+}
+
+/// The cosign manifest tagged `tag` in the repository of `image` (`shown`): the tag's
+/// reference, and the manifest if there is one. `what` it holds names it in errors.
+async fn tagged(
+    client: &Client,
+    image: &Reference,
+    tag: &str,
+    shown: &str,
+    what: &str,
+) -> Result<(Reference, Option<Manifest>), VerifyError> {
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let tag_ref = Reference {
+        digest: None,
+        ..image
+            .with_tag(tag)
+            .map_err(registry_err(shown.to_string()))?
+    };
+    let found = existing(client, &tag_ref)
+        .await
+        .map_err(registry_err(format!("the {what} of {shown}")))?;
+    Ok((tag_ref, found))
+}
