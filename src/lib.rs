@@ -11,7 +11,8 @@
 //! module.
 //!
 //! - `cli`, `fuzzing`: anything.
-//! - `controller`: `git` `runtime` `registry` `oci` `signing` `k8s_names` `redact` `capped`.
+//! - `controller`: `git` `runtime` `registry` `oci` `signing` `cosign` `k8s_names` `redact`
+//!   `capped`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
 //!   `cosign` `provenance` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.

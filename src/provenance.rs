@@ -136,6 +136,8 @@ pub struct Claims {
     pub subjects: Vec<String>,
     /// `buildDefinition.internalParameters.buildKey`.
     pub build_key: Option<String>,
+    /// `buildDefinition.externalParameters.image`: the reference the build pushed to.
+    pub image: Option<String>,
 }
 
 /// Reads a Statement's subject digests and build key; `Err` with the reason when it is not an
@@ -163,9 +165,13 @@ pub fn claims(statement: &[u8]) -> Result<Claims, String> {
     let build_key = doc["predicate"]["buildDefinition"]["internalParameters"]["buildKey"]
         .as_str()
         .map(str::to_string);
+    let image = doc["predicate"]["buildDefinition"]["externalParameters"]["image"]
+        .as_str()
+        .map(str::to_string);
     Ok(Claims {
         subjects,
         build_key,
+        image,
     })
 }
 

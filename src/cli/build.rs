@@ -565,7 +565,13 @@ fn external_parameters(opts: &Options) -> serde_json::Value {
             "baseDir": source.base_dir.to_string(),
         }),
     };
+    // The reference pushed to, tag included: a controller's build key is its tag.
+    let image = match &opts.target {
+        build::Target::Registry(r) => Some(r.to_string()),
+        build::Target::Layout { .. } => None,
+    };
     serde_json::json!({
+        "image": image,
         "source": source,
         "runtime": opts.runtime.name,
         "name": opts.name,

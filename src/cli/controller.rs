@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use clap::{Args, ValueEnum};
 
 use super::Failure;
@@ -66,6 +66,24 @@ pub struct ControllerArgs {
     /// makes it with a new key when it is missing; to rotate, delete it.
     #[arg(long, default_value = "kiln-cache-signing", value_name = "NAME")]
     pub cache_signing_secret: String,
+    /// Sign every image build Jobs push, with SLSA provenance, using the ECDSA P-256 key in
+    /// this Secret in --namespace: keys cosign.key (PEM, cosign's encrypted format or
+    /// PKCS#8), cosign.password (if encrypted) and cosign.pub, as `cosign generate-key-pair
+    /// k8s://NAMESPACE/NAME` makes it. It is copied into --build-namespace and mounted only by
+    /// the container that pushes, never where dependencies install.
+    #[arg(long, value_name = "NAME", env = "KILN_IMAGE_SIGNING_SECRET")]
+    pub image_signing_secret: Option<String>,
+    /// Deploy an image only if it carries a signature and an SLSA provenance by the key in
+    /// --image-signing-secret (its cosign.pub) that names the Function's build key, checked
+    /// every time an image is taken for a build key: an image planted in a shared registry,
+    /// or one whose provenance names another build, is rebuilt or refused, never deployed.
+    #[arg(
+        long,
+        requires = "image_signing_secret",
+        env = "KILN_REQUIRE_PROVENANCE",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
+    pub require_provenance: bool,
     /// Where nodes pull images from, when it differs from --registry.
     #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_PULL_REGISTRY")]
     pub pull_registry: Option<String>,
@@ -344,6 +362,15 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
         CacheScopeArg::Namespace => CacheScope::Namespace,
     };
     config.cache_signing_secret = args.cache_signing_secret.clone();
+    config.image_signing_secret = args.image_signing_secret.clone().filter(|s| !s.is_empty());
+    config.require_provenance = args.require_provenance;
+    if config.require_provenance && config.image_signing_secret.is_none() {
+        bail!(
+            "--require-provenance checks images against the public key of \
+             --image-signing-secret, which is empty: name the Secret (config.env's \
+             image-signing-secret), or turn --require-provenance off"
+        );
+    }
     config.cache_repo = match args.cache_repo.as_str() {
         "none" => None,
         "REGISTRY/kiln-cache" => Some(format!("{}/kiln-cache", config.registry)),

@@ -64,9 +64,17 @@ pub(super) async fn run(args: VerifyArgs) -> Result<String, Failure> {
     let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    let verified = cosign::verify(&client, &image, &key, args.build_key.as_deref())
-        .await
-        .map_err(|e| Failure::Build(e.into()))?;
+    let verified = cosign::verify(
+        &client,
+        &image,
+        &key,
+        cosign::Wanted {
+            build_key: args.build_key.as_deref(),
+            pushed_as: None,
+        },
+    )
+    .await
+    .map_err(|e| Failure::Build(e.into()))?;
     match &verified.build_key {
         Some(build_key) => tracing::info!(
             key = %key.id(), digest = %verified.digest, %build_key,

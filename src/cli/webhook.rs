@@ -82,6 +82,10 @@ pub struct WebhookArgs {
     /// The controller's cache signing Secret (its --cache-signing-secret): refused likewise.
     #[arg(long, default_value = "kiln-cache-signing", value_name = "NAME")]
     pub cache_signing_secret: String,
+    /// The controller's image signing Secret (its --image-signing-secret), if any: refused
+    /// likewise.
+    #[arg(long, value_name = "NAME", env = "KILN_IMAGE_SIGNING_SECRET")]
+    pub image_signing_secret: Option<String>,
 }
 
 /// Serves until SIGTERM or SIGINT.
@@ -128,6 +132,7 @@ fn validate(args: WebhookArgs) -> anyhow::Result<Options> {
         managed_secrets: [args.registry_secret, args.cache_signing_secret]
             .into_iter()
             .chain(args.pull_secret.filter(|s| !s.is_empty()))
+            .chain(args.image_signing_secret.filter(|s| !s.is_empty()))
             .collect(),
     })
 }

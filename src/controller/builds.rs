@@ -55,7 +55,16 @@ pub async fn step(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) ->
         // Built before (a revert, a Function created again): deployed if the registry still
         // has it.
         let image = format!("{}@{digest}", repository(plan));
-        if ctx.images.find(&image).await?.is_some() {
+        let found = ctx.images.find(&image).await?.is_some();
+        let why = if found {
+            unproven(ctx, plan, &image).await?
+        } else {
+            None
+        };
+        if let Some(why) = &why {
+            // Built again: an honest build signs what it pushes, also an image that exists.
+            tracing::info!(%image, why, "not deploying the image built before");
+        } else if found {
             ctx.slots.forget(&waiter(f));
             st.set(
                 Kind::BuildReady,
@@ -117,26 +126,30 @@ async fn finished(
         .and_then(|m| m.trim().rsplit_once('@'))
         .filter(|(repo, digest)| *repo == repository && digest.parse::<Digest>().is_ok());
     let Some((_, digest)) = reported else {
-        st.status.failed_builds = Some(st.status.failed_builds.unwrap_or(0) + 1);
-        let delay = backoff(ctx, st.status.failed_builds.unwrap_or(1));
-        st.set(
-            Kind::BuildReady,
-            State::False,
-            reason::JOB_FAILED,
+        return refuse(ctx, st, &name, reason::JOB_FAILED, |delay| {
             format!(
                 "Job {}/{name} succeeded but its build container reported no image of {repository} \
                     (termination message {:?}); it will be re-run in {}s",
                 ctx.config.build_namespace,
                 message.as_deref().unwrap_or_default().trim(),
                 delay.as_secs()
-            ),
-        );
-        let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.build_namespace);
-        apply::delete(&api, "Job", &name).await?;
-        ctx.slots.wake(running_jobs(ctx));
-        return Ok(Build::Pending(Some(delay)));
+            )
+        })
+        .await;
     };
     let digest = digest.to_string();
+    if let Some(why) = unproven(ctx, plan, &format!("{repository}@{digest}")).await? {
+        return refuse(ctx, st, &name, reason::PROVENANCE_INVALID, |delay| {
+            format!(
+                "Job {}/{name} pushed {repository}@{digest}, which is not deployed without a \
+                    provenance signed by the image signing key for this build: {why}; it will be \
+                    re-run in {}s",
+                ctx.config.build_namespace,
+                delay.as_secs()
+            )
+        })
+        .await;
+    }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
     records::record(ctx, f, &plan.key, &digest, u64::try_from(now).unwrap_or(0)).await?;
     if let Some(took) = job_duration(job) {
@@ -156,6 +169,45 @@ async fn finished(
         format!("Job {}/{name} finished", ctx.config.build_namespace),
     );
     Ok(Build::Built(digest))
+}
+
+/// A Job that succeeded gave no image to deploy: counted as a failed build, reported with
+/// `reason` and the message `says` makes of the backoff, and deleted, so it runs again after
+/// the backoff.
+async fn refuse(
+    ctx: &Context,
+    st: &mut Working,
+    name: &str,
+    reason: &str,
+    says: impl FnOnce(Duration) -> String,
+) -> Result<Build> {
+    st.status.failed_builds = Some(st.status.failed_builds.unwrap_or(0) + 1);
+    let delay = backoff(ctx, st.status.failed_builds.unwrap_or(1));
+    let message = super::status::truncate(&says(delay), 4096);
+    st.set(Kind::BuildReady, State::False, reason, message);
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &ctx.config.build_namespace);
+    apply::delete(&api, "Job", name).await?;
+    ctx.slots.wake(running_jobs(ctx));
+    Ok(Build::Pending(Some(delay)))
+}
+
+/// With `--require-provenance`, why `image` may not be deployed for `plan`: `None` when a
+/// signature and a provenance by the image signing key name it as pushed under the build
+/// key's tag (`plan.push_image`), and always without the flag.
+///
+/// # Errors
+/// The signing Secret cannot be read, or a registry failure.
+async fn unproven(ctx: &Context, plan: &Plan, image: &str) -> Result<Option<String>> {
+    let config = &ctx.config;
+    let (true, Some(secret)) = (config.require_provenance, &config.image_signing_secret) else {
+        return Ok(None);
+    };
+    let key = super::lookup::image_verify_key(&ctx.client, &config.namespace, secret).await?;
+    Ok(ctx
+        .images
+        .provenance(image, &key, &plan.push_image)
+        .await?
+        .err())
 }
 
 /// The Job failed: report why, and run it again once the backoff has passed.

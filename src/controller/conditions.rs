@@ -74,6 +74,9 @@ pub mod reason {
     pub const JOB_FINISHED: &str = "JobFinished";
     /// BuildReady=False: the build Job failed.
     pub const JOB_FAILED: &str = "JobFailed";
+    /// BuildReady=False: the Job's image has no provenance by the image signing key for this
+    /// build (`--require-provenance`; kiln).
+    pub const PROVENANCE_INVALID: &str = "ProvenanceInvalid";
     /// BuildReady=True: the registry already had the image (kiln).
     pub const IMAGE_FOUND: &str = "ImageFound";
     /// BuildReady=False: the base or builder image could not be resolved (kiln).

@@ -38,6 +38,14 @@ pub enum CacheScope {
     Namespace,
 }
 
+/// The key of the image signing Secret that holds the private key (PEM; cosign's encrypted
+/// format or PKCS#8), as cosign names it.
+pub const IMAGE_SIGNING_KEY: &str = "cosign.key";
+/// The key of the image signing Secret that holds the private key's password, if any.
+pub const IMAGE_SIGNING_PASSWORD: &str = "cosign.password";
+/// The key of the image signing Secret that holds the public key (PEM).
+pub const IMAGE_VERIFY_KEY: &str = "cosign.pub";
+
 /// The controller's settings.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -53,6 +61,14 @@ pub struct Config {
     /// The Secret in the controller's namespace with the Ed25519 key build Jobs sign cache
     /// entries with (made by the controller when missing), copied into the build namespace.
     pub cache_signing_secret: String,
+    /// A Secret in the controller's namespace with the ECDSA P-256 key images are signed
+    /// with, as `cosign generate-key-pair k8s://NAMESPACE/NAME` writes it (keys
+    /// [`IMAGE_SIGNING_KEY`], [`IMAGE_SIGNING_PASSWORD`], [`IMAGE_VERIFY_KEY`]). Copied into
+    /// the build namespace; only the container that pushes mounts it.
+    pub image_signing_secret: Option<String>,
+    /// Deploy an image only if a provenance signed with the public key of
+    /// `image_signing_secret` names the Function's build key.
+    pub require_provenance: bool,
     /// Talk plain HTTP to the registry (build Jobs get `--insecure-registry`).
     pub insecure_registry: bool,
     /// Base and builder image per kiln runtime.
@@ -116,6 +132,8 @@ impl Config {
             cache_repo: None,
             cache_scope: CacheScope::Shared,
             cache_signing_secret: "kiln-cache-signing".into(),
+            image_signing_secret: None,
+            require_provenance: false,
             insecure_registry: false,
             runtimes,
             namespace: "kiln-system".into(),
@@ -141,12 +159,13 @@ impl Config {
         }
     }
 
-    /// The Secrets the controller keeps for the platform (push, cache signing, and pull if
-    /// any), which no Function may read.
+    /// The Secrets the controller keeps for the platform (push, cache signing, and pull and
+    /// image signing if any), which no Function may read.
     pub fn managed_secrets(&self) -> Vec<&str> {
         [self.registry_secret.as_str(), &self.cache_signing_secret]
             .into_iter()
             .chain(self.pull_secret.as_deref())
+            .chain(self.image_signing_secret.as_deref())
             .collect()
     }
 

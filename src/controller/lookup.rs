@@ -100,6 +100,74 @@ impl Images {
             .map_err(Error::registry(format!("looking up image {reference}")))?;
         Ok(found.map(|d| d.digest))
     }
+
+    /// Whether `image` (`repository@digest`) carries a signature by `key` and a provenance by
+    /// it of a build pushed as `pushed_as` (the repository tagged with the controller's build
+    /// key; [`crate::cosign::verify`]): `Ok(Err(why))` when it does not.
+    ///
+    /// # Errors
+    /// A registry failure (retried), as opposed to an answer that the image does not verify.
+    pub async fn provenance(
+        &self,
+        image: &str,
+        key: &crate::cosign::VerifyKey,
+        pushed_as: &str,
+    ) -> Result<std::result::Result<(), String>> {
+        use crate::cosign::{VerifyError, Wanted};
+        let parsed: Reference = image
+            .parse()
+            .map_err(|e| Error::Missing(format!("invalid image reference {image:?}: {e}")))?;
+        let wanted = Wanted {
+            build_key: None,
+            pushed_as: Some(pushed_as),
+        };
+        match crate::cosign::verify(&self.client, &parsed, key, wanted).await {
+            Ok(_) => Ok(Ok(())),
+            Err(VerifyError::Registry { what, source }) => Err(Error::registry(format!(
+                "checking the provenance of {what}"
+            ))(source)),
+            Err(e) => Ok(Err(e.to_string())),
+        }
+    }
+}
+
+/// The public key of the image signing Secret (`--image-signing-secret`, in `namespace`):
+/// what `--require-provenance` checks images against.
+///
+/// # Errors
+/// The Secret or its public key is missing or unreadable, or an API failure.
+pub async fn image_verify_key(
+    client: &kube::Client,
+    namespace: &str,
+    secret: &str,
+) -> Result<crate::cosign::VerifyKey> {
+    use super::config::IMAGE_VERIFY_KEY;
+    let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let found = api
+        .get_opt(secret)
+        .await
+        .map_err(Error::kube(format!("reading Secret {namespace}/{secret}")))?
+        .ok_or_else(|| {
+            Error::Missing(format!(
+                "the image signing Secret {namespace}/{secret} does not exist: \
+                 --require-provenance checks images against its {IMAGE_VERIFY_KEY}"
+            ))
+        })?;
+    let pem = found
+        .data
+        .and_then(|d| d.get(IMAGE_VERIFY_KEY).map(|b| b.0.clone()))
+        .ok_or_else(|| {
+            Error::Missing(format!(
+                "the image signing Secret {namespace}/{secret} has no {IMAGE_VERIFY_KEY}: add \
+                 the public key (cosign public-key --key cosign.key) under that key"
+            ))
+        })?;
+    let text = String::from_utf8(pem).unwrap_or_default();
+    crate::cosign::VerifyKey::from_pem(&text).map_err(|e| {
+        Error::Missing(format!(
+            "the {IMAGE_VERIFY_KEY} of the image signing Secret {namespace}/{secret}: {e}"
+        ))
+    })
 }
 
 /// Digests of namespaces' package-registry config Secrets.

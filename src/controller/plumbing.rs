@@ -57,6 +57,15 @@ pub async fn ensure_build_namespace(ctx: &Context) -> Result<()> {
         )
         .await?;
     }
+    if let Some(secret) = &ctx.config.image_signing_secret {
+        copy_secret(
+            ctx,
+            secret,
+            namespace,
+            "build Jobs sign the images they push with it",
+        )
+        .await?;
+    }
     if let Some(cm) = &ctx.config.ca_bundle_configmap {
         copy_config_map(ctx, namespace, cm).await?;
     }
@@ -174,7 +183,7 @@ async fn copy_secret(ctx: &Context, name: &str, namespace: &str, why: &str) -> R
         )))?
         .ok_or_else(|| {
             Error::Missing(format!(
-                "the registry Secret {}/{name} does not exist: {why}",
+                "the Secret {}/{name} does not exist: {why}",
                 ctx.config.namespace
             ))
         })?;

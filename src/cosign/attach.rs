@@ -7,6 +7,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use serde_json::json;
 
+use super::verify::signed_statements;
 use super::{
     DSSE_ENVELOPE, SIGNATURE_ANNOTATION, SIMPLE_SIGNING, SignKey, attestation_tag, existing,
     payload, signature_of, signature_tag,
@@ -123,11 +124,11 @@ async fn prepare_signature(
         signature,
     )]));
     // The same payload already signed by this key: nothing to add.
-    let signed_already = |layers: &[Descriptor]| {
-        layers.iter().any(|l| {
+    let signed_already = async |_: &Reference, layers: &[Descriptor]| {
+        Ok(layers.iter().any(|l| {
             l.digest == layer.digest
                 && signature_of(l).is_some_and(|s| key.public().verify(&payload, &s))
-        })
+        }))
     };
     let tag = signature_tag(digest);
     let addition = Addition {
@@ -163,7 +164,21 @@ async fn prepare_attestation(
         (SIGNATURE_ANNOTATION.to_string(), String::new()),
         ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
     ]));
-    let has_provenance = |layers: &[Descriptor]| !fresh && !layers.is_empty();
+    // An image pushed before (a rebuild) keeps a provenance this key signed that says what
+    // this one would; any other (another key's, another build's, a forgery) gets this one
+    // beside it, so a stranger's envelope under the tag cannot stand in for it.
+    let ours = crate::provenance::claims(statement).ok();
+    let has_provenance = async |tag_ref: &Reference, layers: &[Descriptor]| {
+        if fresh || layers.is_empty() {
+            return Ok(false);
+        }
+        let statements = signed_statements(client, tag_ref, layers, key.public(), &mut Vec::new())
+            .await
+            .map_err(|(_, e)| e)?;
+        Ok(statements
+            .iter()
+            .any(|s| crate::provenance::claims(s).ok() == ours))
+    };
     let tag = attestation_tag(digest);
     let addition = Addition {
         layer,
@@ -217,7 +232,7 @@ async fn prepare_append(
     image: &Reference,
     tag: &str,
     addition: Addition,
-    done: impl Fn(&[Descriptor]) -> bool,
+    done: impl AsyncFn(&Reference, &[Descriptor]) -> Result<bool, registry::Error>,
 ) -> Result<Pending, registry::Error> {
     let tag_ref = image.with_tag(tag)?;
     let shown = format!("{}:{tag}", image.repository_path());
@@ -241,7 +256,7 @@ async fn prepare_append(
         existing(client, &tag_ref).await?
     };
     let mut layers = found.map(|m| m.layers).unwrap_or_default();
-    if done(&layers) {
+    if done(&tag_ref, &layers).await? {
         return Ok(Pending {
             tag_ref,
             shown,

@@ -19,7 +19,7 @@ mod verify;
 
 pub use attach::{AttachError, Attached, Prepared, Signed, prepare};
 pub use keys::{KeyError, SignKey, VerifyKey};
-pub use verify::{Verified, VerifyError, verify};
+pub use verify::{Verified, VerifyError, Wanted, verify};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;

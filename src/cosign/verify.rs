@@ -31,17 +31,15 @@ pub enum VerifyError {
         /// Why each signature failed, `; `-separated.
         reasons: String,
     },
-    /// `--build-key` was asked for and no provenance by the key exists.
-    #[error(
-        "{image} has no provenance signed by key {key}, so nothing says it is build {build_key}"
-    )]
+    /// A provenance was asked for ([`Wanted`]) and none by the key exists.
+    #[error("{image} has no provenance signed by key {key}, so nothing says it is {wanted}")]
     NoProvenance {
         /// The image.
         image: String,
         /// The key's id.
         key: String,
-        /// The build key asked for.
-        build_key: String,
+        /// What was asked for, in words.
+        wanted: String,
     },
     /// Provenances by the key exist, none for this image (and build key).
     #[error("the provenance of {image} does not hold: {reasons}")]
@@ -73,10 +71,58 @@ pub struct Verified {
     pub build_key: Option<String>,
 }
 
+/// What a provenance must say, beyond naming the image; nothing asked for by default.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Wanted<'a> {
+    /// Its build key (`buildDefinition.internalParameters.buildKey`, `--build-key`).
+    pub build_key: Option<&'a str>,
+    /// The reference the build pushed to (`buildDefinition.externalParameters.image`): a
+    /// controller's build key is the tag of its push.
+    pub pushed_as: Option<&'a str>,
+}
+
+impl Wanted<'_> {
+    fn any(&self) -> bool {
+        self.build_key.is_some() || self.pushed_as.is_some()
+    }
+
+    /// In words, for errors.
+    fn shown(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(k) = self.build_key {
+            parts.push(format!("build {k}"));
+        }
+        if let Some(p) = self.pushed_as {
+            parts.push(format!("the build pushed as {p}"));
+        }
+        parts.join(" and ")
+    }
+
+    /// Why `claims` do not say what is wanted, or `None` when they do.
+    fn mismatch(&self, c: &crate::provenance::Claims) -> Option<String> {
+        if let Some(want) = self.build_key {
+            match &c.build_key {
+                None => return Some("a provenance without a build key".into()),
+                Some(have) if have != want => {
+                    return Some(format!("a provenance of build key {have}"));
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some(want) = self.pushed_as
+            && c.image.as_deref() != Some(want)
+        {
+            let have = c.image.as_deref().unwrap_or("no reference");
+            return Some(format!("a provenance of a build pushed as {have}"));
+        }
+        None
+    }
+}
+
 /// Checks that `image` (by tag or digest) carries a signature by `key` over a simple signing
 /// payload naming its manifest digest, and that a provenance `key` signed names it too: with
-/// `build_key`, such a provenance must exist and be for that build key; without, one that
-/// exists must still name this image.
+/// anything [`Wanted`], such a provenance must exist and say it; without, one that exists
+/// must still name this image.
 ///
 /// # Errors
 /// [`VerifyError`] with the reason.
@@ -84,7 +130,7 @@ pub async fn verify(
     client: &Client,
     image: &Reference,
     key: &VerifyKey,
-    build_key: Option<&str>,
+    wanted: Wanted<'_>,
 ) -> Result<Verified, VerifyError> {
     let shown = image.to_string();
     let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
@@ -135,7 +181,7 @@ pub async fn verify(
         }
         match signed_digest(&payload) {
             Ok(signed) if signed == digest => {
-                let build_key = provenance(client, image, &digest, key, build_key).await?;
+                let build_key = provenance(client, image, &digest, key, wanted).await?;
                 return Ok(Verified {
                     digest,
                     payload,
@@ -159,16 +205,59 @@ async fn provenance(
     image: &Reference,
     digest: &Digest,
     key: &VerifyKey,
-    wanted: Option<&str>,
+    wanted: Wanted<'_>,
 ) -> Result<Option<String>, VerifyError> {
-    use crate::provenance::{PAYLOAD_TYPE, claims, pae};
+    use crate::provenance::claims;
     let shown = format!("{}@{digest}", image.repository_path());
-    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
     let tag = attestation_tag(digest);
     let (att_ref, found) = tagged(client, image, &tag, &shown, "attestations").await?;
     let layers = found.map(|m| m.layers).unwrap_or_default();
     let mut reasons = Vec::new();
-    let mut found = false;
+    let statements = signed_statements(client, &att_ref, &layers, key, &mut reasons)
+        .await
+        .map_err(|(what, source)| VerifyError::Registry { what, source })?;
+    for statement in &statements {
+        match claims(statement) {
+            Err(why) => reasons.push(why),
+            Ok(c) if !c.subjects.iter().any(|s| s == digest.hex()) => reasons.push(format!(
+                "a provenance of another image (subject sha256:{})",
+                c.subjects.join(", sha256:")
+            )),
+            Ok(c) => match wanted.mismatch(&c) {
+                Some(why) => reasons.push(why),
+                None => return Ok(c.build_key),
+            },
+        }
+    }
+    match statements.is_empty() {
+        true if !wanted.any() => Ok(None),
+        true => Err(VerifyError::NoProvenance {
+            image: shown,
+            key: key.id(),
+            wanted: wanted.shown(),
+        }),
+        false => Err(VerifyError::BadProvenance {
+            image: shown,
+            reasons: reasons.join("; "),
+        }),
+    }
+}
+
+/// The in-toto Statements in the DSSE envelopes among `layers` (of the cosign attestation
+/// manifest `att_ref`) that `key` signed. Another key's envelope is not this key's business;
+/// why any other layer was passed over goes into `reasons`.
+///
+/// # Errors
+/// What was being read, and the registry error.
+pub(super) async fn signed_statements(
+    client: &Client,
+    att_ref: &Reference,
+    layers: &[crate::oci::Descriptor],
+    key: &VerifyKey,
+    reasons: &mut Vec<String>,
+) -> Result<Vec<Vec<u8>>, (String, registry::Error)> {
+    use crate::provenance::{PAYLOAD_TYPE, pae};
+    let mut statements = Vec::new();
     for layer in layers
         .iter()
         .filter(|l| l.media_type.as_str() == DSSE_ENVELOPE)
@@ -178,9 +267,9 @@ async fn provenance(
             continue;
         }
         let bytes = client
-            .get_blob(&att_ref, layer)
+            .get_blob(att_ref, layer)
             .await
-            .map_err(registry_err(format!("attestation {}", layer.digest)))?;
+            .map_err(|e| (format!("attestation {}", layer.digest), e))?;
         let Ok(envelope) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
             reasons.push("an envelope that is not JSON".into());
             continue;
@@ -201,38 +290,11 @@ async fn provenance(
                     .is_some_and(|sig| key.verify(&pae(payload_type, &payload), &sig))
             })
         });
-        if !signed || payload_type != PAYLOAD_TYPE {
-            // Another key's attestation (or not an in-toto one): not this check's business.
-            continue;
-        }
-        found = true;
-        match claims(&payload) {
-            Err(why) => reasons.push(why),
-            Ok(c) if !c.subjects.iter().any(|s| s == digest.hex()) => reasons.push(format!(
-                "a provenance of another image (subject sha256:{})",
-                c.subjects.join(", sha256:")
-            )),
-            Ok(c) => match (wanted, &c.build_key) {
-                (Some(want), Some(have)) if want != have => {
-                    reasons.push(format!("a provenance of build key {have}"));
-                }
-                (Some(_), None) => reasons.push("a provenance without a build key".into()),
-                _ => return Ok(c.build_key),
-            },
+        if signed && payload_type == PAYLOAD_TYPE {
+            statements.push(payload);
         }
     }
-    match (found, wanted) {
-        (false, None) => Ok(None),
-        (false, Some(want)) => Err(VerifyError::NoProvenance {
-            image: shown,
-            key: key.id(),
-            build_key: want.to_string(),
-        }),
-        (true, _) => Err(VerifyError::BadProvenance {
-            image: shown,
-            reasons: reasons.join("; "),
-        }),
-    }
+    Ok(statements)
 }
 
 /// The cosign manifest tagged `tag` in the repository of `image` (`shown`): the tag's

@@ -1005,3 +1005,120 @@ async fn a_pass_that_races_its_own_previous_status_write_leaves_one_condition_of
         Written::Unchanged
     );
 }
+
+#[test]
+fn with_require_provenance_only_an_image_whose_signed_provenance_names_its_build_runs() {
+    use base64::Engine as _;
+    let env = ControllerEnv::start(&[
+        "--image-signing-secret",
+        "kiln-image-signing",
+        "--require-provenance",
+    ]);
+    let work = tempfile::tempdir().unwrap();
+    let keys = work.path();
+    let script = common::kiln::fixtures().join("cosign/check.py");
+    let made = std::process::Command::new("python3")
+        .arg(script)
+        .args(["keys", keys.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let read = |name: &str| std::fs::read_to_string(keys.join(name)).unwrap();
+    let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+    env.api.insert(json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "kiln-image-signing", "namespace": SYSTEM},
+        "data": {"cosign.key": b64(&read("a.key")), "cosign.pub": b64(&read("a.pub")),
+                 "cosign.password": ""},
+    }));
+    let registry = env.registry.host();
+    // The honest build signs with the platform's key; one signs with another key; one's
+    // provenance is the platform key's, but for another Function's build.
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let push = push(&env);
+        let keys = keys.to_path_buf();
+        move |job| {
+            let name =
+                job.metadata.labels.as_ref().unwrap()["serverless.kyma-project.io/function-name"]
+                    .clone();
+            let (key, pushed_as) = match name.as_str() {
+                "honest" => ("a.key", None),
+                "other-key" => ("b.key", None),
+                _ => ("a.key", Some(format!("{registry}/functions/team/honest:1"))),
+            };
+            Outcome::Signed {
+                push: Box::new(push.clone()),
+                key: keys.join(key),
+                pushed_as,
+            }
+        }
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    for name in ["honest", "other-key", "borrowed"] {
+        env.create_function("team", &node_function(name, HELLO, None));
+    }
+    env.wait_condition("team", "honest", "Running", "True", None);
+    let jobs = env.build_objects("Job", "team", "honest");
+    let all = containers(&jobs[0]);
+    for c in &all {
+        let signs = c["name"] == "build";
+        assert_eq!(
+            mount_paths(c).contains(&"/kiln/image-key".to_string()),
+            signs,
+            "only the pushing container mounts the signing key: {c}"
+        );
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            args.windows(2)
+                .any(|w| w == ["--sign-key", "/kiln/image-key/cosign.key"]),
+            signs
+        );
+    }
+    let build = all.iter().find(|c| c["name"] == "build").unwrap();
+    assert_eq!(
+        build["env"][0],
+        json!({"name": "COSIGN_PASSWORD", "valueFrom": {"secretKeyRef":
+            {"name": "kiln-image-signing", "key": "cosign.password", "optional": true}}})
+    );
+    let volume = jobs[0]["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "image-sign")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        volume["secret"]["items"],
+        json!([{"key": "cosign.key", "path": "cosign.key"}]),
+        "the private key alone: {volume}"
+    );
+    assert!(
+        env.api
+            .get("Secret", BUILDS, "kiln-image-signing")
+            .is_some(),
+        "the signing Secret is copied where the Jobs run"
+    );
+    for (name, why) in [
+        ("other-key", "no signature of"),
+        ("borrowed", "a provenance of a build pushed as"),
+    ] {
+        env.wait_condition(
+            "team",
+            name,
+            "BuildReady",
+            "False",
+            Some("ProvenanceInvalid"),
+        );
+        let (_, _, message) = env.condition("team", name, "BuildReady").unwrap();
+        assert!(message.contains(why), "{name}: {message}");
+        assert!(
+            env.api.get("Deployment", "team", name).is_none(),
+            "{name} is not deployed"
+        );
+    }
+}

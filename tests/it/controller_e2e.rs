@@ -464,11 +464,35 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // tenancy::a_tenant_gets_only_the_pull_secret_and_cannot_push_with_it checks that such a
     // Secret cannot push).
     registry_secret(&kubectl, "kiln-pull", &host, "puller", "pull-only");
+    // The image signing key, as `cosign generate-key-pair k8s://kiln-system/kiln-image-signing`
+    // stores it (a key without a password here), and deploys that need its provenance.
+    let keys = work.path().join("keys");
+    std::fs::create_dir(&keys).unwrap();
+    let script = common::kiln::fixtures().join("cosign/check.py");
+    let made = Command::new("python3")
+        .arg(script)
+        .args(["keys", keys.to_str().unwrap()])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    kubectl.ok(&[
+        "-n",
+        SYSTEM,
+        "create",
+        "secret",
+        "generic",
+        "kiln-image-signing",
+        &format!("--from-file=cosign.key={}", keys.join("a.key").display()),
+        &format!("--from-file=cosign.pub={}", keys.join("a.pub").display()),
+        "--from-literal=cosign.password=",
+    ]);
     let deploy = deploy_with_image(work.path(), &kiln_image);
     configure(&deploy, "registry", &reg);
     configure(&deploy, "pull-secret", "kiln-pull");
     configure(&deploy, "insecure-registry", &host);
     configure(&deploy, "ca-bundle-configmap", "kiln-ca");
+    configure(&deploy, "image-signing-secret", "kiln-image-signing");
+    configure(&deploy, "require-provenance", "true");
     kubectl.ok(&["apply", "--server-side", "-k", deploy.to_str().unwrap()]);
     for deployment in ["kiln-webhook", "kiln-controller"] {
         rollout_status(&kubectl, deployment, &context);
@@ -643,6 +667,19 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     );
     let status = api.get("Function", "team", "words").unwrap()["status"].clone();
     assert!(status["digest"].as_str().unwrap().starts_with("sha256:"));
+    // Deployed because its build signed it with a provenance of this build (the controller
+    // checked; so does `kiln verify`, with the public key alone).
+    let verified = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["verify", status["image"].as_str().unwrap(), "--key"])
+        .arg(keys.join("a.pub"))
+        .args(["--insecure-registry", &host])
+        .output()
+        .unwrap();
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
     assert_eq!(
         api.get("Function", "team", "yaml").unwrap()["status"]["runtime"],
         "python313",

@@ -9,7 +9,9 @@
 //! writing what it found into the `lookup` emptyDir, which `deps` and `build` mount
 //! read-only: `deps` then installs nothing on a hit, and `build` mounts the cached layer, or
 //! stores the installed one under the key `lookup` computed. Only `build` mounts the key that
-//! signs cache entries; `lookup` mounts its public key, and uses only entries it signed. A
+//! signs cache entries; `lookup` mounts its public key, and uses only entries it signed.
+//! Likewise only `build` mounts the image signing key (`--image-signing-secret`), with which
+//! it signs the image and its provenance (`--sign-key`). A
 //! git Function is fetched once,
 //! by the first init container `source` (`--stage source`), the only one given the git
 //! credentials, into the `git-source` emptyDir that the others build read-only as a
@@ -20,15 +22,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, KeyToPath, PodSecurityContext, PodSpec,
-    PodTemplateSpec, SecretVolumeSource, Volume, VolumeMount,
+    ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
+    PodSecurityContext, PodSpec, PodTemplateSpec, SecretKeySelector, SecretVolumeSource, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::source::{Copied, DEPENDENCIES_KEY, SOURCE_KEY, copy_name};
 use super::{build_meta, restricted_container, runtime_default_seccomp, stamp};
-use crate::controller::config::Config;
+use crate::controller::config::{Config, IMAGE_SIGNING_KEY, IMAGE_SIGNING_PASSWORD};
 use crate::controller::crd::Function;
 use crate::controller::names;
 use crate::controller::plan::{Plan, SourcePlan};
@@ -56,6 +59,8 @@ const PACKAGE_REGISTRY_DIR: &str = "/kiln/package-registry";
 const CA_DIR: &str = "/kiln/ca";
 /// Where `build` finds the cache signing key and `lookup` its public key.
 const CACHE_KEY_DIR: &str = "/kiln/cache-key";
+/// Where `build` finds the image signing key.
+const IMAGE_KEY_DIR: &str = "/kiln/image-key";
 const GIT_DIR: &str = "/kiln/git";
 const TERMINATION_LOG: &str = "/dev/termination-log";
 
@@ -143,8 +148,12 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
             mounts.push(mount("lookup", LOOKUP_DIR, true));
             mounts.push(mount("cache-sign", CACHE_KEY_DIR, true));
         }
+        if config.image_signing_secret.is_some() {
+            mounts.push(mount("image-sign", IMAGE_KEY_DIR, true));
+        }
         mounts
     });
+    let build = with_signing_password(build, config);
     let (deps, build) = (
         with_shared_mounts(deps, config),
         with_shared_mounts(build, config),
@@ -165,6 +174,27 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
         volumes: Some(volumes(f, plan, config)),
         ..PodSpec::default()
     }
+}
+
+/// The image signing key's password, from its Secret (the copy in the build namespace), for
+/// the container that signs: cosign reads it from `COSIGN_PASSWORD`, and so does kiln. A key
+/// stored unencrypted has no password to give.
+fn with_signing_password(mut c: Container, config: &Config) -> Container {
+    if let Some(secret) = &config.image_signing_secret {
+        c.env.get_or_insert_with(Vec::new).push(EnvVar {
+            name: "COSIGN_PASSWORD".into(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: secret.clone(),
+                    key: IMAGE_SIGNING_PASSWORD.into(),
+                    optional: Some(true),
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        });
+    }
+    c
 }
 
 /// The mount every container needs: the CA bundle.
@@ -357,6 +387,12 @@ fn publish_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
         ]);
         args.extend(["--lookup-dir".into(), LOOKUP_DIR.into()]);
     }
+    if config.image_signing_secret.is_some() {
+        args.extend([
+            "--sign-key".into(),
+            format!("{IMAGE_KEY_DIR}/{IMAGE_SIGNING_KEY}"),
+        ]);
+    }
     args.extend(registry_args(config));
     args
 }
@@ -428,6 +464,15 @@ fn volumes(f: &Function, plan: &Plan, config: &Config) -> Vec<Volume> {
         None,
         true,
     ));
+    if let Some(secret) = &config.image_signing_secret {
+        // The private key alone: the password goes in as COSIGN_PASSWORD.
+        volumes.push(secret_volume(
+            "image-sign",
+            secret,
+            Some((IMAGE_SIGNING_KEY, IMAGE_SIGNING_KEY)),
+            false,
+        ));
+    }
     if let Some(cm) = &config.ca_bundle_configmap {
         volumes.push(Volume {
             name: "ca-bundle".into(),
