@@ -211,3 +211,72 @@ fn signatures_verify_with_their_key_and_fail_for_another_key_a_changed_payload_o
         "{err}"
     );
 }
+
+#[test]
+fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_replaced_by_a_rebuild() {
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let keys = work.path();
+    check(&["keys", keys.to_str().unwrap()]);
+    let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    let reference = build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
+    let digest = reference.split_once('@').unwrap().1.to_string();
+    let verify = |image: &str, extra: &[&str]| {
+        let mut args = vec!["verify", image, "--key"];
+        let public = key("a.pub");
+        args.push(&public);
+        args.extend(["--insecure-registry", &host]);
+        args.extend(extra);
+        kiln.run(&args)
+    };
+    // The in-toto models and SLSA's Provenance message read it, signed over DSSE's encoding,
+    // for this digest and the build key the image carries.
+    let build_key = check(&["provenance", &host, "fns/hello", &digest, &key("a.pub")]);
+    assert!(build_key.starts_with("sha256:"), "{build_key}");
+    verify(&reference, &["--build-key", &build_key]).reference();
+    let other_key = format!("sha256:{}", "0".repeat(64));
+    let err = verify(&reference, &["--build-key", &other_key])
+        .failure(1)
+        .to_string();
+    assert!(
+        err.contains(&format!("a provenance of build key {build_key}")),
+        "{err}"
+    );
+    // Another image's provenance, signed with the same key, stored as this one's.
+    let other_dir = copy_fixture("hello-node", &work.path().join("other"));
+    std::fs::write(other_dir.join("extra.txt"), "another image").unwrap();
+    let other = build(&kiln, &reg, &other_dir, "fns/hello:2", &key("a.key"));
+    let other_digest = other.split_once('@').unwrap().1.to_string();
+    check(&["graft", &host, "fns/hello", &other_digest, &digest, "att"]);
+    let err = verify(&reference, &["--build-key", &build_key])
+        .failure(1)
+        .to_string();
+    assert!(err.contains("a provenance of another image"), "{err}");
+    // The same build again finds its image, sees no provenance of its own among the
+    // attestations and adds one: verified again, the stranger's left beside it.
+    assert_eq!(
+        build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key")),
+        reference
+    );
+    verify(&reference, &["--build-key", &build_key]).reference();
+    assert_eq!(
+        check(&["provenance", &host, "fns/hello", &digest, &key("a.pub")]),
+        build_key
+    );
+    // And once it has one, a further rebuild adds nothing.
+    let layers = |d: &str| {
+        let tag = format!("{}.att", d.replace(':', "-"));
+        let port: u16 = host.rsplit_once(':').unwrap().1.parse().unwrap();
+        let accept = [("Accept", "application/vnd.oci.image.manifest.v1+json")];
+        let path = format!("/v2/fns/hello/manifests/{tag}");
+        let (_, body) = common::http::request(port, "GET", &path, &accept, b"");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        doc["layers"].as_array().unwrap().len()
+    };
+    assert_eq!(layers(&digest), 2);
+    build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
+    assert_eq!(layers(&digest), 2);
+}
