@@ -15,7 +15,7 @@
 //!   `capped`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
-//!   `cosign` `provenance` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
+//!   `cosign` `provenance` `sbom` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
 //! - `cosign`: `provenance` `registry` `oci` `signing`.
 //! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
 //!   `tarmeter` `capped`.
@@ -27,6 +27,7 @@
 //! - `sandbox`: `rootpath`.
 //! - `oci`: `rootpath` `tarmeter` `capped`.
 //! - `provenance`: `oci`.
+//! - `sbom`: `provenance` `oci`.
 //! - `telemetry`: `progress`.
 //! - `capped`, `inuse`, `io_error`, `k8s_names`, `origin`, `progress`, `redact`, `rootpath`,
 //!   `runtime`, `signing`, `tarmeter`, `testing`: nothing.
@@ -60,6 +61,7 @@ pub mod rootpath;
 pub mod run;
 pub mod runtime;
 pub mod sandbox;
+pub mod sbom;
 pub mod signing;
 pub mod tarmeter;
 pub mod telemetry;

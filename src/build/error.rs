@@ -76,6 +76,9 @@ pub enum Error {
         #[source]
         source: Box<crate::cosign::AttachError>,
     },
+    /// Reading what the SBOM lists (`--sign-key`).
+    #[error("making the SBOM: {0}")]
+    Sbom(String),
     /// Looking for an image of this build in the target registry.
     #[error("looking for an image of this build in {target}")]
     Lookup {

@@ -21,6 +21,7 @@ pub(crate) mod pep440;
 pub mod pinned;
 pub mod plan;
 pub mod remote_cache;
+mod sbom;
 mod split;
 pub mod stage;
 mod warm;
@@ -29,6 +30,8 @@ use std::path::Path;
 
 use tracing::Instrument;
 
+use crate::image::publish::Role;
+use crate::image::resolve::ResolvedBase;
 use crate::image::{publish, pushed, resolve};
 use crate::oci::Digest;
 use crate::registry::{Client, Reference};
@@ -112,7 +115,12 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
                 existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
         {
             let mut output = unchanged(found, planned.image_key, loaded.commit, inputs);
-            let prepared = prepare_attachments(client, opts, &output, false).await?;
+            let layers = match opts.signing {
+                Some(_) => own_layers(client, opts, &base, &output.published.digest).await?,
+                None => Vec::new(),
+            };
+            let prepared =
+                prepare_attachments(client, opts, &output, &base, &layers, false).await?;
             output.attached = push_attachments(client, &output, prepared).await?;
             return Ok(output);
         }
@@ -142,6 +150,17 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             inputs,
             attached: None,
         };
+        // The Function's own layers, for its SBOM.
+        let layers: Vec<sbom::LayerAt> = assembled
+            .plans
+            .iter()
+            .filter(|p| matches!(p.role, Role::Dependencies | Role::Source))
+            .map(|p| sbom::LayerAt {
+                descriptor: p.descriptor.clone(),
+                local: p.local.clone(),
+                remote: p.remote.clone(),
+            })
+            .collect();
         let publishing = assemble::publish(
             client,
             opts,
@@ -153,8 +172,8 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         );
         // The signature and the provenance are made ready while the image goes up: once its
         // manifest is there, only theirs remain.
-        let (published, prepared) =
-            tokio::join!(publishing, prepare_attachments(client, opts, &output, true));
+        let attaching = prepare_attachments(client, opts, &output, &base, &layers, true);
+        let (published, prepared) = tokio::join!(publishing, attaching);
         output.published = published?;
         tracing::info!(reference = %output.published.reference, "built");
         output.attached = push_attachments(client, &output, prepared?).await?;
@@ -269,12 +288,16 @@ async fn prepare_attachments(
     client: &Client,
     opts: &Options,
     output: &Output,
+    base: &ResolvedBase,
+    layers: &[sbom::LayerAt],
     fresh: bool,
 ) -> Result<Option<crate::cosign::Prepared>, Error> {
     let (Some(signing), Target::Registry(target)) = (&opts.signing, &opts.target) else {
         return Ok(None);
     };
     let digest = &output.published.digest;
+    let repository = target.repository_path();
+    let bom = sbom::statement(client, &opts.cache_dir, base, layers, &repository, digest).await?;
     let statement = crate::provenance::statement(&crate::provenance::Build {
         repository: &target.repository_path(),
         digest,
@@ -286,13 +309,52 @@ async fn prepare_attachments(
         finished: crate::provenance::now(),
     });
     let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
-    crate::cosign::prepare(client, target, digest, &signing.key, &statement, fresh)
+    let statements = crate::cosign::Statements {
+        provenance: &statement,
+        sbom: Some(&bom),
+    };
+    crate::cosign::prepare(client, target, digest, &signing.key, &statements, fresh)
         .await
         .map(Some)
         .map_err(|source| Error::Attach {
             image: format!("{}@{digest}", target.repository_path()),
             source: Box::new(source),
         })
+}
+
+/// The layers of the image `digest` in the target that are not `base`'s: the Function's own.
+async fn own_layers(
+    client: &Client,
+    opts: &Options,
+    base: &ResolvedBase,
+    digest: &Digest,
+) -> Result<Vec<sbom::LayerAt>, Error> {
+    let Target::Registry(target) = &opts.target else {
+        return Ok(Vec::new());
+    };
+    let fail = |e: &dyn std::fmt::Display| Error::Sbom(format!("reading {target}@{digest}: {e}"));
+    let reference = target.with_digest(digest.clone());
+    let doc = client
+        .get_manifest(&reference, &[crate::oci::MediaType::OciManifest])
+        .await
+        .map_err(|e| fail(&e))?;
+    let manifest: crate::oci::Manifest = doc.parse().map_err(|e| fail(&e))?;
+    let base_layers = base
+        .base
+        .parse_manifest()
+        .map_err(|e| fail(&e))?
+        .layers
+        .len();
+    Ok(manifest
+        .layers
+        .into_iter()
+        .skip(base_layers)
+        .map(|descriptor| sbom::LayerAt {
+            descriptor,
+            local: None,
+            remote: Some(target.clone()),
+        })
+        .collect())
 }
 
 /// Puts what [`prepare_attachments`] made ready, once the image's manifest is up.

@@ -70,12 +70,12 @@ pub async fn prepare(
     image: &Reference,
     digest: &Digest,
     key: &SignKey,
-    statement: &[u8],
+    statements: &Statements<'_>,
     fresh: bool,
 ) -> Result<Prepared, AttachError> {
     let (signature, provenance) = tokio::join!(
         prepare_signature(client, image, digest, key, fresh),
-        prepare_attestation(client, image, digest, key, statement, fresh),
+        prepare_attestation(client, image, digest, key, statements, fresh),
     );
     Ok(Prepared {
         signature: signature.map_err(AttachError::Signature)?,
@@ -132,8 +132,7 @@ async fn prepare_signature(
     };
     let tag = signature_tag(digest);
     let addition = Addition {
-        layer: layer.clone(),
-        blob: payload.clone(),
+        layers: vec![(layer.clone(), payload.clone())],
         fresh,
     };
     prepare_append(client, image, &tag, addition, signed_already).await
@@ -144,30 +143,38 @@ async fn prepare_attestation(
     image: &Reference,
     digest: &Digest,
     key: &SignKey,
-    statement: &[u8],
+    statements: &Statements<'_>,
     fresh: bool,
 ) -> Result<Pending, registry::Error> {
     use crate::provenance::{PAYLOAD_TYPE, PREDICATE_TYPE, pae};
-    let signature = STANDARD.encode(key.sign(&pae(PAYLOAD_TYPE, statement)));
-    let envelope = serde_json::to_vec(&json!({
-        "payloadType": PAYLOAD_TYPE,
-        "payload": STANDARD.encode(statement),
-        "signatures": [{"keyid": "", "sig": signature}],
-    }))
-    .expect("a JSON value serialises");
-    let mut layer = Descriptor::new(
-        MediaType::from(DSSE_ENVELOPE),
-        Digest::of(&envelope),
-        envelope.len() as u64,
-    );
-    layer.annotations = Some(BTreeMap::from([
-        (SIGNATURE_ANNOTATION.to_string(), String::new()),
-        ("predicateType".to_string(), PREDICATE_TYPE.to_string()),
-    ]));
-    // An image pushed before (a rebuild) keeps a provenance this key signed that says what
-    // this one would; any other (another key's, another build's, a forgery) gets this one
-    // beside it, so a stranger's envelope under the tag cannot stand in for it.
-    let ours = crate::provenance::claims(statement).ok();
+    let envelope = |statement: &[u8], predicate_type: &str| {
+        let signature = STANDARD.encode(key.sign(&pae(PAYLOAD_TYPE, statement)));
+        let envelope = serde_json::to_vec(&json!({
+            "payloadType": PAYLOAD_TYPE,
+            "payload": STANDARD.encode(statement),
+            "signatures": [{"keyid": "", "sig": signature}],
+        }))
+        .expect("a JSON value serialises");
+        let mut layer = Descriptor::new(
+            MediaType::from(DSSE_ENVELOPE),
+            Digest::of(&envelope),
+            envelope.len() as u64,
+        );
+        layer.annotations = Some(BTreeMap::from([
+            (SIGNATURE_ANNOTATION.to_string(), String::new()),
+            ("predicateType".to_string(), predicate_type.to_string()),
+        ]));
+        (layer, envelope)
+    };
+    let mut layers = vec![envelope(statements.provenance, PREDICATE_TYPE)];
+    if let Some(sbom) = statements.sbom {
+        layers.push(envelope(sbom, crate::sbom::PREDICATE_TYPE));
+    }
+    // An image pushed before (a rebuild) keeps the attestations of a provenance this key
+    // signed that says what this one would (they went up together); any other (another
+    // key's, another build's, a forgery) gets these beside it, so a stranger's envelope under
+    // the tag cannot stand in for them.
+    let ours = crate::provenance::claims(statements.provenance).ok();
     let has_provenance = async |tag_ref: &Reference, layers: &[Descriptor]| {
         if fresh || layers.is_empty() {
             return Ok(false);
@@ -180,19 +187,23 @@ async fn prepare_attestation(
             .any(|s| crate::provenance::claims(s).ok() == ours))
     };
     let tag = attestation_tag(digest);
-    let addition = Addition {
-        layer,
-        blob: envelope,
-        fresh,
-    };
+    let addition = Addition { layers, fresh };
     prepare_append(client, image, &tag, addition, has_provenance).await
 }
 
-/// A layer to add to a cosign tag: its descriptor, its bytes, and whether the image is new
-/// in the repository.
+/// The in-toto Statements attested for an image: its provenance, and its SBOM if made.
+#[derive(Clone, Copy, Debug)]
+pub struct Statements<'a> {
+    /// The SLSA provenance ([`crate::provenance::statement`]).
+    pub provenance: &'a [u8],
+    /// The CycloneDX SBOM ([`crate::sbom::statement`]).
+    pub sbom: Option<&'a [u8]>,
+}
+
+/// Layers to add to a cosign tag, each with its bytes, and whether the image is new in the
+/// repository.
 struct Addition {
-    layer: Descriptor,
-    blob: Vec<u8>,
+    layers: Vec<(Descriptor, Vec<u8>)>,
     fresh: bool,
 }
 
@@ -241,16 +252,26 @@ async fn prepare_append(
             .push_new_blob(image, &desc, BlobSource::Bytes(Bytes::from(bytes)))
             .await
     };
-    let Addition { layer, blob, fresh } = addition;
-    let alone = config_for(std::slice::from_ref(&layer));
+    let Addition {
+        layers: added,
+        fresh,
+    } = addition;
+    let descriptors: Vec<Descriptor> = added.iter().map(|(d, _)| d.clone()).collect();
+    let alone = config_for(&descriptors);
+    // The layers, and with `alone` the config of a manifest of them alone.
+    let upload_all = |alone: Option<(Descriptor, Vec<u8>)>| {
+        futures_util::future::try_join_all(
+            added
+                .iter()
+                .map(|(d, b)| (d.clone(), b.clone()))
+                .chain(alone)
+                .map(|(d, b)| upload(d, b)),
+        )
+    };
     let found = if fresh {
-        let (found, layer_up, config_up) = tokio::join!(
-            existing(client, &tag_ref),
-            upload(layer.clone(), blob.clone()),
-            upload(alone.0.clone(), alone.1.clone()),
-        );
-        layer_up?;
-        config_up?;
+        let (found, uploaded) =
+            tokio::join!(existing(client, &tag_ref), upload_all(Some(alone.clone())));
+        uploaded?;
         found?
     } else {
         existing(client, &tag_ref).await?
@@ -263,12 +284,12 @@ async fn prepare_append(
             manifest: None,
         });
     }
-    layers.push(layer.clone());
+    layers.extend(descriptors);
     let (config_desc, config) = config_for(&layers);
     if !fresh {
-        let (layer_up, config_up) =
-            tokio::join!(upload(layer, blob), upload(config_desc.clone(), config));
-        layer_up?;
+        let (uploaded, config_up) =
+            tokio::join!(upload_all(None), upload(config_desc.clone(), config));
+        uploaded?;
         config_up?;
     } else if config_desc.digest != alone.0.digest {
         // Other signatures were there: the config names theirs too.

@@ -17,7 +17,7 @@ mod attach;
 mod keys;
 mod verify;
 
-pub use attach::{AttachError, Attached, Prepared, Signed, prepare};
+pub use attach::{AttachError, Attached, Prepared, Signed, Statements, prepare};
 pub use keys::{KeyError, SignKey, VerifyKey};
 pub use verify::{Verified, VerifyError, Wanted, verify};
 

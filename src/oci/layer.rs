@@ -113,18 +113,26 @@ pub struct LayerBlob {
     pub file: TempPath,
 }
 
+/// The tar inside a gzip or zstd layer (told apart by zstd's magic number).
+///
+/// # Errors
+/// An unreadable stream or a broken zstd frame header.
+pub fn decompressed<'a, R: std::io::BufRead + 'a>(mut r: R) -> std::io::Result<Box<dyn Read + 'a>> {
+    let zstd = r.fill_buf()?.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
+    Ok(if zstd {
+        Box::new(ruzstd::decoding::StreamingDecoder::new(r).map_err(io::Error::other)?)
+    } else {
+        Box::new(flate2::read::MultiGzDecoder::new(r))
+    })
+}
+
 /// The diff ID of a gzip or zstd layer file: the digest of its uncompressed tar.
 ///
 /// # Errors
 /// An unreadable file or a broken gzip stream.
 pub fn diff_id_of(path: &Path) -> std::io::Result<Digest> {
-    let mut file = std::io::BufReader::new(std::fs::File::open(path)?);
-    let zstd = std::io::BufRead::fill_buf(&mut file)?.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]);
-    let mut gz: Box<dyn Read> = if zstd {
-        Box::new(ruzstd::decoding::StreamingDecoder::new(file).map_err(io::Error::other)?)
-    } else {
-        Box::new(flate2::read::MultiGzDecoder::new(file))
-    };
+    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let mut gz = decompressed(file)?;
     let mut hasher = Hasher::new();
     let mut buf = vec![0u8; 64 * 1024];
     loop {

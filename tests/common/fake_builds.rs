@@ -240,7 +240,11 @@ async fn sign(repository: &str, digest: &str, key: &std::path::Path, pushed_as: 
         finished: now(),
     });
     let statement = serde_json::to_vec(&statement).unwrap();
-    match prepare(&client, &image, &digest, &key, &statement, false).await {
+    let statements = kiln::cosign::Statements {
+        provenance: &statement,
+        sbom: None,
+    };
+    match prepare(&client, &image, &digest, &key, &statements, false).await {
         Ok(prepared) => prepared.push(&client).await.is_ok(),
         Err(_) => false,
     }

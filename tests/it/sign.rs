@@ -276,7 +276,122 @@ fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_repla
         let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
         doc["layers"].as_array().unwrap().len()
     };
-    assert_eq!(layers(&digest), 2);
+    let grafted = layers(&other_digest);
+    assert_eq!(
+        layers(&digest),
+        grafted + 2,
+        "the stranger's provenance and SBOM, then this build's"
+    );
     build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
-    assert_eq!(layers(&digest), 2);
+    assert_eq!(layers(&digest), grafted + 2);
+}
+
+#[test]
+fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages() {
+    use common::kiln::base_images_into;
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let kiln = Kiln::new();
+    let work = tempfile::tempdir().unwrap();
+    let keys = work.path();
+    check(&["keys", keys.to_str().unwrap()]);
+    let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
+    let sbom = |reference: &str| {
+        let digest = reference.split_once('@').unwrap().1;
+        let repo = reference
+            .split_once('@')
+            .unwrap()
+            .0
+            .split_once('/')
+            .unwrap()
+            .1;
+        let out = check(&["sbom", &host, repo, digest, &key("a.pub")]);
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    for (runtime, fixture, wanted) in [
+        (
+            "nodejs22",
+            "node-deps",
+            &[
+                ("pkg:npm/lodash@4.17.21", "MIT"),
+                ("pkg:npm/dayjs@1.11.13", "MIT"),
+            ][..],
+        ),
+        (
+            "python313",
+            "python-pinned",
+            &[
+                ("pkg:pypi/requests@2.32.3", "Apache-2.0"),
+                ("pkg:pypi/pyyaml@6.0.2", "MIT"),
+            ][..],
+        ),
+    ] {
+        let layout = work.path().join(runtime);
+        base_images_into(&kiln, runtime, &layout);
+        let base = format!("oci:{}:{runtime}", layout.display());
+        let builder = format!("oci:{}:{runtime}-builder", layout.display());
+        let dir = copy_fixture(fixture, &work.path().join(fixture));
+        let image = reg.reference(&format!("fns/{fixture}:1"));
+        let build = |extra: &[&str]| {
+            let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
+            args.extend([
+                "--base",
+                &base,
+                "--builder-image",
+                &builder,
+                "--image",
+                &image,
+            ]);
+            args.extend(["--insecure-registry", &host, "--sign-key"]);
+            let signing = key("a.key");
+            args.push(&signing);
+            args.extend(extra);
+            kiln.run(&args).reference()
+        };
+        let reference = build(&[]);
+        let packages = sbom(&reference);
+        let all = packages.as_object().unwrap();
+        // The base's packages: Debian's, from the base's own SBOM layer.
+        assert!(
+            all.keys().any(|p| p.starts_with("pkg:deb/debian/libc6@")),
+            "{runtime}: no libc6 in {:?}",
+            all.keys().collect::<Vec<_>>()
+        );
+        for (purl, license) in wanted {
+            let p = &packages[*purl];
+            assert!(p.is_object(), "{runtime}: no {purl} in {:?}", all.keys());
+            assert!(
+                p["licenses"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|l| l.as_str().unwrap().contains(license)),
+                "{purl}: {p}"
+            );
+        }
+        if runtime == "nodejs22" {
+            // npm's integrity, as the lock file holds it.
+            let lock: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("package-lock.json")).unwrap())
+                    .unwrap();
+            let sri = lock["packages"]["node_modules/lodash"]["integrity"]
+                .as_str()
+                .unwrap();
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(sri.strip_prefix("sha512-").unwrap())
+                .unwrap();
+            assert_eq!(
+                packages["pkg:npm/lodash@4.17.21"]["hashes"]["SHA-512"],
+                hex::encode(bytes)
+            );
+            // Not a dev dependency: it was not installed.
+            assert!(!all.keys().any(|p| p.contains("left-pad")));
+        }
+        // A source-only rebuild reads what it read before and lists the same packages.
+        std::fs::write(dir.join("extra.txt"), "an edit").unwrap();
+        let edited = build(&[]);
+        assert_ne!(edited, reference);
+        assert_eq!(sbom(&edited), packages);
+    }
 }
