@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""What signing and provenance add to a source-only rebuild, side by side in one run.
+"""What signing, provenance and the SBOM add to a source-only rebuild, side by side in one run.
 
     python3 bench/sign_overhead.py [--runs N] [--kiln PATH]
 
 Starts Debian's `docker-registry` on a free loopback port (as bench/vs_buildah.py does) and
 builds the hello-node example Function on the nodejs22 base from kiln's local store into two
 repositories of it: one plainly, one with `--sign-key` (an ECDSA P-256 key made here with
-openssl), which adds the cosign-style signature and the signed SLSA provenance. After one
+openssl), which adds the cosign-style signature, the signed SLSA provenance and SBOM. After one
 untimed build of each, every run edits the handler (a new comment line, so only the source
 layer changes) and times one build of each, alternating which goes first. It prints the
 medians, their difference, their ratio, and the registry requests of each build (the
@@ -81,7 +81,7 @@ def main():
         print(f'source-only rebuild, median of {args.runs} (alternating), {args.kiln}:')
         print(f'  plain   {plain:7.1f} ms  {statistics.median(requests[False]):.0f} requests')
         print(f'  signed  {signed:7.1f} ms  {statistics.median(requests[True]):.0f} requests'
-              ' (signature and provenance)')
+              ' (signature, provenance and SBOM)')
         print(f'  signing adds {signed - plain:+.1f} ms; signed/plain {signed / plain:.2f}')
     finally:
         reg.stop()

@@ -297,29 +297,48 @@ async fn prepare_attachments(
     };
     let digest = &output.published.digest;
     let repository = target.repository_path();
-    let bom = sbom::statement(client, &opts.cache_dir, base, layers, &repository, digest).await?;
-    let statement = crate::provenance::statement(&crate::provenance::Build {
-        repository: &target.repository_path(),
-        digest,
-        build_key: &output.image_key,
-        inputs: &output.inputs,
-        external: signing.external.clone(),
-        started: signing.started.clone(),
-        // The image is complete: only its push (beside this) remains.
-        finished: crate::provenance::now(),
-    });
-    let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
-    let statements = crate::cosign::Statements {
-        provenance: &statement,
-        sbom: Some(&bom),
+    let attach_err = |source| Error::Attach {
+        image: format!("{repository}@{digest}"),
+        source: Box::new(source),
     };
-    crate::cosign::prepare(client, target, digest, &signing.key, &statements, fresh)
+    // The signature's requests start at once; the attestations' once the SBOM is read.
+    let attestations = async {
+        let started = std::time::Instant::now();
+        let bom =
+            sbom::statement(client, &opts.cache_dir, base, layers, &repository, digest).await?;
+        tracing::debug!(took = ?started.elapsed(), bytes = bom.len(), "SBOM");
+        let statement = crate::provenance::statement(&crate::provenance::Build {
+            repository: &repository,
+            digest,
+            build_key: &output.image_key,
+            inputs: &output.inputs,
+            external: signing.external.clone(),
+            started: signing.started.clone(),
+            // The image is complete: only its push (beside this) remains.
+            finished: crate::provenance::now(),
+        });
+        let statement = serde_json::to_vec(&statement).expect("a JSON value serialises");
+        let statements = crate::cosign::Statements {
+            provenance: &statement,
+            sbom: Some(&bom),
+        };
+        crate::cosign::prepare_attestations(
+            client,
+            target,
+            digest,
+            &signing.key,
+            &statements,
+            fresh,
+        )
         .await
-        .map(Some)
-        .map_err(|source| Error::Attach {
-            image: format!("{}@{digest}", target.repository_path()),
-            source: Box::new(source),
-        })
+        .map_err(attach_err)
+    };
+    let signature = crate::cosign::prepare_signature(client, target, digest, &signing.key, fresh);
+    let (signature, attestations) = tokio::join!(signature, attestations);
+    Ok(Some(crate::cosign::Prepared::new(
+        signature.map_err(attach_err)?,
+        attestations?,
+    )))
 }
 
 /// The layers of the image `digest` in the target that are not `base`'s: the Function's own.

@@ -73,17 +73,56 @@ pub async fn prepare(
     statements: &Statements<'_>,
     fresh: bool,
 ) -> Result<Prepared, AttachError> {
-    let (signature, provenance) = tokio::join!(
+    let (signature, attestations) = tokio::join!(
         prepare_signature(client, image, digest, key, fresh),
-        prepare_attestation(client, image, digest, key, statements, fresh),
+        prepare_attestations(client, image, digest, key, statements, fresh),
     );
-    Ok(Prepared {
-        signature: signature.map_err(AttachError::Signature)?,
-        provenance: provenance.map_err(AttachError::Provenance)?,
-    })
+    Ok(Prepared::new(signature?, attestations?))
+}
+
+/// The signature half of [`prepare`], for a caller that readies the attestations' statements
+/// meanwhile.
+///
+/// # Errors
+/// Registry errors.
+pub async fn prepare_signature(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    fresh: bool,
+) -> Result<Pending, AttachError> {
+    signature_pending(client, image, digest, key, fresh)
+        .await
+        .map_err(AttachError::Signature)
+}
+
+/// The attestations half of [`prepare`].
+///
+/// # Errors
+/// Registry errors.
+pub async fn prepare_attestations(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+    statements: &Statements<'_>,
+    fresh: bool,
+) -> Result<Pending, AttachError> {
+    attestation_pending(client, image, digest, key, statements, fresh)
+        .await
+        .map_err(AttachError::Provenance)
 }
 
 impl Prepared {
+    /// The two halves, made ready by [`prepare_signature`] and [`prepare_attestations`].
+    pub fn new(signature: Pending, attestations: Pending) -> Prepared {
+        Prepared {
+            signature,
+            provenance: attestations,
+        }
+    }
+
     /// Puts the signature and attestation manifests, side by side: call it once the image's
     /// own manifest is up.
     ///
@@ -105,7 +144,7 @@ impl Prepared {
     }
 }
 
-async fn prepare_signature(
+async fn signature_pending(
     client: &Client,
     image: &Reference,
     digest: &Digest,
@@ -138,7 +177,7 @@ async fn prepare_signature(
     prepare_append(client, image, &tag, addition, signed_already).await
 }
 
-async fn prepare_attestation(
+async fn attestation_pending(
     client: &Client,
     image: &Reference,
     digest: &Digest,
@@ -210,7 +249,7 @@ struct Addition {
 /// A cosign manifest ready to be put (`manifest`, or `None` when its tag already holds what
 /// it would add), and the tag as shown.
 #[derive(Debug)]
-struct Pending {
+pub struct Pending {
     tag_ref: Reference,
     shown: String,
     manifest: Option<Document>,

@@ -17,7 +17,10 @@ mod attach;
 mod keys;
 mod verify;
 
-pub use attach::{AttachError, Attached, Prepared, Signed, Statements, prepare};
+pub use attach::{
+    AttachError, Attached, Pending, Prepared, Signed, Statements, prepare, prepare_attestations,
+    prepare_signature,
+};
 pub use keys::{KeyError, SignKey, VerifyKey};
 pub use verify::{Verified, VerifyError, Wanted, verify};
 
