@@ -41,10 +41,6 @@ impl Key {
             name: name.to_string(),
         }
     }
-
-    fn is_kind(&self, kind: &Kind) -> bool {
-        self.group == kind.group && self.plural == kind.plural
-    }
 }
 
 /// The type of a watch event.
@@ -160,21 +156,38 @@ impl Store {
             }
             _ => None,
         };
+        // A range of the key order (kind, namespace, name), not a scan of every object: a
+        // controller's LISTs stay cheap among thousands of objects.
+        let namespace = namespace.filter(|_| kind.namespaced);
         let mut items: Vec<(&Key, Value)> = self
-            .objects
-            .iter()
-            .filter(|(k, _)| namespace.is_none_or(|ns| !kind.namespaced || k.namespace == ns))
-            .filter_map(|(k, v)| {
-                if k.is_kind(kind) {
-                    return Some((k, v.clone()));
-                }
-                let (group, convert) = other_events?;
-                (k.group == group && k.plural == "events").then(|| (k, convert(v)))
-            })
+            .of_kind(kind.group, kind.plural, namespace)
+            .map(|(k, v)| (k, v.clone()))
+            .chain(other_events.into_iter().flat_map(|(group, convert)| {
+                self.of_kind(group, "events", namespace)
+                    .map(move |(k, v)| (k, convert(v)))
+            }))
             .filter(|(_, v)| selectors.matches(v))
             .collect();
         items.sort_by(|a, b| (&a.0.namespace, &a.0.name).cmp(&(&b.0.namespace, &b.0.name)));
         items.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// The objects of the kind `group`/`plural` (in `namespace`, or all), in key order.
+    fn of_kind<'a>(
+        &'a self,
+        group: &'static str,
+        plural: &'static str,
+        namespace: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a Key, &'a Value)> + 'a {
+        let from = Key {
+            group,
+            plural,
+            namespace: namespace.unwrap_or_default().to_string(),
+            name: String::new(),
+        };
+        self.objects.range(from..).take_while(move |(k, _)| {
+            k.group == group && k.plural == plural && namespace.is_none_or(|ns| k.namespace == ns)
+        })
     }
 
     /// Live watch signals from now on.
@@ -184,7 +197,9 @@ impl Store {
 
     /// Events after `rv`, or `None` when history before them was compacted (410 Gone).
     pub fn events_after(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
-        (rv >= self.compacted).then(|| self.history.iter().filter(|e| e.rv > rv).cloned().collect())
+        // The history is in resourceVersion order.
+        let from = self.history.partition_point(|e| e.rv <= rv);
+        (rv >= self.compacted).then(|| self.history.range(from..).cloned().collect())
     }
 
     /// Drops the whole event history: watches from an older resourceVersion get 410 Gone.
