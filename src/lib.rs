@@ -16,7 +16,7 @@
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
 //!   `cosign` `provenance` `sbom` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
-//! - `cosign`: `provenance` `registry` `oci` `signing`.
+//! - `cosign`: `provenance` `sbom` `registry` `oci` `signing`.
 //! - `base`: `run` `image` `fetch` `runtime` `registry` `sandbox` `oci` `progress` `rootpath`
 //!   `tarmeter` `capped`.
 //! - `run`: `registry` `sandbox` `oci` `inuse` `progress` `rootpath` `tarmeter` `capped`.

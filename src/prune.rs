@@ -52,6 +52,9 @@ pub const NPM_TARBALL: &str = "npm tarball";
 /// The kind of a cached Python wheel.
 pub const WHEEL: &str = "wheel";
 
+/// The kind of a layer's SBOM record (the packages `kiln build --sign-key` read in it).
+pub const SBOM_RECORD: &str = "layer SBOM record";
+
 /// The kind of a cached PyPI project page.
 pub const PYPI_PAGE: &str = "PyPI project page";
 
@@ -65,8 +68,9 @@ const REGISTRY_RECORD_DIRS: [&str; 3] = ["documents/sha256", "pushed", "registri
 const SCRATCH_DIRS: [&str; 2] = ["tmp", "rootfs/tmp"];
 
 /// Directories where kiln writes a temporary file and renames it to the entry it becomes.
-const TEMP_FILE_DIRS: [&str; 10] = [
+const TEMP_FILE_DIRS: [&str; 11] = [
     "deps",
+    "sbom",
     "documents/sha256",
     "pushed",
     "registries",
@@ -281,12 +285,14 @@ fn registry_records(cache_dir: &Path, out: &mut Vec<Candidate>) {
     }
 }
 
-/// Downloaded npm tarballs, wheels and PyPI pages, but for those used within [`GRACE`].
+/// Downloaded npm tarballs, wheels and PyPI pages, and layers' SBOM records (read again
+/// when needed), but for those used within [`GRACE`].
 fn downloads(cache_dir: &Path, out: &mut Vec<Candidate>) {
     for (dir, suffix, kind) in [
         ("npm", ".tgz", NPM_TARBALL),
         ("wheels", ".whl", WHEEL),
         (pages::DIR, pages::SUFFIX, PYPI_PAGE),
+        ("sbom", ".json", SBOM_RECORD),
     ] {
         let Ok(entries) = fs::read_dir(cache_dir.join(dir)) else {
             continue;

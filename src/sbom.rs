@@ -464,7 +464,8 @@ mod tests {
             (&format!("{nm}/.package-lock.json"), lock),
             (
                 "usr/src/app/site-packages/PyYAML-6.0.2.dist-info/METADATA",
-                "Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0.2\nLicense: MIT\n\nName: not-a-header\n",
+                "Metadata-Version: 2.1\nName: PyYAML\nVersion: 6.0.2\nLicense: MIT\n\n\
+                 Name: not-a-header\n",
             ),
             (
                 "usr/src/app/site-packages/a-1.dist-info/METADATA",
