@@ -7,7 +7,7 @@ use crate::common;
 use std::path::Path;
 use std::process::Command;
 
-use super::base_build_with;
+use super::{base_build, base_build_with};
 use common::kiln::Kiln;
 use common::registry::{Registry, RegistryKind};
 
@@ -15,8 +15,10 @@ use common::registry::{Registry, RegistryKind};
 fn building_a_base_image_twice_gives_the_same_digests() {
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let first = base_build_with(&k, "nodejs22", &work.path().join("a"), &[]);
-    // The second time into a registry: the same images, wherever they go.
+    // The images the tests share, built by another `kiln base build` process (here, if no
+    // test has needed them yet); then built again, into a registry: the same images, wherever
+    // they go.
+    let first = base_build(&k, "nodejs22", &work.path().join("a"));
     let reg = Registry::start(RegistryKind::Plain);
     let pushed = k.run_cmd(k.command_with_shared_downloads().args([
         "base",
@@ -60,7 +62,8 @@ fn the_python_base_with_its_compiled_bytecode_builds_the_same_twice() {
     // the rest.
     let k = Kiln::new();
     let work = tempfile::tempdir().unwrap();
-    let first = base_build_with(&k, "python313", &work.path().join("a"), &[]);
+    // The shared images (another process's build), then a build of this test's own.
+    let first = base_build(&k, "python313", &work.path().join("a"));
     let second = base_build_with(&k, "python313", &work.path().join("b"), &[]);
     let digest = |line: &String| line.rsplit('@').next().unwrap().to_string();
     assert_eq!(
