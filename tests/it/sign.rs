@@ -26,6 +26,29 @@ fn check(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
+/// A registry, kiln, and a directory holding the keys `check.py keys` writes (a.key, a.pub,
+/// b.key, b.pub).
+struct Setup {
+    reg: Registry,
+    host: String,
+    kiln: Kiln,
+    work: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let reg = Registry::start(RegistryKind::Plain);
+        let work = tempfile::tempdir().unwrap();
+        check(&["keys", work.path().to_str().unwrap()]);
+        Setup {
+            host: reg.host(),
+            reg,
+            kiln: Kiln::new(),
+            work,
+        }
+    }
+}
+
 fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> String {
     kiln.run(&[
         "build",
@@ -46,12 +69,13 @@ fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> Str
 
 #[test]
 fn signatures_verify_with_their_key_and_fail_for_another_key_a_changed_payload_or_image() {
-    let reg = Registry::start(RegistryKind::Plain);
-    let host = reg.host();
-    let kiln = Kiln::new();
-    let work = tempfile::tempdir().unwrap();
+    let Setup {
+        reg,
+        host,
+        kiln,
+        work,
+    } = Setup::new();
     let keys = work.path();
-    check(&["keys", keys.to_str().unwrap()]);
     let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
     let dir = copy_fixture("hello-node", &work.path().join("hello"));
     let reference = build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
@@ -214,12 +238,13 @@ fn signatures_verify_with_their_key_and_fail_for_another_key_a_changed_payload_o
 
 #[test]
 fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_replaced_by_a_rebuild() {
-    let reg = Registry::start(RegistryKind::Plain);
-    let host = reg.host();
-    let kiln = Kiln::new();
-    let work = tempfile::tempdir().unwrap();
+    let Setup {
+        reg,
+        host,
+        kiln,
+        work,
+    } = Setup::new();
     let keys = work.path();
-    check(&["keys", keys.to_str().unwrap()]);
     let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
     let dir = copy_fixture("hello-node", &work.path().join("hello"));
     let reference = build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
@@ -289,12 +314,13 @@ fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_repla
 #[test]
 fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages() {
     use common::kiln::base_images_into;
-    let reg = Registry::start(RegistryKind::Plain);
-    let host = reg.host();
-    let kiln = Kiln::new();
-    let work = tempfile::tempdir().unwrap();
+    let Setup {
+        reg,
+        host,
+        kiln,
+        work,
+    } = Setup::new();
     let keys = work.path();
-    check(&["keys", keys.to_str().unwrap()]);
     let key = |name: &str| keys.join(name).to_str().unwrap().to_string();
     let sbom = |reference: &str| {
         let digest = reference.split_once('@').unwrap().1;
