@@ -354,7 +354,7 @@ async fn own_layers(
     let fail = |e: &dyn std::fmt::Display| Error::Sbom(format!("reading {target}@{digest}: {e}"));
     let reference = target.with_digest(digest.clone());
     let doc = client
-        .get_manifest(&reference, &[crate::oci::MediaType::OciManifest])
+        .get_manifest(&reference, &crate::registry::DEFAULT_MANIFEST_TYPES)
         .await
         .map_err(|e| fail(&e))?;
     let manifest: crate::oci::Manifest = doc.parse().map_err(|e| fail(&e))?;
