@@ -309,6 +309,29 @@ fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_repla
     );
     build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
     assert_eq!(layers(&digest), grafted + 2);
+    // On a Docker-typed base the image's manifest is Docker's; a signed rebuild that finds it
+    // reads it for the SBOM all the same.
+    let bases = common::images::push_base_images(&reg, "base/busybox");
+    let signed_on = |base: &str| {
+        kiln.run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            base,
+            "--image",
+            &reg.reference("fns/docker:1"),
+            "--insecure-registry",
+            &host,
+            "--sign-key",
+            &key("a.key"),
+        ])
+        .reference()
+    };
+    let on_docker = signed_on(&bases.docker);
+    assert_eq!(signed_on(&bases.docker), on_docker);
+    verify(&on_docker, &[]).reference();
 }
 
 #[test]
