@@ -1034,7 +1034,7 @@ fn with_require_provenance_only_an_image_whose_signed_provenance_names_its_build
     let registry = env.registry.host();
     // The honest build signs with the platform's key; one signs with another key; one's
     // provenance is the platform key's, but for another Function's build.
-    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
         let push = push(&env);
         let keys = keys.to_path_buf();
         move |job| {
@@ -1121,4 +1121,61 @@ fn with_require_provenance_only_an_image_whose_signed_provenance_names_its_build
             "{name} is not deployed"
         );
     }
+    // An image built before is checked again when it is taken again: an edit, its attestations
+    // emptied meanwhile, and the revert. The revert's image is not deployed as recorded but
+    // built again, and that build's provenance lets it run.
+    let jobs_ended = || {
+        builds
+            .stats()
+            .ended
+            .iter()
+            .filter(|j| j.contains("honest"))
+            .count()
+    };
+    let before = jobs_ended();
+    let first = env.function("team", "honest")["status"].clone();
+    let edit = |source: &str| {
+        let mut f = env.function("team", "honest");
+        f["spec"]["source"]["inline"]["source"] = json!(source);
+        env.api.insert(f);
+    };
+    edit("module.exports = { main: () => 'edited' }");
+    env.wait("the edit's build", Duration::from_secs(60), || {
+        jobs_ended() == before + 1
+            && env.function("team", "honest")["status"]["buildKey"] != first["buildKey"]
+    });
+    env.wait_condition("team", "honest", "Running", "True", None);
+    let repo = "functions/team/honest";
+    let digest = first["digest"].as_str().unwrap();
+    let stripped = std::process::Command::new("python3")
+        .arg(common::kiln::fixtures().join("cosign/check.py"))
+        .args(["strip", &env.registry.host(), repo, digest])
+        .status()
+        .unwrap();
+    assert!(stripped.success());
+    edit(HELLO);
+    env.wait("the revert's build", Duration::from_secs(60), || {
+        jobs_ended() == before + 2
+    });
+    // The revert's image was refused as recorded, built again, and then runs: the rebuild's
+    // provenance (the build found its image and added one) is what lets it.
+    env.wait(
+        "the revert built and running",
+        Duration::from_secs(60),
+        || {
+            env.condition("team", "honest", "BuildReady")
+                .is_some_and(|(s, _, _)| s == "True")
+                && env
+                    .condition("team", "honest", "Running")
+                    .is_some_and(|(s, _, _)| s == "True")
+                && env.function("team", "honest")["status"]["buildKey"] == first["buildKey"]
+        },
+    );
+    let log = std::fs::read_to_string(&env.log).unwrap();
+    assert!(
+        log.contains("not deploying the image built before"),
+        "the recorded image was deployed without its provenance"
+    );
+    let status = env.function("team", "honest")["status"].clone();
+    assert_eq!(status["buildKey"], first["buildKey"]);
 }
