@@ -50,21 +50,40 @@ impl Setup {
 }
 
 fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> String {
-    kiln.run(&[
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
+    build_on(
+        kiln,
+        reg,
+        dir,
         "nodejs22",
-        "--base",
-        &tiny_base(),
+        &["--base", &tiny_base()],
+        image,
+        key,
+    )
+}
+
+/// A signed build of the `runtime` Function in `dir` to `image` in `reg`, on the base (and
+/// builder) that `base` names with its flags.
+fn build_on(
+    kiln: &Kiln,
+    reg: &Registry,
+    dir: &Path,
+    runtime: &str,
+    base: &[&str],
+    image: &str,
+    key: &str,
+) -> String {
+    let (image, host) = (reg.reference(image), reg.host());
+    let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
+    args.extend(base);
+    args.extend([
         "--image",
-        &reg.reference(image),
+        &image,
         "--insecure-registry",
-        &reg.host(),
+        &host,
         "--sign-key",
         key,
-    ])
-    .reference()
+    ]);
+    kiln.run(&args).reference()
 }
 
 #[test]
@@ -313,21 +332,16 @@ fn the_provenance_names_its_build_and_one_of_another_image_is_refused_then_repla
     // reads it for the SBOM all the same.
     let bases = common::images::push_base_images(&reg, "base/busybox");
     let signed_on = |base: &str| {
-        kiln.run(&[
-            "build",
-            dir.to_str().unwrap(),
-            "--runtime",
+        let base = ["--base", base];
+        build_on(
+            &kiln,
+            &reg,
+            &dir,
             "nodejs22",
-            "--base",
-            base,
-            "--image",
-            &reg.reference("fns/docker:1"),
-            "--insecure-registry",
-            &host,
-            "--sign-key",
+            &base,
+            "fns/docker:1",
             &key("a.key"),
-        ])
-        .reference()
+        )
     };
     let on_docker = signed_on(&bases.docker);
     assert_eq!(signed_on(&bases.docker), on_docker);
@@ -380,24 +394,10 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
         let base = format!("oci:{}:{runtime}", layout.display());
         let builder = format!("oci:{}:{runtime}-builder", layout.display());
         let dir = copy_fixture(fixture, &work.path().join(fixture));
-        let image = reg.reference(&format!("fns/{fixture}:1"));
-        let build = |extra: &[&str]| {
-            let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
-            args.extend([
-                "--base",
-                &base,
-                "--builder-image",
-                &builder,
-                "--image",
-                &image,
-            ]);
-            args.extend(["--insecure-registry", &host, "--sign-key"]);
-            let signing = key("a.key");
-            args.push(&signing);
-            args.extend(extra);
-            kiln.run(&args).reference()
-        };
-        let reference = build(&[]);
+        let image = format!("fns/{fixture}:1");
+        let flags = ["--base", &base, "--builder-image", &builder];
+        let build = || build_on(&kiln, &reg, &dir, runtime, &flags, &image, &key("a.key"));
+        let reference = build();
         let packages = sbom(&reference);
         let all = packages.as_object().unwrap();
         // The base's packages: Debian's, from the base's own SBOM layer.
@@ -439,7 +439,7 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
         }
         // A source-only rebuild reads what it read before and lists the same packages.
         std::fs::write(dir.join("extra.txt"), "an edit").unwrap();
-        let edited = build(&[]);
+        let edited = build();
         assert_ne!(edited, reference);
         assert_eq!(sbom(&edited), packages);
     }
