@@ -308,24 +308,47 @@ fn npm_component(
     })
 }
 
+/// The header fields of an email-style metadata file (names lower-cased, continuation lines
+/// joined), as Python's email parser reads them: up to the first empty line, or the first
+/// line that is neither `name:` nor a continuation (a line starting with a space or tab,
+/// blank ones included).
+pub fn metadata_headers(text: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        if line.is_empty() {
+            break;
+        }
+        if line.starts_with([' ', '\t']) {
+            if let Some((_, v)) = out.last_mut() {
+                v.push(' ');
+                v.push_str(line.trim());
+            }
+            continue;
+        }
+        let Some((k, v)) = line.split_once(':') else {
+            break;
+        };
+        if !k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
+            break;
+        }
+        out.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+    out
+}
+
 /// A distribution's core metadata: Name, Version and its license (`License-Expression`, else
 /// `License`, else the `License ::` classifiers).
 fn dist_component(bytes: &[u8]) -> Option<Component> {
     let text = String::from_utf8_lossy(bytes);
     let (mut name, mut version, mut expression, mut license) = (None, None, None, None);
     let mut classifiers = Vec::new();
-    // The headers end at the first empty line; the description follows.
-    for line in text.lines().take_while(|l| !l.is_empty()) {
-        let Some((key, value)) = line.split_once(':') else {
-            continue;
-        };
-        let value = value.trim().to_string();
-        match key {
-            "Name" => name = Some(value),
-            "Version" => version = Some(value),
-            "License-Expression" => expression = Some(value),
-            "License" if !value.is_empty() && value.len() <= 200 => license = Some(value),
-            "Classifier" => {
+    for (key, value) in metadata_headers(&text) {
+        match key.as_str() {
+            "name" => name = Some(value),
+            "version" => version = Some(value),
+            "license-expression" => expression = Some(value),
+            "license" if !value.is_empty() && value.len() <= 200 => license = Some(value),
+            "classifier" => {
                 if let Some(l) = value.strip_prefix("License :: ") {
                     let l = l.rsplit(" :: ").next().unwrap_or(l);
                     classifiers.push(l.to_string());

@@ -182,33 +182,7 @@ pub(crate) fn unpack_for_checks(whl: &Path, spill: &Path) -> Result<Vec<String>,
     Ok(tree.entries.into_keys().collect())
 }
 
-/// The header fields of an email-style metadata file (names lower-cased, continuation lines
-/// joined), as Python's email parser reads them: up to the first empty line, or the first
-/// line that is neither `name:` nor a continuation (a line starting with a space or tab,
-/// blank ones included).
-pub(crate) fn headers(text: &str) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
-        if line.is_empty() {
-            break;
-        }
-        if line.starts_with([' ', '\t']) {
-            if let Some((_, v)) = out.last_mut() {
-                v.push(' ');
-                v.push_str(line.trim());
-            }
-            continue;
-        }
-        let Some((k, v)) = line.split_once(':') else {
-            break;
-        };
-        if !k.bytes().all(|b| (0x21..=0x7e).contains(&b)) {
-            break;
-        }
-        out.push((k.to_ascii_lowercase(), v.trim().to_string()));
-    }
-    out
-}
+pub(crate) use crate::sbom::metadata_headers as headers;
 
 /// Adds a file to the tree; a second file at one path is for pip to decide.
 pub(super) fn put_file(
