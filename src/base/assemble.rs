@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use tempfile::TempDir;
 
+use super::bytecode::Compiler;
 use super::debian::{self, LockedPackage};
 use super::packages;
-use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
+use super::recipe::{BytecodeRecipe, FIRST_ARCHITECTURE, Lock, Recipe, Target};
 use super::rootfs;
 use crate::fetch::npm;
 use crate::image::publish::{BlobPlan, Role};
@@ -86,6 +87,28 @@ pub enum Error {
         /// What went wrong.
         detail: String,
     },
+    /// A recipe whose architectures kiln cannot lock.
+    #[error(
+        "the {runtime} recipe's architectures must start with {FIRST_ARCHITECTURE} and name \
+            only amd64 and arm64"
+    )]
+    Architectures {
+        /// The runtime.
+        runtime: String,
+    },
+    /// The lock has no inputs for the architecture asked for.
+    #[error(
+        "the {runtime} lock has no inputs for {arch} (it has: {available}): add it to the \
+            recipe's architectures and run `kiln base lock {runtime}`"
+    )]
+    NoArchitecture {
+        /// The runtime.
+        runtime: String,
+        /// Asked for.
+        arch: String,
+        /// What the lock has.
+        available: String,
+    },
     /// The recipe names runtime packages the lock does not pin.
     #[error(
         "the lock file pins none of the [packages] of the {runtime} recipe: run `kiln base lock \
@@ -125,21 +148,27 @@ pub struct Assembled {
     pub builder: Assembly,
     /// The kiln image: the runtime's Debian layer (libc, CA certificates, the distroless
     /// files; what the Dockerfile's distroless/cc base holds) and kiln, running as 65532.
-    pub kiln: Assembly,
+    /// `None` without a kiln binary for the architecture.
+    pub kiln: Option<Assembly>,
     _blobs: Vec<LayerBlob>,
     _staging: TempDir,
 }
 
-/// Assembles the base and builder images of `recipe` from `lock`.
+/// Assembles the base and builder images of `recipe` for `arch` from `lock`. `kiln_binary`
+/// (a kiln for `arch`) goes into the builder, and makes the kiln image; without it the builder
+/// serves sandboxed installs (which run its toolchain, not kiln) but not build Jobs. A
+/// foreign architecture's Python bytecode is compiled under emulation.
 ///
 /// # Errors
-/// Downloads that fail verification, unpack and layer errors.
+/// Downloads that fail verification, unpack and layer errors, a lock without `arch`, no
+/// emulator for a foreign interpreter.
 pub async fn assemble(
     src: &Sources,
     recipe: &Recipe,
     lock: &Lock,
+    arch: &str,
     epoch: u64,
-    kiln_binary: &Path,
+    kiln_binary: Option<&Path>,
 ) -> Result<Assembled> {
     if lock.runtime != recipe.runtime {
         return Err(Error::StaleLock {
@@ -147,12 +176,19 @@ pub async fn assemble(
             found: lock.runtime.clone(),
         });
     }
+    let all_arches = lock;
+    let lock = &lock.for_arch(arch).ok_or_else(|| Error::NoArchitecture {
+        runtime: recipe.runtime.clone(),
+        arch: arch.to_string(),
+        available: lock.architectures().join(", "),
+    })?;
     let tmp = src.cache_dir.join("tmp");
     std::fs::create_dir_all(&tmp).at("using", &tmp)?;
     let staging = tempfile::tempdir_in(&tmp).at("using", &tmp)?;
     let mut stage = Stage {
         src,
         dir: staging.path().to_path_buf(),
+        platform: oci::Platform::linux(arch),
         epoch,
         blobs: Vec::new(),
         sbom: Vec::new(),
@@ -168,7 +204,8 @@ pub async fn assemble(
         base_layers.push(layer);
     }
     if let Some(bytecode) = &recipe.image.bytecode {
-        base_layers.push(stage.bytecode_layer(bytecode, recipe).await?);
+        let native = native_python(all_arches, lock, arch);
+        base_layers.push(stage.bytecode_layer(bytecode, recipe, native).await?);
     }
     base_layers.push(stage.server_layer(recipe)?);
     base_layers.push(stage.sbom_layer(&recipe.runtime)?);
@@ -193,19 +230,26 @@ pub async fn assemble(
             .await?,
     );
     let kiln_dest = KILN_IN_BUILDER.trim_start_matches('/');
-    let kiln_layer = stage.file_layer("kiln", kiln_binary, kiln_dest)?;
-    builder_layers.push(kiln_layer.clone());
+    let kiln_layer = kiln_binary
+        .map(|binary| stage.file_layer("kiln", binary, kiln_dest))
+        .transpose()?;
+    builder_layers.extend(kiln_layer.clone());
     // The builder's SBOM lists its own packages too (the base's stays the base's).
     builder_layers.push(stage.sbom_layer(&recipe.runtime)?);
-    let kiln_layers: Vec<NewLayer> = [Some(debian_base), kiln_debian, Some(kiln_layer)]
-        .into_iter()
-        .flatten()
-        .collect();
 
     let builder_edit = builder_edit(config_edit(recipe, epoch, &stage.sbom_label()), recipe);
     let base = stage.image(&base_layers, &base_edit)?;
     let builder = stage.image(&builder_layers, &builder_edit)?;
-    let kiln = stage.image(&kiln_layers, &kiln_edit(epoch))?;
+    let kiln = match kiln_layer {
+        Some(kiln_layer) => {
+            let layers: Vec<NewLayer> = [Some(debian_base), kiln_debian, Some(kiln_layer)]
+                .into_iter()
+                .flatten()
+                .collect();
+            Some(stage.image(&layers, &kiln_edit(epoch))?)
+        }
+        None => None,
+    };
     Ok(Assembled {
         base,
         builder,
@@ -215,9 +259,32 @@ pub async fn assemble(
     })
 }
 
+/// For a foreign `arch`, this machine's base packages when their Python is the very same
+/// (every package named `*python*` at the same version in both architectures' locks): its
+/// interpreter compiles the foreign tree's bytecode natively, since a .pyc file does not
+/// depend on the CPU (kiln checked that an emulated python3.13 compiles the same layer, and
+/// a test keeps checking it for a module). `None` on this machine's architecture, or when the
+/// versions differ and the image's own interpreter must run, under emulation.
+fn native_python(all: &Lock, lock: &Lock, arch: &str) -> Option<Vec<LockedPackage>> {
+    let host = oci::Platform::host();
+    if host.architecture == arch {
+        return None;
+    }
+    let native = all.for_arch(&host.architecture)?;
+    let pythons = |lock: &Lock| -> Vec<(String, String)> {
+        lock.debs(Target::Base)
+            .filter(|p| p.name.contains("python"))
+            .map(|p| (p.name.clone(), p.version.clone()))
+            .collect()
+    };
+    let same = pythons(&native) == pythons(lock) && !pythons(lock).is_empty();
+    same.then(|| native.debs(Target::Base).cloned().collect())
+}
+
 struct Stage<'a> {
     src: &'a Sources,
     dir: PathBuf,
+    platform: oci::Platform,
     epoch: u64,
     blobs: Vec<LayerBlob>,
     sbom: Vec<SbomEntry>,
@@ -236,6 +303,30 @@ impl Stage<'_> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).at("using", &dir)?;
         Ok(dir)
+    }
+
+    /// `debs` unpacked into a scratch tree `name`, without synthesised files; for running a
+    /// program of theirs, not for a layer.
+    async fn debian_tree(&self, name: &'static str, debs: &[LockedPackage]) -> Result<PathBuf> {
+        let root = self.scratch(name)?;
+        let files = debian::fetch_debs(
+            &self.src.http,
+            &self.src.mirror,
+            debs,
+            &self.src.cache_dir,
+            4,
+        )
+        .await?;
+        let root2 = root.clone();
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            debian::merged_usr_links(&root2)?;
+            for file in &files {
+                debian::unpack_deb(file, &root2)?;
+            }
+            Ok(())
+        })
+        .await??;
+        Ok(root)
     }
 
     async fn debian_layer(
@@ -399,6 +490,7 @@ impl Stage<'_> {
         &mut self,
         bytecode: &BytecodeRecipe,
         recipe: &Recipe,
+        native: Option<Vec<LockedPackage>>,
     ) -> Result<NewLayer> {
         let fail = |detail: String| Error::Bytecode {
             python: bytecode.python.clone(),
@@ -413,9 +505,19 @@ impl Stage<'_> {
                 p.dest.clone(),
             )
         });
-        super::bytecode::compile(bytecode, &self.dir.join("debian"), packages, &out)
-            .await
-            .map_err(fail)?;
+        let compiler = match native {
+            Some(debs) => Compiler::Native(self.debian_tree("native-python", &debs).await?),
+            None => Compiler::Own(self.platform.clone()),
+        };
+        super::bytecode::compile(
+            bytecode,
+            &self.dir.join("debian"),
+            packages,
+            &out,
+            &compiler,
+        )
+        .await
+        .map_err(fail)?;
         self.tree_layer(
             "bytecode",
             &out,
@@ -540,7 +642,7 @@ impl Stage<'_> {
     }
 
     fn image(&self, layers: &[NewLayer], edit: &ConfigEdit) -> Result<Assembly> {
-        let image = oci::image::append(&scratch(), layers, edit)?;
+        let image = oci::image::append(&scratch(&self.platform), layers, edit)?;
         let plans = layers
             .iter()
             .map(|l| {

@@ -7,36 +7,73 @@
 use std::path::{Path, PathBuf};
 
 use super::recipe::BytecodeRecipe;
+use crate::oci::Platform;
+use crate::sandbox::Bind;
+use crate::sandbox::emulator::Emulator;
+
+/// Which interpreter compiles.
+#[derive(Clone, Debug)]
+pub enum Compiler {
+    /// The tree's own, built for this platform (emulated when it is not this machine's).
+    Own(Platform),
+    /// The same Python built for this machine, in this tree of its packages: it runs with the
+    /// compiled tree's directories bound over its own (its C extension modules excepted), so
+    /// it compiles the very files the image holds. A .pyc file depends on the Python version
+    /// and the source, not on the CPU.
+    Native(PathBuf),
+}
+
+/// Where CPython keeps its C extension modules, below a standard library directory.
+const EXTENSIONS: &str = "lib-dynload";
 
 /// Compiles [`BytecodeRecipe::dirs`] of the tree `root` (plus `packages`: a host directory and
-/// where it goes) into the mirror tree `out/<prefix>`.
+/// where it goes) into the mirror tree `out/<prefix>`, with `compiler`.
 ///
 /// # Errors
-/// No sandbox, an interpreter that does not run or fails for another reason than a module
-/// that does not compile; the message says which.
+/// No sandbox, no emulator for a foreign interpreter, an interpreter that does not run or
+/// fails for another reason than a module that does not compile; the message says which.
 pub async fn compile(
     bytecode: &BytecodeRecipe,
     root: &Path,
     packages: Option<(PathBuf, String)>,
     out: &Path,
+    compiler: &Compiler,
 ) -> Result<(), String> {
+    let emulator = match compiler {
+        Compiler::Own(platform) => Emulator::for_platform(platform).map_err(|e| e.to_string())?,
+        Compiler::Native(_) => None,
+    };
     crate::sandbox::check_available()
         .await
         .map_err(|e| format!("{e} (the sandbox runs the image's interpreter)"))?;
     let prefix = out.join(bytecode.prefix.trim_start_matches('/'));
     std::fs::create_dir_all(&prefix).map_err(|e| format!("creating {}: {e}", prefix.display()))?;
-    let mut sandbox = crate::sandbox::Sandbox::new(root);
+    let mut sandbox = match compiler {
+        Compiler::Own(_) => crate::sandbox::Sandbox::new(root),
+        Compiler::Native(native) => {
+            let mut sandbox = crate::sandbox::Sandbox::new(native);
+            for dir in &bytecode.dirs {
+                let inside = root.join(dir.trim_start_matches('/'));
+                if inside.is_dir() {
+                    sandbox.binds.push(Bind::read_only(inside, dir.clone()));
+                    let extensions = native.join(dir.trim_start_matches('/')).join(EXTENSIONS);
+                    if extensions.is_dir() {
+                        let dest = format!("{}/{EXTENSIONS}", dir.trim_end_matches('/'));
+                        sandbox.binds.push(Bind::read_only(extensions, dest));
+                    }
+                }
+            }
+            sandbox
+        }
+    };
     if let Some((dir, dest)) = packages
         && dir.is_dir()
     {
-        sandbox
-            .binds
-            .push(crate::sandbox::Bind::read_only(dir, dest));
+        sandbox.binds.push(Bind::read_only(dir, dest));
     }
-    sandbox.binds.push(crate::sandbox::Bind::writable(
-        prefix.clone(),
-        bytecode.prefix.clone(),
-    ));
+    sandbox
+        .binds
+        .push(Bind::writable(prefix.clone(), bytecode.prefix.clone()));
     sandbox.env = vec![
         ("PATH".into(), "/usr/bin:/bin".into()),
         ("PYTHONHASHSEED".into(), "0".into()),
@@ -45,7 +82,15 @@ pub async fn compile(
         // .pyc of its own behind.
         ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
     ];
-    // -S: no site, so no .pth file runs code before compileall.
+    // -S: no site, so no .pth file runs code before compileall. Another architecture's
+    // bytecode is compiled in one process: an emulated interpreter's workers would be started
+    // as foreign programs, which only the interpreter itself is run as. The native compiler
+    // does the same, so that it writes the same bytes: marshal marks a string interned or not
+    // as it is in the compiling process, which depends on what that process did before.
+    let workers = match compiler {
+        Compiler::Own(platform) if emulator.is_none() && *platform == Platform::host() => "0",
+        _ => "1",
+    };
     let mut argv: Vec<String> = [
         bytecode.python.as_str(),
         "-S",
@@ -53,13 +98,16 @@ pub async fn compile(
         "compileall",
         "-q",
         "-j",
-        "0",
+        workers,
         "--invalidation-mode",
         "unchecked-hash",
     ]
     .map(String::from)
     .to_vec();
     argv.extend(bytecode.dirs.iter().cloned());
+    if let Some(emulator) = emulator {
+        argv = emulator.wrap(&mut sandbox, &argv);
+    }
     let output = sandbox
         .command(&argv)
         .stdin(std::process::Stdio::null())

@@ -5,11 +5,12 @@
 use super::assemble::{Error, Sources};
 use super::debian::{self, Keyring, Mirror};
 use super::packages;
-use super::recipe::{Lock, LockedDeb, LockedNpm, Recipe, Target};
+use super::recipe::{ArchInputs, FIRST_ARCHITECTURE, Lock, LockedDeb, LockedNpm, Recipe, Target};
 use crate::fetch::npm::NpmTarball;
+use crate::oci::Platform;
 
 /// Resolves a recipe against the mirror (verified InRelease, Packages by hash) and the npm
-/// registry into a lock.
+/// registry into a lock, for each of the recipe's architectures.
 ///
 /// # Errors
 /// Unverifiable indexes, unsatisfiable dependencies, unknown npm versions.
@@ -18,7 +19,57 @@ pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock, Error> {
     mirror.allow_expired_release = src.allow_expired_release;
     let keyring = Keyring::load(&src.keyring)?;
     let release = debian::fetch_release(&src.http, &mirror, &keyring).await?;
-    let index = debian::fetch_packages(&src.http, &mirror, &release).await?;
+    let npm_lock = match recipe.packages.as_ref().filter(|p| !p.npm.is_empty()) {
+        None => None,
+        Some(p) => {
+            let (deps, registry) = (p.npm.clone(), src.npm_registry.clone());
+            Some(tokio::task::spawn_blocking(move || packages::lock_npm(&deps, &registry)).await??)
+        }
+    };
+    let mut arches = recipe.architectures.iter();
+    let first = arches.next().map(String::as_str);
+    if first != Some(FIRST_ARCHITECTURE) {
+        return Err(Error::Architectures {
+            runtime: recipe.runtime.clone(),
+        });
+    }
+    let mut lock = Lock::new(
+        &recipe.runtime,
+        &recipe.debian.suite,
+        lock_arch(
+            src,
+            recipe,
+            &mirror,
+            &release,
+            npm_lock.as_deref(),
+            FIRST_ARCHITECTURE,
+        )
+        .await?,
+    );
+    for arch in arches {
+        let inputs = lock_arch(src, recipe, &mirror, &release, npm_lock.as_deref(), arch).await?;
+        lock.arch.insert(arch.clone(), inputs);
+    }
+    Ok(lock)
+}
+
+/// The inputs of one architecture: its Debian packages, npm tarballs (`{cpu}` in a name made
+/// its own), the runtime packages' tree for its CPU (one npm resolution serves all) and its
+/// wheels.
+async fn lock_arch(
+    src: &Sources,
+    recipe: &Recipe,
+    mirror: &Mirror,
+    release: &debian::Release,
+    npm_lock: Option<&str>,
+    arch: &str,
+) -> Result<ArchInputs, Error> {
+    let platform = Platform::linux(arch);
+    let mirror = Mirror {
+        arch: arch.to_string(),
+        ..mirror.clone()
+    };
+    let index = debian::fetch_packages(&src.http, &mirror, release).await?;
     let d = &recipe.debian;
     let base = index.resolve(&d.base, &d.exclude)?;
     let with_kiln: Vec<String> = d.base.iter().chain(&d.kiln).cloned().collect();
@@ -44,40 +95,35 @@ pub async fn lock(src: &Sources, recipe: &Recipe) -> Result<Lock, Error> {
     }
     let mut pinned = Vec::new();
     for n in &recipe.npm {
-        let tarball =
-            NpmTarball::resolve(&src.http, &src.npm_registry, &n.package, &n.version).await?;
+        let name = n.package.replace("{cpu}", platform.node_cpu());
+        let tarball = NpmTarball::resolve(&src.http, &src.npm_registry, &name, &n.version).await?;
         pinned.push(LockedNpm {
             image: n.image,
             tarball,
         });
     }
-    let (mut npm_tree, mut wheel) = (Vec::new(), Vec::new());
-    if let Some(p) = recipe.packages.clone() {
-        let registry = src.npm_registry.clone();
-        (npm_tree, wheel) = tokio::task::spawn_blocking(move || -> Result<_, Error> {
-            let tree = if p.npm.is_empty() {
-                Vec::new()
-            } else {
-                packages::lock_npm(&p.npm, &registry)?
-            };
-            let wheels = match (&p.pip[..], &p.python) {
-                ([], _) => Vec::new(),
-                (reqs, Some(python)) => packages::lock_pip(reqs, python)?,
-                (_, None) => {
-                    return Err(packages::Error::Output {
-                        what: "recipe",
-                        detail: "[packages] pip needs python (the image's Python version)".into(),
-                    }
-                    .into());
-                }
-            };
-            Ok((tree, wheels))
-        })
-        .await??;
+    let npm_tree = match npm_lock {
+        Some(text) => packages::parse_package_lock(text, platform.node_cpu())?,
+        None => Vec::new(),
+    };
+    let mut wheel = Vec::new();
+    if let Some(p) = recipe.packages.clone().filter(|p| !p.pip.is_empty()) {
+        let Some(python) = p.python else {
+            return Err(packages::Error::Output {
+                what: "recipe",
+                detail: "[packages] pip needs python (the image's Python version)".into(),
+            }
+            .into());
+        };
+        let Some(machine) = platform.machine() else {
+            return Err(Error::Architectures {
+                runtime: recipe.runtime.clone(),
+            });
+        };
+        wheel = tokio::task::spawn_blocking(move || packages::lock_pip(&p.pip, &python, machine))
+            .await??;
     }
-    Ok(Lock {
-        runtime: recipe.runtime.clone(),
-        suite: recipe.debian.suite.clone(),
+    Ok(ArchInputs {
         debian: debs,
         npm: pinned,
         npm_tree,

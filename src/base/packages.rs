@@ -131,15 +131,13 @@ pub(super) fn run(tool: &'static str, cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Resolves `deps` into an exact `node_modules` tree with npm (`--package-lock-only
-/// --ignore-scripts`: nothing is downloaded or run) against `registry`.
+/// Resolves `deps` with npm (`--package-lock-only --ignore-scripts`: nothing is downloaded or
+/// run) against `registry`: the text of the `package-lock.json`, which
+/// [`parse_package_lock`] reads for each CPU.
 ///
 /// # Errors
-/// npm missing or failing, a lock entry npm would link or that lacks a sha512 integrity.
-pub fn lock_npm(
-    deps: &BTreeMap<String, String>,
-    registry: &url::Url,
-) -> Result<Vec<LockedNpmPath>> {
+/// npm missing or failing.
+pub fn lock_npm(deps: &BTreeMap<String, String>, registry: &url::Url) -> Result<String> {
     let dir = tempfile::tempdir().at("creating", std::env::temp_dir())?;
     let manifest = serde_json::json!({
         "name": "kiln-runtime-packages",
@@ -165,8 +163,7 @@ pub fn lock_npm(
             .current_dir(dir.path()),
     )?;
     let path = dir.path().join("package-lock.json");
-    let text = std::fs::read_to_string(&path).at("reading", &path)?;
-    parse_package_lock(&text)
+    Ok(std::fs::read_to_string(&path).at("reading", &path)?)
 }
 
 #[derive(Deserialize)]
@@ -193,8 +190,12 @@ struct LockEntry {
     cpu: Vec<String>,
 }
 
-/// The tree of a `package-lock.json` (version 2 or 3), for linux/x64.
-fn parse_package_lock(text: &str) -> Result<Vec<LockedNpmPath>> {
+/// The tree of a `package-lock.json` (version 2 or 3) for Linux on `cpu` (Node.js's name:
+/// `x64`, `arm64`): an optional package for another OS or CPU is left out, as npm would.
+///
+/// # Errors
+/// A lock entry npm would link or that lacks a sha512 integrity.
+pub fn parse_package_lock(text: &str, cpu: &str) -> Result<Vec<LockedNpmPath>> {
     let lock: PackageLock = serde_json::from_str(text).map_err(|e| Error::Output {
         what: "npm's package-lock.json",
         detail: e.to_string(),
@@ -216,7 +217,7 @@ fn parse_package_lock(text: &str) -> Result<Vec<LockedNpmPath>> {
                 detail: format!("{key:?} is not below node_modules"),
             });
         };
-        if entry.optional && !(admits(&entry.os, "linux") && admits(&entry.cpu, "x64")) {
+        if entry.optional && !(admits(&entry.os, "linux") && admits(&entry.cpu, cpu)) {
             continue;
         }
         if entry.link {
@@ -301,7 +302,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_package_lock_gives_the_tree_for_linux_x64() {
+    fn a_package_lock_gives_the_tree_for_each_linux_cpu() {
         let text = r#"{"lockfileVersion":3,"packages":{
             "":{"name":"x","dependencies":{"a":"1"}},
             "node_modules/a":{"version":"1.0.0","integrity":"sha512-AA=="},
@@ -313,30 +314,26 @@ mod tests {
             "node_modules/notwin":{"version":"1.0.0","integrity":"sha512-FF==","optional":true,
                 "os":["!win32"],"cpu":["x64"]}
         }}"#;
-        let tree = parse_package_lock(text).unwrap();
-        let got: Vec<(&str, &str)> = tree
-            .iter()
-            .map(|p| (p.path.as_str(), p.tarball.package.as_str()))
-            .collect();
-        assert_eq!(
-            got,
-            [
-                ("a", "a"),
-                ("a/node_modules/@s/b", "@s/b"),
-                ("alias", "real"),
-                ("notwin", "notwin")
-            ]
-        );
+        let paths = |cpu| -> Vec<String> {
+            let tree = parse_package_lock(text, cpu).unwrap();
+            tree.iter()
+                .map(|p| format!("{} {}", p.path, p.tarball.package))
+                .collect()
+        };
+        let common = ["a a", "a/node_modules/@s/b @s/b", "alias real"];
+        assert_eq!(paths("x64"), [&common[..], &["notwin notwin"]].concat());
+        // The x64-only optional package is left out on arm64, as npm would.
+        assert_eq!(paths("arm64"), common);
     }
 
     #[test]
     fn a_linked_or_unhashed_package_fails_the_lock() {
         let link = "{\"lockfileVersion\":3,\"packages\":\
             {\"node_modules/a\":{\"link\":true,\"resolved\":\"../a\"}}}";
-        assert!(parse_package_lock(link).is_err());
+        assert!(parse_package_lock(link, "x64").is_err());
         let sha1 = "{\"lockfileVersion\":3,\"packages\":\
             {\"node_modules/a\":{\"version\":\"1\",\"integrity\":\"sha1-AA==\"}}}";
-        let e = parse_package_lock(sha1).unwrap_err().to_string();
+        let e = parse_package_lock(sha1, "x64").unwrap_err().to_string();
         assert!(e.contains("not sha512"), "{e}");
     }
 }

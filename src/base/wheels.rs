@@ -16,12 +16,13 @@ use super::packages::{Error, LockedWheel, Result, run};
 use crate::fetch::download;
 use crate::io_error::IoContext as _;
 
-/// Resolves `requirements` into exact wheels for CPython `python` on manylinux x86_64 with
-/// pip's resolver (`--dry-run --report`: nothing is installed), binary wheels only.
+/// Resolves `requirements` into exact wheels for CPython `python` on manylinux `machine`
+/// (`x86_64`, `aarch64`) with pip's resolver (`--dry-run --report`: nothing is installed),
+/// binary wheels only.
 ///
 /// # Errors
 /// pip missing or failing, a requirement without a fitting wheel.
-pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel>> {
+pub fn lock_pip(requirements: &[String], python: &str, machine: &str) -> Result<Vec<LockedWheel>> {
     let dir = tempfile::tempdir().at("creating", std::env::temp_dir())?;
     let reqs = dir.path().join("requirements.txt");
     std::fs::write(&reqs, requirements.join("\n") + "\n").at("writing", &reqs)?;
@@ -40,7 +41,11 @@ pub fn lock_pip(requirements: &[String], python: &str) -> Result<Vec<LockedWheel
                 "--ignore-installed",
             ])
             .args(["--disable-pip-version-check", "--only-binary=:all:"])
-            .args(manylinux_platforms().flat_map(|p| ["--platform".to_string(), p]))
+            .args(
+                manylinux_platforms(machine)
+                    .into_iter()
+                    .flat_map(|p| ["--platform".to_string(), p]),
+            )
             .args(["--implementation", "cp"])
             .args(["--python-version", python, "--abi", &abi])
             .arg("--target")
@@ -61,18 +66,17 @@ const GLIBC_CEILING: u32 = 39;
 /// `--platform` values for every manylinux tag up to [`GLIBC_CEILING`], newest first, with the
 /// legacy aliases: pip before 24 expands none of them itself, and a wheel tagged only
 /// `manylinux_2_17` (most compiled wheels) must still be found.
-fn manylinux_platforms() -> impl Iterator<Item = String> {
+/// (aarch64 wheels have only `manylinux2014` among them.)
+fn manylinux_platforms(machine: &str) -> Vec<String> {
+    let legacy: &[&str] = match machine {
+        "x86_64" => &["manylinux2014", "manylinux2010", "manylinux1"],
+        _ => &["manylinux2014"],
+    };
     (17..=GLIBC_CEILING)
         .rev()
-        .map(|minor| format!("manylinux_2_{minor}_x86_64"))
-        .chain(
-            [
-                "manylinux2014_x86_64",
-                "manylinux2010_x86_64",
-                "manylinux1_x86_64",
-            ]
-            .map(String::from),
-        )
+        .map(move |minor| format!("manylinux_2_{minor}_{machine}"))
+        .chain(legacy.iter().map(|tag| format!("{tag}_{machine}")))
+        .collect()
 }
 
 #[derive(Deserialize)]

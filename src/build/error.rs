@@ -113,6 +113,25 @@ pub enum Error {
         /// The runtime.
         runtime: String,
     },
+    /// Dependencies for a foreign platform that only the package manager can install.
+    #[error(
+        "installing the dependencies for {platform} needs {tool}: {why}. kiln installs for \
+            another platform than this machine's ({host}) only by itself, without running \
+            anything built for it: give the Function {remedy}, or build it on a {platform} \
+            machine"
+    )]
+    ForeignInstall {
+        /// The platform built for.
+        platform: String,
+        /// This machine's.
+        host: String,
+        /// npm or pip.
+        tool: &'static str,
+        /// Why kiln cannot install them itself (names the package).
+        why: String,
+        /// What would let kiln install them.
+        remedy: &'static str,
+    },
     /// `--compression zstd` on a Docker v2 base: that format has no zstd layer type.
     #[error(
         "--compression zstd needs an OCI base image: {base} is a Docker v2 image, whose format has \
@@ -155,7 +174,8 @@ impl Error {
             | Error::RegistryConfig { .. }
             | Error::NoZstd { .. }
             | Error::NoCacheSignKey
-            | Error::NoBuilder { .. } => true,
+            | Error::NoBuilder { .. }
+            | Error::ForeignInstall { .. } => true,
             _ => false,
         }
     }

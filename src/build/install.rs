@@ -22,6 +22,9 @@ pub(super) fn require_builder(opts: &Options, direct: &Planned) -> Result<(), Er
     if let Ok(Direct::Npm(_)) = direct {
         return Ok(());
     }
+    if let Err(why) = direct {
+        foreign_install(opts, why)?;
+    }
     match &opts.install.isolation {
         deps::Isolation::MissingBuilder { sandbox } => Err(Error::NoBuilder {
             sandbox,
@@ -30,6 +33,29 @@ pub(super) fn require_builder(opts: &Options, direct: &Planned) -> Result<(), Er
         }),
         _ => Ok(()),
     }
+}
+
+/// Refuses the package manager's install (`why` says why it must run) for a platform other
+/// than this machine's: its install scripts and compilers would make this machine's
+/// programs.
+fn foreign_install(opts: &Options, why: &str) -> Result<(), Error> {
+    let host = oci::Platform::host();
+    if opts.platform.os == host.os && opts.platform.architecture == host.architecture {
+        return Ok(());
+    }
+    let python = opts.runtime.language == crate::runtime::Language::Python;
+    Err(Error::ForeignInstall {
+        platform: opts.platform.to_string(),
+        host: host.to_string(),
+        tool: tool(opts.runtime.language),
+        why: why.to_string(),
+        remedy: if python {
+            "a requirements.txt that pins every package (NAME==VERSION) with wheels for that \
+                platform"
+        } else {
+            "a package-lock.json that decides every package, none with an install script"
+        },
+    })
 }
 
 /// Unpacks a pending builder image (once, verified, cached by digest) into the root
@@ -336,6 +362,7 @@ async fn install_direct(
             match pinned::install(&plan, &http, &opts.cache_dir, scratch).await? {
                 pinned::Outcome::Installed(tree) => Some(Installed::Tree(tree)),
                 pinned::Outcome::NeedsPip(why) => {
+                    foreign_install(opts, &why)?;
                     tracing::info!(
                         reason = %why,
                         "the dependencies need pip: the pinned wheels do not decide them alone",

@@ -81,8 +81,13 @@ pub struct BuildBaseArgs {
     /// Use this lock file instead of the one compiled into kiln.
     #[arg(long, value_name = "FILE")]
     pub lock: Option<PathBuf>,
+    /// The platform to build the images for: linux/amd64 or linux/arm64 (the lock has both).
+    /// A foreign platform's Python bytecode is compiled under emulation (qemu-user-static).
+    #[arg(long, value_name = "OS/ARCH", default_value = "linux/amd64")]
+    pub platform: String,
     /// The kiln executable to put into the builder image at /usr/local/bin/kiln (for example a
-    /// release build for linux/amd64) [default: this kiln].
+    /// release build for the --platform) [default: this kiln, on its own platform; none on
+    /// another, and the builder then serves sandboxed installs but not build Jobs].
     #[arg(long, value_name = "PATH")]
     pub kiln_binary: Option<PathBuf>,
     /// Registry access.
@@ -184,15 +189,40 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             .map_err(Failure::Usage)?,
         _ => 0,
     };
+    let platform = crate::oci::Platform::parse(&args.platform)
+        .filter(|p| p.os == "linux" && p.machine().is_some())
+        .ok_or_else(|| {
+            anyhow!(
+                "--platform {:?}: base images are built for linux/amd64 or linux/arm64",
+                args.platform
+            )
+        })
+        .map_err(Failure::Usage)?;
+    let arch = platform.architecture.as_str();
     let kiln = match &args.kiln_binary {
-        Some(path) => check_kiln_binary(path).map_err(Failure::Usage)?,
-        None => std::env::current_exe()
-            .context("finding the kiln binary")
-            .map_err(Failure::Build)?,
+        Some(path) => Some(check_kiln_binary(path, &platform).map_err(Failure::Usage)?),
+        None if platform.architecture == crate::oci::Platform::host().architecture => Some(
+            std::env::current_exe()
+                .context("finding the kiln binary")
+                .map_err(Failure::Build)?,
+        ),
+        None if args.kiln_image.is_some() => {
+            return Err(Failure::Usage(anyhow!(
+                "--kiln-image for {platform} needs --kiln-binary: a kiln built for {platform}"
+            )));
+        }
+        None => {
+            tracing::warn!(
+                %platform,
+                "no kiln binary for this platform: the builder image serves sandboxed \
+                    installs, not build Jobs; pass --kiln-binary with a kiln for it",
+            );
+            None
+        }
     };
     // Checked before the assembly, which takes a while.
     let destination = destination(&args).map_err(Failure::Usage)?;
-    let built = assemble::assemble(&src, &recipe, &lock, epoch, &kiln)
+    let built = assemble::assemble(&src, &recipe, &lock, arch, epoch, kiln.as_deref())
         .await
         .map_err(|e| Failure::Build(e.into()))?;
     let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
@@ -203,7 +233,13 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
         Destination::Layout(dir) => {
             let written = store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await;
             // Exactly what a first build assembles into the store: the layout can be one.
-            if written.is_ok() && args.lock.is_none() && epoch == 0 && args.kiln_binary.is_none() {
+            let host = arch == crate::oci::Platform::host().architecture;
+            if written.is_ok()
+                && args.lock.is_none()
+                && epoch == 0
+                && args.kiln_binary.is_none()
+                && host
+            {
                 store::mark_assembled(&dir, &args.runtime)
                     .with_context(|| format!("writing into {}", dir.display()))
                     .map_err(Failure::Build)?;
@@ -216,13 +252,16 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             kiln,
         } => {
             let images = [
-                (&built.base, Some(*base)),
-                (&built.builder, builder),
-                (&built.kiln, kiln),
+                (Some(&built.base), Some(*base)),
+                (Some(&built.builder), builder),
+                (built.kiln.as_ref(), kiln),
             ];
             let mut lines = Vec::new();
             for (assembly, target) in images {
-                let Some(target) = target else { continue };
+                // No kiln image without a kiln binary (refused above when one was asked for).
+                let (Some(assembly), Some(target)) = (assembly, target) else {
+                    continue;
+                };
                 let input = PublishInput {
                     image: &assembly.image,
                     layers: &assembly.layers,
@@ -245,8 +284,9 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
     Ok(lines.map_err(|e| Failure::Build(e.into()))?.join("\n"))
 }
 
-/// `--kiln-binary`: an existing, executable regular file (symlinks followed).
-fn check_kiln_binary(path: &Path) -> anyhow::Result<PathBuf> {
+/// `--kiln-binary`: an existing, executable regular file (symlinks followed), and an ELF
+/// program for `platform`'s CPU when it is one.
+fn check_kiln_binary(path: &Path, platform: &crate::oci::Platform) -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let meta = std::fs::metadata(path).with_context(|| {
         format!(
@@ -265,6 +305,24 @@ fn check_kiln_binary(path: &Path) -> anyhow::Result<PathBuf> {
             "--kiln-binary {} is not executable; chmod +x it or pass another file",
             path.display()
         ));
+    }
+    let mut head = [0u8; 20];
+    let read = std::io::Read::read(&mut std::fs::File::open(path)?, &mut head)?;
+    // ELF's e_machine (little-endian, at 18): 62 is x86-64, 183 AArch64.
+    if read == head.len() && head.starts_with(b"\x7fELF") {
+        let machine = match u16::from_le_bytes([head[18], head[19]]) {
+            62 => Some("x86_64"),
+            183 => Some("aarch64"),
+            _ => None,
+        };
+        if machine != platform.machine() {
+            return Err(anyhow!(
+                "--kiln-binary {} is a program for {}, not for {platform}; pass a kiln built \
+                    for {platform}",
+                path.display(),
+                machine.unwrap_or("another CPU")
+            ));
+        }
     }
     Ok(path.to_path_buf())
 }
@@ -356,17 +414,27 @@ mod tests {
         let exe = dir.path().join("kiln");
         std::fs::write(&exe, b"x").unwrap();
         std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        assert_eq!(check_kiln_binary(&exe).unwrap(), exe);
+        let amd64 = crate::oci::Platform::linux_amd64();
+        assert_eq!(check_kiln_binary(&exe, &amd64).unwrap(), exe);
+        // An ELF program for another CPU is refused.
+        let this = std::env::current_exe().unwrap();
+        let arm64 = crate::oci::Platform::linux("arm64");
+        let err = format!("{:#}", check_kiln_binary(&this, &arm64).unwrap_err());
+        assert!(
+            err.contains("is a program for x86_64, not for linux/arm64"),
+            "{err}"
+        );
+        assert_eq!(check_kiln_binary(&this, &amd64).unwrap(), this);
         let plain = dir.path().join("plain");
         std::fs::write(&plain, b"x").unwrap();
         std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let err = format!("{:#}", check_kiln_binary(&plain).unwrap_err());
+        let err = format!("{:#}", check_kiln_binary(&plain, &amd64).unwrap_err());
         assert!(err.contains("is not executable"), "{err}");
-        let err = format!("{:#}", check_kiln_binary(dir.path()).unwrap_err());
+        let err = format!("{:#}", check_kiln_binary(dir.path(), &amd64).unwrap_err());
         assert!(err.contains("is not a regular file"), "{err}");
         let err = format!(
             "{:#}",
-            check_kiln_binary(&dir.path().join("nope")).unwrap_err()
+            check_kiln_binary(&dir.path().join("nope"), &amd64).unwrap_err()
         );
         assert!(
             err.contains("cannot read it") && err.contains("No such file"),

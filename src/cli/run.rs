@@ -126,7 +126,7 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
         Some(p) => Platform::parse(p).ok_or_else(|| {
             anyhow!("invalid --platform {p:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64")
         })?,
-        None => host_platform(),
+        None => Platform::host(),
     };
     let mut vars = Vec::new();
     for entry in &args.env {
@@ -264,21 +264,6 @@ fn parse_volume(spec: &str, cwd: &Path) -> anyhow::Result<Bind> {
     } else {
         Bind::read_only(host, dest)
     })
-}
-
-/// This machine's platform in OCI (GOARCH) terms.
-fn host_platform() -> Platform {
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        "x86" => "386",
-        "loongarch64" => "loong64",
-        other => other,
-    };
-    Platform {
-        architecture: arch.into(),
-        ..Platform::linux_amd64()
-    }
 }
 
 #[cfg(test)]

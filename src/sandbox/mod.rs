@@ -6,6 +6,7 @@
 
 pub mod builtin;
 pub mod bwrap;
+pub mod emulator;
 pub mod gate;
 mod signal;
 

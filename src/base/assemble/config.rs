@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::super::recipe::Recipe;
 use super::super::rootfs;
 use super::KILN_IN_BUILDER;
-use crate::oci::{Base, ConfigEdit, Document, MediaType};
+use crate::oci::{Base, ConfigEdit, Document, MediaType, Platform};
 
 /// The base image's config: the recipe's environment, user, working directory and
 /// entrypoint, and labels naming the runtime and its SBOM.
@@ -87,11 +87,13 @@ pub(super) fn kiln_edit(epoch: u64) -> ConfigEdit {
     }
 }
 
-/// An empty linux/amd64 image to append the first layers to.
-pub(super) fn scratch() -> Base {
-    let config =
-        br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#
-            .to_vec();
+/// An empty image for `platform` to append the first layers to.
+pub(super) fn scratch(platform: &Platform) -> Base {
+    let config = format!(
+        r#"{{"architecture":"{}","os":"{}","rootfs":{{"type":"layers","diff_ids":[]}}}}"#,
+        platform.architecture, platform.os
+    )
+    .into_bytes();
     let config = Document::new(MediaType::OciConfig, config);
     let manifest = format!(
         "{{\"schemaVersion\":2,\"mediaType\":\"{}\",\"config\":{{\"mediaType\":\"{}\",\"digest\":\

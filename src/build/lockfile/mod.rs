@@ -47,18 +47,8 @@ pub fn toolchain_id(platform: &Platform) -> String {
     format!(
         "kiln lock-file install v1 for {}/{}",
         platform.os,
-        npm_cpu(&platform.architecture)
+        platform.node_cpu()
     )
-}
-
-/// npm's name (`process.arch`) for a GOARCH.
-fn npm_cpu(arch: &str) -> &str {
-    match arch {
-        "amd64" => "x64",
-        "386" => "ia32",
-        "ppc64le" => "ppc64",
-        other => other,
-    }
 }
 
 /// What a lock-file install unpacks and links.
@@ -241,7 +231,7 @@ fn manifest_is_plain(manifest: &serde_json::Value) -> Result<(), String> {
 /// The lock's entry `key` as a package to unpack; `None` for an optional one `platform` does
 /// not take; why npm must run when kiln cannot unpack it alone.
 fn package(key: &str, entry: &Entry, platform: &Platform) -> Result<Option<Package>, String> {
-    let (os, cpu) = (platform.os.as_str(), npm_cpu(&platform.architecture));
+    let (os, cpu) = (platform.os.as_str(), platform.node_cpu());
     let path = below_node_modules(key).ok_or_else(|| format!("the lock's {key:?}"))?;
     if entry.link || entry.in_bundle || entry.extraneous {
         return Err(format!("the lock's {key} is linked, bundled or extraneous"));

@@ -150,10 +150,9 @@ pub fn plan(
             config.name
         ));
     }
-    let machine = match (platform.os.as_str(), platform.architecture.as_str()) {
-        ("linux", "amd64") => "x86_64",
-        ("linux", "arm64") => "aarch64",
-        (os, arch) => return Err(format!("no wheels are chosen for {os}/{arch}")),
+    let machine = match (platform.os.as_str(), platform.machine()) {
+        ("linux", Some(machine)) => machine,
+        _ => return Err(format!("no wheels are chosen for {platform}")),
     };
     let number = |text: &str, what: &str| -> Result<(u32, u32), String> {
         let (a, b) = text

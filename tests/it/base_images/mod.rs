@@ -12,6 +12,7 @@ mod builder;
 mod contract;
 mod kyma_packages;
 mod local_store;
+mod platforms;
 
 use crate::common;
 

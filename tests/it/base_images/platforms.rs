@@ -1,0 +1,176 @@
+//! Another platform's images, built on this machine: `kiln base build --platform linux/arm64`
+//! from the lock's arm64 inputs, Functions built for it with dependencies kiln installs without
+//! running anything built for arm64, and `kiln run` serving them under user-mode emulation
+//! (qemu-user-static, run directly: no binfmt_misc).
+
+use crate::common;
+
+use std::path::Path;
+use std::process::Command;
+
+use super::{base_build, base_build_with, functions};
+use common::function_run::serve;
+use common::http;
+use common::kiln::{Kiln, copy_tree};
+
+const ARM64: [&str; 2] = ["--platform", "linux/arm64"];
+
+/// The config of image `name` in the layout `dir`, as skopeo reads it.
+fn config(dir: &Path, name: &str) -> serde_json::Value {
+    let text = common::run(
+        Command::new("skopeo")
+            .args(["inspect", "--config"])
+            .arg(format!("oci:{}:{name}", dir.display())),
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+/// `kiln build DIR --runtime RUNTIME --platform linux/arm64` on the arm64 images in `bases`.
+fn build_for_arm64(k: &Kiln, bases: &Path, runtime: &str, dir: &Path) -> common::kiln::Run {
+    let out = dir.with_extension("out");
+    // Its own cache: the install happens, rather than a layer another test left.
+    k.run_cmd(k.command().args([
+        "build",
+        dir.to_str().unwrap(),
+        "--runtime",
+        runtime,
+        "--platform",
+        "linux/arm64",
+        "--base",
+        &format!("oci:{}:{runtime}", bases.display()),
+        "--builder-image",
+        &format!("oci:{}:{runtime}-builder", bases.display()),
+        "--output",
+        &format!("oci:{}", out.display()),
+    ]))
+}
+
+#[test]
+fn an_arm64_node_function_installed_from_its_lock_file_answers_under_emulation() {
+    let k = Kiln::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let bases = tmp.path().join("bases");
+    let printed = base_build_with(&k, "nodejs22", &bases, &ARM64);
+    assert_eq!(printed.len(), 2, "{printed:?}");
+    for name in ["nodejs22", "nodejs22-builder"] {
+        assert_eq!(config(&bases, name)["architecture"], "arm64", "{name}");
+    }
+
+    // chokidar's optional fsevents is for darwin: left out, as npm would.
+    let dir = tmp.path().join("fn");
+    copy_tree(&functions("node-lockfile"), &dir);
+    std::fs::write(
+        dir.join("handler.js"),
+        "const semver = require('semver');\nconst ms = require('ms');\n\
+         module.exports = { main: () => `${process.arch} ${semver.inc('1.2.3', 'minor')} \
+         ${ms(60000)}` };\n",
+    )
+    .unwrap();
+    let built = build_for_arm64(&k, &bases, "nodejs22", &dir);
+    assert_eq!(built.code, 0, "{}", built.stderr);
+    assert!(built.stderr.contains("without npm"), "{}", built.stderr);
+    let reference = built.reference();
+    let (port, _running) = serve(&k, &reference, &ARM64);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!((status, body.as_str()), (200, "arm64 1.3.0 1m"));
+
+    // Without the lock file npm would have to run, for arm64: refused, saying why and what
+    // to do.
+    std::fs::remove_file(dir.join("package-lock.json")).unwrap();
+    let refused = build_for_arm64(&k, &bases, "nodejs22", &dir);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    for part in [
+        "installing the dependencies for linux/arm64 needs npm",
+        "no package-lock.json",
+        "a package-lock.json that decides every package",
+    ] {
+        assert!(refused.stderr.contains(part), "{part}: {}", refused.stderr);
+    }
+}
+
+#[test]
+fn an_arm64_python_function_with_compiled_wheels_answers_and_its_bytecode_is_sound() {
+    let k = Kiln::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let bases = tmp.path().join("bases");
+    base_build_with(&k, "python313", &bases, &ARM64);
+    assert_eq!(config(&bases, "python313")["architecture"], "arm64");
+
+    // PyYAML and charset-normalizer are compiled: their aarch64 wheels must be the ones taken.
+    let dir = tmp.path().join("fn");
+    copy_tree(&functions("python-pinned"), &dir);
+    std::fs::write(
+        dir.join("handler.py"),
+        "import platform\nimport charset_normalizer.md\nimport yaml\n\n\
+         def main(event, context):\n    \
+         return f\"{platform.machine()} {yaml.__with_libyaml__} {yaml.safe_load('a: [1, 2]')} \
+         {charset_normalizer.md.__file__.rsplit('.', 1)[-1]}\"\n",
+    )
+    .unwrap();
+    let built = build_for_arm64(&k, &bases, "python313", &dir);
+    assert_eq!(built.code, 0, "{}", built.stderr);
+    assert!(built.stderr.contains("without pip"), "{}", built.stderr);
+    let (port, _running) = serve(&k, &built.reference(), &ARM64);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    // `md` is a compiled module in the aarch64 wheel (a .so), a .py file in a pure one.
+    assert_eq!(
+        (status, body.as_str()),
+        (200, "aarch64 True {'a': [1, 2]} so")
+    );
+    drop(_running);
+
+    // The arm64 base's bytecode is compiled by this machine's python3.13 (the same Debian
+    // version) over the arm64 tree, since emulating the image's own takes minutes. That is
+    // sound only if both interpreters write the same bytes for the same files in the same
+    // process history: checked on the json package, compiled by each in one process.
+    let amd64 = tmp.path().join("amd64");
+    base_build(&k, "python313", &amd64);
+    let compile = |bases: &Path, extra: &[&str]| -> Vec<(String, Vec<u8>)> {
+        let out = bases.with_extension("pyc");
+        std::fs::create_dir_all(&out).unwrap();
+        let entrypoint = r#"["/usr/bin/python3.13","-S","-m","compileall","-q","-j","1",
+            "--invalidation-mode","unchecked-hash","/usr/lib/python3.13/json"]"#;
+        let run = k.run_cmd(
+            k.command_with_shared_downloads()
+                // The builder: the base's working directory comes with a Function.
+                .args(["run", &format!("oci:{}:python313-builder", bases.display())])
+                .args(["--entrypoint", entrypoint, "--volume"])
+                .arg(format!("{}:/out", out.display()))
+                .args(["-e", "PYTHONPYCACHEPREFIX=/out", "-e", "PYTHONHASHSEED=0"])
+                .args(["-e", "PYTHONDONTWRITEBYTECODE=1"])
+                .args(extra),
+        );
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let mut files: Vec<(String, Vec<u8>)> = walkdir(&out)
+            .into_iter()
+            .map(|p| {
+                let name = p.strip_prefix(&out).unwrap().display().to_string();
+                (name, std::fs::read(&p).unwrap())
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let native = compile(&amd64, &[]);
+    let emulated = compile(&bases, &ARM64);
+    assert!(native.len() >= 5, "{:?}", native.iter().map(|f| &f.0));
+    let names = |files: &[(String, Vec<u8>)]| files.iter().map(|f| f.0.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&native), names(&emulated));
+    for ((name, a), (_, b)) in native.iter().zip(&emulated) {
+        assert!(a == b, "{name} differs");
+    }
+}
+
+/// Every file below `dir`.
+fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walkdir(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
