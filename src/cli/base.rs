@@ -11,6 +11,7 @@ use super::registry::RegistryArgs;
 use crate::base::assemble::{self, Sources};
 use crate::base::{debian, recipe, store};
 use crate::image::publish::{PublishInput, Publisher, RegistryPublisher};
+use crate::oci::{Descriptor, Document, MediaType, Platform};
 use crate::registry::{Client, Reference};
 
 /// `kiln base` subcommands.
@@ -81,9 +82,11 @@ pub struct BuildBaseArgs {
     /// Use this lock file instead of the one compiled into kiln.
     #[arg(long, value_name = "FILE")]
     pub lock: Option<PathBuf>,
-    /// The platform to build the images for: linux/amd64 or linux/arm64 (the lock has both).
-    /// A foreign platform's Python bytecode is compiled under emulation (qemu-user-static).
-    #[arg(long, value_name = "OS/ARCH", default_value = "linux/amd64")]
+    /// The platform to build the images for: linux/amd64 or linux/arm64 (the lock has both),
+    /// or both, comma-separated: each platform's images are then named RUNTIME-linux-ARCH
+    /// (in a layout; pushed by digest to a registry) and an OCI image index over them takes
+    /// the plain name or the tag.
+    #[arg(long, value_name = "OS/ARCH[,…]", default_value = "linux/amd64")]
     pub platform: String,
     /// The kiln executable to put into the builder image at /usr/local/bin/kiln (for example a
     /// release build for the --platform) [default: this kiln, on its own platform; none on
@@ -189,19 +192,135 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             .map_err(Failure::Usage)?,
         _ => 0,
     };
-    let platform = crate::oci::Platform::parse(&args.platform)
-        .filter(|p| p.os == "linux" && p.machine().is_some())
-        .ok_or_else(|| {
-            anyhow!(
-                "--platform {:?}: base images are built for linux/amd64 or linux/arm64",
-                args.platform
-            )
-        })
+    let platforms = base_platforms(&args).map_err(Failure::Usage)?;
+    // Checked before the assembly, which takes a while.
+    let destination = destination(&args).map_err(Failure::Usage)?;
+    let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
+        .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    let arch = platform.architecture.as_str();
-    let kiln = match &args.kiln_binary {
-        Some(path) => Some(check_kiln_binary(path, &platform).map_err(Failure::Usage)?),
-        None if platform.architecture == crate::oci::Platform::host().architecture => Some(
+    let scratch = src.cache_dir.join("tmp");
+    let several = platforms.len() > 1;
+    // Per image (base, builder, kiln): each platform's manifest, for an index over them.
+    let mut written: [Vec<Descriptor>; 3] = Default::default();
+    let mut lines = Vec::new();
+    for platform in &platforms {
+        let kiln = kiln_binary(&args, platform)?;
+        let built = assemble::assemble(
+            &src,
+            &recipe,
+            &lock,
+            &platform.architecture,
+            epoch,
+            kiln.as_deref(),
+        )
+        .await
+        .map_err(|e| Failure::Build(e.into()))?;
+        let images = [Some(&built.base), Some(&built.builder), built.kiln.as_ref()];
+        match &destination {
+            Destination::Layout(dir) => {
+                // Several platforms: each under a name of its own, the index under the plain one.
+                let name = match several {
+                    true => format!("{}-{}-{}", args.runtime, platform.os, platform.architecture),
+                    false => args.runtime.clone(),
+                };
+                let refs = store::write_layout(&built, &client, dir, &name, &scratch)
+                    .await
+                    .map_err(|e| Failure::Build(e.into()))?;
+                let host = platform.architecture == Platform::host().architecture;
+                // Exactly what a first build assembles into the store: the layout can be one.
+                if !several
+                    && args.lock.is_none()
+                    && epoch == 0
+                    && args.kiln_binary.is_none()
+                    && host
+                {
+                    store::mark_assembled(dir, &args.runtime)
+                        .with_context(|| format!("writing into {}", dir.display()))
+                        .map_err(Failure::Build)?;
+                }
+                for (i, assembly) in images.iter().take(2).enumerate() {
+                    written[i].extend(assembly.map(|a| a.image.manifest.descriptor()));
+                }
+                if !several {
+                    lines.extend(refs);
+                }
+            }
+            Destination::Registry {
+                base,
+                builder,
+                kiln,
+            } => {
+                let targets = [Some(base.as_ref()), builder.as_ref(), kiln.as_ref()];
+                for (i, (assembly, target)) in images.into_iter().zip(targets).enumerate() {
+                    // No kiln image without a kiln binary (refused above when one was asked for).
+                    let (Some(assembly), Some(target)) = (assembly, target) else {
+                        continue;
+                    };
+                    let target = match several {
+                        true => target.repository_only(),
+                        false => target.clone(),
+                    };
+                    let input = PublishInput {
+                        image: &assembly.image,
+                        layers: &assembly.layers,
+                        base: None,
+                        scratch: &scratch,
+                    };
+                    let publisher = RegistryPublisher {
+                        client: client.clone(),
+                        target,
+                        key_tag: None,
+                        pushed: None,
+                        jobs: 4,
+                    };
+                    let published = publisher.publish(input).await;
+                    let published = published.map_err(|e| Failure::Build(e.into()))?;
+                    written[i].push(assembly.image.manifest.descriptor());
+                    if !several {
+                        lines.push(published.reference);
+                    }
+                }
+            }
+        }
+    }
+    if several {
+        lines = write_indexes(&client, &destination, &args.runtime, &platforms, written)
+            .await
+            .map_err(Failure::Build)?;
+    }
+    Ok(lines.join("\n"))
+}
+
+/// `--platform`: linux/amd64, linux/arm64, or both, comma-separated.
+fn base_platforms(args: &BuildBaseArgs) -> anyhow::Result<Vec<Platform>> {
+    let mut platforms: Vec<Platform> = Vec::new();
+    for part in args.platform.split(',').map(str::trim) {
+        let platform = Platform::parse(part)
+            .filter(|p| p.os == "linux" && p.machine().is_some() && p.variant.is_none())
+            .ok_or_else(|| {
+                anyhow!(
+                    "--platform {part:?}: base images are built for linux/amd64 and linux/arm64"
+                )
+            })?;
+        if !platforms.contains(&platform) {
+            platforms.push(platform);
+        }
+    }
+    if platforms.len() > 1 && (args.kiln_binary.is_some() || args.kiln_image.is_some()) {
+        return Err(anyhow!(
+            "--kiln-binary and --kiln-image are for one platform: build the kiln image once per \
+                platform"
+        ));
+    }
+    Ok(platforms)
+}
+
+/// The kiln binary for `platform`'s builder: --kiln-binary, or this kiln on its own platform,
+/// or none.
+fn kiln_binary(args: &BuildBaseArgs, platform: &Platform) -> Result<Option<PathBuf>, Failure> {
+    Ok(match &args.kiln_binary {
+        Some(path) => Some(check_kiln_binary(path, platform).map_err(Failure::Usage)?),
+        None if platform.architecture == Platform::host().architecture => Some(
             std::env::current_exe()
                 .context("finding the kiln binary")
                 .map_err(Failure::Build)?,
@@ -219,69 +338,60 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             );
             None
         }
-    };
-    // Checked before the assembly, which takes a while.
-    let destination = destination(&args).map_err(Failure::Usage)?;
-    let built = assemble::assemble(&src, &recipe, &lock, arch, epoch, kiln.as_deref())
-        .await
-        .map_err(|e| Failure::Build(e.into()))?;
-    let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
-        .context("setting up the registry client")
-        .map_err(Failure::Usage)?;
-    let scratch = src.cache_dir.join("tmp");
-    let lines = match destination {
-        Destination::Layout(dir) => {
-            let written = store::write_layout(&built, &client, &dir, &args.runtime, &scratch).await;
-            // Exactly what a first build assembles into the store: the layout can be one.
-            let host = arch == crate::oci::Platform::host().architecture;
-            if written.is_ok()
-                && args.lock.is_none()
-                && epoch == 0
-                && args.kiln_binary.is_none()
-                && host
-            {
-                store::mark_assembled(&dir, &args.runtime)
-                    .with_context(|| format!("writing into {}", dir.display()))
-                    .map_err(Failure::Build)?;
-            }
-            written
+    })
+}
+
+/// The base's and the builder's image indexes over each platform's manifest in `written`, at
+/// the layout's plain names or the registry targets; their references.
+async fn write_indexes(
+    client: &Client,
+    destination: &Destination,
+    runtime: &str,
+    platforms: &[Platform],
+    written: [Vec<Descriptor>; 3],
+) -> anyhow::Result<Vec<String>> {
+    let mut lines = Vec::new();
+    let [base, builder, _] = written;
+    let names = [runtime.to_string(), store::builder_name(runtime)];
+    for (i, manifests) in [base, builder].into_iter().enumerate() {
+        if manifests.is_empty() {
+            continue;
         }
-        Destination::Registry {
-            base,
-            builder,
-            kiln,
-        } => {
-            let images = [
-                (Some(&built.base), Some(*base)),
-                (Some(&built.builder), builder),
-                (built.kiln.as_ref(), kiln),
-            ];
-            let mut lines = Vec::new();
-            for (assembly, target) in images {
-                // No kiln image without a kiln binary (refused above when one was asked for).
-                let (Some(assembly), Some(target)) = (assembly, target) else {
+        let manifests = manifests
+            .into_iter()
+            .zip(platforms)
+            .map(|(mut d, p)| {
+                d.platform = Some(p.clone());
+                d
+            })
+            .collect();
+        let index = crate::oci::Index {
+            schema_version: 2,
+            media_type: Some(MediaType::OciIndex),
+            manifests,
+            annotations: None,
+        };
+        let doc = Document::new(MediaType::OciIndex, crate::oci::canonical::to_vec(&index)?);
+        match destination {
+            Destination::Layout(dir) => {
+                let layout = crate::oci::Layout::open(dir)?;
+                layout.write_blob(&doc.bytes)?;
+                layout.set_ref(doc.descriptor(), &names[i])?;
+                lines.push(format!("oci:{}@{}", dir.display(), doc.digest));
+            }
+            Destination::Registry { base, builder, .. } => {
+                let Some(target) = [Some(base.as_ref()), builder.as_ref()][i] else {
                     continue;
                 };
-                let input = PublishInput {
-                    image: &assembly.image,
-                    layers: &assembly.layers,
-                    base: None,
-                    scratch: &scratch,
-                };
-                let publisher = RegistryPublisher {
-                    client: client.clone(),
-                    target,
-                    key_tag: None,
-                    pushed: None,
-                    jobs: 4,
-                };
-                let published = publisher.publish(input).await;
-                lines.push(published.map_err(|e| Failure::Build(e.into()))?.reference);
+                client
+                    .put_manifest(target, &doc)
+                    .await
+                    .with_context(|| format!("pushing the image index to {target}"))?;
+                lines.push(format!("{}@{}", target.repository_path(), doc.digest));
             }
-            Ok(lines)
         }
-    };
-    Ok(lines.map_err(|e| Failure::Build(e.into()))?.join("\n"))
+    }
+    Ok(lines)
 }
 
 /// `--kiln-binary`: an existing, executable regular file (symlinks followed), and an ELF

@@ -14,6 +14,7 @@ use super::report::{Extra, write_deps_report, write_outputs};
 use crate::build::{self, FunctionSpec, Options, Stage, deps::Isolation};
 use crate::registry::Client;
 
+mod platforms;
 mod validate;
 use validate::validate;
 
@@ -58,8 +59,14 @@ pub struct BuildArgs {
     /// Base image override (Kyma's runtimeImageOverride): a registry reference or oci:DIR[:NAME].
     #[arg(long, value_name = "REF", env = "KILN_BASE")]
     pub base: Option<String>,
-    /// Platform to pick from a multi-platform base image.
-    #[arg(long, default_value = "linux/amd64", value_name = "OS/ARCH[/VARIANT]")]
+    /// The platform to build for, picked from a multi-platform base and builder image; or
+    /// several, comma-separated (linux/amd64,linux/arm64): one image each, sharing the source
+    /// layer, and an OCI image index over them at the target, whose reference is printed.
+    #[arg(
+        long,
+        default_value = "linux/amd64",
+        value_name = "OS/ARCH[/VARIANT][,…]"
+    )]
     pub platform: String,
     /// FUNC_NAME in the image; defaults to the manifest's name or the directory's name.
     #[arg(long)]
@@ -468,6 +475,9 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         external: external_parameters(&opts),
         started,
     });
+    if extra.platforms.len() > 1 {
+        return platforms::build_several(&client, &opts, &extra).await;
+    }
     let output = build::run(&client, &opts).await.map_err(build_failure)?;
     // An unchanged build made no image here: it was checked when it was built.
     if extra.verify

@@ -16,6 +16,8 @@ pub(super) struct Extra {
     pub verify: bool,
     /// The local store, when the base comes from it.
     pub store: Option<PathBuf>,
+    /// `--platform`: the image's platform, or each platform's when there are several.
+    pub platforms: Vec<crate::oci::Platform>,
 }
 
 /// Writes `--digest-file` and `--report` for a finished image.

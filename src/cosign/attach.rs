@@ -97,6 +97,26 @@ pub async fn prepare_signature(
         .map_err(AttachError::Signature)
 }
 
+/// Signs `digest` (an image index, say) and pushes the signature at once, unless one by this
+/// key is there.
+///
+/// # Errors
+/// Registry errors.
+pub async fn sign(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    key: &SignKey,
+) -> Result<Signed, AttachError> {
+    let pending = prepare_signature(client, image, digest, key, false).await?;
+    let put = pending.push(client).await.map_err(AttachError::Signature)?;
+    Ok(if put.added {
+        Signed::Pushed(put.shown)
+    } else {
+        Signed::Present(put.shown)
+    })
+}
+
 /// The attestations half of [`prepare`].
 ///
 /// # Errors

@@ -19,7 +19,7 @@ mod verify;
 
 pub use attach::{
     AttachError, Attached, Pending, Prepared, Signed, Statements, prepare, prepare_attestations,
-    prepare_signature,
+    prepare_signature, sign,
 };
 pub use keys::{KeyError, SignKey, VerifyKey};
 pub use verify::{Verified, VerifyError, Wanted, verify};

@@ -525,27 +525,41 @@ fn a_base_index_without_the_wanted_platform_is_a_usage_error() {
 }
 
 /// `--platform` must be what the base is: a single-platform amd64 base does not become an
-/// arm64 image (it would not start on arm64 nodes), and a list of platforms is not one.
+/// arm64 image (it would not start on arm64 nodes), in a list of platforms either (nothing is
+/// pushed then, not even the amd64 image's index); a list names each platform once, and
+/// flags about one image do not go with it.
 #[test]
 fn a_platform_the_base_is_not_or_a_list_of_platforms_is_refused() {
     let s = setup();
     let fixture = s.fixture("hello-node");
+    for platforms in ["linux/arm64", "linux/amd64,linux/arm64"] {
+        let err = s
+            .build(&fixture, "nodejs22", &["--platform", platforms])
+            .failure(2)
+            .to_string();
+        assert!(
+            err.contains("has no linux/arm64 image (it has: linux/amd64)"),
+            "{err}"
+        );
+    }
+    let twice = ["--platform", "linux/amd64,linux/amd64"];
+    let err = s.build(&fixture, "nodejs22", &twice).failure(2).to_string();
+    assert!(err.contains("--platform names linux/amd64 twice"), "{err}");
+    let staged = [
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "--stage",
+        "deps",
+        "--stage-dir",
+        "x",
+    ];
     let err = s
-        .build(&fixture, "nodejs22", &["--platform", "linux/arm64"])
+        .build(&fixture, "nodejs22", &staged)
         .failure(2)
         .to_string();
     assert!(
-        err.contains("has no linux/arm64 image (it has: linux/amd64)"),
+        err.contains("--stage is about one image") && err.contains("build once per platform"),
         "{err}"
     );
-    let err = s
-        .build(
-            &fixture,
-            "nodejs22",
-            &["--platform", "linux/amd64,linux/arm64"],
-        )
-        .failure(2)
-        .to_string();
-    assert!(err.contains("names several platforms"), "{err}");
     s.assert_nothing_pushed();
 }

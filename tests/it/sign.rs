@@ -11,7 +11,8 @@ use std::process::Command;
 use common::kiln::{Kiln, copy_fixture, tiny_base};
 use common::registry::{Registry, RegistryKind};
 
-fn check(args: &[&str]) -> String {
+/// `check.py ARGS` (tests/fixtures/cosign/check.py); its output, trimmed.
+pub(crate) fn check(args: &[&str]) -> String {
     let script = common::kiln::fixtures().join("cosign/check.py");
     let out = Command::new("python3")
         .arg(script)

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 
 use super::Extra;
 use super::GitArgs;
@@ -33,19 +33,11 @@ pub(super) fn validate(
     let cache_dir = super::super::cache_dir(args.cache_dir.as_deref())?;
     let store = cache_dir.join("store");
     let (base, base_name, default_base) = base_image(args, manifest.as_ref(), runtime, &store)?;
-    if args.platform.contains(',') {
-        bail!(
-            "--platform {:?} names several platforms: kiln builds one image per run, for one \
-             platform; build once per platform",
-            args.platform
-        );
+    let platforms = platforms(&args.platform)?;
+    if platforms.len() > 1 {
+        several_platforms(args)?;
     }
-    let platform = Platform::parse(&args.platform).ok_or_else(|| {
-        anyhow!(
-            "invalid --platform {:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64",
-            args.platform
-        )
-    })?;
+    let platform = platforms[0].clone();
     let name = args.name.clone().unwrap_or(default_name);
     let target = target(args, &store, &name)?;
     let epoch = epoch(env)?;
@@ -95,8 +87,46 @@ pub(super) fn validate(
         report: args.report.clone(),
         verify: args.verify,
         store: default_base.then_some(store),
+        platforms,
     };
     Ok((opts, config, extra))
+}
+
+/// `--platform`: one platform, or a comma-separated list of them (each once).
+fn platforms(flag: &str) -> anyhow::Result<Vec<Platform>> {
+    let mut platforms: Vec<Platform> = Vec::new();
+    for part in flag.split(',').map(str::trim) {
+        let platform = Platform::parse(part).ok_or_else(|| {
+            anyhow!(
+                "invalid --platform {part:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64, or a \
+                    list such as linux/amd64,linux/arm64"
+            )
+        })?;
+        if platforms.contains(&platform) {
+            return Err(anyhow!("--platform names {platform} twice"));
+        }
+        platforms.push(platform);
+    }
+    Ok(platforms)
+}
+
+/// The flags a build for several platforms (one image each, and an index over them) does not
+/// take: each is about one image.
+fn several_platforms(args: &BuildArgs) -> anyhow::Result<()> {
+    let one_image = [
+        ("--stage", args.stage != StageArg::All),
+        ("--tag-by-key", args.tag_by_key),
+        ("--report", args.report.is_some()),
+        ("--termination-log", args.termination_log.is_some()),
+    ];
+    match one_image.iter().find(|(_, given)| *given) {
+        Some((flag, _)) => Err(anyhow!(
+            "{flag} is about one image, and --platform {:?} builds one per platform and an \
+                index: build once per platform to use it",
+            args.platform
+        )),
+        None => Ok(()),
+    }
 }
 
 /// `--cache-sign-key` and `--cache-trust-key`, read. A cache repository needs one of them:

@@ -174,3 +174,118 @@ fn walkdir(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+#[test]
+fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_runs() {
+    let k = Kiln::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let bases = tmp.path().join("bases");
+    let both = ["--platform", "linux/amd64,linux/arm64"];
+    let printed = base_build_with(&k, "nodejs22", &bases, &both);
+    assert_eq!(printed.len(), 2, "{printed:?}");
+    let platforms_of = |raw: &str| -> Vec<String> {
+        let index: serde_json::Value = serde_json::from_str(raw).unwrap();
+        assert_eq!(
+            index["mediaType"],
+            "application/vnd.oci.image.index.v1+json"
+        );
+        let manifests = index["manifests"].as_array().unwrap();
+        manifests
+            .iter()
+            .map(|m| format!("{}/{}", m["platform"]["os"], m["platform"]["architecture"]))
+            .collect()
+    };
+    for name in ["nodejs22", "nodejs22-builder"] {
+        let layout = format!("oci:{}:{name}", bases.display());
+        let raw = common::run(Command::new("skopeo").args(["inspect", "--raw", &layout]));
+        assert_eq!(
+            platforms_of(&raw),
+            [r#""linux"/"amd64""#, r#""linux"/"arm64""#]
+        );
+    }
+
+    let reg = common::registry::Registry::start(common::registry::RegistryKind::Plain);
+    let host = reg.host();
+    crate::sign::check(&["keys", tmp.path().to_str().unwrap()]);
+    let key = |name: &str| tmp.path().join(name).display().to_string();
+    let dir = tmp.path().join("fn");
+    copy_tree(&functions("node-lockfile"), &dir);
+    std::fs::write(
+        dir.join("handler.js"),
+        "const semver = require('semver');\n\
+         module.exports = { main: () => `${process.arch} ${semver.inc('1.2.3', 'minor')}` };\n",
+    )
+    .unwrap();
+    let build = |kiln: &Kiln, repo: &str| {
+        let run = kiln.run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--platform",
+            "linux/amd64,linux/arm64",
+            "--base",
+            &format!("oci:{}:nodejs22", bases.display()),
+            "--builder-image",
+            &format!("oci:{}:nodejs22-builder", bases.display()),
+            "--image",
+            &reg.reference(repo),
+            "--insecure-registry",
+            &host,
+            "--sign-key",
+            &key("a.key"),
+        ]);
+        run.reference()
+    };
+    let reference = build(&k, "fns/multi:1");
+    let digest = reference.split_once('@').unwrap().1.to_string();
+    let inspect = |what: &str| {
+        common::run(Command::new("skopeo").args([
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            &format!("docker://{host}/fns/multi{what}"),
+        ]))
+    };
+    let raw = inspect(":1");
+    assert_eq!(kiln::oci::Digest::of(raw.as_bytes()).to_string(), digest);
+    assert_eq!(
+        platforms_of(&raw),
+        [r#""linux"/"amd64""#, r#""linux"/"arm64""#]
+    );
+    // One source layer for both images (the last one), each image's own config; and every
+    // manifest pushed is signed, the index too (cryptography checks it).
+    let index: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    let mut sources = Vec::new();
+    for entry in index["manifests"].as_array().unwrap() {
+        let at = entry["digest"].as_str().unwrap();
+        let manifest: serde_json::Value =
+            serde_json::from_str(&inspect(&format!("@{at}"))).unwrap();
+        sources.push(manifest["layers"].as_array().unwrap().last().unwrap()["digest"].clone());
+        assert_eq!(
+            crate::sign::check(&["verify", &host, "fns/multi", at, &key("a.pub")]),
+            "1"
+        );
+    }
+    assert_eq!(sources[0], sources[1]);
+    assert_eq!(
+        crate::sign::check(&["verify", &host, "fns/multi", &digest, &key("a.pub")]),
+        "1"
+    );
+
+    // Reproducible: another machine's kiln (its own cache) gives the same index.
+    let again = build(&Kiln::new(), "fns/again:1");
+    assert_eq!(again.split_once('@').unwrap().1, digest);
+
+    // The tag serves each platform: arm64 under emulation.
+    let tagged = reg.reference("fns/multi:1");
+    for (platform, arch) in [("linux/amd64", "x64"), ("linux/arm64", "arm64")] {
+        let (port, _running) = serve(
+            &k,
+            &tagged,
+            &["--platform", platform, "--insecure-registry", &host],
+        );
+        let (status, body) = http::request(port, "GET", "/", &[], b"");
+        assert_eq!((status, body), (200, format!("{arch} 1.3.0")));
+    }
+}

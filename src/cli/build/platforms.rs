@@ -1,0 +1,139 @@
+//! `kiln build --platform linux/amd64,linux/arm64`: one image per platform, built one after
+//! the other as a one-platform build would (the source layer is the same blob in each, so it
+//! goes up once; the dependency layer is each platform's own), then an OCI image index over
+//! them at the target, signed like the images when a key is given. Each image is pushed by
+//! digest (into a layout, under `NAME-OS-ARCH`), so the target's tag names only the index.
+
+use anyhow::{Context, anyhow};
+
+use super::super::Failure;
+use super::{Extra, build_failure, external_parameters};
+use crate::build::{self, Options, Target};
+use crate::image::resolve;
+use crate::oci::{self, Descriptor, Document, Index, Layout, MediaType, Platform};
+use crate::registry::Client;
+
+/// Builds `opts` for each of `extra.platforms` and publishes the index; its reference.
+///
+/// # Errors
+/// The first platform's build that fails (nothing of the index is written then), or the
+/// index's push or signature.
+pub(super) async fn build_several(
+    client: &Client,
+    opts: &Options,
+    extra: &Extra,
+) -> Result<String, Failure> {
+    // Every platform's base first: one that lacks a platform fails the build before any
+    // image is pushed.
+    for platform in &extra.platforms {
+        resolve::resolve(client, &opts.base, &opts.base_name, platform)
+            .await
+            .map_err(|e| build_failure(e.into()))?;
+    }
+    let mut manifests = Vec::new();
+    for platform in &extra.platforms {
+        let mut one = opts.clone();
+        one.platform = platform.clone();
+        one.target = by_digest(&opts.target, platform);
+        let external = external_parameters(&one);
+        if let Some(signing) = &mut one.signing {
+            signing.external = external;
+        }
+        tracing::info!(%platform, "building for one platform of several");
+        let output = build::run(client, &one).await.map_err(build_failure)?;
+        let mut descriptor = manifest(client, &one.target, &output)
+            .await
+            .map_err(Failure::Build)?;
+        descriptor.platform = Some(platform.clone());
+        manifests.push(descriptor);
+    }
+    let index = Index {
+        schema_version: 2,
+        media_type: Some(MediaType::OciIndex),
+        manifests,
+        annotations: None,
+    };
+    let bytes = oci::canonical::to_vec(&index)
+        .context("writing the image index")
+        .map_err(Failure::Build)?;
+    let doc = Document::new(MediaType::OciIndex, bytes);
+    let reference = publish_index(client, opts, &doc)
+        .await
+        .map_err(Failure::Build)?;
+    tracing::info!(%reference, platforms = extra.platforms.len(), "built the image index");
+    if let Some(path) = &extra.digest_file {
+        std::fs::write(path, format!("{}\n", doc.digest))
+            .with_context(|| format!("writing the digest to {}", path.display()))
+            .map_err(Failure::Build)?;
+    }
+    Ok(reference)
+}
+
+/// Where one platform's image goes: the target's repository by digest alone, or the layout
+/// under a name of its own.
+fn by_digest(target: &Target, platform: &Platform) -> Target {
+    match target {
+        Target::Registry(reference) => Target::Registry(reference.repository_only()),
+        Target::Layout { dir, name } => Target::Layout {
+            dir: dir.clone(),
+            name: format!("{name}-{}-{}", platform.os, platform.architecture),
+        },
+    }
+}
+
+/// The descriptor of the manifest a build published (read back when the build found its image
+/// and made none).
+async fn manifest(
+    client: &Client,
+    target: &Target,
+    output: &build::Output,
+) -> anyhow::Result<Descriptor> {
+    if let Some(image) = &output.image {
+        return Ok(image.manifest.descriptor());
+    }
+    let digest = &output.published.digest;
+    let found = match target {
+        Target::Registry(reference) => client
+            .head_manifest(&reference.with_digest(digest.clone()))
+            .await
+            .with_context(|| format!("reading {} back", output.published.reference))?,
+        Target::Layout { dir, name } => Some(
+            Layout::open(dir)
+                .and_then(|l| l.resolve(Some(name)))
+                .with_context(|| format!("reading {} back", output.published.reference))?,
+        ),
+    };
+    found
+        .filter(|d| &d.digest == digest)
+        .ok_or_else(|| anyhow!("{} is not there", output.published.reference))
+}
+
+/// Puts the index at the target (its tag, else by digest; a layout's name) and signs it when
+/// the images are signed; its reference.
+async fn publish_index(client: &Client, opts: &Options, doc: &Document) -> anyhow::Result<String> {
+    match &opts.target {
+        Target::Registry(target) => {
+            let dest = match target.tag {
+                Some(_) => target.clone(),
+                None => target.with_digest(doc.digest.clone()),
+            };
+            client
+                .put_manifest(&dest, doc)
+                .await
+                .with_context(|| format!("pushing the image index to {dest}"))?;
+            if let Some(signing) = &opts.signing {
+                let signed = crate::cosign::sign(client, target, &doc.digest, &signing.key)
+                    .await
+                    .context("signing the image index")?;
+                tracing::info!(signature = ?signed, "signed the image index");
+            }
+            Ok(format!("{}@{}", target.repository_path(), doc.digest))
+        }
+        Target::Layout { dir, name } => {
+            let layout = Layout::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+            layout.write_blob(&doc.bytes)?;
+            layout.set_ref(doc.descriptor(), name)?;
+            Ok(format!("oci:{}@{}", dir.display(), doc.digest))
+        }
+    }
+}
