@@ -40,7 +40,8 @@ pub async fn compile(
     compiler: &Compiler,
 ) -> Result<(), String> {
     let emulator = match compiler {
-        Compiler::Own(platform) => Emulator::for_platform(platform).map_err(|e| e.to_string())?,
+        Compiler::Own(platform) => Emulator::for_machine(platform.machine(), &platform.to_string())
+            .map_err(|e| e.to_string())?,
         Compiler::Native(_) => None,
     };
     crate::sandbox::check_available()

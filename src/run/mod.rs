@@ -100,7 +100,12 @@ pub async fn run(client: &Client, opts: &Options, volumes: &[Bind]) -> Result<u8
         );
     }
     // A foreign image runs under the emulator (checked before anything is planned).
-    let emulator = Emulator::for_platform(&image_platform)?;
+    let emulator = Emulator::for_machine(
+        image_platform
+            .machine()
+            .filter(|_| image_platform.os == "linux"),
+        &image_platform.to_string(),
+    )?;
     let mut launch = {
         let (opts, volumes) = (opts.clone(), volumes.to_vec());
         let plan = move || process::plan(&entry.rootfs, &entry.config, &opts, &volumes);

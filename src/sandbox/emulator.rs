@@ -8,7 +8,6 @@
 use std::path::{Path, PathBuf};
 
 use super::{Bind, Sandbox};
-use crate::oci::Platform;
 use crate::rootpath::Last;
 
 /// Where the emulator appears in the sandbox.
@@ -50,22 +49,23 @@ pub enum Error {
 }
 
 impl Emulator {
-    /// The emulator a `platform` program needs here: `None` on a machine of that platform,
-    /// else `qemu-MACHINE-static` from `PATH`.
+    /// The emulator a program for `platform` (shown in messages) needs here: `None` on a
+    /// machine whose CPU is `machine` (the kernel's name: `x86_64`, `aarch64`; `None` for a
+    /// CPU kiln has no name for), else `qemu-MACHINE-static` from `PATH`.
     ///
     /// # Errors
-    /// A foreign platform without an emulator on `PATH`, or one kiln knows no emulator for.
-    pub fn for_platform(platform: &Platform) -> Result<Option<Emulator>, Error> {
-        let host = Platform::host();
-        if platform.os == host.os && platform.architecture == host.architecture {
-            return Ok(None);
-        }
-        let Some(machine) = platform.machine().filter(|_| platform.os == "linux") else {
+    /// A foreign CPU without an emulator on `PATH`, or one kiln knows no emulator for.
+    pub fn for_machine(machine: Option<&str>, platform: &str) -> Result<Option<Emulator>, Error> {
+        let host = format!("linux/{}", std::env::consts::ARCH);
+        let Some(machine) = machine else {
             return Err(Error::Unknown {
-                platform: platform.to_string(),
-                host: host.to_string(),
+                platform: platform.into(),
+                host,
             });
         };
+        if machine == std::env::consts::ARCH {
+            return Ok(None);
+        }
         let name = format!("qemu-{machine}-static");
         let found = std::env::var_os("PATH").and_then(|path| {
             std::env::split_paths(&path)
@@ -75,8 +75,8 @@ impl Emulator {
         match found {
             Some(path) => Ok(Some(Emulator { path, name })),
             None => Err(Error::Missing {
-                platform: platform.to_string(),
-                host: host.to_string(),
+                platform: platform.into(),
+                host,
                 program: name,
             }),
         }
@@ -127,8 +127,12 @@ mod tests {
 
     #[test]
     fn the_host_platform_needs_no_emulator_and_an_unknown_one_is_refused() {
-        assert_eq!(Emulator::for_platform(&Platform::host()).unwrap(), None);
-        let err = Emulator::for_platform(&Platform::linux("riscv64")).unwrap_err();
+        let host = std::env::consts::ARCH;
+        assert_eq!(
+            Emulator::for_machine(Some(host), "linux/host").unwrap(),
+            None
+        );
+        let err = Emulator::for_machine(None, "linux/riscv64").unwrap_err();
         assert!(err.to_string().contains("no emulator is known"), "{err}");
     }
 

@@ -1,7 +1,7 @@
-//! `kiln build --platform linux/amd64,linux/arm64`: one image per platform, built one after
-//! the other as a one-platform build would (the source layer is the same blob in each, so it
-//! goes up once; the dependency layer is each platform's own), then an OCI image index over
-//! them at the target, signed like the images when a key is given. Each image is pushed by
+//! `kiln build --platform linux/amd64,linux/arm64`: one image per platform, built side by side
+//! as a one-platform build would (the source layer is the same blob in each; the dependency
+//! layer is each platform's own), then an OCI image index over them at the target, signed
+//! like the images when a key is given. Each image is pushed by
 //! digest (into a layout, under `NAME-OS-ARCH`), so the target's tag names only the index.
 
 use anyhow::{Context, anyhow};
@@ -30,8 +30,7 @@ pub(super) async fn build_several(
             .await
             .map_err(|e| build_failure(e.into()))?;
     }
-    let mut manifests = Vec::new();
-    for platform in &extra.platforms {
+    let builds = extra.platforms.iter().map(|platform| async move {
         let mut one = opts.clone();
         one.platform = platform.clone();
         one.target = by_digest(&opts.target, platform);
@@ -45,8 +44,11 @@ pub(super) async fn build_several(
             .await
             .map_err(Failure::Build)?;
         descriptor.platform = Some(platform.clone());
-        manifests.push(descriptor);
-    }
+        Ok::<_, Failure>(descriptor)
+    });
+    // Side by side: most of a build waits (on the registry, the package servers), and the
+    // source layer one writes is the other's cache hit or the same bytes.
+    let manifests = futures_util::future::try_join_all(builds).await?;
     let index = Index {
         schema_version: 2,
         media_type: Some(MediaType::OciIndex),
