@@ -14,7 +14,8 @@ use crate::registry::{Client, Reference};
   kiln verify reg.example.com/fns/orders:latest --key cosign.pub
   kiln verify reg.example.com/fns/orders@sha256:… --key env://SIGNING_PUBLIC_KEY")]
 pub struct VerifyArgs {
-    /// The image, by tag or digest (what `kiln build` prints).
+    /// The image, by tag or digest (what `kiln build` prints). For an image index (a build for
+    /// several platforms) the index's signature is checked, then each image it lists.
     #[arg(value_name = "IMAGE")]
     pub image: String,
     /// The ECDSA P-256 public key (PEM `PUBLIC KEY`, as `cosign generate-key-pair` and
@@ -85,5 +86,52 @@ pub(super) async fn run(args: VerifyArgs) -> Result<String, Failure> {
             "verified the image's signature (no provenance by this key)"
         ),
     }
+    verify_platforms(&client, &image, &key, &verified.digest).await?;
     Ok(format!("{}@{}", image.repository_path(), verified.digest))
+}
+
+/// When `digest` is an image index (a build for several platforms), each image it lists must
+/// verify too: its signature by `key`, and a provenance by `key` that names it if one exists.
+async fn verify_platforms(
+    client: &Client,
+    image: &Reference,
+    key: &VerifyKey,
+    digest: &crate::oci::Digest,
+) -> Result<(), Failure> {
+    let doc = client
+        .get_manifest(
+            &image.with_digest(digest.clone()),
+            &crate::registry::DEFAULT_MANIFEST_TYPES,
+        )
+        .await
+        .with_context(|| format!("reading {}@{digest}", image.repository_path()))
+        .map_err(Failure::Build)?;
+    if !doc.media_type.is_index() {
+        return Ok(());
+    }
+    let index: crate::oci::Index = doc
+        .parse()
+        .with_context(|| format!("{}@{digest} is not an image index", image.repository_path()))
+        .map_err(Failure::Build)?;
+    for entry in index
+        .manifests
+        .iter()
+        .filter(|d| d.media_type.is_manifest())
+    {
+        let platform = entry
+            .platform
+            .as_ref()
+            .map_or_else(|| "no platform".to_string(), ToString::to_string);
+        let one = image.with_digest(entry.digest.clone());
+        let wanted = cosign::Wanted {
+            build_key: None,
+            pushed_as: None,
+        };
+        cosign::verify(client, &one, key, wanted)
+            .await
+            .with_context(|| format!("the {platform} image {} of the index", entry.digest))
+            .map_err(Failure::Build)?;
+        tracing::info!(%platform, digest = %entry.digest, "verified the platform's image");
+    }
+    Ok(())
 }

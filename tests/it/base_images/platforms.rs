@@ -273,6 +273,29 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
         "1"
     );
 
+    // kiln verify checks the index and each image in it.
+    let verify = |public: &str| {
+        k.run(&[
+            "verify",
+            &reg.reference("fns/multi:1"),
+            "--key",
+            public,
+            "--insecure-registry",
+            &host,
+        ])
+    };
+    let verified = verify(&key("a.pub"));
+    assert_eq!(
+        verified
+            .stderr
+            .matches("verified the platform's image")
+            .count(),
+        2
+    );
+    assert_eq!(verified.reference(), reference);
+    let err = verify(&key("b.pub")).failure(1).to_string();
+    assert!(err.contains("not this key's"), "{err}");
+
     // Reproducible: another machine's kiln (its own cache) gives the same index.
     let again = build(&Kiln::new(), "fns/again:1");
     assert_eq!(again.split_once('@').unwrap().1, digest);
