@@ -67,6 +67,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "PROGRAM|JSON")]
     pub entrypoint: Option<String>,
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
+    /// An image for another CPU (linux/arm64 on an amd64 machine) runs under QEMU's user-mode
+    /// emulator, qemu-MACHINE-static from PATH (Debian's qemu-user-static).
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
     /// Registry access.
