@@ -305,8 +305,7 @@ impl Stage<'_> {
         Ok(dir)
     }
 
-    /// `debs` unpacked into a scratch tree `name`, without synthesised files; for running a
-    /// program of theirs, not for a layer.
+    /// `debs` unpacked into a scratch tree `name`, without synthesised files.
     async fn debian_tree(&self, name: &'static str, debs: &[LockedPackage]) -> Result<PathBuf> {
         let root = self.scratch(name)?;
         let files = debian::fetch_debs(
@@ -335,22 +334,10 @@ impl Stage<'_> {
         debs: &[LockedPackage],
         with_base_files: bool,
     ) -> Result<NewLayer> {
-        let root = self.scratch(name)?;
-        let files = debian::fetch_debs(
-            &self.src.http,
-            &self.src.mirror,
-            debs,
-            &self.src.cache_dir,
-            4,
-        )
-        .await?;
+        let root = self.debian_tree(name, debs).await?;
         let root2 = root.clone();
         let debs2 = debs.to_vec();
         let licenses = tokio::task::spawn_blocking(move || -> Result<Vec<Vec<String>>> {
-            debian::merged_usr_links(&root2)?;
-            for file in &files {
-                debian::unpack_deb(file, &root2)?;
-            }
             let licenses = debs2
                 .iter()
                 .map(|p| debian::licenses(&root2, &p.name))
