@@ -11,7 +11,7 @@ use tempfile::TempDir;
 use super::bytecode::Compiler;
 use super::debian::{self, LockedPackage};
 use super::packages;
-use super::recipe::{BytecodeRecipe, FIRST_ARCHITECTURE, Lock, Recipe, Target};
+use super::recipe::{BytecodeRecipe, Lock, Recipe, Target};
 use super::rootfs;
 use crate::fetch::npm;
 use crate::image::publish::{BlobPlan, Role};
@@ -22,7 +22,9 @@ use crate::oci::{
 };
 
 mod config;
+mod error;
 use config::{builder_edit, config_edit, kiln_edit, scratch};
+pub use error::Error;
 
 /// Where the builder image has the kiln binary; its entrypoint.
 pub const KILN_IN_BUILDER: &str = "/usr/local/bin/kiln";
@@ -42,88 +44,6 @@ pub struct Sources {
     pub cache_dir: PathBuf,
     /// `kiln base lock --allow-expired-release` (see [`debian::Mirror`]).
     pub allow_expired_release: bool,
-}
-
-/// Why locking or assembling failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Debian side.
-    #[error(transparent)]
-    Debian(#[from] debian::Error),
-    /// npm side.
-    #[error(transparent)]
-    Npm(#[from] npm::Error),
-    /// Kyma's runtime packages.
-    #[error(transparent)]
-    Packages(#[from] packages::Error),
-    /// Walking a staged tree.
-    #[error(transparent)]
-    Walk(#[from] source::Error),
-    /// Writing a layer.
-    #[error("writing the {what} layer")]
-    Layer {
-        /// Which.
-        what: &'static str,
-        /// The cause.
-        #[source]
-        source: oci::layer::Error,
-    },
-    /// Assembling the image.
-    #[error(transparent)]
-    Image(#[from] oci::image::Error),
-    /// The lock does not match the recipe.
-    #[error("lock file is for {found}, not {wanted}: run `kiln base lock {wanted}`")]
-    StaleLock {
-        /// Wanted.
-        wanted: String,
-        /// In the lock.
-        found: String,
-    },
-    /// Compiling the image's Python bytecode failed.
-    #[error("compiling the image's Python modules with {python}: {detail}")]
-    Bytecode {
-        /// The interpreter.
-        python: String,
-        /// What went wrong.
-        detail: String,
-    },
-    /// A recipe whose architectures kiln cannot lock.
-    #[error(
-        "the {runtime} recipe's architectures must start with {FIRST_ARCHITECTURE} and name \
-            only amd64 and arm64"
-    )]
-    Architectures {
-        /// The runtime.
-        runtime: String,
-    },
-    /// The lock has no inputs for the architecture asked for.
-    #[error(
-        "the {runtime} lock has no inputs for {arch} (it has: {available}): add it to the \
-            recipe's architectures and run `kiln base lock {runtime}`"
-    )]
-    NoArchitecture {
-        /// The runtime.
-        runtime: String,
-        /// Asked for.
-        arch: String,
-        /// What the lock has.
-        available: String,
-    },
-    /// The recipe names runtime packages the lock does not pin.
-    #[error(
-        "the lock file pins none of the [packages] of the {runtime} recipe: run `kiln base lock \
-            {runtime}`"
-    )]
-    UnlockedPackages {
-        /// The runtime.
-        runtime: String,
-    },
-    /// File-system trouble: scratch space, synthesised files.
-    #[error(transparent)]
-    Io(#[from] crate::io_error::IoError),
-    /// A worker thread died.
-    #[error("internal task failed")]
-    Task(#[from] tokio::task::JoinError),
 }
 
 type Result<T, E = Error> = std::result::Result<T, E>;
@@ -204,7 +124,7 @@ pub async fn assemble(
         base_layers.push(layer);
     }
     if let Some(bytecode) = &recipe.image.bytecode {
-        let native = native_python(all_arches, lock, arch);
+        let native = super::bytecode::native_python(all_arches, lock, arch);
         base_layers.push(stage.bytecode_layer(bytecode, recipe, native).await?);
     }
     base_layers.push(stage.server_layer(recipe)?);
@@ -257,28 +177,6 @@ pub async fn assemble(
         _blobs: stage.blobs,
         _staging: staging,
     })
-}
-
-/// For a foreign `arch`, this machine's base packages when their Python is the very same
-/// (every package named `*python*` at the same version in both architectures' locks): its
-/// interpreter compiles the foreign tree's bytecode natively, since a .pyc file does not
-/// depend on the CPU (kiln checked that an emulated python3.13 compiles the same layer, and
-/// a test keeps checking it for a module). `None` on this machine's architecture, or when the
-/// versions differ and the image's own interpreter must run, under emulation.
-fn native_python(all: &Lock, lock: &Lock, arch: &str) -> Option<Vec<LockedPackage>> {
-    let host = oci::Platform::host();
-    if host.architecture == arch {
-        return None;
-    }
-    let native = all.for_arch(&host.architecture)?;
-    let pythons = |lock: &Lock| -> Vec<(String, String)> {
-        lock.debs(Target::Base)
-            .filter(|p| p.name.contains("python"))
-            .map(|p| (p.name.clone(), p.version.clone()))
-            .collect()
-    };
-    let same = pythons(&native) == pythons(lock) && !pythons(lock).is_empty();
-    same.then(|| native.debs(Target::Base).cloned().collect())
 }
 
 struct Stage<'a> {
@@ -375,6 +273,7 @@ impl Stage<'_> {
     ) -> Result<NewLayer> {
         let root = self.scratch(name)?;
         for (pinned, wanted) in lock
+            .first
             .npm
             .iter()
             .filter(|n| n.image == image)
@@ -410,14 +309,14 @@ impl Stage<'_> {
         let Some(wanted) = &recipe.packages else {
             return Ok(None);
         };
-        if (!wanted.npm.is_empty() && lock.npm_tree.is_empty())
-            || (!wanted.pip.is_empty() && lock.wheel.is_empty())
+        if (!wanted.npm.is_empty() && lock.first.npm_tree.is_empty())
+            || (!wanted.pip.is_empty() && lock.first.wheel.is_empty())
         {
             return Err(Error::UnlockedPackages {
                 runtime: recipe.runtime.clone(),
             });
         }
-        if lock.npm_tree.is_empty() && lock.wheel.is_empty() {
+        if lock.first.npm_tree.is_empty() && lock.first.wheel.is_empty() {
             return Ok(None);
         }
         let root = self.scratch("packages")?;
@@ -426,13 +325,19 @@ impl Stage<'_> {
             &self.src.http,
             &self.src.npm_registry,
             &self.src.cache_dir,
-            &lock.npm_tree,
+            &lock.first.npm_tree,
             &dest,
         )
         .await?;
-        packages::install_wheels(&self.src.http, &self.src.cache_dir, &lock.wheel, &dest).await?;
+        packages::install_wheels(
+            &self.src.http,
+            &self.src.cache_dir,
+            &lock.first.wheel,
+            &dest,
+        )
+        .await?;
         let mut seen = std::collections::BTreeSet::new();
-        for p in &lock.npm_tree {
+        for p in &lock.first.npm_tree {
             if seen.insert((&p.tarball.package, &p.tarball.version)) {
                 let manifest = dest.join(&p.path).join("package.json");
                 self.sbom.push(SbomEntry {
@@ -446,7 +351,7 @@ impl Stage<'_> {
             }
         }
         let mut wheel_licenses = super::licenses::installed_wheels(&dest);
-        for w in &lock.wheel {
+        for w in &lock.first.wheel {
             self.sbom.push(SbomEntry {
                 name: w.name.clone(),
                 version: w.version.clone(),
@@ -456,7 +361,7 @@ impl Stage<'_> {
                     .unwrap_or_default(),
             });
         }
-        let count = lock.npm_tree.len() + lock.wheel.len();
+        let count = lock.first.npm_tree.len() + lock.first.wheel.len();
         let layer = self
             .tree_layer(
                 "packages",

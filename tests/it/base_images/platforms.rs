@@ -25,24 +25,38 @@ fn config(dir: &Path, name: &str) -> serde_json::Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// `kiln build DIR --runtime RUNTIME --platform linux/arm64` on the arm64 images in `bases`.
-fn build_for_arm64(k: &Kiln, bases: &Path, runtime: &str, dir: &Path) -> common::kiln::Run {
-    let out = dir.with_extension("out");
-    // Its own cache: the install happens, rather than a layer another test left.
-    k.run_cmd(k.command().args([
-        "build",
-        dir.to_str().unwrap(),
-        "--runtime",
-        runtime,
+/// `kiln build DIR --runtime RUNTIME --platform PLATFORMS` on the images in `bases`, with
+/// `kiln`'s own cache (so the install happens, rather than a layer another test left), into
+/// what `target` names (`--output …` or `--image …` and its flags).
+fn build_on(
+    kiln: &Kiln,
+    bases: &Path,
+    runtime: &str,
+    dir: &Path,
+    platforms: &str,
+    target: &[&str],
+) -> common::kiln::Run {
+    let (base, builder) = (
+        format!("oci:{}:{runtime}", bases.display()),
+        format!("oci:{}:{runtime}-builder", bases.display()),
+    );
+    let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
+    args.extend([
         "--platform",
-        "linux/arm64",
+        platforms,
         "--base",
-        &format!("oci:{}:{runtime}", bases.display()),
+        &base,
         "--builder-image",
-        &format!("oci:{}:{runtime}-builder", bases.display()),
-        "--output",
-        &format!("oci:{}", out.display()),
-    ]))
+        &builder,
+    ]);
+    args.extend(target);
+    kiln.run(&args)
+}
+
+/// [`build_on`] for linux/arm64, into a layout beside `dir`.
+fn build_for_arm64(k: &Kiln, bases: &Path, runtime: &str, dir: &Path) -> common::kiln::Run {
+    let out = format!("oci:{}", dir.with_extension("out").display());
+    build_on(k, bases, runtime, dir, "linux/arm64", &["--output", &out])
 }
 
 #[test]
@@ -217,25 +231,24 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
     )
     .unwrap();
     let build = |kiln: &Kiln, repo: &str| {
-        let run = kiln.run(&[
-            "build",
-            dir.to_str().unwrap(),
-            "--runtime",
-            "nodejs22",
-            "--platform",
-            "linux/amd64,linux/arm64",
-            "--base",
-            &format!("oci:{}:nodejs22", bases.display()),
-            "--builder-image",
-            &format!("oci:{}:nodejs22-builder", bases.display()),
+        let (image, sign) = (reg.reference(repo), key("a.key"));
+        let target = [
             "--image",
-            &reg.reference(repo),
+            &image,
             "--insecure-registry",
             &host,
             "--sign-key",
-            &key("a.key"),
-        ]);
-        run.reference()
+            &sign,
+        ];
+        build_on(
+            kiln,
+            &bases,
+            "nodejs22",
+            &dir,
+            "linux/amd64,linux/arm64",
+            &target,
+        )
+        .reference()
     };
     let reference = build(&k, "fns/multi:1");
     let digest = reference.split_once('@').unwrap().1.to_string();
