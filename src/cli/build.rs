@@ -450,25 +450,21 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         )
         .map_err(Failure::Usage)?
     };
+    if extra.platforms.len() > 1 && matches!(opts.stage, Stage::Lookup(_) | Stage::Deps(_)) {
+        return platforms::stage_several(&client, &opts, &extra).await;
+    }
     if let Stage::Lookup(dir) = &opts.stage {
         let lookup = build::run_lookup(&client, &opts, dir)
             .await
             .map_err(build_failure)?;
-        return Ok(match (lookup.key, lookup.found) {
-            (None, _) => "none".into(),
-            (Some(_), None) => "miss".into(),
-            (Some(_), Some(found)) => found.digest.to_string(),
-        });
+        return Ok(lookup_line(&lookup));
     }
     if let Stage::Deps(dir) = &opts.stage {
         let output = build::run_deps(&client, &opts, dir)
             .await
             .map_err(build_failure)?;
         write_deps_report(&extra, &output).map_err(Failure::Build)?;
-        return Ok(output
-            .record
-            .dependencies
-            .map_or_else(|| "none".to_string(), |l| l.digest.to_string()));
+        return Ok(deps_line(&output));
     }
     opts.signing = sign_key.map(|key| build::Signing {
         key: std::sync::Arc::new(key),
@@ -500,6 +496,25 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
     }
     write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
     Ok(output.published.reference)
+}
+
+/// What `--stage lookup` prints: `none` (nothing to install), `miss`, or the cached layer's
+/// digest.
+fn lookup_line(lookup: &build::stage::Lookup) -> String {
+    match (&lookup.key, &lookup.found) {
+        (None, _) => "none".into(),
+        (Some(_), None) => "miss".into(),
+        (Some(_), Some(found)) => found.digest.to_string(),
+    }
+}
+
+/// What `--stage deps` prints: the staged layer's digest, or `none`.
+fn deps_line(output: &build::DepsOutput) -> String {
+    output
+        .record
+        .dependencies
+        .as_ref()
+        .map_or_else(|| "none".to_string(), |l| l.digest.to_string())
 }
 
 /// `kiln warm`'s view of a Function: the options `kiln build FLAGS` (no `--base`) has, with

@@ -84,6 +84,12 @@ pub struct ControllerArgs {
         value_parser = clap::builder::FalseyValueParser::new()
     )]
     pub require_provenance: bool,
+    /// The platforms every Function is built for, comma-separated (linux/amd64,linux/arm64):
+    /// one image each and an index over them when there are several. A Function's
+    /// annotation kiln.io/platforms overrides it. Empty: the platforms of the cluster's Nodes
+    /// (their kubernetes.io/os and kubernetes.io/arch labels), looked at every few minutes.
+    #[arg(long, value_name = "OS/ARCH,…", env = "KILN_PLATFORMS")]
+    pub platforms: Option<String>,
     /// Where nodes pull images from, when it differs from --registry.
     #[arg(long, value_name = "REGISTRY[/PREFIX]", env = "KILN_PULL_REGISTRY")]
     pub pull_registry: Option<String>,
@@ -364,6 +370,13 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
     config.cache_signing_secret = args.cache_signing_secret.clone();
     config.image_signing_secret = args.image_signing_secret.clone().filter(|s| !s.is_empty());
     config.require_provenance = args.require_provenance;
+    config.platforms = match args.platforms.as_deref().map(str::trim) {
+        None | Some("") => None,
+        Some(list) => Some(
+            crate::oci::Platform::parse_list(list)
+                .map_err(|why| anyhow!("--platforms {list:?}: {why}"))?,
+        ),
+    };
     if config.require_provenance && config.image_signing_secret.is_none() {
         bail!(
             "--require-provenance checks images against the public key of \

@@ -25,7 +25,8 @@ pub struct VerifyArgs {
     /// The build key the image must have been built as (`dev.kiln.build-key`, as the
     /// controller and `--report` name it): the image's SLSA provenance, signed by --key, must
     /// exist and say so. Without it, a provenance by the key that exists must still name the
-    /// image.
+    /// image. Of an image index, each image it lists is asked: as each platform has a build
+    /// key of its own, check theirs image by image.
     #[arg(long, value_name = "sha256:HEX")]
     pub build_key: Option<String>,
     #[command(flatten)]
@@ -65,7 +66,7 @@ pub(super) async fn run(args: VerifyArgs) -> Result<String, Failure> {
     let client = Client::new(args.registry.client_config().map_err(Failure::Usage)?)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;
-    let verified = cosign::verify(
+    let verified = cosign::verify_image(
         &client,
         &image,
         &key,
@@ -86,52 +87,5 @@ pub(super) async fn run(args: VerifyArgs) -> Result<String, Failure> {
             "verified the image's signature (no provenance by this key)"
         ),
     }
-    verify_platforms(&client, &image, &key, &verified.digest).await?;
     Ok(format!("{}@{}", image.repository_path(), verified.digest))
-}
-
-/// When `digest` is an image index (a build for several platforms), each image it lists must
-/// verify too: its signature by `key`, and a provenance by `key` that names it if one exists.
-async fn verify_platforms(
-    client: &Client,
-    image: &Reference,
-    key: &VerifyKey,
-    digest: &crate::oci::Digest,
-) -> Result<(), Failure> {
-    let doc = client
-        .get_manifest(
-            &image.with_digest(digest.clone()),
-            &crate::registry::DEFAULT_MANIFEST_TYPES,
-        )
-        .await
-        .with_context(|| format!("reading {}@{digest}", image.repository_path()))
-        .map_err(Failure::Build)?;
-    if !doc.media_type.is_index() {
-        return Ok(());
-    }
-    let index: crate::oci::Index = doc
-        .parse()
-        .with_context(|| format!("{}@{digest} is not an image index", image.repository_path()))
-        .map_err(Failure::Build)?;
-    for entry in index
-        .manifests
-        .iter()
-        .filter(|d| d.media_type.is_manifest())
-    {
-        let platform = entry
-            .platform
-            .as_ref()
-            .map_or_else(|| "no platform".to_string(), ToString::to_string);
-        let one = image.with_digest(entry.digest.clone());
-        let wanted = cosign::Wanted {
-            build_key: None,
-            pushed_as: None,
-        };
-        cosign::verify(client, &one, key, wanted)
-            .await
-            .with_context(|| format!("the {platform} image {} of the index", entry.digest))
-            .map_err(Failure::Build)?;
-        tracing::info!(%platform, digest = %entry.digest, "verified the platform's image");
-    }
-    Ok(())
 }

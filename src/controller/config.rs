@@ -69,6 +69,9 @@ pub struct Config {
     /// Deploy an image only if a provenance signed with the public key of
     /// `image_signing_secret` names the Function's build key.
     pub require_provenance: bool,
+    /// What every Function is built for (`--platforms`) unless it names its own
+    /// ([`super::names::PLATFORMS`]); `None`: the platforms of the cluster's Nodes.
+    pub platforms: Option<Vec<crate::oci::Platform>>,
     /// Talk plain HTTP to the registry (build Jobs get `--insecure-registry`).
     pub insecure_registry: bool,
     /// Base and builder image per kiln runtime.
@@ -134,6 +137,7 @@ impl Config {
             cache_signing_secret: "kiln-cache-signing".into(),
             image_signing_secret: None,
             require_provenance: false,
+            platforms: None,
             insecure_registry: false,
             runtimes,
             namespace: "kiln-system".into(),

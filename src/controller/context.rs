@@ -10,7 +10,7 @@ use kube::runtime::events::Recorder;
 
 use super::apply::Verified;
 use super::config::Config;
-use super::lookup::{CommitResolver, Images, RegistryConfigs};
+use super::lookup::{CommitResolver, Images, NodePlatforms, RegistryConfigs};
 use super::metrics::Metrics;
 use super::slots::BuildSlots;
 use super::stores::Stores;
@@ -29,6 +29,8 @@ pub struct Context {
     pub catalog: Catalog,
     /// Image digests and "is it built?".
     pub images: Images,
+    /// The Nodes' platforms (what Functions are built for by default).
+    pub nodes: NodePlatforms,
     /// Package-registry config digests.
     pub registry_configs: RegistryConfigs,
     /// Git references to commits.

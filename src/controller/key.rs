@@ -7,10 +7,10 @@
 //! (which names the toolchain and the kiln that builds); the Function's namespace and name
 //! (the image's `SERVICE_NAMESPACE`/`FUNC_NAME`); the source — inline: the handler source and
 //! the dependency manifest as the build sees them; git: the URL, the resolved commit and
-//! the base directory — and the digest of the package-registry config (`.npmrc`/`pip.conf`:
-//! hashed, never in clear), or `none`.
+//! the base directory — the digest of the package-registry config (`.npmrc`/`pip.conf`:
+//! hashed, never in clear), or `none`; and the platforms built for, comma-separated.
 
-use crate::oci::{Digest, Hasher};
+use crate::oci::{Digest, Hasher, Platform};
 
 /// The code of a build.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,6 +56,8 @@ pub struct KeyInputs<'a> {
     pub source: &'a SourcePlan,
     /// Digest of the package-registry config, if the namespace has one.
     pub registry_config: Option<&'a Digest>,
+    /// The platforms built for: one image, or an index over one image each.
+    pub platforms: &'a [Platform],
 }
 
 /// The build key as 64 hex digits (it is also the image tag).
@@ -99,6 +101,8 @@ pub fn build_key(inputs: &KeyInputs<'_>) -> String {
             .registry_config
             .map_or("none".into(), ToString::to_string),
     );
+    let platforms: Vec<String> = inputs.platforms.iter().map(ToString::to_string).collect();
+    line(&platforms.join(","));
     h.finish().0.hex().to_string()
 }
 
@@ -123,6 +127,8 @@ mod tests {
     #[test]
     fn every_input_changes_the_key_and_equal_inputs_give_equal_keys() {
         let (a, b) = (digest('a'), digest('b'));
+        let amd64 = [Platform::linux_amd64()];
+        let both = [Platform::linux_amd64(), Platform::linux("arm64")];
         let inline = SourcePlan::Inline {
             source: "s".into(),
             dependencies: "{}".into(),
@@ -135,6 +141,7 @@ mod tests {
             name: "f",
             source: &inline,
             registry_config: None,
+            platforms: &amd64,
         };
         let key = build_key(&base);
         assert_eq!(key.len(), 64);
@@ -180,6 +187,10 @@ mod tests {
             },
             KeyInputs {
                 registry_config: Some(&b),
+                ..base.clone()
+            },
+            KeyInputs {
+                platforms: &both,
                 ..base.clone()
             },
             // A part may not run into the next one.

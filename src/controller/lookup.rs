@@ -8,11 +8,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::Api;
 
 use super::error::{Error, Result};
-use crate::oci::{Digest, Hasher};
+use crate::oci::{Digest, Hasher, Platform};
 use crate::registry::{self, Reference};
 
 /// Entries that expire.
@@ -103,7 +103,8 @@ impl Images {
 
     /// Whether `image` (`repository@digest`) carries a signature by `key` and a provenance by
     /// it of a build pushed as `pushed_as` (the repository tagged with the controller's build
-    /// key; [`crate::cosign::verify`]): `Ok(Err(why))` when it does not.
+    /// key; [`crate::cosign::verify_image`]: of an image index, each image it lists):
+    /// `Ok(Err(why))` when it does not.
     ///
     /// # Errors
     /// A registry failure (retried), as opposed to an answer that the image does not verify.
@@ -121,12 +122,13 @@ impl Images {
             build_key: None,
             pushed_as: Some(pushed_as),
         };
-        match crate::cosign::verify(&self.client, &parsed, key, wanted).await {
+        match crate::cosign::verify_image(&self.client, &parsed, key, wanted).await {
             Ok(_) => Ok(Ok(())),
             Err(VerifyError::Registry { what, source }) => Err(Error::registry(format!(
                 "checking the provenance of {what}"
             ))(source)),
-            Err(e) => Ok(Err(e.to_string())),
+            // With its causes: an index's names the platform's image, and then why.
+            Err(e) => Ok(Err(format!("{:#}", anyhow::Error::from(e)))),
         }
     }
 }
@@ -214,6 +216,66 @@ impl RegistryConfigs {
         self.cache.put(namespace, digest.clone());
         Ok(digest)
     }
+}
+
+/// The platforms of the cluster's Nodes (their `kubernetes.io/os` and `kubernetes.io/arch`
+/// labels, which every kubelet sets): what a Function is built for unless it or the
+/// controller's flag names its platforms. One list of every Node per TTL.
+pub struct NodePlatforms {
+    cache: Ttl<Vec<Platform>>,
+}
+
+/// The Node labels a platform is read from (the kubelet's well-known labels).
+pub const NODE_OS: &str = "kubernetes.io/os";
+/// See [`NODE_OS`].
+pub const NODE_ARCH: &str = "kubernetes.io/arch";
+
+impl NodePlatforms {
+    /// Lists the Nodes again after `ttl`.
+    pub fn new(ttl: Duration) -> NodePlatforms {
+        NodePlatforms {
+            cache: Ttl::new(ttl),
+        }
+    }
+
+    /// The Nodes' platforms, sorted, each once; this controller's own when no Node has the
+    /// labels (it runs on one of them).
+    ///
+    /// # Errors
+    /// The list failed.
+    pub async fn platforms(&self, client: &kube::Client) -> Result<Vec<Platform>> {
+        if let Some(hit) = self.cache.get("") {
+            return Ok(hit);
+        }
+        let api: Api<Node> = Api::all(client.clone());
+        let nodes = api
+            .list_metadata(&kube::api::ListParams::default())
+            .await
+            .map_err(Error::kube("listing Nodes (for their architectures)"))?;
+        let found = node_platforms(nodes.items.iter().map(|n| &n.metadata));
+        self.cache.put("", found.clone());
+        Ok(found)
+    }
+}
+
+/// The platforms `nodes` are labelled with, sorted and each once; [`Platform::host`] when
+/// none is.
+pub fn node_platforms<'a>(
+    nodes: impl Iterator<Item = &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>,
+) -> Vec<Platform> {
+    let mut found: Vec<Platform> = nodes
+        .filter_map(|meta| {
+            let labels = meta.labels.as_ref()?;
+            let (os, arch) = (labels.get(NODE_OS)?, labels.get(NODE_ARCH)?);
+            Platform::parse(&format!("{os}/{arch}"))
+        })
+        .collect();
+    found.sort_by_key(ToString::to_string);
+    found.dedup();
+    if found.is_empty() {
+        found.push(Platform::host());
+    }
+    found
 }
 
 /// Resolves a git reference (branch, tag or commit) to a commit without cloning.

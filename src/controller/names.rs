@@ -34,6 +34,9 @@ pub const APP_NAME: &str = "app.kubernetes.io/name";
 /// The Function annotation that gives its Pods a ServiceAccount token (`"true"`); without
 /// it they have none.
 pub const AUTOMOUNT_TOKEN: &str = "kiln.io/automount-service-account-token";
+/// The Function annotation that names the platforms it is built for, comma-separated
+/// (`linux/amd64,linux/arm64`), over the controller's `--platforms` and the Nodes'.
+pub const PLATFORMS: &str = "kiln.io/platforms";
 
 /// The labels every child carries: Kyma's internal labels.
 pub fn internal_labels(f: &Function) -> BTreeMap<String, String> {

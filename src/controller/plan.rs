@@ -9,7 +9,7 @@ use super::crd::Function;
 pub use super::key::SourcePlan;
 use super::key::{self, KeyInputs};
 use super::presets::{self, Resolved};
-use crate::oci::Digest;
+use crate::oci::{Digest, Platform};
 
 /// What the reconciler resolved for a Function.
 #[derive(Clone, Debug)]
@@ -32,6 +32,8 @@ pub struct Plan {
     pub function_resources: Resolved,
     /// The build Job's resources.
     pub build_resources: Resolved,
+    /// The platforms built for: one image, or an index over one image each.
+    pub platforms: Vec<Platform>,
 }
 
 /// The lookups a plan needs besides the Function.
@@ -48,6 +50,9 @@ pub struct Lookups {
     pub git_note: Option<String>,
     /// Digest of the namespace's package-registry config, if any.
     pub registry_config: Option<Digest>,
+    /// The platforms to build for: the Function's annotation, the controller's flag, or the
+    /// Nodes'.
+    pub platforms: Vec<Platform>,
 }
 
 /// The dependency manifest an inline Function builds with: Kyma turns an empty Node.js one
@@ -87,6 +92,7 @@ pub fn plan(f: &Function, runtime: &RuntimeSpec, config: &Config, found: &Lookup
         name,
         source: &source,
         registry_config: found.registry_config.as_ref(),
+        platforms: &found.platforms,
     });
     let resources = f.spec.resource_configuration.as_ref();
     Plan {
@@ -108,6 +114,7 @@ pub fn plan(f: &Function, runtime: &RuntimeSpec, config: &Config, found: &Lookup
             resources.and_then(|r| r.build.as_ref()),
             &config.default_build_profile,
         ),
+        platforms: found.platforms.clone(),
     }
 }
 

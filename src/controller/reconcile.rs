@@ -267,12 +267,21 @@ async fn lookups(
         .await?;
     let builder = resolved.pop().expect("two images resolved");
     let base = resolved.pop().expect("two images resolved");
+    // Validation has refused an annotation that does not parse.
+    let platforms = match super::validate::platforms(f) {
+        Some(Ok(named)) => named,
+        Some(Err(_)) | None => match &ctx.config.platforms {
+            Some(flag) => flag.clone(),
+            None => ctx.nodes.platforms(&ctx.client).await?,
+        },
+    };
     Ok(Some(Lookups {
         base,
         builder,
         commit,
         git_note,
         registry_config,
+        platforms,
     }))
 }
 

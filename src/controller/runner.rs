@@ -27,7 +27,7 @@ use super::context::Context;
 use super::crd::Function;
 use super::error::{Error, Result};
 use super::leader::Candidate;
-use super::lookup::{CommitResolver, Images, RegistryConfigs};
+use super::lookup::{CommitResolver, Images, NodePlatforms, RegistryConfigs};
 use super::metrics::Metrics;
 use super::reconcile::{error_policy, reconcile};
 use super::server::{self, Shared};
@@ -219,6 +219,7 @@ fn context(
     Arc::new(Context {
         recorder,
         images: Images::new(opts.registry.clone(), opts.config.image_cache_ttl),
+        nodes: NodePlatforms::new(opts.config.image_cache_ttl),
         registry_configs: RegistryConfigs::new(
             opts.config.package_registry_secret.clone(),
             opts.config.image_cache_ttl,

@@ -22,7 +22,7 @@ pub use attach::{
     prepare_signature, sign,
 };
 pub use keys::{KeyError, SignKey, VerifyKey};
-pub use verify::{Verified, VerifyError, Wanted, verify};
+pub use verify::{Verified, VerifyError, Wanted, verify, verify_image};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;

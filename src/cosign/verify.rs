@@ -49,6 +49,25 @@ pub enum VerifyError {
         /// Why each provenance failed.
         reasons: String,
     },
+    /// An image index that does not parse.
+    #[error("{image} is not a valid image index: {reason}")]
+    BadIndex {
+        /// The index.
+        image: String,
+        /// Why.
+        reason: String,
+    },
+    /// An image an index lists does not verify.
+    #[error("the {platform} image {image} of the index")]
+    Platform {
+        /// Its platform, or `no platform`.
+        platform: String,
+        /// The image, by digest.
+        image: String,
+        /// Why.
+        #[source]
+        source: Box<VerifyError>,
+    },
     /// A registry request failed.
     #[error("reading {what}")]
     Registry {
@@ -197,6 +216,62 @@ pub async fn verify(
         key: key.id(),
         reasons: reasons.join("; "),
     })
+}
+
+/// [`verify`] for an image or an image index (a build for several platforms). An index's
+/// own signature is checked, and then each image it lists as [`verify`] checks an image, with
+/// `wanted` (its provenance is each image's: the index has none of its own).
+///
+/// # Errors
+/// [`VerifyError`] with the reason; a listed image's is [`VerifyError::Platform`].
+pub async fn verify_image(
+    client: &Client,
+    image: &Reference,
+    key: &VerifyKey,
+    wanted: Wanted<'_>,
+) -> Result<Verified, VerifyError> {
+    let shown = image.to_string();
+    let doc = client
+        .get_manifest(image, &registry::DEFAULT_MANIFEST_TYPES)
+        .await
+        .map_err(|source| VerifyError::Registry {
+            what: shown.clone(),
+            source,
+        })?;
+    let pinned = image.with_digest(doc.digest.clone());
+    if !doc.media_type.is_index() {
+        return verify(client, &pinned, key, wanted).await;
+    }
+    let verified = verify(client, &pinned, key, Wanted::default()).await?;
+    let index: crate::oci::Index = doc.parse().map_err(|e| VerifyError::BadIndex {
+        image: pinned.to_string(),
+        reason: format!("{e:#}"),
+    })?;
+    for entry in index
+        .manifests
+        .iter()
+        .filter(|d| d.media_type.is_manifest())
+    {
+        let platform = entry
+            .platform
+            .as_ref()
+            .map_or_else(|| "no platform".to_string(), ToString::to_string);
+        let one = image.with_digest(entry.digest.clone());
+        match verify(client, &one, key, wanted).await {
+            Ok(_) => {
+                tracing::info!(%platform, digest = %entry.digest, "verified the platform's image")
+            }
+            Err(e @ VerifyError::Registry { .. }) => return Err(e),
+            Err(e) => {
+                return Err(VerifyError::Platform {
+                    platform,
+                    image: one.to_string(),
+                    source: Box::new(e),
+                });
+            }
+        }
+    }
+    Ok(verified)
 }
 
 /// The build key of the provenance `key` signed for the manifest `digest` (see [`verify`]).

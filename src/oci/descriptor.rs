@@ -153,6 +153,32 @@ impl Platform {
         })
     }
 
+    /// Parses a comma-separated list of platforms (`linux/amd64,linux/arm64`), each once.
+    ///
+    /// # Errors
+    /// Which part is not a platform, or which platform is named twice.
+    pub fn parse_list(s: &str) -> Result<Vec<Platform>, String> {
+        let mut platforms: Vec<Platform> = Vec::new();
+        for part in s.split(',').map(str::trim) {
+            let platform = Platform::parse(part).ok_or_else(|| {
+                format!(
+                    "{part:?} is not a platform: expected OS/ARCH[/VARIANT], e.g. linux/amd64, \
+                     or a list such as linux/amd64,linux/arm64"
+                )
+            })?;
+            if platforms.contains(&platform) {
+                return Err(format!("{platform} is named twice"));
+            }
+            platforms.push(platform);
+        }
+        Ok(platforms)
+    }
+
+    /// The platform as one file name: `linux-amd64`, `linux-arm-v7`.
+    pub fn file_name(&self) -> String {
+        self.to_string().replace('/', "-")
+    }
+
     /// Whether an index entry with platform `other` satisfies this wanted platform. A wanted
     /// platform without a variant accepts any variant.
     pub fn matches(&self, other: &Platform) -> bool {

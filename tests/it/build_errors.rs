@@ -544,21 +544,14 @@ fn a_platform_the_base_is_not_or_a_list_of_platforms_is_refused() {
     }
     let twice = ["--platform", "linux/amd64,linux/amd64"];
     let err = s.build(&fixture, "nodejs22", &twice).failure(2).to_string();
-    assert!(err.contains("--platform names linux/amd64 twice"), "{err}");
-    let staged = [
-        "--platform",
-        "linux/amd64,linux/arm64",
-        "--stage",
-        "deps",
-        "--stage-dir",
-        "x",
-    ];
+    assert!(err.contains("linux/amd64 is named twice"), "{err}");
+    let tagged = ["--platform", "linux/amd64,linux/arm64", "--tag-by-key"];
     let err = s
-        .build(&fixture, "nodejs22", &staged)
+        .build(&fixture, "nodejs22", &tagged)
         .failure(2)
         .to_string();
     assert!(
-        err.contains("--stage is about one image") && err.contains("build once per platform"),
+        err.contains("--tag-by-key is about one image") && err.contains("build once per platform"),
         "{err}"
     );
     s.assert_nothing_pushed();

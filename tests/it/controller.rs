@@ -587,6 +587,85 @@ fn functions_deleted_or_made_invalid_while_queued_leave_the_queue_and_hold_no_bu
 }
 
 #[test]
+fn functions_are_built_for_the_nodes_platforms_or_those_their_annotation_names() {
+    let env = ControllerEnv::start(&[]);
+    // Two Nodes, as their kubelets label them: the controller lists them (RBAC: nodes list).
+    for (name, arch) in [
+        ("node-a", "arm64"),
+        ("node-b", "amd64"),
+        ("node-c", "arm64"),
+    ] {
+        env.api.insert(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/os": "linux",
+                "kubernetes.io/arch": arch, "kubernetes.io/hostname": name}},
+        }));
+    }
+    let _builds = FakeBuilds::start(env.api.client(), Duration::from_millis(50), {
+        let push = push(&env);
+        move |_| push.clone()
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    let annotated = |name: &str, platforms: &str| {
+        node_function(name, HELLO, None).replace(
+            "metadata:\n",
+            &format!("metadata:\n  annotations:\n    kiln.io/platforms: {platforms:?}\n"),
+        )
+    };
+    env.create_function("team", &node_function("both", HELLO, None));
+    env.create_function("team", &annotated("arm", "linux/arm64"));
+    env.create_function("team", &annotated("bad", "linux/amd64,windows/amd64"));
+    for name in ["both", "arm"] {
+        env.wait_condition("team", name, "Running", "True", None);
+    }
+    let job = |name: &str| env.build_objects("Job", "team", name).remove(0);
+    let platform_arg = |job: &Value| {
+        let build = containers(job)
+            .into_iter()
+            .find(|c| c["name"] == "build")
+            .unwrap();
+        let args = build["args"].as_array().unwrap().clone();
+        let at = args.iter().position(|a| a == "--platform").unwrap();
+        args[at + 1].as_str().unwrap().to_string()
+    };
+    let selector = |pod: &Value| pod["nodeSelector"].clone();
+    // By default, every Node's platform, sorted and each once: an index runs anywhere.
+    let both = job("both");
+    assert_eq!(platform_arg(&both), "linux/amd64,linux/arm64");
+    assert_eq!(selector(&both["spec"]["template"]["spec"]), Value::Null);
+    let deployment = env.api.get("Deployment", "team", "both").unwrap();
+    assert_eq!(
+        selector(&deployment["spec"]["template"]["spec"]),
+        Value::Null
+    );
+    // One platform: the build and the Function run on its Nodes.
+    let arm = job("arm");
+    assert_eq!(platform_arg(&arm), "linux/arm64");
+    let on_arm = json!({"kubernetes.io/arch": "arm64", "kubernetes.io/os": "linux"});
+    assert_eq!(selector(&arm["spec"]["template"]["spec"]), on_arm);
+    let deployment = env.api.get("Deployment", "team", "arm").unwrap();
+    assert_eq!(selector(&deployment["spec"]["template"]["spec"]), on_arm);
+    // The platforms are in the build key: the same code for other platforms is another image.
+    let key =
+        |job: &Value| job["metadata"]["labels"]["serverless.kyma-project.io/build-key"].clone();
+    assert_ne!(key(&both), key(&arm));
+    // An annotation that is no list of Linux platforms is refused, naming it.
+    env.wait_condition(
+        "team",
+        "bad",
+        "ConfigurationReady",
+        "False",
+        Some("InvalidFunctionSpec"),
+    );
+    let (_, _, message) = env.condition("team", "bad", "ConfigurationReady").unwrap();
+    assert!(
+        message.contains("metadata.annotations[kiln.io/platforms]")
+            && message.contains("windows/amd64 is not a Linux platform"),
+        "{message}"
+    );
+}
+
+#[test]
 fn an_invalid_function_is_refused_with_the_field_named_and_never_built() {
     let env = ControllerEnv::start(&[]);
     let yaml = node_function("bad", HELLO, None).replace("runtime: nodejs22", "runtime: ruby3");

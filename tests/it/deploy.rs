@@ -173,6 +173,7 @@ fn build_pod_labels() -> Vec<(String, String)> {
         commit: None,
         git_note: None,
         registry_config: None,
+        platforms: vec![kiln::oci::Platform::linux_amd64()],
     };
     let config = config::Config::new("reg/functions".into(), Default::default());
     let plan = plan::plan(&f, catalog.get("nodejs22").unwrap(), &config, &lookups);

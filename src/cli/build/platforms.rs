@@ -3,12 +3,16 @@
 //! layer is each platform's own), then an OCI image index over them at the target, signed
 //! like the images when a key is given. Each image is pushed by
 //! digest (into a layout, under `NAME-OS-ARCH`), so the target's tag names only the index.
+//! A split build (a build Job's `--stage lookup|deps|publish`) keeps each platform's files in
+//! a directory of its own, `OS-ARCH`, below the stage and lookup directories it is given.
+
+use std::path::Path;
 
 use anyhow::{Context, anyhow};
 
 use super::super::Failure;
-use super::{Extra, build_failure, external_parameters};
-use crate::build::{self, Options, Target};
+use super::{Extra, build_failure, deps_line, external_parameters, lookup_line};
+use crate::build::{self, Options, Stage, Target};
 use crate::image::resolve;
 use crate::oci::{self, Descriptor, Document, Index, Layout, MediaType, Platform};
 use crate::registry::Client;
@@ -31,10 +35,10 @@ pub(super) async fn build_several(
             .map_err(|e| build_failure(e.into()))?;
     }
     let builds = extra.platforms.iter().map(|platform| async move {
-        let mut one = opts.clone();
-        one.platform = platform.clone();
-        one.target = by_digest(&opts.target, platform);
+        let mut one = for_platform(opts, platform);
+        // The provenance says what was asked for: the target's tag, and this platform.
         let external = external_parameters(&one);
+        one.target = by_digest(&opts.target, platform);
         if let Some(signing) = &mut one.signing {
             signing.external = external;
         }
@@ -71,6 +75,59 @@ pub(super) async fn build_several(
     Ok(reference)
 }
 
+/// `--stage lookup` or `--stage deps` for several platforms: each platform's, one after the
+/// other (an install takes the machine), in its own directory. One line: `PLATFORM=OUTCOME`
+/// for each, separated by spaces, each outcome what a one-platform stage prints.
+///
+/// # Errors
+/// The first platform's stage that fails.
+pub(super) async fn stage_several(
+    client: &crate::registry::Client,
+    opts: &Options,
+    extra: &Extra,
+) -> Result<String, Failure> {
+    let mut outcomes = Vec::new();
+    for platform in &extra.platforms {
+        let one = for_platform(opts, platform);
+        tracing::info!(%platform, "the stage for one platform of several");
+        let outcome = match &one.stage {
+            Stage::Lookup(dir) => lookup_line(
+                &build::run_lookup(client, &one, dir)
+                    .await
+                    .map_err(build_failure)?,
+            ),
+            Stage::Deps(dir) => deps_line(
+                &build::run_deps(client, &one, dir)
+                    .await
+                    .map_err(build_failure)?,
+            ),
+            Stage::All | Stage::Publish(_) | Stage::Source(_) => {
+                return Err(Failure::Usage(anyhow!(
+                    "only --stage lookup and --stage deps run per platform on their own"
+                )));
+            }
+        };
+        outcomes.push(format!("{platform}={outcome}"));
+    }
+    Ok(outcomes.join(" "))
+}
+
+/// `opts` for one platform of several: that platform, and its own directory below each stage
+/// and lookup directory.
+fn for_platform(opts: &Options, platform: &Platform) -> Options {
+    let own = |dir: &Path| dir.join(platform.file_name());
+    let mut one = opts.clone();
+    one.platform = platform.clone();
+    one.stage = match &opts.stage {
+        Stage::Deps(dir) => Stage::Deps(own(dir)),
+        Stage::Publish(dir) => Stage::Publish(own(dir)),
+        Stage::Lookup(dir) => Stage::Lookup(own(dir)),
+        stage @ (Stage::All | Stage::Source(_)) => stage.clone(),
+    };
+    one.lookup_dir = opts.lookup_dir.as_deref().map(own);
+    one
+}
+
 /// Where one platform's image goes: the target's repository by digest alone, or the layout
 /// under a name of its own.
 fn by_digest(target: &Target, platform: &Platform) -> Target {
@@ -78,7 +135,7 @@ fn by_digest(target: &Target, platform: &Platform) -> Target {
         Target::Registry(reference) => Target::Registry(reference.repository_only()),
         Target::Layout { dir, name } => Target::Layout {
             dir: dir.clone(),
-            name: format!("{name}-{}-{}", platform.os, platform.architecture),
+            name: format!("{name}-{}", platform.file_name()),
         },
     }
 }

@@ -94,30 +94,16 @@ pub(super) fn validate(
 
 /// `--platform`: one platform, or a comma-separated list of them (each once).
 fn platforms(flag: &str) -> anyhow::Result<Vec<Platform>> {
-    let mut platforms: Vec<Platform> = Vec::new();
-    for part in flag.split(',').map(str::trim) {
-        let platform = Platform::parse(part).ok_or_else(|| {
-            anyhow!(
-                "invalid --platform {part:?}: expected OS/ARCH[/VARIANT], e.g. linux/amd64, or a \
-                    list such as linux/amd64,linux/arm64"
-            )
-        })?;
-        if platforms.contains(&platform) {
-            return Err(anyhow!("--platform names {platform} twice"));
-        }
-        platforms.push(platform);
-    }
-    Ok(platforms)
+    Platform::parse_list(flag).map_err(|why| anyhow!("--platform {flag:?}: {why}"))
 }
 
 /// The flags a build for several platforms (one image each, and an index over them) does not
-/// take: each is about one image.
+/// take: each is about one image. (Its stages keep each platform's files in a directory of
+/// their own below the stage and lookup directories.)
 fn several_platforms(args: &BuildArgs) -> anyhow::Result<()> {
     let one_image = [
-        ("--stage", args.stage != StageArg::All),
         ("--tag-by-key", args.tag_by_key),
         ("--report", args.report.is_some()),
-        ("--termination-log", args.termination_log.is_some()),
     ];
     match one_image.iter().find(|(_, given)| *given) {
         Some((flag, _)) => Err(anyhow!(

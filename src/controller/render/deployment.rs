@@ -55,7 +55,12 @@ pub fn deployment(f: &Function, plan: &Plan, config: &Config, digest: &str) -> D
                     annotations: Some(annotations),
                     ..ObjectMeta::default()
                 }),
-                spec: Some(pod_spec(f, plan, config, digest)),
+                spec: Some(PodSpec {
+                    // Knative's webhook refuses a nodeSelector unless a feature flag allows
+                    // one: only the Deployment's Pods have it.
+                    node_selector: super::node_selector(plan),
+                    ..pod_spec(f, plan, config, digest)
+                }),
             },
             ..DeploymentSpec::default()
         }),

@@ -17,6 +17,12 @@
 //! credentials, into the `git-source` emptyDir that the others build read-only as a
 //! directory: the install's scripts never see the credentials. All are unprivileged, with a
 //! read-only root filesystem; `backoffLimit: 0` (the controller retries, with backoff).
+//!
+//! The Job builds for the plan's platforms (`--platform`): a one-platform build runs on a
+//! Node of that platform; a build for several runs anywhere, installing natively for its
+//! Node's platform and, for the others, only what needs no foreign code (kiln's lock-file
+//! install, pinned wheels), each platform's files in its own directory below `deps` and
+//! `lookup`, and pushes one image each and an index over them.
 
 use std::collections::BTreeMap;
 
@@ -169,6 +175,8 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
+        // A one-platform build runs on a Node of its platform, where its install is native.
+        node_selector: super::node_selector(plan),
         init_containers: Some(source.into_iter().chain(lookup).chain([deps]).collect()),
         containers: vec![build],
         volumes: Some(volumes(f, plan, config)),
@@ -300,7 +308,10 @@ fn common_args(f: &Function, plan: &Plan, config: &Config) -> Vec<String> {
     };
     let mut args = vec!["build".to_string(), dir.into()];
     args.extend(names_args(f, plan));
+    let platforms: Vec<String> = plan.platforms.iter().map(ToString::to_string).collect();
     args.extend([
+        "--platform".into(),
+        platforms.join(","),
         "--base".into(),
         plan.base.clone(),
         "--cache-dir".into(),

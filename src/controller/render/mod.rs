@@ -25,6 +25,20 @@ use super::names;
 use super::plan::Plan;
 use crate::oci::Hasher;
 
+/// Where the Pods of a one-platform build, or of its image, may run: Nodes of that platform,
+/// by the labels every kubelet sets. An image index runs on a Node of any platform it has,
+/// and by default it has every Node's: no selector.
+pub fn node_selector(plan: &Plan) -> Option<BTreeMap<String, String>> {
+    use super::lookup::{NODE_ARCH, NODE_OS};
+    match plan.platforms.as_slice() {
+        [one] => Some(BTreeMap::from([
+            (NODE_OS.to_string(), one.os.clone()),
+            (NODE_ARCH.to_string(), one.architecture.clone()),
+        ])),
+        _ => None,
+    }
+}
+
 /// Metadata of a child of `f`: its name, the Function's namespace, labels, the owner
 /// reference.
 pub fn child_meta(f: &Function, name: &str, labels: BTreeMap<String, String>) -> ObjectMeta {

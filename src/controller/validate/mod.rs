@@ -24,6 +24,7 @@ mod source;
 use std::fmt;
 
 use super::crd::Function;
+use crate::oci::Platform;
 use crate::registry::Reference;
 use crate::runtime::{Catalog, RuntimeSpec};
 
@@ -110,7 +111,34 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
     );
     source::check(&spec.source, runtime, &mut verdict);
     check_scaling(function, &mut verdict);
+    if let Some(Err(why)) = platforms(function) {
+        let field = format!("metadata.annotations[{}]", super::names::PLATFORMS);
+        verdict.error(field, why);
+    }
     verdict
+}
+
+/// The platforms the Function's annotation ([`super::names::PLATFORMS`]) names, if it has
+/// the annotation: Linux platforms, each once.
+///
+/// # Errors
+/// What is wrong with the annotation's value.
+pub fn platforms(function: &Function) -> Option<Result<Vec<Platform>, String>> {
+    let value = function
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(super::names::PLATFORMS)?;
+    let parsed =
+        Platform::parse_list(value).and_then(|list| match list.iter().find(|p| p.os != "linux") {
+            Some(p) => Err(format!(
+                "{p} is not a Linux platform: Functions run on Linux"
+            )),
+            None => Ok(list),
+        });
+    Some(parsed.map_err(|why| {
+        format!("{why}; name the platforms to build for, e.g. linux/amd64,linux/arm64")
+    }))
 }
 
 /// Refuses the Secrets the controller keeps for the platform (`managed`: the push Secret's

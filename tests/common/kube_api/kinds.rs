@@ -106,6 +106,7 @@ pub static BUILTIN: &[Kind] = &[
         ..cluster(with_status(kind("", "v1", "Namespace", "namespaces")))
     },
     kind("", "v1", "ServiceAccount", "serviceaccounts"),
+    cluster(with_status(kind("", "v1", "Node", "nodes"))),
     with_status(kind("batch", "v1", "Job", "jobs")),
     with_status(kind("apps", "v1", "Deployment", "deployments")),
     with_status(kind(

@@ -311,6 +311,22 @@ fn dispatch(shared: &Shared, call: &Call<'_>) -> Result<(Response, bool)> {
         let body = table::table(route.kind, &objects, &store.rv().to_string());
         return Ok((typed_response(StatusCode::OK, &body, table::TABLE), false));
     }
+    if *call.method == Method::GET && table::metadata_wanted(accept(call.headers)) {
+        let (body, media) = match route.name {
+            Some(_) => (table::partial(&get(&store, &route)?.1), table::PARTIAL),
+            None => {
+                let items = list(&store, &route, call.query)?.1["items"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                (
+                    table::partial_list(&items, &store.rv().to_string()),
+                    table::PARTIAL_LIST,
+                )
+            }
+        };
+        return Ok((typed_response(StatusCode::OK, &body, media), false));
+    }
     // The lock is held throughout, so a moved resourceVersion means this request changed
     // something (no-op writes, dry runs and failures leave it).
     let before = store.rv();

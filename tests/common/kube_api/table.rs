@@ -21,6 +21,33 @@ pub fn wanted(accept: &str) -> bool {
         .is_some_and(|first| first.contains("as=Table"))
 }
 
+/// The media type of one object's metadata alone (kube's `get_metadata`).
+pub const PARTIAL: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+/// The media type of a list's metadata alone (kube's `list_metadata`).
+pub const PARTIAL_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+
+/// Whether a request's `Accept` asks for metadata alone (`PartialObjectMetadata` or its
+/// list; the server answers whichever the path names).
+pub fn metadata_wanted(accept: &str) -> bool {
+    accept
+        .split(',')
+        .next()
+        .is_some_and(|first| first.contains("as=PartialObjectMetadata"))
+}
+
+/// One object's metadata as a `PartialObjectMetadata`.
+pub fn partial(object: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+           "metadata": object["metadata"]})
+}
+
+/// `objects`' metadata as a `PartialObjectMetadataList` at `resource_version`.
+pub fn partial_list(objects: &[Value], resource_version: &str) -> Value {
+    json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+           "metadata": {"resourceVersion": resource_version},
+           "items": objects.iter().map(partial).collect::<Vec<_>>()})
+}
+
 /// The Table of `objects` of `kind`, at `resource_version`.
 pub fn table(kind: &Kind, objects: &[Value], resource_version: &str) -> Value {
     let mut columns = vec![json!({"name": "Name", "type": "string", "format": "name",

@@ -180,6 +180,7 @@ const POD_SPEC: Shape = Object(&[
     ("enableServiceLinks", Any),
     ("hostNetwork", Any),
     ("schedulerName", Any),
+    ("nodeSelector", Any),
 ]);
 const TEMPLATE: Shape = Object(&[("metadata", Any), ("spec", POD_SPEC)]);
 const JOB_SPEC: Shape = Object(&[

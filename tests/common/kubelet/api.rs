@@ -64,6 +64,25 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
+/// Registers the kubelet's node, as a kubelet does when it starts: its labels say its
+/// platform, what the controller builds Functions for by default.
+async fn register_node(client: &Client) -> Result<(), SyncError> {
+    use k8s_openapi::api::core::v1::Node;
+    let node = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some(super::pod::NODE_NAME.into()),
+            labels: Some(super::spec::node_labels()),
+            ..Default::default()
+        },
+        ..Node::default()
+    };
+    let api: Api<Node> = Api::all(client.clone());
+    match api.create(&PostParams::default(), &node).await {
+        Err(e) if !is_status(&e, 409) => Err(api_error("registering the node")(e)),
+        _ => Ok(()),
+    }
+}
+
 /// The Knative Service resource.
 fn knative() -> ApiResource {
     ApiResource {
@@ -385,6 +404,12 @@ impl TestKubelet {
                 .enable_all()
                 .build();
             let runtime = runtime.expect("a tokio runtime for the kubelet's sync loop");
+            if let Err(e) = runtime.block_on(register_node(&client)) {
+                eprintln!("test kubelet: {e}");
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(e.to_string());
+            }
             while !flag.load(Ordering::SeqCst) && !kubelet.core.shutting_down() {
                 if let Err(e) = runtime.block_on(kubelet.sync(&client)) {
                     let line = e.to_string();

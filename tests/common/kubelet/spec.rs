@@ -44,6 +44,20 @@ pub enum Workload {
     Replica,
 }
 
+/// The labels of the test kubelet's one node, as a kubelet sets them: this machine's
+/// platform and the node's name.
+pub fn node_labels() -> std::collections::BTreeMap<String, String> {
+    let platform = kiln::oci::Platform::host();
+    std::collections::BTreeMap::from([
+        ("kubernetes.io/os".to_string(), platform.os),
+        ("kubernetes.io/arch".to_string(), platform.architecture),
+        (
+            "kubernetes.io/hostname".to_string(),
+            super::pod::NODE_NAME.to_string(),
+        ),
+    ])
+}
+
 /// Checks the values of a pod spec at `path` that the shape cannot: restart policy, what the
 /// security context asks for, probes, field references, volume names.
 pub fn check_pod_spec(spec: &PodSpec, workload: Workload, path: &str) -> Result<(), Unsupported> {
@@ -75,6 +89,20 @@ pub fn check_pod_spec(spec: &PodSpec, workload: Workload, path: &str) -> Result<
             format!("{path}.schedulerName"),
             "only default-scheduler",
         ));
+    }
+    if let Some(selector) = &spec.node_selector {
+        let node = node_labels();
+        if let Some((key, value)) = selector.iter().find(|(k, v)| node.get(*k) != Some(*v)) {
+            // A scheduler would leave the pod Pending for good: the test kubelet, one node,
+            // says so at once.
+            return Err(unsupported(
+                format!("{path}.nodeSelector"),
+                format!(
+                    "only its one node's labels ({node:?}); {key}={value} would leave the pod \
+                     Pending"
+                ),
+            ));
+        }
     }
     if let Some(ctx) = &spec.security_context {
         check_seccomp(

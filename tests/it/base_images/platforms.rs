@@ -313,6 +313,48 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
     let again = build(&Kiln::new(), "fns/again:1");
     assert_eq!(again.split_once('@').unwrap().1, digest);
 
+    // Split as a build Job splits it: --stage deps keeps each platform's layer in a directory
+    // of its own, --stage publish pushes the same index, and the termination log says so.
+    let staged = tmp.path().join("staged");
+    let log = tmp.path().join("termination-log");
+    let (image, sign) = (reg.reference("fns/staged:1"), key("a.key"));
+    let stage = |stage: &str, target: &[&str]| {
+        let mut args = vec!["--stage", stage, "--stage-dir", staged.to_str().unwrap()];
+        args.extend(["--termination-log", log.to_str().unwrap()]);
+        args.extend(target);
+        build_on(
+            &k,
+            &bases,
+            "nodejs22",
+            &dir,
+            "linux/amd64,linux/arm64",
+            &args,
+        )
+        .reference()
+    };
+    let deps = stage("deps", &[]);
+    let layers: Vec<&str> = deps.split(' ').collect();
+    assert!(
+        layers.len() == 2
+            && layers[0].starts_with("linux/amd64=sha256:")
+            && layers[1].starts_with("linux/arm64=sha256:"),
+        "{deps}"
+    );
+    for platform in ["linux-amd64", "linux-arm64"] {
+        assert!(staged.join(platform).is_dir(), "{platform}");
+    }
+    let target = [
+        "--image",
+        &image,
+        "--insecure-registry",
+        &host,
+        "--sign-key",
+        &sign,
+    ];
+    let published = stage("publish", &target);
+    assert_eq!(published.split_once('@').unwrap().1, digest);
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), published);
+
     // The tag serves each platform: arm64 under emulation.
     let tagged = reg.reference("fns/multi:1");
     for (platform, arch) in [("linux/amd64", "x64"), ("linux/arm64", "arm64")] {

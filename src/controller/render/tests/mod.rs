@@ -81,6 +81,7 @@ fn plan_of(f: &Function, config: &Config) -> Plan {
         commit: None,
         git_note: None,
         registry_config: None,
+        platforms: vec![crate::oci::Platform::linux_amd64()],
     };
     plan::plan(f, runtime, config, &lookups)
 }
