@@ -48,14 +48,35 @@ pub fn builder_name(runtime: &str) -> String {
 /// that kiln's server and give another digest than this kiln's, so they are assembled again.
 /// Cheap: the fast path of every build on the runtime's own base.
 pub fn has_images(dir: &Path, runtime: &str) -> bool {
+    has_named(dir, runtime, runtime)
+}
+
+/// The layout name of `runtime`'s base image for `platform` in the store: the runtime's name
+/// for this machine's platform (what builds use), `RUNTIME-OS-ARCH` for another (what
+/// `kiln warm --platform` pushes), as `kiln base build --platform A,B` names them.
+pub fn platform_name(runtime: &str, platform: &crate::oci::Platform) -> String {
+    let host = crate::oci::Platform::host();
+    match platform.os == host.os && platform.architecture == host.architecture {
+        true => runtime.to_string(),
+        false => format!("{runtime}-{}", platform.file_name()),
+    }
+}
+
+/// [`has_images`] for `runtime`'s images for `platform`, named by [`platform_name`].
+pub fn has_platform_images(dir: &Path, runtime: &str, platform: &crate::oci::Platform) -> bool {
+    has_named(dir, runtime, &platform_name(runtime, platform))
+}
+
+/// [`has_images`] for `runtime`'s images under `name` and [`builder_name`]`(name)`.
+fn has_named(dir: &Path, runtime: &str, name: &str) -> bool {
     let present = |name: &str| {
         Layout::open(dir)
             .and_then(|l| l.resolve(Some(name)))
             .is_ok()
     };
-    let current = std::fs::read_to_string(stamp(dir, runtime))
+    let current = std::fs::read_to_string(stamp(dir, name))
         .is_ok_and(|s| Some(s.trim()) == assembly_inputs(runtime));
-    current && present(runtime) && present(&builder_name(runtime))
+    current && present(name) && present(&builder_name(name))
 }
 
 /// Notes in the layout at `dir` that its `runtime` images are what this kiln assembles for the
@@ -64,15 +85,19 @@ pub fn has_images(dir: &Path, runtime: &str) -> bool {
 /// # Errors
 /// Writing the note.
 pub fn mark_assembled(dir: &Path, runtime: &str) -> std::io::Result<()> {
+    mark_named(dir, runtime, runtime)
+}
+
+fn mark_named(dir: &Path, runtime: &str, name: &str) -> std::io::Result<()> {
     match assembly_inputs(runtime) {
-        Some(inputs) => std::fs::write(stamp(dir, runtime), inputs),
+        Some(inputs) => std::fs::write(stamp(dir, name), inputs),
         None => Ok(()),
     }
 }
 
-/// Where the store notes what `runtime`'s images were assembled from.
-fn stamp(dir: &Path, runtime: &str) -> std::path::PathBuf {
-    dir.join(format!(".assembled-{runtime}"))
+/// Where the store notes what the images named `name` were assembled from.
+fn stamp(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!(".assembled-{name}"))
 }
 
 /// The fingerprint of what this kiln assembles `runtime`'s images from (build.rs).
@@ -83,8 +108,9 @@ fn assembly_inputs(runtime: &str) -> Option<&'static str> {
         .map(|(_, f)| *f)
 }
 
-/// Makes sure the store at `dir` holds `runtime`'s base and builder images, assembling them
-/// (about 15 s, plus downloads the first time) when it does not.
+/// Makes sure the store at `dir` holds `runtime`'s base and builder images for `platform`
+/// (under [`platform_name`]), assembling them (about 15 s, plus downloads the first time)
+/// when it does not. The builder carries `kiln_binary`, if given (a kiln for `platform`).
 ///
 /// # Errors
 /// Unknown runtime, failed downloads or verification, I/O.
@@ -92,8 +118,10 @@ pub async fn ensure(
     src: &Sources,
     runtime: &str,
     dir: &Path,
-    kiln_binary: &Path,
+    kiln_binary: Option<&Path>,
+    platform: &crate::oci::Platform,
 ) -> Result<(), Error> {
+    let name = platform_name(runtime, platform);
     let io = |source| {
         Error::Io(crate::io_error::IoError {
             action: "using the image store",
@@ -115,19 +143,19 @@ pub async fn ensure(
     .await?
     .map_err(io)?;
     // Another process may have assembled them while this one waited for the lock.
-    if has_images(dir, runtime) {
+    if has_named(dir, runtime, &name) {
         return Ok(());
     }
     tracing::info!(
         runtime,
+        %platform,
         store = %dir.display(),
         "assembling the runtime's base and builder images (first use)",
     );
     let (recipe, lock_file) = recipe::embedded(runtime)?;
     // Shared images: one fixed timestamp, whatever the Function's SOURCE_DATE_EPOCH.
-    let host = crate::oci::Platform::host();
-    let arch = &host.architecture;
-    let built = assemble::assemble(src, &recipe, &lock_file, arch, 0, Some(kiln_binary))
+    let arch = &platform.architecture;
+    let built = assemble::assemble(src, &recipe, &lock_file, arch, 0, kiln_binary)
         .await
         .map_err(|e| Error::Assemble {
             runtime: runtime.into(),
@@ -140,8 +168,8 @@ pub async fn ensure(
             source: std::io::Error::other(e),
         })
     })?;
-    write_layout(&built, &client, dir, runtime, &src.cache_dir.join("tmp")).await?;
-    mark_assembled(dir, runtime).map_err(io)?;
+    write_layout(&built, &client, dir, &name, &src.cache_dir.join("tmp")).await?;
+    mark_named(dir, runtime, &name).map_err(io)?;
     drop(lock);
     Ok(())
 }

@@ -75,8 +75,19 @@ pub(super) async fn ensure_store(
     cache_dir: &Path,
     store: &Path,
 ) -> anyhow::Result<()> {
+    ensure_store_for(runtime, cache_dir, store, &crate::oci::Platform::host()).await
+}
+
+/// [`ensure_store`] for `platform`'s images (named by [`crate::base::store::platform_name`]).
+/// Another platform's builder carries no kiln: this one is for this machine's.
+pub(super) async fn ensure_store_for(
+    runtime: &str,
+    cache_dir: &Path,
+    store: &Path,
+    platform: &crate::oci::Platform,
+) -> anyhow::Result<()> {
     // The fast path: finding the package sources runs npm, which costs more than the build.
-    if crate::base::store::has_images(store, runtime) {
+    if crate::base::store::has_platform_images(store, runtime, platform) {
         return Ok(());
     }
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
@@ -94,7 +105,17 @@ pub(super) async fn ensure_store(
     };
     let sources = super::base::sources(&source_args)?;
     let kiln = std::env::current_exe().context("finding the kiln binary")?;
-    crate::base::store::ensure(&sources, runtime, store, &kiln)
+    let host = crate::oci::Platform::host();
+    let own = platform.os == host.os && platform.architecture == host.architecture;
+    if !own {
+        tracing::warn!(
+            %platform,
+            "no kiln for this platform in its builder image: it serves sandboxed installs, not \
+                build Jobs (kiln base build --platform {platform} --kiln-binary FILE makes one \
+                that does)",
+        );
+    }
+    crate::base::store::ensure(&sources, runtime, store, own.then_some(&*kiln), platform)
         .await
         .with_context(|| {
             format!(

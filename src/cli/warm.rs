@@ -55,6 +55,13 @@ pub struct WarmArgs {
     /// The tag of the runtime images in --registry.
     #[arg(long, default_value = "latest")]
     pub tag: String,
+    /// The platforms of the runtime images, comma-separated: linux/amd64, linux/arm64, or
+    /// both, for a cluster with Nodes of both. With several, each platform's image is pushed
+    /// by digest and an OCI image index over them takes the tag. Another platform's images
+    /// are assembled into the store too; its builder carries no kiln (this kiln is for this
+    /// machine), so build Jobs run on Nodes of this platform [default: this machine's].
+    #[arg(long, value_name = "OS/ARCH,…")]
+    pub platform: Option<String>,
     /// The dependency-layer cache repository (`kiln build --cache-repo`) to pre-build the
     /// Functions' dependency layers into.
     #[arg(long, value_name = "REPO", env = "KILN_CACHE_REPO")]
@@ -113,6 +120,8 @@ struct Plan {
     /// Where runtime images go.
     registry: Option<String>,
     cache_repo: Option<Reference>,
+    /// The runtime images' platforms.
+    platforms: Vec<Platform>,
 }
 
 fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
@@ -200,6 +209,21 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
         crate::registry::check_registry(host)
             .map_err(|problem| anyhow!("--registry {registry:?}: {problem}"))?;
     }
+    let platforms = match &args.platform {
+        None => vec![Platform::host()],
+        Some(list) => Platform::parse_list(list)
+            .map_err(|why| anyhow!("--platform {list:?}: {why}"))?
+            .into_iter()
+            .map(
+                |p| match p.os == "linux" && p.machine().is_some() && p.variant.is_none() {
+                    true => Ok(p),
+                    false => Err(anyhow!(
+                        "--platform {p}: runtime images are built for linux/amd64 and linux/arm64"
+                    )),
+                },
+            )
+            .collect::<anyhow::Result<_>>()?,
+    };
     // Every Function is built with the same shared flags.
     let shared = shared_build_flags(args);
     for (_, flags) in &mut functions {
@@ -210,6 +234,7 @@ fn plan(args: &WarmArgs) -> anyhow::Result<Plan> {
         functions,
         registry,
         cache_repo,
+        platforms,
     })
 }
 
@@ -261,23 +286,39 @@ pub(super) async fn run(args: WarmArgs) -> Result<String, Failure> {
         .map_err(Failure::Usage)?;
     let mut lines = Vec::new();
     for runtime in &plan.runtimes {
+        // The Functions build on this machine's images.
         super::install::ensure_store(runtime, &cache_dir, &store)
             .await
             .map_err(Failure::Build)?;
+        for platform in &plan.platforms {
+            super::install::ensure_store_for(runtime, &cache_dir, &store, platform)
+                .await
+                .map_err(Failure::Build)?;
+        }
         let Some(registry) = &plan.registry else {
             continue;
         };
-        for name in [runtime.clone(), crate::base::store::builder_name(runtime)] {
-            let target = format!("{registry}/{}/{name}:{}", args.prefix, args.tag);
+        for builder in [false, true] {
+            let name = |runtime: &str| match builder {
+                true => crate::base::store::builder_name(runtime),
+                false => runtime.to_string(),
+            };
+            let target = format!("{registry}/{}/{}:{}", args.prefix, name(runtime), args.tag);
             let target: Reference = target
                 .parse()
                 .with_context(|| {
                     format!("invalid image reference {target:?} (--registry, --prefix, --tag)")
                 })
                 .map_err(Failure::Usage)?;
-            let line = copy_image(&client, &store, &name, &target, usize::from(args.jobs))
+            let stored = plan.platforms.iter().map(|platform| {
+                let in_store = crate::base::store::platform_name(runtime, platform);
+                (name(&in_store), platform.clone())
+            });
+            let line = copy_images(&client, &store, stored.collect(), &target, args.jobs)
                 .await
-                .with_context(|| format!("copying the store's {name} image to {target}"))
+                .with_context(|| {
+                    format!("copying the store's {} images to {target}", name(runtime))
+                })
                 .map_err(Failure::Build)?;
             lines.push(line);
         }
@@ -314,29 +355,97 @@ pub(super) async fn run(args: WarmArgs) -> Result<String, Failure> {
     Ok(lines.join("\n"))
 }
 
-/// Copies the store's image `name` to `target` unless the tag already names it: one `HEAD`
-/// then, else the blobs the repository lacks and the manifest. Returns the line to print.
+/// Copies the store's images (each `(name, platform)`) to `target`: one image at the tag, or
+/// several by digest and an image index over them at the tag. Unless the tag already names
+/// it: one `HEAD` then. Returns the line to print.
+async fn copy_images(
+    client: &Client,
+    store: &std::path::Path,
+    images: Vec<(String, Platform)>,
+    target: &Reference,
+    jobs: u16,
+) -> anyhow::Result<String> {
+    let jobs = usize::from(jobs);
+    if let [(name, platform)] = images.as_slice() {
+        return copy_image(client, store, name, platform, target, jobs).await;
+    }
+    let mut manifests = Vec::new();
+    for (name, platform) in &images {
+        let by_digest = target.repository_only();
+        let (_, mut descriptor) =
+            copy_image_by(client, store, name, platform, &by_digest, jobs).await?;
+        descriptor.platform = Some(platform.clone());
+        manifests.push(descriptor);
+    }
+    let index = crate::oci::Index {
+        schema_version: 2,
+        media_type: Some(crate::oci::MediaType::OciIndex),
+        manifests,
+        annotations: None,
+    };
+    let doc = crate::oci::Document::new(
+        crate::oci::MediaType::OciIndex,
+        crate::oci::canonical::to_vec(&index)?,
+    );
+    let printed = format!("{}@{}", target, doc.digest);
+    if let Some(found) = client.head_manifest(target).await?
+        && found.digest == doc.digest
+    {
+        let digest = &doc.digest;
+        tracing::info!(image = %target, %digest, "the registry holds this index already");
+        return Ok(format!("{printed} unchanged"));
+    }
+    client
+        .put_manifest(target, &doc)
+        .await
+        .with_context(|| format!("pushing the image index to {target}"))?;
+    tracing::info!(image = %target, digest = %doc.digest, "pushed the image index");
+    Ok(format!("{printed} pushed"))
+}
+
+/// Copies the store's image `name` (for `platform`) to `target` unless the tag already names
+/// it: one `HEAD` then, else the blobs the repository lacks and the manifest. Returns the
+/// line to print.
 async fn copy_image(
     client: &Client,
     store: &std::path::Path,
     name: &str,
+    platform: &Platform,
     target: &Reference,
     jobs: usize,
 ) -> anyhow::Result<String> {
+    Ok(copy_image_by(client, store, name, platform, target, jobs)
+        .await?
+        .0)
+}
+
+/// [`copy_image`], with the descriptor of the manifest copied.
+async fn copy_image_by(
+    client: &Client,
+    store: &std::path::Path,
+    name: &str,
+    platform: &Platform,
+    target: &Reference,
+    jobs: usize,
+) -> anyhow::Result<(String, crate::oci::Descriptor)> {
     let base = BaseRef::Layout {
         dir: store.to_path_buf(),
         name: Some(name.to_string()),
     };
     let label = format!("oci:{}:{name}", store.display());
-    let platform = Platform::parse("linux/amd64").context("the store's platform")?;
-    let resolved = resolve(client, &base, &label, &platform).await?;
+    let resolved = resolve(client, &base, &label, platform).await?;
     let digest = resolved.base.manifest.digest.clone();
+    let descriptor = resolved.base.manifest.descriptor();
     let printed = format!("{}@{digest}", target);
-    if let Some(found) = client.head_manifest(target).await?
+    let pinned = match target.tag {
+        Some(_) => target.clone(),
+        None => target.with_digest(digest.clone()),
+    };
+    if let Some(found) = client.head_manifest(&pinned).await?
         && found.digest == digest
     {
         tracing::info!(image = %target, %digest, "the registry holds this image already");
-        return Ok(format!("{printed} unchanged"));
+        return Ok((format!("{printed} unchanged"), descriptor));
     }
     let manifest = resolved.base.parse_manifest()?;
     let image = Image {
@@ -372,5 +481,5 @@ async fn copy_image(
         .await?;
     let sent: u64 = published.blobs.iter().map(|b| b.bytes_sent).sum();
     tracing::info!(image = %target, %digest, bytes_sent = sent, "pushed the image");
-    Ok(format!("{printed} pushed"))
+    Ok((format!("{printed} pushed"), descriptor))
 }

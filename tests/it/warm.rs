@@ -132,6 +132,76 @@ fn warm_copies_the_runtime_images_and_prebuilds_dependency_layers_once() {
     let report = read_report(&report);
     let deps = blobs_with_role(&report, "dependencies");
     assert_eq!(deps[0]["outcome"], "mounted", "{report}");
+
+    // For a cluster with arm64 Nodes too: each platform's images by digest (arm64's assembled
+    // into the store, from the shared downloads), an index over them at the tag, which still
+    // lists the same amd64 images; then nothing more to write.
+    for dir in ["debs", "npm", "wheels", "pypi"] {
+        let shared = common::kiln::shared_download_cache().join(dir);
+        std::fs::create_dir_all(&shared).unwrap();
+        let own = kiln.cache_dir().join(dir);
+        if !own.exists() {
+            std::os::unix::fs::symlink(&shared, own).unwrap();
+        }
+    }
+    let both = [
+        "warm",
+        "--registry",
+        &host,
+        "--insecure-registry",
+        &host,
+        "--platform",
+        "linux/amd64,linux/arm64",
+        "nodejs22",
+    ];
+    let indexed = kiln.run(&both);
+    assert_eq!(indexed.code, 0, "{}", indexed.stderr);
+    let index_lines: Vec<&str> = indexed.stdout.lines().collect();
+    assert_eq!(index_lines.len(), 2, "{}", indexed.stdout);
+    for (line, name) in index_lines.iter().zip(["nodejs22", "nodejs22-builder"]) {
+        assert!(line.ends_with(" pushed"), "{line}");
+        let raw = common::run(std::process::Command::new("skopeo").args([
+            "inspect",
+            "--raw",
+            "--tls-verify=false",
+            &format!("docker://{host}/kiln/{name}:latest"),
+        ]));
+        let index: serde_json::Value = serde_json::from_str(&raw).unwrap();
+        let listed: Vec<(String, String)> = index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                let arch = m["platform"]["architecture"].as_str().unwrap().to_string();
+                (arch, m["digest"].as_str().unwrap().to_string())
+            })
+            .collect();
+        assert_eq!(listed[0].0, "amd64");
+        assert_eq!(listed[1].0, "arm64");
+        let before = if name == "nodejs22" {
+            lines[0]
+        } else {
+            lines[1]
+        };
+        assert!(before.contains(&listed[0].1), "{before} {listed:?}");
+    }
+    assert!(
+        indexed.stderr.contains("no kiln for this platform"),
+        "{}",
+        indexed.stderr
+    );
+    let before = reg.settled_access_log().len();
+    let again = kiln.run(&both);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let log = reg.access_log_since(before);
+    assert!(writes(&log).is_empty(), "{log:?}");
+    assert_eq!(
+        again.stdout.lines().collect::<Vec<_>>(),
+        index_lines
+            .iter()
+            .map(|l| l.replace(" pushed", " unchanged"))
+            .collect::<Vec<_>>()
+    );
 }
 
 #[test]

@@ -18,11 +18,11 @@
 //! directory: the install's scripts never see the credentials. All are unprivileged, with a
 //! read-only root filesystem; `backoffLimit: 0` (the controller retries, with backoff).
 //!
-//! The Job builds for the plan's platforms (`--platform`): a one-platform build runs on a
-//! Node of that platform; a build for several runs anywhere, installing natively for its
-//! Node's platform and, for the others, only what needs no foreign code (kiln's lock-file
-//! install, pinned wheels), each platform's files in its own directory below `deps` and
-//! `lookup`, and pushes one image each and an index over them.
+//! The Job builds for the plan's platforms (`--platform`) on a Node of one of them
+//! ([`super::build_node_selector`]), installing natively for that platform and, for the
+//! others, only what needs no foreign code (kiln's lock-file install, pinned wheels), each
+//! platform's files in its own directory below `deps` and `lookup`; it pushes one image each
+//! and an index over them.
 
 use std::collections::BTreeMap;
 
@@ -175,8 +175,7 @@ fn pod_spec(f: &Function, plan: &Plan, config: &Config) -> PodSpec {
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        // A one-platform build runs on a Node of its platform, where its install is native.
-        node_selector: super::node_selector(plan),
+        node_selector: super::build_node_selector(plan),
         init_containers: Some(source.into_iter().chain(lookup).chain([deps]).collect()),
         containers: vec![build],
         volumes: Some(volumes(f, plan, config)),

@@ -25,18 +25,37 @@ use super::names;
 use super::plan::Plan;
 use crate::oci::Hasher;
 
-/// Where the Pods of a one-platform build, or of its image, may run: Nodes of that platform,
-/// by the labels every kubelet sets. An image index runs on a Node of any platform it has,
-/// and by default it has every Node's: no selector.
+/// Where the Function's Pods may run: for a one-platform image, Nodes of that platform, by
+/// the labels every kubelet sets. An image index runs on a Node of any platform it has, and
+/// by default it has every Node's: no selector.
 pub fn node_selector(plan: &Plan) -> Option<BTreeMap<String, String>> {
-    use super::lookup::{NODE_ARCH, NODE_OS};
     match plan.platforms.as_slice() {
-        [one] => Some(BTreeMap::from([
-            (NODE_OS.to_string(), one.os.clone()),
-            (NODE_ARCH.to_string(), one.architecture.clone()),
-        ])),
+        [one] => Some(platform_selector(one)),
         _ => None,
     }
+}
+
+/// Where a build Job runs: on a Node of the platform it builds for; with several, of the
+/// controller's own platform when it is one of them, else of the first. The runtimes'
+/// builder images carry kiln for the platform kiln was built for (another platform's builder
+/// has it only when `kiln base build` was given a kiln for it), and the install is native
+/// there.
+pub fn build_node_selector(plan: &Plan) -> Option<BTreeMap<String, String>> {
+    let own = crate::oci::Platform::host();
+    let platform = plan
+        .platforms
+        .iter()
+        .find(|p| p.os == own.os && p.architecture == own.architecture)
+        .or_else(|| plan.platforms.first())?;
+    Some(platform_selector(platform))
+}
+
+fn platform_selector(platform: &crate::oci::Platform) -> BTreeMap<String, String> {
+    use super::lookup::{NODE_ARCH, NODE_OS};
+    BTreeMap::from([
+        (NODE_OS.to_string(), platform.os.clone()),
+        (NODE_ARCH.to_string(), platform.architecture.clone()),
+    ])
 }
 
 /// Metadata of a child of `f`: its name, the Function's namespace, labels, the owner
