@@ -13,6 +13,13 @@ COPY . .
 RUN touch src/main.rs src/lib.rs \
     && cargo build --release --locked --bin kiln \
     && strip target/release/kiln
+# Shell completions and the man page, generated from the binary's own flags.
+RUN mkdir -p /share/bash-completion/completions /share/zsh/site-functions \
+        /share/fish/vendor_completions.d /share/man/man1 \
+    && target/release/kiln completions bash > /share/bash-completion/completions/kiln \
+    && target/release/kiln completions zsh > /share/zsh/site-functions/_kiln \
+    && target/release/kiln completions fish > /share/fish/vendor_completions.d/kiln.fish \
+    && target/release/kiln man --dir /share/man/man1
 
 # OpenSSH's ssh and the libraries it links that the distroless base lacks (it has libc6 and
 # libssl3), for git sources over SSH (the controller resolves their references with it):
@@ -31,6 +38,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends openssh-client 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=ssh /out/ /
 COPY --from=build /src/target/release/kiln /usr/local/bin/kiln
+COPY --from=build /share/ /usr/local/share/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/kiln"]
 CMD ["--help"]

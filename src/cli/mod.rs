@@ -6,6 +6,7 @@ mod build;
 mod cache;
 mod controller;
 mod git;
+mod init;
 mod install;
 mod registry;
 mod report;
@@ -69,6 +70,9 @@ pub enum Command {
     /// base-images/), reproducibly, without a daemon or root.
     #[command(subcommand)]
     Base(Box<base::BaseCommand>),
+    /// Write a new Function: a handler from Kyma's templates, an empty dependency manifest,
+    /// a .kilnignore, and with --manifest a Kyma Function YAML. Never overwrites a file.
+    Init(Box<init::InitArgs>),
     /// Run an image's function locally in a rootless sandbox.
     ///
     /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
@@ -97,6 +101,23 @@ pub enum Command {
     /// Manage the cache directory (`kiln cache prune`).
     #[command(subcommand)]
     Cache(cache::CacheCommand),
+    /// Print a shell completion script, generated from kiln's flags.
+    ///
+    /// bash: `kiln completions bash > /usr/share/bash-completion/completions/kiln`; zsh:
+    /// `kiln completions zsh > "${fpath[1]}/_kiln"`; fish: `kiln completions fish >
+    /// ~/.config/fish/completions/kiln.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print kiln's man page (roff): `kiln man > /usr/share/man/man1/kiln.1`; with --dir,
+    /// write it and a page per command (kiln-build.1, …) into that directory.
+    Man {
+        /// Write kiln.1 and every command's page here instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<std::path::PathBuf>,
+    },
     /// Print the version.
     Version,
 }
@@ -159,6 +180,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Build(args) => build::run(*args).await,
         Command::Base(cmd) => base::run(*cmd).await,
         Command::Run(args) => run::run(*args).await,
+        Command::Init(args) => init::run(&args),
         Command::Controller(args) => controller::run(*args).await,
         Command::Webhook(args) => webhook::run(*args).await,
         Command::Crd => crate::controller::crd::crd_yaml()
@@ -167,8 +189,38 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Warm(args) => warm::run(*args).await,
         Command::Verify(args) => verify::run(*args).await,
         Command::Cache(cmd) => cache::run(cmd),
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "kiln", &mut script);
+            generated(script)
+        }
+        Command::Man { dir: None } => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut page)
+                .map_err(|e| Failure::Build(e.into()))?;
+            generated(page)
+        }
+        Command::Man { dir: Some(dir) } => {
+            clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), &dir).map_err(
+                |e| {
+                    Failure::Build(anyhow::anyhow!(
+                        "writing man pages into {}: {e}",
+                        dir.display()
+                    ))
+                },
+            )?;
+            Ok(dir.display().to_string())
+        }
         Command::Version => Ok(format!("kiln {}", env!("CARGO_PKG_VERSION"))),
     }
+}
+
+/// A generated script or page as the line(s) to print (the printing adds the last newline).
+fn generated(bytes: Vec<u8>) -> Result<String, Failure> {
+    let text = String::from_utf8(bytes).map_err(|e| Failure::Build(e.into()))?;
+    Ok(text.trim_end_matches('\n').to_string())
 }
 
 /// The cache directory: the flag, else `$XDG_CACHE_HOME/kiln`, else `~/.cache/kiln`.

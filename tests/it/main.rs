@@ -27,6 +27,7 @@ mod build_stages;
 mod build_termination_log;
 mod build_unchanged;
 mod cache_prune;
+mod completions;
 mod controller;
 mod controller_e2e;
 mod controller_rbac;

@@ -10,6 +10,7 @@
 mod assembly;
 mod builder;
 mod contract;
+mod init;
 mod kyma_packages;
 mod local_store;
 mod platforms;
