@@ -367,13 +367,15 @@ async fn copy_images(
 ) -> anyhow::Result<String> {
     let jobs = usize::from(jobs);
     if let [(name, platform)] = images.as_slice() {
-        return copy_image(client, store, name, platform, target, jobs).await;
+        return Ok(copy_image(client, store, name, platform, target, jobs)
+            .await?
+            .0);
     }
     let mut manifests = Vec::new();
     for (name, platform) in &images {
         let by_digest = target.repository_only();
         let (_, mut descriptor) =
-            copy_image_by(client, store, name, platform, &by_digest, jobs).await?;
+            copy_image(client, store, name, platform, &by_digest, jobs).await?;
         descriptor.platform = Some(platform.clone());
         manifests.push(descriptor);
     }
@@ -403,24 +405,11 @@ async fn copy_images(
     Ok(format!("{printed} pushed"))
 }
 
-/// Copies the store's image `name` (for `platform`) to `target` unless the tag already names
-/// it: one `HEAD` then, else the blobs the repository lacks and the manifest. Returns the
-/// line to print.
+/// Copies the store's image `name` (for `platform`) to `target` unless the tag (or, for a
+/// target without one, the digest) already names it: one `HEAD` then, else the blobs the
+/// repository lacks and the manifest. Returns the line to print and the manifest's
+/// descriptor.
 async fn copy_image(
-    client: &Client,
-    store: &std::path::Path,
-    name: &str,
-    platform: &Platform,
-    target: &Reference,
-    jobs: usize,
-) -> anyhow::Result<String> {
-    Ok(copy_image_by(client, store, name, platform, target, jobs)
-        .await?
-        .0)
-}
-
-/// [`copy_image`], with the descriptor of the manifest copied.
-async fn copy_image_by(
     client: &Client,
     store: &std::path::Path,
     name: &str,

@@ -55,3 +55,18 @@ pub fn validate_layout(dir: &Path) {
         panic!("{e}");
     }
 }
+
+/// Validates the JSON `document` against the JSON Schema file `schema` (in the draft it
+/// names), with `validate_json_schema.py`. `Err` carries every error.
+pub fn check_json_schema(schema: &Path, document: &serde_json::Value) -> Result<(), String> {
+    require_tool("python3", "python3-jsonschema");
+    let input = serde_json::to_vec(document).expect("JSON");
+    try_run_with_input(
+        Command::new("python3")
+            .arg(harness_dir().join("validate_json_schema.py"))
+            .arg(schema),
+        Some(&input),
+    )
+    .map(|_| ())
+    .map_err(|e| format!("invalid against {}:\n{e}", schema.display()))
+}

@@ -23,6 +23,13 @@ fn push(env: &ControllerEnv) -> Outcome {
     }
 }
 
+/// Waits until Function `name` in `team` is refused as invalid; the message.
+fn refused(env: &ControllerEnv, name: &str) -> String {
+    let invalid = Some("InvalidFunctionSpec");
+    env.wait_condition("team", name, "ConfigurationReady", "False", invalid);
+    env.condition("team", name, "ConfigurationReady").unwrap().2
+}
+
 fn containers(job: &Value) -> Vec<Value> {
     let spec = &job["spec"]["template"]["spec"];
     let mut all = spec["initContainers"]
@@ -655,14 +662,7 @@ fn functions_are_built_for_the_nodes_platforms_or_those_their_annotation_names()
         |job: &Value| job["metadata"]["labels"]["serverless.kyma-project.io/build-key"].clone();
     assert_ne!(key(&both), key(&arm));
     // An annotation that is no list of Linux platforms is refused, naming it.
-    env.wait_condition(
-        "team",
-        "bad",
-        "ConfigurationReady",
-        "False",
-        Some("InvalidFunctionSpec"),
-    );
-    let (_, _, message) = env.condition("team", "bad", "ConfigurationReady").unwrap();
+    let message = refused(&env, "bad");
     assert!(
         message.contains("metadata.annotations[kiln.io/platforms]")
             && message.contains("windows/amd64 is not a Linux platform"),
@@ -675,14 +675,7 @@ fn an_invalid_function_is_refused_with_the_field_named_and_never_built() {
     let env = ControllerEnv::start(&[]);
     let yaml = node_function("bad", HELLO, None).replace("runtime: nodejs22", "runtime: ruby3");
     env.create_function("team", &yaml);
-    env.wait_condition(
-        "team",
-        "bad",
-        "ConfigurationReady",
-        "False",
-        Some("InvalidFunctionSpec"),
-    );
-    let (_, _, message) = env.condition("team", "bad", "ConfigurationReady").unwrap();
+    let message = refused(&env, "bad");
     assert!(
         message.contains("spec.runtime") && message.contains("nodejs22"),
         "{message}"

@@ -288,3 +288,70 @@ fn network_policies_let_build_pods_reach_dns_and_registries_and_nothing_else_in_
         assert!(!cluster.allows(from, to, port, protocol), "allowed: {what}");
     }
 }
+
+/// The CI examples (examples/ci/) validate against the schemas their projects publish, kept
+/// in tests/fixtures/ci-schemas/: Tekton's and Shipwright's CRDs (strictly: a field they do not
+/// declare is an error), GitHub's workflow schema (SchemaStore's) and GitLab's CI schema.
+/// Each check also refuses the same file with one field misspelt.
+#[test]
+fn the_ci_examples_validate_against_their_projects_schemas() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (examples, schemas) = (
+        root.join("examples/ci"),
+        root.join("tests/fixtures/ci-schemas"),
+    );
+    let crd = |schema: &str, doc: &Value| {
+        common::crd_schema::validate(&schemas.join(schema), std::slice::from_ref(doc))
+    };
+    let json_schema =
+        |schema: &str, doc: &Value| common::schema::check_json_schema(&schemas.join(schema), doc);
+    type Check<'a> = &'a dyn Fn(&str, &Value) -> Result<(), String>;
+    let cases: [(&str, &str, Check, &str, &str); 4] = [
+        (
+            "tekton-task.yaml",
+            "tekton-task-crd.yaml",
+            &crd,
+            "/spec/steps/0/image",
+            "imag",
+        ),
+        (
+            "shipwright-strategy.yaml",
+            "shipwright-clusterbuildstrategies-crd.yaml",
+            &crd,
+            "/spec/steps/0/workingDir",
+            "workdir",
+        ),
+        (
+            "github-actions.yml",
+            "github-workflow.json",
+            &json_schema,
+            "/jobs/build/runs-on",
+            "runs_on",
+        ),
+        (
+            "gitlab-ci.yml",
+            "gitlab-ci.json",
+            &json_schema,
+            "/function/script",
+            "scripts",
+        ),
+    ];
+    for (file, schema, check, field, misspelt) in cases {
+        let mut docs = documents(&examples.join(file));
+        assert_eq!(docs.len(), 1, "{file}");
+        let doc = docs.remove(0);
+        check(schema, &doc).unwrap_or_else(|e| panic!("{file}: {e}"));
+        // The same document with the field renamed: its schema must refuse it.
+        let (parent, name) = field.rsplit_once('/').unwrap();
+        let mut bad = doc.clone();
+        let object = bad.pointer_mut(parent).unwrap().as_object_mut().unwrap();
+        let value = object
+            .remove(name)
+            .unwrap_or_else(|| panic!("{file} has {field}"));
+        object.insert(misspelt.into(), value);
+        assert!(
+            check(schema, &bad).is_err(),
+            "{file} with {misspelt} passed"
+        );
+    }
+}

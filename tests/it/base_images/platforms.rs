@@ -230,16 +230,22 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
          module.exports = { main: () => `${process.arch} ${semver.inc('1.2.3', 'minor')}` };\n",
     )
     .unwrap();
-    let build = |kiln: &Kiln, repo: &str| {
+    // Push to `repo`, signed with a.key.
+    let target = |repo: &str| {
         let (image, sign) = (reg.reference(repo), key("a.key"));
-        let target = [
+        [
             "--image",
             &image,
             "--insecure-registry",
             &host,
             "--sign-key",
             &sign,
-        ];
+        ]
+        .map(String::from)
+    };
+    let build = |kiln: &Kiln, repo: &str| {
+        let target = target(repo);
+        let target: Vec<&str> = target.iter().map(String::as_str).collect();
         build_on(
             kiln,
             &bases,
@@ -317,7 +323,6 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
     // of its own, --stage publish pushes the same index, and the termination log says so.
     let staged = tmp.path().join("staged");
     let log = tmp.path().join("termination-log");
-    let (image, sign) = (reg.reference("fns/staged:1"), key("a.key"));
     let stage = |stage: &str, target: &[&str]| {
         let mut args = vec!["--stage", stage, "--stage-dir", staged.to_str().unwrap()];
         args.extend(["--termination-log", log.to_str().unwrap()]);
@@ -343,14 +348,8 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
     for platform in ["linux-amd64", "linux-arm64"] {
         assert!(staged.join(platform).is_dir(), "{platform}");
     }
-    let target = [
-        "--image",
-        &image,
-        "--insecure-registry",
-        &host,
-        "--sign-key",
-        &sign,
-    ];
+    let target = target("fns/staged:1");
+    let target: Vec<&str> = target.iter().map(String::as_str).collect();
     let published = stage("publish", &target);
     assert_eq!(published.split_once('@').unwrap().1, digest);
     assert_eq!(std::fs::read_to_string(&log).unwrap(), published);
