@@ -162,6 +162,21 @@ async fn a_kube_runtime_controller_reconciles_against_the_server_and_settles_wit
     })
     .await;
 
+    // The Secret's re-creation is itself a watch event of an owned object: the reconcile it
+    // wakes must be over before the writes are counted. Settled: no reconcile for 500 ms.
+    let mut last = (
+        ctx.reconciles.load(Ordering::SeqCst),
+        std::time::Instant::now(),
+    );
+    eventually("the controller settled", || {
+        let now = ctx.reconciles.load(Ordering::SeqCst);
+        if now != last.0 {
+            last = (now, std::time::Instant::now());
+        }
+        last.1.elapsed() >= Duration::from_millis(500)
+    })
+    .await;
+
     // A change to the ConfigMap that leaves the Secret as it is: one reconcile, one apply,
     // and that apply changes nothing.
     let before = ctx.reconciles.load(Ordering::SeqCst);
