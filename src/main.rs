@@ -58,10 +58,15 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> u8 {
-    kiln::telemetry::init(cli.global.log_format, cli.global.verbose, cli.global.quiet);
+    let steps = matches!(cli.command, cli::Command::Build(_) | cli::Command::Dev(_));
+    let g = &cli.global;
+    kiln::telemetry::init(g.log_format, g.verbose, g.quiet, steps);
     // `kiln run` forwards SIGINT/SIGTERM to the function and exits with its exit code;
-    // `kiln webhook` shuts down gracefully on them.
-    let outcome = if matches!(cli.command, cli::Command::Run(_) | cli::Command::Webhook(_)) {
+    // `kiln webhook` shuts down gracefully on them, and `kiln dev` stops its Function.
+    let outcome = if matches!(
+        cli.command,
+        cli::Command::Run(_) | cli::Command::Webhook(_) | cli::Command::Dev(_)
+    ) {
         cli::run(cli).await
     } else {
         tokio::select! {

@@ -19,20 +19,28 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber: `format`, with `verbose` (-v count) or `quiet` (-q).
-pub fn init(format: LogFormat, verbose: u8, quiet: bool) {
-    let default = match (quiet, verbose) {
+/// `steps`: the command shows a step list in the human view (`kiln build`).
+pub fn init(format: LogFormat, verbose: u8, quiet: bool, steps: bool) {
+    let tty = std::io::stderr().is_terminal();
+    // On a terminal, long steps are live lines (`progress`), which log lines print above;
+    // with -q there is nothing to show.
+    let live = tty && format == LogFormat::Auto && !quiet;
+    // The step list says what the info lines would; -v brings them back.
+    let steps = live && steps;
+    let default = match (quiet || (steps && verbose == 0), verbose) {
         (true, _) => "warn",
         (false, 0) => "info",
         (false, 1) => "kiln=debug,info",
         (false, _) => "kiln=trace,debug",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let tty = std::io::stderr().is_terminal();
-    // On a terminal, long steps are live lines (`progress`), which log lines print above;
-    // with -q there is nothing to show.
-    let live = tty && format == LogFormat::Auto && !quiet;
+    // https://no-color.org: any non-empty value.
+    let color = std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     if live {
         crate::progress::enable_terminal();
+    }
+    if steps {
+        crate::progress::steps::enable(color, verbose > 0);
     }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -43,7 +51,12 @@ pub fn init(format: LogFormat, verbose: u8, quiet: bool) {
             .with_current_span(true)
             .with_span_list(false)
             .init(),
-        (LogFormat::Auto, true) => builder.compact().without_time().with_target(false).init(),
+        (LogFormat::Auto, true) => builder
+            .compact()
+            .without_time()
+            .with_target(false)
+            .with_ansi(color)
+            .init(),
         _ => builder.with_ansi(false).with_target(false).init(),
     }
 }

@@ -12,6 +12,7 @@ use super::options::Options;
 use super::{lockfile, pinned, remote_cache};
 use crate::oci::source;
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
+use crate::progress::steps::{self, Step};
 use crate::registry::{Client, Reference};
 
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
@@ -75,9 +76,11 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         jobs: opts.jobs,
         max_unpacked: crate::run::unpack::DEFAULT_LIMIT,
     };
+    let step = Step::start("unpack builder");
     let entry = crate::run::prepare(client, &run_opts)
         .await
         .map_err(Box::new)?;
+    step.done(steps::short_digest(&entry.digest));
     let env = entry
         .config
         .config
@@ -296,16 +299,22 @@ pub(super) async fn dependency_layer(
         store_in,
         from_local_cache,
     };
+    let step = Step::start("dependencies");
+    let size = |l: &cache::CachedLayer| crate::progress::bytes(l.size);
     if opts.use_cache
         && let Some(hit) = cache.get(&key)
     {
         tracing::info!(%key, digest = %hit.digest, "dependency layer from cache");
+        step.done(format_args!("cache hit (local cache), {}", size(&hit)));
         return Ok(layer(hit, None, None, true));
     }
     let mut store_in = None;
     if let Some(repo) = cache_repo.filter(|_| opts.use_cache) {
         match from_cache_repo(client, opts, cache, &key, repo).await {
-            Ok(Some((cached, remote))) => return Ok(layer(cached, remote, None, false)),
+            Ok(Some((cached, remote))) => {
+                step.done(format_args!("cache hit ({}), {}", repo, size(&cached)));
+                return Ok(layer(cached, remote, None, false));
+            }
             Ok(None) => store_in = Some(repo.clone()),
             Err(e) => {
                 tracing::warn!(
@@ -321,17 +330,20 @@ pub(super) async fn dependency_layer(
         None => scratch_dir(cache)?,
     };
     let output = install_direct(opts, direct, scratch.path()).await?;
-    let output = match (output, install) {
-        (Some(done), _) => done,
+    let (output, how) = match (output, install) {
+        (Some(done), _) => (done, "by kiln, without the package manager"),
         (None, Some(install)) => {
-            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
+            let dir = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
+            (Installed::Dir(dir), tool(opts.runtime.language))
         }
         (None, None) => {
             let install = resolve_builder(client, opts).await?;
-            Installed::Dir(deps::install(&opts.runtime, inputs, &install, scratch.path()).await?)
+            let dir = deps::install(&opts.runtime, inputs, &install, scratch.path()).await?;
+            (Installed::Dir(dir), tool(opts.runtime.language))
         }
     };
     let cached = write_dependency_layer(opts, cache, &key, output).await?;
+    step.done(format_args!("installed ({how}), {}", size(&cached)));
     Ok(layer(cached, None, store_in, false))
 }
 

@@ -34,6 +34,7 @@ use crate::image::publish::Role;
 use crate::image::resolve::ResolvedBase;
 use crate::image::{publish, pushed, resolve};
 use crate::oci::Digest;
+use crate::progress::steps::{self, Step};
 use crate::registry::{Client, Reference};
 use assemble::DepLayer;
 use cache::LayerCache;
@@ -70,7 +71,13 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         let (deps, mut store_in) =
             staged_or_checked(client, opts, &cache, function, history, planned.as_ref()).await?;
         opts.authorize_up_front(client).await?;
+        let step = Step::start("resolve base");
         let base = resolve::resolve(client, &opts.base, &opts.base_name, &opts.platform).await?;
+        step.done(format_args!(
+            "{}@{}",
+            opts.base_name,
+            steps::short_digest(&base.base.manifest.digest)
+        ));
         tracing::info!(
             base = %opts.base_name,
             digest = %base.base.manifest.digest,
@@ -95,7 +102,13 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
                 .ok_or_else(|| Error::NoZstd {
                     base: opts.base_name.clone(),
                 })?;
+        let step = Step::start("source layer");
         let source = assemble::source_layer(opts, &cache, function, layer_type).await?;
+        step.done(format_args!(
+            "{} files, {}",
+            function.tree.file_count(),
+            crate::progress::bytes(source.descriptor.size)
+        ));
         let keyed = deps
             .as_ref()
             .map(|d| &d.key)
@@ -110,10 +123,12 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             loaded.commit.as_deref(),
         );
         // `--no-cache` rebuilds: no existing image is taken either.
+        let step = Step::start("existing image");
         if opts.use_cache
             && let Some(found) =
                 existing::find(client, &opts.target, opts.tag_by_key, &planned.image_key).await?
         {
+            step.done("unchanged: the target holds this build");
             let mut output = unchanged(found, planned.image_key, loaded.commit, inputs);
             let layers = match opts.signing {
                 Some(_) => own_layers(client, opts, &base, &output.published.digest).await?,
@@ -124,6 +139,7 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
             output.attached = push_attachments(client, &output, prepared).await?;
             return Ok(output);
         }
+        drop(step);
         let deps = match (deps, &function.deps, dep_key) {
             (Some(staged), _, _) => Some(staged),
             (None, Some(inputs), Some(dep_key)) => {

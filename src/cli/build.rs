@@ -11,6 +11,7 @@ use super::git::GitArgs;
 use super::install::{ensure_store, isolation, needs_store};
 use super::report::{Extra, write_deps_report, write_outputs};
 use crate::build::{self, FunctionSpec, Options, Stage, deps::Isolation};
+use crate::progress::{bytes, steps};
 use crate::registry::Client;
 
 mod args;
@@ -96,8 +97,9 @@ async fn run_build(args: BuildArgs) -> Result<String, Failure> {
 
 async fn build(args: BuildArgs) -> Result<String, Failure> {
     let started = crate::provenance::now();
+    let began = std::time::Instant::now();
     let env = Env::read();
-    let (mut opts, mut config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
+    let (mut opts, config, extra) = validate(&args, &env).map_err(Failure::Usage)?;
     let sign_key = match (&args.sign_key, &opts.target) {
         (None, _) => None,
         (Some(spec), build::Target::Registry(_)) => Some(
@@ -118,6 +120,123 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
             .await
             .map_err(build_failure);
     }
+    let client = prepare(&args, &env, &mut opts, config, extra.store.as_deref()).await?;
+    if extra.platforms.len() > 1 && matches!(opts.stage, Stage::Lookup(_) | Stage::Deps(_)) {
+        return platforms::stage_several(&client, &opts, &extra).await;
+    }
+    if let Stage::Lookup(dir) = &opts.stage {
+        let lookup = build::run_lookup(&client, &opts, dir)
+            .await
+            .map_err(build_failure)?;
+        return Ok(lookup_line(&lookup));
+    }
+    if let Stage::Deps(dir) = &opts.stage {
+        let output = build::run_deps(&client, &opts, dir)
+            .await
+            .map_err(build_failure)?;
+        write_deps_report(&extra, &output).map_err(Failure::Build)?;
+        return Ok(deps_line(&output));
+    }
+    opts.signing = sign_key.map(|key| build::Signing {
+        key: std::sync::Arc::new(key),
+        external: external_parameters(&opts),
+        started,
+    });
+    if extra.platforms.len() > 1 {
+        let index = platforms::build_several(&client, &opts, &extra).await?;
+        steps::summary(&[
+            ("index", shortened(&index)),
+            ("images", extra.platforms.len().to_string()),
+            ("sent", bytes(client.traffic().bytes_sent)),
+            ("time", steps::duration(began.elapsed())),
+        ]);
+        return Ok(index);
+    }
+    let output = build::run(&client, &opts).await.map_err(build_failure)?;
+    // An unchanged build made no image here: it was checked when it was built.
+    if extra.verify
+        && let Some(image) = &output.image
+    {
+        crate::oci::validate::check_image(&image.manifest, &image.config)
+            .context("verifying the built image")
+            .map_err(Failure::Build)?;
+    }
+    if let Some(attached) = &output.attached {
+        let (what, at) = match &attached.signature {
+            crate::cosign::Signed::Pushed(at) => ("signed the image", at),
+            crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
+        };
+        let key = opts.signing.as_ref().map(|s| s.key.public().id());
+        tracing::info!(key = key.unwrap_or_default(), signatures = %at, "{what}");
+        if let Some(at) = &attached.provenance {
+            tracing::info!(attestations = %at, "attached the SLSA provenance");
+        }
+    }
+    write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
+    summary(&output, client.traffic().bytes_sent, began);
+    Ok(output.published.reference)
+}
+
+/// The human view's last lines, below the steps: the reference (its digest shortened: the
+/// whole one is on stdout), the image's size and its layers new or reused, the bytes
+/// uploaded and the time; with -v the build key.
+fn summary(output: &build::Output, sent: u64, began: std::time::Instant) {
+    use crate::image::publish::{Outcome, Role};
+    if !steps::enabled() {
+        return;
+    }
+    let mut rows = vec![("image", shortened(&output.published.reference))];
+    if let Some(image) = &output.image {
+        let size =
+            image.layers.iter().map(|l| l.size).sum::<u64>() + image.config.bytes.len() as u64;
+        let new = output
+            .published
+            .blobs
+            .iter()
+            .filter(|b| !matches!(b.role, Role::Config | Role::Manifest))
+            .filter(|b| matches!(b.outcome, Outcome::Uploaded | Outcome::Written))
+            .count();
+        let layers = image.layers.len();
+        let reused = layers.saturating_sub(new);
+        rows.push((
+            "size",
+            format!(
+                "{}, {layers} layers: {new} new, {reused} reused",
+                bytes(size)
+            ),
+        ));
+    } else if output.unchanged {
+        rows.push((
+            "size",
+            "unchanged: the target already holds this build".into(),
+        ));
+    }
+    rows.push(("sent", bytes(sent)));
+    rows.push(("time", steps::duration(began.elapsed())));
+    if steps::verbose() {
+        rows.push(("key", output.image_key.to_string()));
+    }
+    steps::summary(&rows);
+}
+
+/// `reference` with its digest shortened (see [`steps::short_digest`]).
+fn shortened(reference: &str) -> String {
+    match reference.rsplit_once('@') {
+        Some((name, digest)) => format!("{name}@{}", steps::short_digest(&digest)),
+        None => reference.to_string(),
+    }
+}
+
+/// The registry client, and the builder image and install isolation `opts` builds with; the
+/// runtime's own base and builder images are assembled into the local `store` first when the
+/// build uses them.
+async fn prepare(
+    args: &BuildArgs,
+    env: &Env,
+    opts: &mut Options,
+    mut config: crate::registry::ClientConfig,
+    store: Option<&std::path::Path>,
+) -> Result<Client, Failure> {
     // Manifests and configs by digest (a base or builder named by tag is then one HEAD), and
     // what each registry refuses.
     config.cache_dir = Some(opts.cache_dir.clone());
@@ -126,7 +245,7 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         .map_err(Failure::Usage)?;
     let publish = matches!(opts.stage, Stage::Publish(_));
     let mut builder = args.builder_image.clone();
-    if let Some(store) = &extra.store {
+    if let Some(store) = store {
         if publish {
             // Assembling the runtime's images runs npm: publish runs no program.
             if !crate::base::store::has_images(store, &opts.runtime.name) {
@@ -169,52 +288,16 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         )
         .map_err(Failure::Usage)?
     };
-    if extra.platforms.len() > 1 && matches!(opts.stage, Stage::Lookup(_) | Stage::Deps(_)) {
-        return platforms::stage_several(&client, &opts, &extra).await;
-    }
-    if let Stage::Lookup(dir) = &opts.stage {
-        let lookup = build::run_lookup(&client, &opts, dir)
-            .await
-            .map_err(build_failure)?;
-        return Ok(lookup_line(&lookup));
-    }
-    if let Stage::Deps(dir) = &opts.stage {
-        let output = build::run_deps(&client, &opts, dir)
-            .await
-            .map_err(build_failure)?;
-        write_deps_report(&extra, &output).map_err(Failure::Build)?;
-        return Ok(deps_line(&output));
-    }
-    opts.signing = sign_key.map(|key| build::Signing {
-        key: std::sync::Arc::new(key),
-        external: external_parameters(&opts),
-        started,
-    });
-    if extra.platforms.len() > 1 {
-        return platforms::build_several(&client, &opts, &extra).await;
-    }
-    let output = build::run(&client, &opts).await.map_err(build_failure)?;
-    // An unchanged build made no image here: it was checked when it was built.
-    if extra.verify
-        && let Some(image) = &output.image
-    {
-        crate::oci::validate::check_image(&image.manifest, &image.config)
-            .context("verifying the built image")
-            .map_err(Failure::Build)?;
-    }
-    if let Some(attached) = &output.attached {
-        let (what, at) = match &attached.signature {
-            crate::cosign::Signed::Pushed(at) => ("signed the image", at),
-            crate::cosign::Signed::Present(at) => ("the image is already signed by this key", at),
-        };
-        let key = opts.signing.as_ref().map(|s| s.key.public().id());
-        tracing::info!(key = key.unwrap_or_default(), signatures = %at, "{what}");
-        if let Some(at) = &attached.provenance {
-            tracing::info!(attestations = %at, "attached the SLSA provenance");
-        }
-    }
-    write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
-    Ok(output.published.reference)
+    Ok(client)
+}
+
+/// `kiln dev`'s build: the options and client `kiln build ARGS` would run with (one platform,
+/// the whole build), made ready as [`build`] makes them.
+pub(super) async fn for_dev(args: &BuildArgs) -> Result<(Client, Options), Failure> {
+    let env = Env::read();
+    let (mut opts, config, extra) = validate(args, &env).map_err(Failure::Usage)?;
+    let client = prepare(args, &env, &mut opts, config, extra.store.as_deref()).await?;
+    Ok((client, opts))
 }
 
 /// What `--stage lookup` prints: `none` (nothing to install), `miss`, or the cached layer's

@@ -5,6 +5,7 @@ pub mod base;
 mod build;
 mod cache;
 mod controller;
+mod dev;
 mod git;
 mod init;
 mod install;
@@ -73,6 +74,12 @@ pub enum Command {
     /// Write a new Function: a handler from Kyma's templates, an empty dependency manifest,
     /// a .kilnignore, and with --manifest a Kyma Function YAML. Never overwrites a file.
     Init(Box<init::InitArgs>),
+    /// Build, run and watch a Function: on every save it is built again and swapped in.
+    ///
+    /// The Function answers on http://127.0.0.1:PORT through the whole loop: a source-only
+    /// change is back in well under a second, and a failed build leaves the last good one
+    /// answering. Ctrl-C stops.
+    Dev(Box<dev::DevArgs>),
     /// Run an image's function locally in a rootless sandbox.
     ///
     /// Takes what `kiln build` prints. The function's stdout and stderr pass through; kiln
@@ -180,6 +187,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
         Command::Build(args) => build::run(*args).await,
         Command::Base(cmd) => base::run(*cmd).await,
         Command::Run(args) => run::run(*args).await,
+        Command::Dev(args) => dev::run(*args).await,
         Command::Init(args) => init::run(&args),
         Command::Controller(args) => controller::run(*args).await,
         Command::Webhook(args) => webhook::run(*args).await,

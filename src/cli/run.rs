@@ -130,14 +130,7 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
         })?,
         None => Platform::host(),
     };
-    let mut vars = Vec::new();
-    for entry in &args.env {
-        let (key, value) = entry
-            .split_once('=')
-            .filter(|(k, _)| !k.is_empty())
-            .ok_or_else(|| anyhow!("invalid --env {entry:?}: expected KEY=VALUE"))?;
-        vars.push((key.to_string(), value.to_string()));
-    }
+    let mut vars = env_vars(&args.env)?;
     if let Some(port) = args.port {
         vars.push(("FUNC_PORT".into(), port.to_string()));
     }
@@ -177,6 +170,24 @@ fn validate(args: &RunArgs) -> anyhow::Result<(Options, Vec<Bind>, ClientConfig)
 
 /// Parses a size: bytes, or a number with a K, M, G or T suffix (binary; `Gi`, `GB` and
 /// lowercase are the same).
+/// `--env KEY=VALUE` values, in order.
+pub(super) fn env_vars(entries: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    entries
+        .iter()
+        .map(|entry| {
+            entry
+                .split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| {
+                    anyhow!(
+                        "invalid --env {entry:?}: expected KEY=VALUE, e.g. --env LOG_LEVEL=debug"
+                    )
+                })
+        })
+        .collect()
+}
+
 pub(super) fn parse_size(spec: &str) -> Result<u64, String> {
     let upper = spec.trim().to_ascii_uppercase();
     let digits = upper.trim_end_matches(|c: char| c.is_ascii_alphabetic());

@@ -33,6 +33,8 @@ pub mod unpack;
 pub mod user;
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use error::Error;
 pub use reference::{ImageRef, Selector};
@@ -234,13 +236,22 @@ async fn unpack_image(
             .map_err(Error::Task)??
     };
     tracing::info!(digest = %resolved.digest, layers = layers.len(), "unpacking image");
+    let unpacked = Arc::new(AtomicU64::new(0));
+    let _progress = unpack_progress(&layers, unpacked.clone());
     let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), opts.jobs);
     let mut unpacker = Unpacker::with_limit(&staging.rootfs(), opts.max_unpacked);
     for (index, (descriptor, diff_id)) in layers.into_iter().zip(diff_ids).enumerate() {
         let file = fetches.get(index).await?;
         let last_use = fetches.last_use(index);
+        let counter = unpacked.clone();
         unpacker = tokio::task::spawn_blocking(move || {
-            apply_layer(unpacker, &file, &descriptor, &diff_id, last_use)
+            let layer = LayerAt {
+                file: &file,
+                descriptor: &descriptor,
+                diff_id: &diff_id,
+                last_use,
+            };
+            apply_layer(unpacker, layer, counter)
         })
         .await
         .map_err(Error::Task)??;
@@ -248,15 +259,46 @@ async fn unpack_image(
     commit(cache, staging, unpacker, &resolved.digest, config_bytes).await
 }
 
-/// Applies one layer file and checks both of its digests; a downloaded file goes once no
-/// later layer uses the same blob.
+/// The bytes of the image's layers unpacked so far, against their total: a live line on a
+/// terminal, a log line every few seconds elsewhere.
+fn unpack_progress(layers: &[Descriptor], done: Arc<AtomicU64>) -> crate::progress::Ticker {
+    let total: u64 = layers.iter().map(|d| d.size).sum();
+    let read = done.clone();
+    let show = crate::progress::Show::Bytes {
+        label: "unpacking".into(),
+        done: Box::new(move || (read.load(Ordering::Relaxed), Some(total))),
+    };
+    crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
+        tracing::info!(
+            unpacked = crate::progress::megabytes(done.load(Ordering::Relaxed)),
+            layers = crate::progress::megabytes(total),
+            elapsed_s = elapsed.as_secs(),
+            "unpacking image"
+        );
+    })
+}
+
+/// A layer to apply: its file, what it must be, and whether a later layer uses the file.
+struct LayerAt<'a> {
+    file: &'a LayerFile,
+    descriptor: &'a Descriptor,
+    diff_id: &'a Digest,
+    last_use: bool,
+}
+
+/// Applies one layer file and checks both of its digests, adding the bytes read to
+/// `unpacked`; a downloaded file goes once no later layer uses the same blob.
 fn apply_layer(
     mut unpacker: Unpacker,
-    file: &LayerFile,
-    descriptor: &Descriptor,
-    diff_id: &Digest,
-    last_use: bool,
+    layer: LayerAt<'_>,
+    unpacked: Arc<AtomicU64>,
 ) -> Result<Unpacker> {
+    let LayerAt {
+        file,
+        descriptor,
+        diff_id,
+        last_use,
+    } = layer;
     let path = file.path();
     let io_err = |action| {
         move |source| {
@@ -282,6 +324,7 @@ fn apply_layer(
         }
         std::io::Seek::rewind(&mut blob).map_err(io_err("reading layer"))?;
     }
+    let blob = crate::progress::Counted::new(blob, unpacked);
     let applied = unpacker.apply(blob).map_err(|source| Error::Unpack {
         digest: descriptor.digest.clone(),
         source,

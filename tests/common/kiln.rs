@@ -157,7 +157,8 @@ impl Kiln {
     }
 
     /// Runs `kiln ARGS` on a pseudo-terminal (util-linux `script`) in the terminal's own log
-    /// view: the exit code and what the terminal showed (stdout and stderr together).
+    /// view, without colour: the exit code and what the terminal showed (stdout and stderr
+    /// together).
     pub fn run_on_terminal(&self, args: &[&str]) -> (i32, String) {
         let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
         let line: Vec<String> = std::iter::once(env!("CARGO_BIN_EXE_kiln"))
@@ -176,6 +177,7 @@ impl Kiln {
             .env("KILN_LOG_FORMAT", "auto")
             .env("TERM", "xterm")
             .env("COLUMNS", "120")
+            .env("NO_COLOR", "1")
             .stdin(std::process::Stdio::null())
             .output()
             .unwrap();

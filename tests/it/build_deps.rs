@@ -210,8 +210,8 @@ fn a_long_install_reports_its_progress_with_the_last_line_masked() {
         run.stderr
     );
 
-    // On a terminal the running install is a live line instead, redrawn in place: a spinner
-    // with the same masked last line, and no periodic log lines.
+    // On a terminal the running install is the dependencies step's live line instead,
+    // redrawn in place: a spinner with the same masked last line, and no periodic log lines.
     let (base, output) = (tiny_base(), format!("oci:{}", out.display()));
     let (code, shown) = kiln.run_on_terminal(&[
         "build",
@@ -229,12 +229,16 @@ fn a_long_install_reports_its_progress_with_the_last_line_masked() {
     assert_eq!(code, 0, "{shown}");
     let live: Vec<&str> = shown
         .split(['\r', '\n'])
-        .filter(|l| l.contains("installing dependencies") && l.contains("warming up with"))
+        .filter(|l| l.contains("dependencies") && l.contains("warming up with"))
         .collect();
     assert!(live.len() > 1, "the line is redrawn: {shown:?}");
     assert!(!shown.contains("dependency install running"), "{shown}");
     assert!(!shown.contains("KILN-PROGRESS-TOKEN-77"), "{shown}");
-    assert!(shown.contains("built"), "log lines still show: {shown}");
+    assert!(
+        shown.contains("✓ dependencies "),
+        "the step is done: {shown}"
+    );
+    assert!(shown.contains("  image "), "the summary follows: {shown}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::image::resolve::BaseLocation;
 use crate::oci::Layout;
+use crate::progress::steps::Step;
 use crate::registry::Client;
 use std::path::PathBuf;
 
@@ -104,6 +105,7 @@ impl Publisher for LayoutPublisher {
     async fn publish(&self, input: PublishInput<'_>) -> Result<Published, Error> {
         let lerr = |e| Error::Layout(self.dir.display().to_string(), e);
         let layout = Layout::create(&self.dir).map_err(lerr)?;
+        let step = Step::start("write layout");
         let writes: Vec<_> = input
             .layers
             .iter()
@@ -130,6 +132,7 @@ impl Publisher for LayoutPublisher {
         layout
             .set_ref(input.image.manifest.descriptor(), &self.name)
             .map_err(lerr)?;
+        step.done(super::counts(&blobs));
         // stdout has the digest form; this is the name that follows the tag.
         tracing::info!(
             name = %format!("oci:{}:{}", self.dir.display(), self.name),

@@ -6,10 +6,13 @@
 //! stdout; a step shorter than the period logs nothing more than before.
 
 use std::io::Write;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+pub mod steps;
 
 /// How often a running step reports in log lines.
 pub const PERIOD: Duration = Duration::from_secs(5);
@@ -67,6 +70,8 @@ pub enum Show {
 pub struct Ticker {
     task: tokio::task::JoinHandle<()>,
     bar: Option<ProgressBar>,
+    /// The step whose line shows this ticker's progress (see [`steps`]).
+    step: Option<(u64, ProgressBar)>,
 }
 
 impl Ticker {
@@ -76,11 +81,13 @@ impl Ticker {
         show: Show,
         log: impl FnMut(Duration) + Send + 'static,
     ) -> Ticker {
-        match TERMINAL.get() {
-            Some(multi) => live(multi, show),
-            None => Ticker {
+        match (TERMINAL.get(), steps::attach()) {
+            (Some(_), Some(step)) => on_step(step, show),
+            (Some(multi), None) => live(multi, show),
+            (None, _) => Ticker {
                 task: every(period, log),
                 bar: None,
+                step: None,
             },
         }
     }
@@ -102,10 +109,40 @@ fn every(
     })
 }
 
+fn style(template: &str) -> ProgressStyle {
+    ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner())
+}
+
+/// Shows `show` on a running step's line: its label stays, the bytes or the message follow.
+fn on_step((id, bar): (u64, ProgressBar), show: Show) -> Ticker {
+    if let Show::Bytes { .. } = show {
+        bar.set_style(style(
+            "{spinner} {prefix:15} [{bar:24}] {bytes}/{total_bytes} {elapsed:>4}",
+        ));
+    }
+    Ticker {
+        task: every(REDRAW, update(bar.clone(), show)),
+        bar: None,
+        step: Some((id, bar)),
+    }
+}
+
+/// Brings `bar` up to date with `show`.
+fn update(bar: ProgressBar, show: Show) -> impl FnMut(Duration) + Send + 'static {
+    move |_| match &show {
+        Show::Message { message, .. } => bar.set_message(message()),
+        Show::Bytes { done, .. } => {
+            let (done, total) = done();
+            match total {
+                Some(total) => bar.set_length(total.max(done)),
+                None => bar.set_length(done),
+            }
+            bar.set_position(done);
+        }
+    }
+}
+
 fn live(multi: &MultiProgress, show: Show) -> Ticker {
-    let style = |template: &str| {
-        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner())
-    };
     let bar = match &show {
         Show::Message { label, .. } => {
             let bar = ProgressBar::new_spinner();
@@ -124,21 +161,10 @@ fn live(multi: &MultiProgress, show: Show) -> Ticker {
     };
     let bar = multi.add(bar);
     bar.enable_steady_tick(REDRAW);
-    let shown = bar.clone();
-    let task = every(REDRAW, move |_| match &show {
-        Show::Message { message, .. } => shown.set_message(message()),
-        Show::Bytes { done, .. } => {
-            let (done, total) = done();
-            match total {
-                Some(total) => shown.set_length(total.max(done)),
-                None => shown.set_length(done),
-            }
-            shown.set_position(done);
-        }
-    });
     Ticker {
-        task,
+        task: every(REDRAW, update(bar.clone(), show)),
         bar: Some(bar),
+        step: None,
     }
 }
 
@@ -148,6 +174,40 @@ impl Drop for Ticker {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        if let Some((id, bar)) = &self.step {
+            steps::detach(*id, bar);
+        }
+    }
+}
+
+/// A reader that adds what it reads to a counter a [`Show::Bytes`] can read.
+pub struct Counted<R> {
+    inner: R,
+    count: Arc<AtomicU64>,
+}
+
+impl<R> Counted<R> {
+    /// Counts what is read from `inner` into `count`.
+    pub fn new(inner: R, count: Arc<AtomicU64>) -> Counted<R> {
+        Counted { inner, count }
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// `n` bytes, readably: `512 B`, `1.2 kB`, `3.4 MB`, `1.1 GB`.
+pub fn bytes(n: u64) -> String {
+    match n {
+        n if n < 1000 => format!("{n} B"),
+        n if n < 1_000_000 => format!("{:.1} kB", n as f64 / 1e3),
+        n if n < 1_000_000_000 => format!("{:.1} MB", n as f64 / 1e6),
+        n => format!("{:.1} GB", n as f64 / 1e9),
     }
 }
 
@@ -159,7 +219,7 @@ pub fn megabytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use std::sync::Mutex;
 
     #[tokio::test]
     async fn a_ticker_reports_every_period_while_it_lives_and_never_after() {
@@ -186,5 +246,8 @@ mod tests {
             reports.len()
         );
         assert_eq!(megabytes(12_345_678), "12.3 MB");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1_234), "1.2 kB");
+        assert_eq!(bytes(12_345_678), "12.3 MB");
     }
 }
