@@ -457,9 +457,12 @@ fn destination(args: &BuildBaseArgs) -> anyhow::Result<Destination> {
     };
     match (&args.output, &args.image) {
         (Some(output), _) => {
-            let dir = output
-                .strip_prefix("oci:")
-                .ok_or_else(|| anyhow!("--output must start with oci:, e.g. oci:./bases"))?;
+            let dir = output.strip_prefix("oci:").ok_or_else(|| {
+                anyhow!(
+                    "--output must start with oci:, e.g. --output oci:./bases; to push to a \
+                            registry, use --image REF"
+                )
+            })?;
             Ok(Destination::Layout(dir.into()))
         }
         (None, Some(image)) => Ok(Destination::Registry {

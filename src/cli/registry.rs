@@ -75,7 +75,11 @@ impl RegistryArgs {
         if let Some(path) = &self.registry_auth
             && !path.is_file()
         {
-            return Err(anyhow!("--registry-auth {} does not exist", path.display()));
+            return Err(anyhow!(
+                "--registry-auth {} does not exist: pass the path of a Docker config.json, or \
+                    leave the flag out to use $DOCKER_CONFIG/config.json",
+                path.display()
+            ));
         }
         for host in &self.insecure_hosts() {
             if let Some((_, rest)) = host.split_once("://") {

@@ -19,12 +19,35 @@ pub struct Catalog {
 
 /// The error for a runtime name the catalog does not know.
 #[derive(Debug, thiserror::Error)]
-#[error("unknown runtime {name:?}; known runtimes: {}", known.join(", "))]
+#[error(
+    "unknown runtime {name:?}{}; known runtimes: {}",
+    self.suggestion().map(|s| format!(" (did you mean {s}?)")).unwrap_or_default(),
+    known.join(", ")
+)]
 pub struct UnknownRuntime {
     /// The name asked for.
     pub name: String,
     /// The names known.
     pub known: Vec<String>,
+}
+
+impl UnknownRuntime {
+    /// The known name nearest to the one asked for, when one is near enough to be a typo (by
+    /// Jaro-Winkler similarity, as clap suggests flags).
+    pub fn suggestion(&self) -> Option<&str> {
+        self.known
+            .iter()
+            // An alias is listed as `kyma (as kiln)`: suggest the name one types.
+            .map(|k| k.split(' ').next().unwrap_or(k))
+            .map(|k| (strsim::jaro_winkler(&self.name, k), k))
+            .filter(|(score, _)| *score > 0.8)
+            // The first of equals: kiln's own runtimes come before Kyma's names.
+            .fold(None, |best: Option<(f64, &str)>, (score, k)| match best {
+                Some((top, _)) if top >= score => best,
+                _ => Some((score, k)),
+            })
+            .map(|(_, k)| k)
+    }
 }
 
 impl Catalog {
@@ -125,6 +148,26 @@ mod tests {
         );
         let (spec, alias) = catalog.resolve("python312").unwrap();
         assert_eq!((spec.name.as_str(), alias.is_some()), ("python313", true));
+    }
+
+    #[test]
+    fn a_misspelt_runtime_is_answered_with_the_nearest_name() {
+        let catalog = Catalog::embedded();
+        let err = catalog.resolve("nodejs2").unwrap_err();
+        assert_eq!(err.suggestion(), Some("nodejs22"), "{err}");
+        assert!(
+            err.to_string().contains("(did you mean nodejs22?)"),
+            "{err}"
+        );
+        let err = catalog.resolve("pyton313").unwrap_err();
+        assert_eq!(err.suggestion(), Some("python313"), "{err}");
+        // A Kyma name is suggested as it is typed, not as it is listed.
+        let err = catalog.resolve("nodejs2O").unwrap_err();
+        assert!(
+            err.suggestion().is_some_and(|s| s.starts_with("nodejs2")),
+            "{err}"
+        );
+        assert_eq!(catalog.resolve("ruby3").unwrap_err().suggestion(), None);
     }
 
     #[test]

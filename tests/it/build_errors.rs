@@ -98,6 +98,12 @@ fn an_unknown_runtime_lists_the_known_ones() {
         ),
         "{err}"
     );
+    // A typo is answered with the name meant, as clap answers a misspelt flag.
+    let err = s
+        .build(&s.fixture("hello-node"), "pyhton313", &[])
+        .failure(2)
+        .to_string();
+    assert!(err.contains("(did you mean python313?)"), "{err}");
 }
 
 #[test]
@@ -385,6 +391,19 @@ fn malformed_destinations_bases_and_flags_are_usage_errors_naming_the_field() {
         (
             vec!["--output", "oci:"],
             "--output \"oci:\" names no directory",
+        ),
+        // A flag that cannot take what it was given names the one that can.
+        (
+            vec!["--image", "oci:./o"],
+            "to write the layout, use --output oci:./o",
+        ),
+        (
+            vec!["--output", "127.0.0.1:5000/team/x"],
+            "to push to a registry, use --image 127.0.0.1:5000/team/x",
+        ),
+        (
+            vec!["--output", "oci:./o", "--stage-dir", "./s"],
+            "--stage-dir needs --stage deps (which writes it)",
         ),
         (
             vec!["--output", "oci:./o", "--base", "oci:"],

@@ -221,7 +221,10 @@ fn stage(args: &BuildArgs, function: &FunctionSpec) -> anyhow::Result<Stage> {
     let stage = match (args.stage, &args.stage_dir) {
         (StageArg::All, None) => Stage::All,
         (StageArg::All, Some(_)) => {
-            return Err(anyhow!("--stage-dir needs --stage deps or --stage publish"));
+            return Err(anyhow!(
+                "--stage-dir needs --stage deps (which writes it) or --stage publish (which \
+                    reads it); a whole build takes no --stage-dir"
+            ));
         }
         (StageArg::Deps, Some(dir)) => Stage::Deps(dir.clone()),
         (StageArg::Publish, Some(dir)) => Stage::Publish(dir.clone()),
@@ -325,7 +328,9 @@ fn pick_runtime<'a>(
             let (flagged, declared) = (resolve(f)?, resolve(&m.runtime)?);
             if flagged.name != declared.name {
                 return Err(anyhow!(
-                    "--runtime {f} contradicts spec.runtime {} in the Function manifest",
+                    "--runtime {f} contradicts spec.runtime {} in the Function manifest: drop \
+                        --runtime (the manifest names it), or give --runtime {}",
+                    m.runtime,
                     m.runtime
                 ));
             }
@@ -350,20 +355,31 @@ fn dir_name(dir: &Path) -> String {
 fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> {
     match (&args.image, &args.output) {
         (Some(image), None) => {
+            if image.starts_with("oci:") {
+                return Err(anyhow!(
+                    "--image {image:?} names an OCI layout, and --image pushes to a registry: \
+                        to write the layout, use --output {image}"
+                ));
+            }
             let reference: Reference = image
                 .parse()
                 .with_context(|| format!("invalid --image {image:?}"))?;
             if reference.digest.is_some() {
                 return Err(anyhow!(
-                    "--image {image:?} names a digest; name a repository, optionally with a tag"
+                    "--image {image:?} names a digest, which the image's own will replace: name \
+                        a repository, optionally with a tag, e.g. --image {}:latest",
+                    reference.repository_path()
                 ));
             }
             Ok(Target::Registry(reference))
         }
         (None, Some(output)) => {
-            let rest = output
-                .strip_prefix("oci:")
-                .ok_or_else(|| anyhow!("--output {output:?} must start with oci:"))?;
+            let rest = output.strip_prefix("oci:").ok_or_else(|| {
+                anyhow!(
+                    "--output {output:?} must start with oci: (it writes an OCI layout, e.g. \
+                        --output oci:./out); to push to a registry, use --image {output}"
+                )
+            })?;
             let (dir, name) = crate::oci::layout::split_layout_ref(rest);
             if dir.is_empty() {
                 return Err(anyhow!(
@@ -380,6 +396,9 @@ fn target(args: &BuildArgs, store: &Path, name: &str) -> anyhow::Result<Target> 
             dir: store.to_path_buf(),
             name: format!("functions/{name}"),
         }),
-        _ => Err(anyhow!("--image and --output are exclusive")),
+        _ => Err(anyhow!(
+            "--image and --output are exclusive: give --image to push to a registry, or \
+                --output oci:DIR to write an OCI layout"
+        )),
     }
 }
