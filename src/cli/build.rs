@@ -173,14 +173,14 @@ async fn build(args: BuildArgs) -> Result<String, Failure> {
         }
     }
     write_outputs(&extra, &opts.stage, &output, client.traffic()).map_err(Failure::Build)?;
-    summary(&output, client.traffic().bytes_sent, began);
+    summary(&output, began);
     Ok(output.published.reference)
 }
 
 /// The human view's last lines, below the steps: the reference (its digest shortened: the
 /// whole one is on stdout), the image's size and its layers new or reused, the bytes
-/// uploaded and the time; with -v the build key.
-fn summary(output: &build::Output, sent: u64, began: std::time::Instant) {
+/// uploaded (or written to a layout) and the time; with -v the build key.
+fn summary(output: &build::Output, began: std::time::Instant) {
     use crate::image::publish::{Outcome, Role};
     if !steps::enabled() {
         return;
@@ -211,7 +211,9 @@ fn summary(output: &build::Output, sent: u64, began: std::time::Instant) {
             "unchanged: the target already holds this build".into(),
         ));
     }
-    rows.push(("sent", bytes(sent)));
+    let sent: u64 = output.published.blobs.iter().map(|b| b.bytes_sent).sum();
+    let layout = output.published.reference.starts_with("oci:");
+    rows.push((if layout { "written" } else { "sent" }, bytes(sent)));
     rows.push(("time", steps::duration(began.elapsed())));
     if steps::verbose() {
         rows.push(("key", output.image_key.to_string()));

@@ -115,11 +115,11 @@ pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
         serving: None,
     };
     dev.cycle().await;
-    eprintln!(
+    say(&format!(
         "kiln dev: watching {}; the Function answers on http://127.0.0.1:{} (Ctrl-C stops)",
         dir.display(),
         args.port
-    );
+    ));
     loop {
         tokio::select! {
             change = changes.recv() => {
@@ -133,9 +133,9 @@ pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
             status = dev.exited() => {
                 dev.serving = None;
                 dev.backend.store(0, Ordering::Release);
-                eprintln!(
+                say(&format!(
                     "kiln dev: the Function exited ({status}); it starts again on the next save"
-                );
+                ));
             }
             _ = tokio::signal::ctrl_c() => break,
         }
@@ -207,16 +207,16 @@ impl Dev {
     async fn cycle(&mut self) {
         let began = Instant::now();
         match self.rebuild().await {
-            Ok(Some(digest)) => eprintln!(
+            Ok(Some(digest)) => say(&format!(
                 "kiln dev: {} answers, {} after the change",
                 steps::short_digest(&digest),
                 steps::duration(began.elapsed())
-            ),
-            Ok(None) => eprintln!("kiln dev: the build is the one answering"),
+            )),
+            Ok(None) => say("kiln dev: the build is the one answering"),
             Err(e) => {
-                eprintln!("error: {e:#}");
+                say(&format!("error: {e:#}"));
                 if self.serving.is_some() {
-                    eprintln!("kiln dev: the last good build keeps answering");
+                    say("kiln dev: the last good build keeps answering");
                 }
             }
         }
@@ -240,7 +240,9 @@ impl Dev {
                     dir: self.layout.clone(),
                     selector: Selector::Digest(digest.clone()),
                 };
+                let step = steps::Step::start("unpack image");
                 let entry = crate::run::prepare(&self.client, &self.run_options(image, 0)).await?;
+                step.done(steps::short_digest(&entry.digest));
                 self.root = Some(Root { entry, lower });
                 None
             }
@@ -331,6 +333,7 @@ impl Dev {
         let opts = self.run_options(ImageRef::Registry(dummy_reference()?), port);
         let launch =
             crate::run::process::plan(&root.entry.rootfs, &root.entry.config, &opts, &binds)?;
+        let step = steps::Step::start("start");
         let mut child = launch
             .sandbox
             .command(&launch.argv)
@@ -353,6 +356,9 @@ impl Dev {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         self.backend.store(port, Ordering::Release);
+        step.done(format_args!(
+            "listening on its port {port}, behind the proxy"
+        ));
         Ok(Serving {
             child,
             digest,
@@ -399,6 +405,11 @@ impl Drop for SourceDir {
         // The layer's directory modes may forbid removing what is in them.
         let _ = crate::run::unpack::make_writable(self.dir.path());
     }
+}
+
+/// Prints `line` on stderr (above the step view's live lines).
+fn say(line: &str) {
+    steps::print(line);
 }
 
 /// The run options name an image; the launch plan does not read it.

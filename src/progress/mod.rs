@@ -143,23 +143,21 @@ fn update(bar: ProgressBar, show: Show) -> impl FnMut(Duration) + Send + 'static
 }
 
 fn live(multi: &MultiProgress, show: Show) -> Ticker {
-    let bar = match &show {
+    // Into the live lines before anything is set: a new bar draws on stderr by itself, and
+    // that first frame would stay behind as a line of its own (the stale spinner lines).
+    let bar = multi.add(ProgressBar::hidden());
+    match &show {
         Show::Message { label, .. } => {
-            let bar = ProgressBar::new_spinner();
             bar.set_style(style("{spinner} {prefix} {elapsed} {wide_msg}"));
             bar.set_prefix(label.clone());
-            bar
         }
         Show::Bytes { label, .. } => {
-            let bar = ProgressBar::new(0);
             bar.set_style(style(
                 "{spinner} {prefix} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {elapsed}",
             ));
             bar.set_prefix(label.clone());
-            bar
         }
-    };
-    let bar = multi.add(bar);
+    }
     bar.enable_steady_tick(REDRAW);
     Ticker {
         task: every(REDRAW, update(bar.clone(), show)),

@@ -78,7 +78,8 @@ impl Step {
             .get()
             .zip(super::TERMINAL.get())
             .map(|(steps, multi)| {
-                let bar = multi.add(ProgressBar::new_spinner());
+                // Added before it is styled: a bar draws on stderr by itself until it is.
+                let bar = multi.add(ProgressBar::hidden());
                 bar.set_style(spinner_style());
                 bar.set_prefix(label);
                 bar.enable_steady_tick(super::REDRAW);
@@ -169,8 +170,8 @@ pub fn summary(rows: &[(&str, String)]) {
     }
 }
 
-/// Prints `line` above the live lines.
-fn print(line: &str) {
+/// Prints `line` on stderr, above the live lines while any are shown.
+pub fn print(line: &str) {
     match super::TERMINAL.get() {
         Some(multi) => multi.suspend(|| eprintln!("{line}")),
         None => eprintln!("{line}"),

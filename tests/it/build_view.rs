@@ -250,6 +250,11 @@ fn a_build_on_a_terminal_shows_its_steps_and_a_summary_within_the_width() {
     assert_eq!(rows, ["image", "size", "sent", "time"], "{}", screen.text);
     assert!(summary[0].contains(&repository), "{}", screen.text);
     assert!(summary[1].contains("new,"), "{}", screen.text);
+    assert!(
+        !summary[2].ends_with(" 0 B"),
+        "the base's layers went up: {}",
+        screen.text
+    );
     // The step marks are green.
     assert!(screen.escaped.contains("\u{1b}[32m✓"), "{}", screen.escaped);
 
