@@ -3,7 +3,8 @@
 //! build with a dependency install in the builder image and a push to a real registry shows
 //! one line per step, each within the width and ending with its time, then the summary; no
 //! spinner is left behind and no log line shows. stdout has the reference alone. `NO_COLOR`
-//! takes the colour away and `-q` leaves the screen empty.
+//! takes the colour away and `-q` leaves the screen empty. `kiln run`'s unpack, a live line
+//! of its own, leaves nothing behind either.
 
 #![allow(clippy::unwrap_used)]
 
@@ -284,4 +285,19 @@ fn a_build_on_a_terminal_shows_its_steps_and_a_summary_within_the_width() {
     let screen = on_tmux(&kiln, work.path(), &quiet, &[]);
     screen.check(&repository);
     assert!(screen.lines().is_empty(), "{}", screen.text);
+
+    // A live line outside the step list (kiln run unpacking the image) leaves nothing behind
+    // either: a bar's first frame once stayed as a line of its own. (The tiny base has no
+    // programs: the run fails once the image is unpacked, which is what is looked at here.)
+    let reference = screen.stdout.trim().to_string();
+    let run = ["run", &reference, "--insecure-registry", &host];
+    let screen = on_tmux(&kiln, work.path(), &run, &[]);
+    assert!(screen.text.contains("rootfs unpacked"), "{}", screen.text);
+    assert!(
+        !screen
+            .text
+            .contains(|c| ('\u{2800}'..='\u{28ff}').contains(&c)),
+        "a live line was left behind:\n{}",
+        screen.text
+    );
 }
