@@ -5,6 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::Duration;
 
 /// The repository's `tests/fixtures`.
 pub fn fixtures() -> PathBuf {
@@ -231,8 +232,28 @@ pub fn blob_bytes_sent(report: &serde_json::Value) -> u64 {
 
 /// The download cache (.debs, npm tarballs: content-addressed) that every test shares, so
 /// assembling base and builder images is fast once it is warm.
+///
+/// The tests also unpack every image they run into it, each run's own: at most once an hour
+/// it is kept to 10 GiB by `kiln cache prune`, least recently used first (safe while other
+/// tests use it; base images and downloads stay), as a user would. Forty runs had left 45 GB
+/// of root file systems and filled the disk.
 pub fn shared_download_cache() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-test-cache")
+    static PRUNED: std::sync::Once = std::sync::Once::new();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("kiln-test-cache");
+    PRUNED.call_once(|| {
+        let stamp = dir.join("pruned-by-tests");
+        let recent = fs::metadata(&stamp)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() < Duration::from_secs(3600));
+        if !recent && fs::create_dir_all(&dir).is_ok() && fs::write(&stamp, "").is_ok() {
+            let _ = Command::new(env!("CARGO_BIN_EXE_kiln"))
+                .args(["cache", "prune", "--max-size", "10G", "--cache-dir"])
+                .arg(&dir)
+                .env("KILN_LOG_FORMAT", "text")
+                .output();
+        }
+    });
+    dir
 }
 
 /// Assembles `runtime`'s base and builder images with `kiln base build` into the OCI layout

@@ -28,28 +28,36 @@ pub(super) async fn build_several(
     extra: &Extra,
 ) -> Result<String, Failure> {
     // Every platform's base first: one that lacks a platform fails the build before any
-    // image is pushed.
+    // image is pushed. Each build then names its base by the digest found here, which the
+    // client has: no second look-up of the tag.
+    let mut bases = Vec::new();
     for platform in &extra.platforms {
-        resolve::resolve(client, &opts.base, &opts.base_name, platform)
+        let resolved = resolve::resolve(client, &opts.base, &opts.base_name, platform)
             .await
             .map_err(|e| build_failure(e.into()))?;
+        bases.push(pinned(&opts.base, &resolved));
     }
-    let builds = extra.platforms.iter().map(|platform| async move {
-        let mut one = for_platform(opts, platform);
-        // The provenance says what was asked for: the target's tag, and this platform.
-        let external = external_parameters(&one);
-        one.target = by_digest(&opts.target, platform);
-        if let Some(signing) = &mut one.signing {
-            signing.external = external;
-        }
-        tracing::info!(%platform, "building for one platform of several");
-        let output = build::run(client, &one).await.map_err(build_failure)?;
-        let mut descriptor = manifest(client, &one.target, &output)
-            .await
-            .map_err(Failure::Build)?;
-        descriptor.platform = Some(platform.clone());
-        Ok::<_, Failure>(descriptor)
-    });
+    let builds = extra
+        .platforms
+        .iter()
+        .zip(bases)
+        .map(|(platform, base)| async move {
+            let mut one = for_platform(opts, platform);
+            one.base = base;
+            // The provenance says what was asked for: the target's tag, and this platform.
+            let external = external_parameters(&one);
+            one.target = by_digest(&opts.target, platform);
+            if let Some(signing) = &mut one.signing {
+                signing.external = external;
+            }
+            tracing::info!(%platform, "building for one platform of several");
+            let output = build::run(client, &one).await.map_err(build_failure)?;
+            let mut descriptor = manifest(client, &one.target, &output)
+                .await
+                .map_err(Failure::Build)?;
+            descriptor.platform = Some(platform.clone());
+            Ok::<_, Failure>(descriptor)
+        });
     // Side by side: most of a build waits (on the registry, the package servers), and the
     // source layer one writes is the other's cache hit or the same bytes.
     let manifests = futures_util::future::try_join_all(builds).await?;
@@ -73,6 +81,21 @@ pub(super) async fn build_several(
             .map_err(Failure::Build)?;
     }
     Ok(reference)
+}
+
+/// `base` as `resolved` found it: a registry base by its platform manifest's digest (the
+/// name the image records, `base_name`, stays as given); a layout as it is.
+fn pinned(base: &resolve::BaseRef, resolved: &resolve::ResolvedBase) -> resolve::BaseRef {
+    match base {
+        resolve::BaseRef::Registry(reference) => {
+            resolve::BaseRef::Registry(crate::registry::Reference {
+                tag: None,
+                digest: Some(resolved.base.manifest.digest.clone()),
+                ..reference.clone()
+            })
+        }
+        resolve::BaseRef::Layout { .. } => base.clone(),
+    }
 }
 
 /// `--stage lookup` or `--stage deps` for several platforms: each platform's, one after the
