@@ -42,21 +42,34 @@ pub fn init(format: LogFormat, verbose: u8, quiet: bool, steps: bool) {
     if steps {
         crate::progress::steps::enable(color, verbose > 0);
     }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(|| crate::progress::StderrWriter);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let stderr = || crate::progress::StderrWriter;
     match (format, tty) {
         (LogFormat::Json, _) => builder
+            .with_writer(stderr)
             .json()
             .with_current_span(true)
             .with_span_list(false)
             .init(),
-        (LogFormat::Auto, true) => builder
+        // In the step view nothing wraps: log lines are wrapped to the width by kiln.
+        (LogFormat::Auto, true) if steps => builder
+            .with_writer(|| crate::progress::steps::WrappingWriter)
             .compact()
             .without_time()
             .with_target(false)
             .with_ansi(color)
             .init(),
-        _ => builder.with_ansi(false).with_target(false).init(),
+        (LogFormat::Auto, true) => builder
+            .with_writer(stderr)
+            .compact()
+            .without_time()
+            .with_target(false)
+            .with_ansi(color)
+            .init(),
+        _ => builder
+            .with_writer(stderr)
+            .with_ansi(false)
+            .with_target(false)
+            .init(),
     }
 }

@@ -170,6 +170,57 @@ pub fn summary(rows: &[(&str, String)]) {
     }
 }
 
+/// stderr for log lines in the step view: each line wrapped at spaces to the terminal's
+/// width (continued indented), then printed above the live lines.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WrappingWriter;
+
+impl std::io::Write for WrappingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let text = String::from_utf8_lossy(buf);
+        let width = width();
+        let wrapped: Vec<String> = text
+            .trim_end_matches('\n')
+            .lines()
+            .map(|line| wrap(line, width))
+            .collect();
+        print(&wrapped.join("\n"));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::Write::flush(&mut std::io::stderr())
+    }
+}
+
+/// `line` broken at spaces into lines of at most `width` columns, each after the first
+/// indented by two; colour codes take no columns. A word longer than a line is cut.
+fn wrap(line: &str, width: usize) -> String {
+    const INDENT: &str = "  ";
+    let mut out = String::new();
+    let mut used = 0;
+    for (i, word) in line.split(' ').enumerate() {
+        let w = console::measure_text_width(word);
+        if i > 0 && used > INDENT.len() && used + 1 + w > width {
+            out.push('\n');
+            out.push_str(INDENT);
+            used = INDENT.len();
+        } else if i > 0 {
+            out.push(' ');
+            used += 1;
+        }
+        let room = width.saturating_sub(used).max(1);
+        let word = if w > room {
+            fit(word, room)
+        } else {
+            word.to_string()
+        };
+        used += console::measure_text_width(&word);
+        out.push_str(&word);
+    }
+    out
+}
+
 /// Prints `line` on stderr, above the live lines while any are shown.
 pub fn print(line: &str) {
     match super::TERMINAL.get() {
@@ -254,6 +305,23 @@ mod tests {
         );
         assert_eq!(console::measure_text_width(&l), 40, "{l:?}");
         assert!(l.ends_with(" 1.5s"), "{l:?}");
+    }
+
+    #[test]
+    fn a_long_log_line_wraps_at_spaces_within_the_width() {
+        let line = " WARN runtime nodejs20 is built as nodejs22 (Node.js 22): kiln has no \
+                    nodejs20 runtime; set spec.runtime: nodejs22 to silence this";
+        let wrapped = wrap(line, 40);
+        for l in wrapped.lines() {
+            assert!(console::measure_text_width(l) <= 40, "{wrapped}");
+        }
+        assert_eq!(wrapped.replace("\n  ", " "), line);
+        // Colour codes take no columns; a word wider than the line is cut.
+        let colored = format!("\x1b[33m WARN\x1b[0m {}", "x".repeat(50));
+        for l in wrap(&colored, 20).lines() {
+            assert!(console::measure_text_width(l) <= 20, "{l:?}");
+        }
+        assert_eq!(wrap("short", 40), "short");
     }
 
     #[test]

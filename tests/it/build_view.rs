@@ -281,6 +281,18 @@ fn a_build_on_a_terminal_shows_its_steps_and_a_summary_within_the_width() {
         "{}",
         screen.text
     );
+    // A warning stands out: Kyma's name nodejs20 builds the same image, and says so in
+    // yellow.
+    let mut aliased = args.to_vec();
+    aliased[3] = "nodejs20";
+    let screen = on_tmux(&kiln, work.path(), &aliased, &[]);
+    screen.check(&repository);
+    let warning = screen
+        .escaped
+        .lines()
+        .find(|l| l.contains("nodejs20"))
+        .unwrap_or_else(|| panic!("no warning:\n{}", screen.escaped));
+    assert!(warning.contains("\u{1b}[33m"), "{warning:?}");
     let quiet = [&args[..], &["-q"]].concat();
     let screen = on_tmux(&kiln, work.path(), &quiet, &[]);
     screen.check(&repository);
