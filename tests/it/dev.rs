@@ -143,14 +143,21 @@ fn save(path: &Path, content: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-#[test]
-fn kiln_dev_swaps_each_save_in_and_keeps_the_last_good_build_answering() {
+/// A work directory with `runtime`'s base and builder images in `bases/` and an empty
+/// Function directory `fn/`.
+fn setup(runtime: &str) -> (tempfile::TempDir, Kiln, PathBuf, PathBuf) {
     let work = tempfile::tempdir().unwrap();
     let kiln = Kiln::new();
     let bases = work.path().join("bases");
-    base_images_into(&kiln, "nodejs22", &bases);
+    base_images_into(&kiln, runtime, &bases);
     let dir = work.path().join("fn");
     std::fs::create_dir_all(&dir).unwrap();
+    (work, kiln, bases, dir)
+}
+
+#[test]
+fn kiln_dev_swaps_each_save_in_and_keeps_the_last_good_build_answering() {
+    let (_work, kiln, bases, dir) = setup("nodejs22");
     let handler = |version: &str| {
         format!(
             "const ms = require('ms');\n\
@@ -234,12 +241,7 @@ fn kiln_dev_swaps_each_save_in_and_keeps_the_last_good_build_answering() {
 
 #[test]
 fn kiln_dev_serves_a_python_function_and_swaps_a_saved_change_in() {
-    let work = tempfile::tempdir().unwrap();
-    let kiln = Kiln::new();
-    let bases = work.path().join("bases");
-    base_images_into(&kiln, "python313", &bases);
-    let dir = work.path().join("fn");
-    std::fs::create_dir_all(&dir).unwrap();
+    let (_work, kiln, bases, dir) = setup("python313");
     let handler = |v: &str| format!("def main(event, context):\n    return '{v}'\n");
     save(&dir.join("handler.py"), &handler("p1"));
     save(&dir.join("requirements.txt"), "");
