@@ -321,20 +321,26 @@ fn deps_line(output: &build::DepsOutput) -> String {
         .map_or_else(|| "none".to_string(), |l| l.digest.to_string())
 }
 
-/// `kiln warm`'s view of a Function: the options `kiln build FLAGS` (no `--base`) has, with
-/// the dependencies installed in the runtime's own builder image from the local store
-/// (which the caller has made sure of), so the dependency key is the one such a build
-/// computes.
-pub(super) fn warm_options(flags: &[OsString]) -> anyhow::Result<Options> {
+/// `kiln build FLAGS`'s flags, for the commands that run a build of their own (`kiln warm`,
+/// `kiln dev`).
+pub(super) fn parse_flags(
+    flags: impl IntoIterator<Item = OsString>,
+) -> Result<BuildArgs, clap::Error> {
     #[derive(clap::Parser)]
     struct Flags {
         #[command(flatten)]
         args: BuildArgs,
     }
-    let args = <Flags as clap::Parser>::try_parse_from(
-        std::iter::once(OsString::from("build")).chain(flags.iter().cloned()),
-    )?
-    .args;
+    let line = std::iter::once(OsString::from("build")).chain(flags);
+    Ok(<Flags as clap::Parser>::try_parse_from(line)?.args)
+}
+
+/// `kiln warm`'s view of a Function: the options `kiln build FLAGS` (no `--base`) has, with
+/// the dependencies installed in the runtime's own builder image from the local store
+/// (which the caller has made sure of), so the dependency key is the one such a build
+/// computes.
+pub(super) fn warm_options(flags: &[OsString]) -> anyhow::Result<Options> {
+    let args = parse_flags(flags.iter().cloned())?;
     let env = Env::read();
     let (mut opts, _, extra) = validate(&args, &env)?;
     let store = extra.store.ok_or_else(|| {

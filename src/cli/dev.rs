@@ -87,7 +87,8 @@ const READY: Duration = Duration::from_secs(30);
 pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
     let dir = args.dir.clone().unwrap_or_else(|| PathBuf::from("."));
     let env = super::run::env_vars(&args.env).map_err(Failure::Usage)?;
-    let (client, opts) = super::build::for_dev(&build_args(&args, &dir)).await?;
+    let build = build_args(&args, &dir).map_err(|e| Failure::Usage(e.into()))?;
+    let (client, opts) = super::build::for_dev(&build).await?;
     let Target::Layout { dir: layout, .. } = opts.target.clone() else {
         return Err(Failure::Usage(anyhow!(
             "kiln dev builds into the local store"
@@ -115,7 +116,7 @@ pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
         serving: None,
     };
     dev.cycle().await;
-    say(&format!(
+    steps::print(&format!(
         "kiln dev: watching {}; the Function answers on http://127.0.0.1:{} (Ctrl-C stops)",
         dir.display(),
         args.port
@@ -133,7 +134,7 @@ pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
             status = dev.exited() => {
                 dev.serving = None;
                 dev.backend.store(0, Ordering::Release);
-                say(&format!(
+                steps::print(&format!(
                     "kiln dev: the Function exited ({status}); it starts again on the next save"
                 ));
             }
@@ -147,13 +148,8 @@ pub(super) async fn run(args: DevArgs) -> Result<String, Failure> {
 }
 
 /// `kiln build DIR --runtime R` with the flags `kiln dev` passes on, into the local store.
-fn build_args(args: &DevArgs, dir: &Path) -> BuildArgs {
-    #[derive(clap::Parser)]
-    struct Flags {
-        #[command(flatten)]
-        args: BuildArgs,
-    }
-    let mut line: Vec<std::ffi::OsString> = vec!["build".into(), dir.into()];
+fn build_args(args: &DevArgs, dir: &Path) -> Result<BuildArgs, clap::Error> {
+    let mut line: Vec<std::ffi::OsString> = vec![dir.into()];
     let flags = [
         ("--runtime", args.runtime.as_ref().map(Into::into)),
         ("--base", args.base.as_ref().map(Into::into)),
@@ -168,7 +164,7 @@ fn build_args(args: &DevArgs, dir: &Path) -> BuildArgs {
             line.extend([flag.into(), value]);
         }
     }
-    <Flags as clap::Parser>::parse_from(line).args
+    super::build::parse_flags(line)
 }
 
 /// The loop's state.
@@ -207,16 +203,16 @@ impl Dev {
     async fn cycle(&mut self) {
         let began = Instant::now();
         match self.rebuild().await {
-            Ok(Some(digest)) => say(&format!(
+            Ok(Some(digest)) => steps::print(&format!(
                 "kiln dev: {} answers, {} after the change",
                 steps::short_digest(&digest),
                 steps::duration(began.elapsed())
             )),
-            Ok(None) => say("kiln dev: the build is the one answering"),
+            Ok(None) => steps::print("kiln dev: the build is the one answering"),
             Err(e) => {
-                say(&format!("error: {e:#}"));
+                steps::print(&format!("error: {e:#}"));
                 if self.serving.is_some() {
-                    say("kiln dev: the last good build keeps answering");
+                    steps::print("kiln dev: the last good build keeps answering");
                 }
             }
         }
@@ -283,11 +279,7 @@ impl Dev {
             .prefix("dev-source-")
             .tempdir_in(&tmp)
             .with_context(|| format!("creating a directory in {}", tmp.display()))?;
-        let blob = self
-            .layout
-            .join("blobs")
-            .join(source.digest.algorithm())
-            .join(source.digest.hex());
+        let blob = crate::oci::Layout::open(&self.layout)?.blob_path(&source.digest);
         let runtime = &self.opts.runtime;
         let (src, deps) = (runtime.source.dir.clone(), runtime.dependencies.dir.clone());
         let deps_below = Some(deps).filter(|d| Path::new(d).starts_with(&src) && d != &src);
@@ -407,11 +399,6 @@ impl Drop for SourceDir {
     }
 }
 
-/// Prints `line` on stderr (above the step view's live lines).
-fn say(line: &str) {
-    steps::print(line);
-}
-
 /// The run options name an image; the launch plan does not read it.
 fn dummy_reference() -> anyhow::Result<crate::registry::Reference> {
     Ok("localhost/kiln-dev".parse()?)
@@ -423,18 +410,10 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// The layers of the manifest `digest` in the layout.
+/// The layers of the manifest `digest` in the layout (read and checked against its digest).
 fn manifest_layers(layout: &Path, digest: &Digest) -> anyhow::Result<Vec<Descriptor>> {
-    #[derive(serde::Deserialize)]
-    struct Manifest {
-        layers: Vec<Descriptor>,
-    }
-    let path = layout
-        .join("blobs")
-        .join(digest.algorithm())
-        .join(digest.hex());
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let manifest: Manifest =
+    let bytes = crate::oci::Layout::open(layout)?.read_blob(digest)?;
+    let manifest: crate::oci::Manifest =
         serde_json::from_slice(&bytes).with_context(|| format!("reading the manifest {digest}"))?;
     Ok(manifest.layers)
 }

@@ -244,20 +244,12 @@ async fn download_to<D: Digest>(
 /// Shows and logs every few seconds how much of `url` (`total` bytes, when it says) is `done`.
 fn progress(url: &str, total: Option<u64>, done: Arc<AtomicU64>) -> crate::progress::Ticker {
     let url = url.to_string();
-    let show = crate::progress::Show::Bytes {
-        label: format!("downloading {}", url.rsplit('/').next().unwrap_or_default()),
-        done: Box::new({
-            let done = done.clone();
-            move || (done.load(Ordering::Relaxed), total)
-        }),
-    };
-    crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
-        let got = crate::progress::megabytes(done.load(Ordering::Relaxed));
-        let of = total.map(crate::progress::megabytes);
+    let label = format!("downloading {}", url.rsplit('/').next().unwrap_or_default());
+    crate::progress::Ticker::bytes(label, done, total, move |elapsed, got| {
         tracing::info!(
             url,
-            received = got,
-            of,
+            received = crate::progress::megabytes(got),
+            of = total.map(crate::progress::megabytes),
             elapsed_s = elapsed.as_secs(),
             "downloading"
         );

@@ -93,6 +93,26 @@ impl Ticker {
     }
 }
 
+impl Ticker {
+    /// [`Ticker::start`] for a step that counts its bytes in `done`, of `total` when known:
+    /// `log` gets the time elapsed and the bytes done every [`PERIOD`].
+    pub fn bytes(
+        label: String,
+        done: Arc<AtomicU64>,
+        total: Option<u64>,
+        mut log: impl FnMut(Duration, u64) + Send + 'static,
+    ) -> Ticker {
+        let read = done.clone();
+        let show = Show::Bytes {
+            label,
+            done: Box::new(move || (read.load(Ordering::Relaxed), total)),
+        };
+        Ticker::start(PERIOD, show, move |elapsed| {
+            log(elapsed, done.load(Ordering::Relaxed));
+        })
+    }
+}
+
 /// Calls `report` with the time elapsed every `period`.
 fn every(
     period: Duration,

@@ -34,7 +34,7 @@ pub mod user;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 pub use error::Error;
 pub use reference::{ImageRef, Selector};
@@ -263,14 +263,10 @@ async fn unpack_image(
 /// terminal, a log line every few seconds elsewhere.
 fn unpack_progress(layers: &[Descriptor], done: Arc<AtomicU64>) -> crate::progress::Ticker {
     let total: u64 = layers.iter().map(|d| d.size).sum();
-    let read = done.clone();
-    let show = crate::progress::Show::Bytes {
-        label: "unpacking".into(),
-        done: Box::new(move || (read.load(Ordering::Relaxed), Some(total))),
-    };
-    crate::progress::Ticker::start(crate::progress::PERIOD, show, move |elapsed| {
+    let label = "unpacking".to_string();
+    crate::progress::Ticker::bytes(label, done, Some(total), move |elapsed, unpacked| {
         tracing::info!(
-            unpacked = crate::progress::megabytes(done.load(Ordering::Relaxed)),
+            unpacked = crate::progress::megabytes(unpacked),
             layers = crate::progress::megabytes(total),
             elapsed_s = elapsed.as_secs(),
             "unpacking image"
