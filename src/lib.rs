@@ -11,8 +11,9 @@
 //! module.
 //!
 //! - `cli`, `fuzzing`: anything.
-//! - `controller`: `git` `runtime` `registry` `oci` `signing` `cosign` `k8s_names` `redact`
-//!   `capped`.
+//! - `controller`: `rebase` `git` `runtime` `registry` `oci` `signing` `cosign` `k8s_names`
+//!   `redact` `capped`.
+//! - `rebase`: `build` `image` `runtime` `registry` `oci`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
 //!   `cosign` `provenance` `sbom` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.
@@ -55,6 +56,7 @@ pub mod origin;
 pub mod progress;
 pub mod provenance;
 pub mod prune;
+pub mod rebase;
 pub mod redact;
 pub mod registry;
 pub mod rootpath;

@@ -20,6 +20,7 @@ use crate::oci::source;
 use crate::oci::{
     self, ConfigEdit, Content, EntryKind, Image, LayerBlob, LayerEntry, MediaType, NewLayer,
 };
+use crate::runtime::abi::{self, Abi};
 
 mod config;
 mod error;
@@ -112,9 +113,11 @@ pub async fn assemble(
         epoch,
         blobs: Vec::new(),
         sbom: Vec::new(),
+        abi: Abi::default(),
     };
 
     let base_debs: Vec<LockedPackage> = lock.debs(Target::Base).cloned().collect();
+    stage.debian_abi(&base_debs);
     let debian_base = stage.debian_layer("debian", &base_debs, true).await?;
     let runtime = stage
         .npm_layer("runtime", lock, recipe, Target::Base)
@@ -130,7 +133,7 @@ pub async fn assemble(
     base_layers.push(stage.server_layer(recipe)?);
     base_layers.push(stage.sbom_layer(&recipe.runtime)?);
     // The base's config describes the base's packages only.
-    let base_edit = config_edit(recipe, epoch, &stage.sbom_label());
+    let base_edit = config_edit(recipe, epoch, &stage.sbom_label(), &stage.abi);
     let kiln_debs: Vec<LockedPackage> = lock.debs(Target::Kiln).cloned().collect();
     let builder_debs: Vec<LockedPackage> = lock.debs(Target::Builder).cloned().collect();
     let mut builder_layers = base_layers.clone();
@@ -157,7 +160,10 @@ pub async fn assemble(
     // The builder's SBOM lists its own packages too (the base's stays the base's).
     builder_layers.push(stage.sbom_layer(&recipe.runtime)?);
 
-    let builder_edit = builder_edit(config_edit(recipe, epoch, &stage.sbom_label()), recipe);
+    let builder_edit = builder_edit(
+        config_edit(recipe, epoch, &stage.sbom_label(), &stage.abi),
+        recipe,
+    );
     let base = stage.image(&base_layers, &base_edit)?;
     let builder = stage.image(&builder_layers, &builder_edit)?;
     let kiln = match kiln_layer {
@@ -186,6 +192,8 @@ struct Stage<'a> {
     epoch: u64,
     blobs: Vec<LayerBlob>,
     sbom: Vec<SbomEntry>,
+    /// What native code built against the base needs of it, for its labels.
+    abi: Abi,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -194,9 +202,33 @@ struct SbomEntry {
     version: String,
     origin: &'static str,
     licenses: Vec<String>,
+    /// Named in the `dev.kiln.sbom` label too: a Debian package or the runtime's own binary
+    /// package, not one of the runtime packages beside its server (listed in the SBOM file).
+    #[serde(skip)]
+    in_label: bool,
 }
 
+/// Node.js's version header in its binary package: the major and module versions.
+const NODE_VERSION_H: &str = "package/include/node/node_version.h";
+
 impl Stage<'_> {
+    /// The C library and Python version of the base's Debian packages.
+    fn debian_abi(&mut self, debs: &[LockedPackage]) {
+        for deb in debs {
+            let name = deb.name.as_str();
+            if name == "libc6" {
+                let version = abi::debian_upstream(&deb.version).to_string();
+                self.abi.libc = Some(("libc.so.6".into(), version));
+            }
+            if let Some(minor) = name.strip_prefix("python3.")
+                && !minor.is_empty()
+                && minor.bytes().all(|b| b.is_ascii_digit())
+            {
+                self.abi.python = Some(format!("3.{minor}"));
+            }
+        }
+    }
+
     fn scratch(&self, name: &str) -> Result<PathBuf> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).at("using", &dir)?;
@@ -254,6 +286,7 @@ impl Stage<'_> {
                 version: p.version.clone(),
                 origin: "debian",
                 licenses,
+                in_label: true,
             });
         }
         self.tree_layer(
@@ -293,11 +326,17 @@ impl Stage<'_> {
                 }
                 std::os::unix::fs::symlink(target, &path).at("using", &path)?;
             }
+            if image == Target::Base
+                && let Some(header) = npm::read_member(&tgz, NODE_VERSION_H, 1 << 20)
+            {
+                self.abi.node = abi::node_version_header(&String::from_utf8_lossy(&header));
+            }
             self.sbom.push(SbomEntry {
                 name: pinned.tarball.package.clone(),
                 version: pinned.tarball.version.clone(),
                 origin: "npm",
                 licenses: super::licenses::npm_tarball(&tgz),
+                in_label: true,
             });
         }
         self.tree_layer(name, &root, format!("kiln base: {name}"))
@@ -347,6 +386,7 @@ impl Stage<'_> {
                     licenses: std::fs::read(&manifest)
                         .map(|b| super::licenses::npm_declared(&b))
                         .unwrap_or_default(),
+                    in_label: false,
                 });
             }
         }
@@ -359,6 +399,7 @@ impl Stage<'_> {
                 licenses: wheel_licenses
                     .remove(&super::licenses::normalise(&w.name))
                     .unwrap_or_default(),
+                in_label: false,
             });
         }
         let count = lock.first.npm_tree.len() + lock.first.wheel.len();
@@ -464,12 +505,22 @@ impl Stage<'_> {
         self.write("sbom", vec![entry], "kiln base: SBOM".into())
     }
 
+    /// The Debian packages and the runtime's binaries by name and version, and how many
+    /// runtime packages the SBOM file lists besides. Every Function image's config inherits
+    /// the label, and a rebase uploads that config: the whole list (8 kB with Kyma's Node.js
+    /// packages) would be most of its bytes.
     fn sbom_label(&self) -> String {
-        self.sbom
+        let mut parts: Vec<String> = self
+            .sbom
             .iter()
+            .filter(|e| e.in_label)
             .map(|e| format!("{}@{}", e.name, e.version))
-            .collect::<Vec<_>>()
-            .join(",")
+            .collect();
+        let more = self.sbom.iter().filter(|e| !e.in_label).count();
+        if more > 0 {
+            parts.push(format!("{more} more in /usr/share/kiln/sbom.json"));
+        }
+        parts.join(",")
     }
 
     fn file_layer(&mut self, name: &'static str, file: &Path, dest: &str) -> Result<NewLayer> {

@@ -30,29 +30,9 @@ pub fn npm_declared(package_json: &[u8]) -> Vec<String> {
 
 /// The license of the `package/package.json` inside an npm tarball.
 pub fn npm_tarball(tgz: &Path) -> Vec<String> {
-    let Ok(file) = std::fs::File::open(tgz) else {
-        return Vec::new();
-    };
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    let Ok(entries) = archive.entries() else {
-        return Vec::new();
-    };
-    for entry in entries {
-        let Ok(mut entry) = entry else {
-            return Vec::new();
-        };
-        let is_manifest = entry
-            .path()
-            .is_ok_and(|p| p.to_str() == Some("package/package.json"));
-        if is_manifest {
-            let mut bytes = Vec::new();
-            if std::io::Read::read_to_end(&mut entry, &mut bytes).is_err() {
-                return Vec::new();
-            }
-            return npm_declared(&bytes);
-        }
-    }
-    Vec::new()
+    crate::fetch::npm::read_member(tgz, "package/package.json", 16 << 20)
+        .map(|bytes| npm_declared(&bytes))
+        .unwrap_or_default()
 }
 
 /// `(normalised name, licenses)` from a wheel's `METADATA` (RFC 822 headers; the body, the

@@ -19,6 +19,8 @@ use crate::registry::Client;
 /// The dependency layer of a build, wherever it came from.
 pub(super) struct DepLayer {
     pub key: Digest,
+    /// What installed it, as its key names it (`None` from a stage record without it).
+    pub toolchain: Option<String>,
     pub digest: Digest,
     pub diff_id: Digest,
     pub size: u64,
@@ -45,7 +47,7 @@ pub(super) fn plan(
     opts: &Options,
     function: &Function,
     base: &ResolvedBase,
-    deps_key: Option<&Digest>,
+    deps: Option<(&Digest, Option<&str>)>,
     source: &LayerBlob,
 ) -> Planned {
     let source_created_by = format!(
@@ -63,11 +65,12 @@ pub(super) fn plan(
             BaseRef::Layout { .. } => None,
         },
         base_digest: &base.base.manifest.digest,
+        deps_toolchain: deps.and_then(|(_, toolchain)| toolchain),
     });
     let layers = plan::KeyLayers {
         runtime: &opts.runtime.name,
         base: &base.base.manifest.digest,
-        deps: deps_key,
+        deps: deps.map(|(key, _)| key),
         source_diff_id: &source.diff_id,
         source_created_by: &source_created_by,
         compression: opts.compression,

@@ -157,6 +157,9 @@ fn tool(language: crate::runtime::Language) -> &'static str {
 /// layer is not cached.
 pub(super) struct DepKey {
     pub key: Digest,
+    /// What installs the layer, as the key names it: kiln's lock-file install for a
+    /// platform, or a builder image by digest (see [`deps::builder_toolchain_id`]).
+    pub toolchain: String,
     /// The install by kiln itself, when the package manager may not be needed.
     direct: Option<Direct>,
     /// The install environment when it was needed to name the toolchain (the toolchain on
@@ -194,15 +197,17 @@ pub(super) async fn dependency_key(
             );
         }
         Ok(Direct::Npm(_)) => {
+            let toolchain = lockfile::toolchain_id(&opts.platform);
             let key = deps::cache_key(
                 &opts.runtime,
-                &lockfile::toolchain_id(&opts.platform),
+                &toolchain,
                 inputs,
                 opts.epoch,
                 opts.compression,
             );
             return Ok(DepKey {
                 key,
+                toolchain,
                 direct: plan.ok(),
                 install: None,
                 scratch: None,
@@ -249,6 +254,7 @@ pub(super) async fn dependency_key(
     );
     Ok(DepKey {
         key,
+        toolchain,
         direct: plan.ok(),
         install,
         scratch,
@@ -282,6 +288,7 @@ pub(super) async fn dependency_layer(
 ) -> Result<Layer, Error> {
     let DepKey {
         key,
+        toolchain: _,
         direct,
         install,
         scratch,

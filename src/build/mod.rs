@@ -111,14 +111,16 @@ pub async fn run(client: &Client, opts: &Options) -> Result<Output, Error> {
         ));
         let keyed = deps
             .as_ref()
-            .map(|d| &d.key)
-            .or(dep_key.as_ref().map(|k| &k.key));
+            .map(|d| (&d.key, d.toolchain.as_deref()))
+            .or(dep_key
+                .as_ref()
+                .map(|k| (&k.key, Some(k.toolchain.as_str()))));
         let planned = assemble::plan(opts, function, &base, keyed, &source);
         let inputs = inputs(
             opts,
             function,
             &base,
-            keyed,
+            keyed.map(|(key, _)| key),
             &source,
             loaded.commit.as_deref(),
         );
@@ -422,6 +424,7 @@ async fn installed_layer(
     dep_key: install::DepKey,
     history: Option<&'static str>,
 ) -> Result<(DepLayer, Option<Reference>), Error> {
+    let toolchain = Some(dep_key.toolchain.clone());
     let layer = install::dependency_layer(
         client,
         opts,
@@ -441,6 +444,7 @@ async fn installed_layer(
     );
     let dep = DepLayer {
         key: layer.key,
+        toolchain,
         digest: layer.cached.digest,
         diff_id: layer.cached.diff_id,
         size: layer.cached.size,
@@ -488,6 +492,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
                 &dep_key.key,
             );
             let media_type = dependency_media_type(opts.compression);
+            let toolchain = Some(dep_key.toolchain.clone());
             match lookup_hit(opts, inputs, &dep_key.key).await? {
                 Some(found) => {
                     tracing::info!(
@@ -503,6 +508,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
                         diff_id: found.diff_id,
                         size: found.size,
                         created_by,
+                        toolchain,
                         in_cache_repo: true,
                     });
                 }
@@ -519,6 +525,7 @@ pub async fn run_deps(client: &Client, opts: &Options, dir: &Path) -> Result<Dep
                         diff_id: cached.diff_id,
                         size: cached.size,
                         created_by,
+                        toolchain,
                         in_cache_repo: false,
                     });
                 }

@@ -11,6 +11,9 @@ use crate::runtime::RuntimeSpec;
 pub const BUILD_KEY_LABEL: &str = "dev.kiln.build-key";
 /// Label carrying the runtime name.
 pub const RUNTIME_LABEL: &str = "dev.kiln.runtime";
+/// Label naming what installed the dependency layer, as its key does: kiln's lock-file or
+/// pinned-wheel install for a platform, or a builder image by digest. `kiln rebase` reads it.
+pub const DEPS_TOOLCHAIN_LABEL: &str = "dev.kiln.deps.toolchain";
 
 /// Everything the config edit depends on.
 #[derive(Clone, Debug)]
@@ -28,6 +31,8 @@ pub struct PlanInput<'a> {
     pub base_name: Option<&'a str>,
     /// The base manifest digest.
     pub base_digest: &'a Digest,
+    /// What installed the dependency layer ([`DEPS_TOOLCHAIN_LABEL`]); `None` without one.
+    pub deps_toolchain: Option<&'a str>,
 }
 
 /// What the image is made of besides the config edit: the base, and the layers kiln adds as
@@ -104,6 +109,11 @@ pub fn config_edit(input: &PlanInput<'_>) -> ConfigEdit {
         (oci("created"), created.clone()),
         (oci("base.digest"), input.base_digest.to_string()),
     ]);
+    if let Some(toolchain) = input.deps_toolchain {
+        // The toolchain on PATH prints a line per tool.
+        let one_line: Vec<&str> = toolchain.lines().map(str::trim).collect();
+        labels.insert(DEPS_TOOLCHAIN_LABEL.to_string(), one_line.join("; "));
+    }
     if let Some(name) = input.base_name {
         labels.insert(oci("base.name"), name.to_string());
         annotations.insert(oci("base.name"), name.to_string());
@@ -152,6 +162,7 @@ mod tests {
             epoch: 0,
             base_name: Some("reg/base:1"),
             base_digest: &d,
+            deps_toolchain: None,
         };
         let layers = KeyLayers {
             runtime: "nodejs22",
@@ -186,6 +197,7 @@ mod tests {
             epoch: 0,
             base_name: None,
             base_digest: &d,
+            deps_toolchain: None,
         };
         let layers = KeyLayers {
             runtime: "nodejs22",

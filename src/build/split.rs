@@ -201,6 +201,7 @@ pub(super) async fn staged_layer(
     Ok((
         Some(DepLayer {
             key: layer.key,
+            toolchain: layer.toolchain,
             digest: layer.digest,
             diff_id: layer.diff_id,
             size: layer.size,
@@ -266,6 +267,7 @@ async fn from_cache_repo(
     let local = remote.is_none().then(|| cache.blob_path(&cached.digest));
     Ok(DepLayer {
         key: layer.key,
+        toolchain: layer.toolchain,
         digest: cached.digest,
         diff_id: cached.diff_id,
         size: cached.size,

@@ -9,6 +9,7 @@ mod dev;
 mod git;
 mod init;
 mod install;
+mod rebase;
 mod registry;
 mod report;
 mod run;
@@ -105,6 +106,13 @@ pub enum Command {
     /// Prints the verified digest. Exit codes: 0 verified, 1 not verified (the reason on
     /// stderr), 2 bad usage or input.
     Verify(Box<verify::VerifyArgs>),
+    /// Move a Function image onto a new base image without a build: the new base's layers,
+    /// the Function's own layers as they are, and the config a build on the new base writes,
+    /// pushed with blob mounts (no layer bytes move) and the manifest last.
+    ///
+    /// Refused, with the reason (exit 3), when a build on the new base would install the
+    /// dependencies differently. Prints the rebased image's reference.
+    Rebase(Box<rebase::RebaseArgs>),
     /// Manage the cache directory (`kiln cache prune`).
     #[command(subcommand)]
     Cache(cache::CacheCommand),
@@ -196,6 +204,7 @@ pub async fn run(cli: Cli) -> Result<String, Failure> {
             .map_err(|e| Failure::Build(e.into())),
         Command::Warm(args) => warm::run(*args).await,
         Command::Verify(args) => verify::run(*args).await,
+        Command::Rebase(args) => rebase::run(*args).await,
         Command::Cache(cmd) => cache::run(cmd),
         Command::Completions { shell } => {
             let mut script = Vec::new();

@@ -185,6 +185,25 @@ fn join(registry: &url::Url, path: &str) -> String {
     format!("{}/{path}", registry.as_str().trim_end_matches('/'))
 }
 
+/// The bytes of member `path` (`package/package.json`) of a gzipped tarball, at most `limit`
+/// of them; `None` when it is not there, is bigger, or the tarball is unreadable.
+pub fn read_member(tgz: &Path, path: &str, limit: u64) -> Option<Vec<u8>> {
+    let file = std::fs::File::open(tgz).ok()?;
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    for entry in archive.entries().ok()? {
+        let entry = entry.ok()?;
+        if entry.path().ok()?.to_str() == Some(path) {
+            if entry.size() > limit {
+                return None;
+            }
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::Read::take(entry, limit), &mut bytes).ok()?;
+            return Some(bytes);
+        }
+    }
+    None
+}
+
 /// Unpacks the members of an npm tarball (`package/...`) whose path (below `package/`) starts
 /// with one of `include` (`.` keeps everything), into `dest/...`, by the policy of
 /// [`crate::rootpath`]: names are cleaned and may not climb above `dest`, symlinks are made

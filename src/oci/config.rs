@@ -164,6 +164,41 @@ pub fn rfc3339(epoch: u64) -> String {
     )
 }
 
+/// The epoch [`rfc3339`] wrote `text` for (`YYYY-MM-DDTHH:MM:SSZ` exactly); `None` for any
+/// other text.
+pub fn epoch_of(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    let shape = b.len() == 20
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b[10] == b'T'
+        && b[13] == b':'
+        && b[16] == b':'
+        && b[19] == b'Z';
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let part = text.get(r)?;
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse().ok())?
+    };
+    if !shape {
+        return None;
+    }
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days-from-civil (Howard Hinnant's algorithm), the inverse of `rfc3339`'s.
+    let y = y - i64::from(m <= 2);
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let epoch = u64::try_from(days * 86_400 + hh * 3600 + mm * 60 + ss).ok()?;
+    // Out-of-range fields (month 13, second 61) do not survive the round trip.
+    (rfc3339(epoch) == text).then_some(epoch)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,6 +208,28 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
+
+    #[test]
+    fn epoch_of_inverts_rfc3339() {
+        for epoch in [
+            0,
+            59,
+            951_782_400,
+            1_700_000_000,
+            4_102_444_800,
+            253_402_300_799,
+        ] {
+            assert_eq!(epoch_of(&rfc3339(epoch)), Some(epoch), "{epoch}");
+        }
+        for bad in [
+            "",
+            "2023-13-01T00:00:00Z",
+            "2023-11-14T22:13:20+01:00",
+            "x023-11-14T22:13:20Z",
+        ] {
+            assert_eq!(epoch_of(bad), None, "{bad}");
+        }
     }
 
     #[test]

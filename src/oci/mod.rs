@@ -21,7 +21,7 @@ pub mod validate;
 pub mod zstd;
 
 pub use chunks::ChunkReader;
-pub use config::{History, ImageConfig, RootFs, RunConfig, rfc3339};
+pub use config::{History, ImageConfig, RootFs, RunConfig, epoch_of, rfc3339};
 pub use descriptor::{Descriptor, Platform};
 pub use digest::{Digest, DigestError, Hasher, HashingReader, HashingWriter};
 pub use image::{Base, ConfigEdit, Image, NewLayer};

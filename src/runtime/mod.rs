@@ -1,6 +1,7 @@
 //! The runtime catalog: `runtimes/<name>/runtime.toml`, embedded in the binary, parsed into
 //! validated [`RuntimeSpec`]s. Pure: no I/O beyond the embedded text.
 
+pub mod abi;
 pub mod alias;
 mod catalog;
 mod manifest;

@@ -9,10 +9,15 @@ use super::KILN_IN_BUILDER;
 use crate::oci::{Base, ConfigEdit, Document, MediaType, Platform};
 
 /// The base image's config: the recipe's environment, user, working directory and
-/// entrypoint, and labels naming the runtime and its SBOM.
-pub(super) fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit {
+/// entrypoint, and labels naming the runtime, its SBOM and its binary interface (`abi`).
+pub(super) fn config_edit(
+    recipe: &Recipe,
+    epoch: u64,
+    sbom: &str,
+    abi: &crate::runtime::abi::Abi,
+) -> ConfigEdit {
     let created = crate::oci::rfc3339(epoch);
-    let labels = BTreeMap::from([
+    let mut labels = BTreeMap::from([
         ("dev.kiln.runtime".to_string(), recipe.runtime.clone()),
         ("dev.kiln.sbom".to_string(), sbom.to_string()),
         (
@@ -24,6 +29,7 @@ pub(super) fn config_edit(recipe: &Recipe, epoch: u64, sbom: &str) -> ConfigEdit
             format!("kiln {} runtime", recipe.runtime),
         ),
     ]);
+    labels.extend(abi.labels());
     ConfigEdit {
         created,
         env: recipe
@@ -117,7 +123,7 @@ mod tests {
     #[test]
     fn the_builder_runs_kiln_while_the_base_keeps_the_function_server() {
         let (recipe, _) = crate::base::recipe::embedded("python313").unwrap();
-        let base = config_edit(&recipe, 0, "");
+        let base = config_edit(&recipe, 0, "", &Default::default());
         let builder = builder_edit(base.clone(), &recipe);
         assert_eq!(base.entrypoint, Some(recipe.image.entrypoint.clone()));
         assert_eq!(base.cmd, None);

@@ -68,6 +68,9 @@ pub struct StagedLayer {
     pub size: u64,
     /// The image history entry's `created_by`.
     pub created_by: String,
+    /// What installed it, as the key names it (the image's `dev.kiln.deps.toolchain` label).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toolchain: Option<String>,
     /// The layer is the cache repository entry `--stage lookup` found, so nothing was
     /// installed and there is no blob here: publish takes the layer from the repository,
     /// trusting the lookup's record, never this one.

@@ -36,6 +36,7 @@ fn staged(dir: &Path, inputs: &DepInputs) -> Record {
         manifest_digest: Some(manifest_digest(inputs)),
         dependencies: Some(StagedLayer {
             created_by: created_by("npm install", &key),
+            toolchain: None,
             key,
             media_type: MediaType::OciLayerGzip,
             digest: blob.descriptor.digest.clone(),

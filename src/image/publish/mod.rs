@@ -119,7 +119,7 @@ pub enum Error {
 }
 
 /// Wraps a registry error with what was being pushed or fetched, and where.
-fn registry_err(
+pub fn registry_err(
     what: impl Into<String>,
     target: impl ToString,
 ) -> impl Fn(registry::Error) -> Error {

@@ -1,0 +1,231 @@
+//! `kiln rebase IMAGE --base NEW_BASE`: moves a Function image onto a new base image without
+//! a build, when that is safe (see [`crate::rebase`]).
+
+use anyhow::{Context, anyhow};
+use clap::Args;
+
+use super::Failure;
+use super::registry::RegistryArgs;
+use crate::image::resolve::{self, BaseRef};
+use crate::oci::Platform;
+use crate::rebase::{self, Decision, Request};
+use crate::registry::{Client, Reference};
+use crate::runtime::Catalog;
+
+/// The exit code of a rebase refused as unsafe: a build is needed.
+pub const EXIT_REBUILD: u8 = 3;
+
+/// Flags of `kiln rebase`.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "What is checked (a rebase that fails any check is refused, with the reason):
+  - the image was built by kiln, which can reproduce its build key from it;
+  - the new base is for the same runtime and platform;
+  - the dependency layer, if any, was installed by kiln's own lock-file install, or in the
+    builder image the new base pairs with (--builder);
+  - the new base offers the binary interface the dependencies were built for: the same
+    Node.js major and module version, the same Python major.minor, the same C library at a
+    version no older (the base's dev.kiln.abi.* labels).
+The result is the image a full `kiln build` on the new base gives, to the digest.
+
+Exit codes: 0 rebased (or on the new base already), 3 refused (build it instead), 1 failed,
+2 bad usage.
+
+Examples:
+  kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1
+  kiln rebase reg.example.com/fns/orders@sha256:… --base reg.example.com/kiln/python313:1.1 \\
+      --builder reg.example.com/kiln/python313-builder:1.1 --image reg.example.com/fns/orders:v2
+  kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1 --dry-run"
+)]
+pub struct RebaseArgs {
+    /// The Function image, by tag or digest (what `kiln build` printed): one platform's image.
+    #[arg(value_name = "IMAGE")]
+    pub image: String,
+    /// The new base image: a registry reference, or `oci:DIR[:NAME]` (as `kiln build --base`).
+    #[arg(long, value_name = "REF")]
+    pub base: String,
+    /// The builder image the new base pairs with: needed to rebase an image whose dependencies
+    /// were installed in a builder image (npm or pip ran), which must be this very one.
+    #[arg(long, value_name = "REF")]
+    pub builder: Option<String>,
+    /// Where the rebased image goes [default: IMAGE's own tag; IMAGE by digest needs it].
+    #[arg(long = "image", value_name = "REF")]
+    pub target: Option<String>,
+    /// Also tag the rebased image with its build key (`kiln-<hex>`), as `kiln build
+    /// --tag-by-key` does.
+    #[arg(long)]
+    pub tag_by_key: bool,
+    /// The platform of the new base (and builder) to take from an image index.
+    #[arg(long, value_name = "OS/ARCH", default_value = "linux/amd64")]
+    pub platform: String,
+    /// Say what would happen (rebase, rebuild and why, or nothing to do), and write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Write a JSON report here: the decision (`rebase`, `rebuild`, `current`) and its reason,
+    /// the reference, each blob's outcome, and the registry requests and bytes sent (in all,
+    /// and for the push alone).
+    #[arg(long, value_name = "FILE")]
+    pub report: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+}
+
+pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
+    let usage = |e: anyhow::Error| Failure::Usage(e);
+    let image: Reference = args
+        .image
+        .parse()
+        .with_context(|| format!("invalid image reference {:?}", args.image))
+        .map_err(usage)?;
+    let base = BaseRef::parse(&args.base)
+        .with_context(|| format!("--base {:?}", args.base))
+        .map_err(usage)?;
+    let target: Reference = match &args.target {
+        Some(t) => t
+            .parse()
+            .with_context(|| format!("--image {t:?}"))
+            .map_err(usage)?,
+        None => match &image.tag {
+            Some(tag) => image
+                .repository_only()
+                .with_tag(tag)
+                .map_err(|e| usage(e.into()))?,
+            None => {
+                return Err(usage(anyhow!(
+                    "{} names no tag to move: pass --image REF for the rebased image",
+                    args.image
+                )));
+            }
+        },
+    };
+    let platform = Platform::parse(&args.platform)
+        .ok_or_else(|| anyhow!("--platform {:?}: not OS/ARCH", args.platform))
+        .map_err(usage)?;
+    let client = Client::new(args.registry.client_config().map_err(usage)?)
+        .context("setting up the registry client")
+        .map_err(usage)?;
+    let builder = match &args.builder {
+        Some(b) => {
+            let parsed = BaseRef::parse(b)
+                .with_context(|| format!("--builder {b:?}"))
+                .map_err(usage)?;
+            let found = resolve::resolve(&client, &parsed, b, &platform)
+                .await
+                .with_context(|| format!("reading the builder image {b}"))
+                .map_err(Failure::Build)?;
+            Some(found.base.manifest.digest)
+        }
+        None => None,
+    };
+    let catalog = Catalog::embedded();
+    let planned = rebase::plan(
+        &client,
+        Request {
+            image: &image,
+            base: &base,
+            base_name: &args.base,
+            builder: builder.as_ref(),
+            platform: &platform,
+            catalog: &catalog,
+        },
+    )
+    .await
+    .map_err(|e| Failure::Build(e.into()))?;
+    let report = |fields: serde_json::Value| -> Result<(), Failure> {
+        let Some(path) = &args.report else {
+            return Ok(());
+        };
+        let mut value = serde_json::json!({
+            "image": args.image,
+            "base": args.base,
+            "dryRun": args.dry_run,
+            "registry": client.traffic(),
+        });
+        if let (Some(all), serde_json::Value::Object(more)) = (value.as_object_mut(), fields) {
+            all.extend(more);
+        }
+        let bytes = serde_json::to_vec_pretty(&value)
+            .context("serialising the report")
+            .map_err(Failure::Build)?;
+        std::fs::write(path, bytes)
+            .with_context(|| format!("writing the report to {}", path.display()))
+            .map_err(Failure::Build)
+    };
+    let current = format!("{}@{}", image.repository_path(), planned.current);
+    let rebased = match (planned.decision, args.dry_run) {
+        (Decision::Current, _) => {
+            tracing::info!(image = %args.image, base = %args.base, "on the new base already");
+            report(serde_json::json!({ "decision": "current", "reference": current }))?;
+            return Ok(match args.dry_run {
+                true => format!("current {current}"),
+                false => current,
+            });
+        }
+        (Decision::Rebuild(reason), dry_run) => {
+            report(serde_json::json!({ "decision": "rebuild", "reason": reason }))?;
+            if dry_run {
+                return Ok(format!("rebuild {reason}"));
+            }
+            eprintln!(
+                "kiln rebase: {} cannot be rebased onto {}: {reason}. Build it on the new base \
+                 instead (kiln build … --base {}).",
+                args.image, args.base, args.base
+            );
+            return Err(Failure::Exit(EXIT_REBUILD));
+        }
+        (Decision::Rebase(rebased), true) => {
+            let reference = format!(
+                "{}@{}",
+                target.repository_path(),
+                rebased.image.manifest.digest
+            );
+            report(serde_json::json!({
+                "decision": "rebase",
+                "reference": reference,
+                "imageKey": rebased.image_key,
+            }))?;
+            return Ok(format!(
+                "rebase {reference} (image key {})",
+                rebased.image_key
+            ));
+        }
+        (Decision::Rebase(rebased), false) => rebased,
+    };
+    let scratch = tempfile::tempdir()
+        .context("making a scratch directory")
+        .map_err(Failure::Build)?;
+    let key_tag = args
+        .tag_by_key
+        .then(|| crate::build::plan::key_tag(&rebased.image_key));
+    let before = client.traffic();
+    let published = rebase::publish(
+        &client,
+        &rebased,
+        &planned.new_base,
+        &image,
+        &target,
+        key_tag,
+        scratch.path(),
+    )
+    .await
+    .map_err(|e| Failure::Build(e.into()))?;
+    let after = client.traffic();
+    tracing::info!(
+        reference = %published.reference,
+        image_key = %rebased.image_key,
+        blobs = %crate::image::publish::counts(&published.blobs),
+        "rebased",
+    );
+    report(serde_json::json!({
+        "decision": "rebase",
+        "reference": published.reference,
+        "digest": published.digest,
+        "imageKey": rebased.image_key,
+        "blobs": published.blobs,
+        "push": {
+            "requests": after.requests - before.requests,
+            "bytesSent": after.bytes_sent - before.bytes_sent,
+        },
+    }))?;
+    Ok(published.reference)
+}
