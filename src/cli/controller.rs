@@ -130,6 +130,25 @@ pub struct ControllerArgs {
     /// At most this many build Jobs at once, cluster-wide; the rest wait (JobQueued).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
     pub max_build_jobs: u16,
+    /// When a runtime's base or builder image changes, at most this many Functions are
+    /// between their rebase onto it (no build Job; see `kiln rebase`) and running on the new
+    /// image, cluster-wide; the rest wait (RebaseQueued). Rebuilds are paced by
+    /// --max-build-jobs.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_rollouts: u16,
+    /// At most this many of those rollouts in one namespace [default: --max-concurrent-rollouts].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_rollouts_per_namespace: Option<u16>,
+    /// When a runtime's base or builder image changes, say on each Function (BuildReady
+    /// NewerBaseAvailable, and an Event) whether it would be rebased or built again and why,
+    /// and keep it on the images it was built on. A Function opts out of rebases by itself
+    /// with the annotation kiln.io/auto-rebase: "false".
+    #[arg(long, env = "KILN_REBASE_DRY_RUN", value_parser = clap::builder::FalseyValueParser::new())]
+    pub rebase_dry_run: bool,
+    /// How long a base or builder image tag's digest is trusted before it is resolved again
+    /// (how soon a base change is seen).
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub image_cache_ttl: u64,
     /// A build Job's activeDeadlineSeconds.
     #[arg(long, default_value_t = 1800, value_name = "SECONDS")]
     pub build_deadline: u64,
@@ -341,6 +360,13 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
         .filter(|name| !name.trim().is_empty());
     config.package_registry_secret = args.package_registry_secret.clone();
     config.max_build_jobs = usize::from(args.max_build_jobs);
+    config.max_rollouts = usize::from(args.max_concurrent_rollouts);
+    config.max_rollouts_per_namespace = usize::from(
+        args.max_rollouts_per_namespace
+            .unwrap_or(args.max_concurrent_rollouts),
+    );
+    config.rebase_dry_run = args.rebase_dry_run;
+    config.image_cache_ttl = Duration::from_secs(args.image_cache_ttl);
     config.build_deadline = Duration::from_secs(args.build_deadline);
     config.build_retry_base = Duration::from_secs(args.build_retry_base);
     config.build_retry_max = Duration::from_secs(args.build_retry_max.max(args.build_retry_base));

@@ -16,6 +16,7 @@ use super::crd::Function;
 use super::error::{Error, Result};
 use super::names;
 use super::plan::{Plan, SourcePlan};
+use super::rebases::{self, Attempt, BaseChange};
 use super::records;
 use super::render;
 use super::render::source::Copied;
@@ -38,8 +39,31 @@ pub enum Build {
 ///
 /// # Errors
 /// API or registry failures (retried by the error policy).
-pub async fn step(f: &Function, plan: &Plan, ctx: &Context, st: &mut Working) -> Result<Build> {
+pub async fn step(
+    f: &Function,
+    plan: &Plan,
+    ctx: &Context,
+    st: &mut Working,
+    base_change: Option<&BaseChange>,
+) -> Result<Build> {
     let ns = ctx.config.build_namespace.as_str();
+    // The runtime's images changed and nothing else: the image built last is rebased when
+    // that is safe. Until that has happened the status keeps the last build key, so a queued
+    // rebase is tried again.
+    if let Some(change) = base_change
+        && records::recorded(ctx, f, &plan.key).is_none()
+    {
+        match rebases::attempt(f, plan, ctx, st, change).await? {
+            Attempt::Rebased(digest) => {
+                st.status.build_key = Some(plan.key.clone());
+                st.status.failed_builds = None;
+                cleanup(f, plan, ctx).await?;
+                return Ok(Build::Built(digest));
+            }
+            Attempt::Queued(after) => return Ok(Build::Pending(Some(after))),
+            Attempt::Build => {}
+        }
+    }
     let job_name = names::build_name(f, &plan.key);
     let new_key = st.status.build_key.as_deref() != Some(plan.key.as_str());
     if new_key {
@@ -151,7 +175,8 @@ async fn finished(
         .await;
     }
     let now = k8s_openapi::jiff::Timestamp::now().as_second();
-    records::record(ctx, f, &plan.key, &digest, u64::try_from(now).unwrap_or(0)).await?;
+    let now = u64::try_from(now).unwrap_or(0);
+    records::record(ctx, f, &plan.key, &digest, &plan.built_on(), now).await?;
     if let Some(took) = job_duration(job) {
         ctx.metrics.build_finished(took);
     }

@@ -79,6 +79,20 @@ pub mod reason {
     pub const PROVENANCE_INVALID: &str = "ProvenanceInvalid";
     /// BuildReady=True: the registry already had the image (kiln).
     pub const IMAGE_FOUND: &str = "ImageFound";
+    /// BuildReady=True: the runtime's base changed and the image was rebased onto it, with
+    /// no build Job (kiln).
+    pub const IMAGE_REBASED: &str = "ImageRebased";
+    /// BuildReady=Unknown: rebasing onto the runtime's new base waits for a rollout slot
+    /// (`--max-concurrent-rollouts`; kiln).
+    pub const REBASE_QUEUED: &str = "RebaseQueued";
+    /// BuildReady=True: a newer base (or builder) image is available, and the Function stays
+    /// on the one it was built on (its opt-out annotation, or the controller's dry run; kiln).
+    pub const NEWER_BASE_AVAILABLE: &str = "NewerBaseAvailable";
+    /// An Event: the runtime's base changed and the image must be built again, with why a
+    /// rebase would not do (kiln).
+    pub const REBUILD_FOR_BASE: &str = "RebuildForNewBase";
+    /// An Event: a rebase that was safe failed to push; the image is built instead (kiln).
+    pub const REBASE_FAILED: &str = "RebaseFailed";
     /// BuildReady=False: the base or builder image could not be resolved (kiln).
     pub const IMAGE_UNRESOLVED: &str = "ImageUnresolved";
     /// Running=Unknown: the Deployment was created.

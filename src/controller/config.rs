@@ -95,6 +95,13 @@ pub struct Config {
     pub package_registry_secret: String,
     /// At most this many build Jobs run at once, cluster-wide.
     pub max_build_jobs: usize,
+    /// At most this many Functions between a rebase onto a new base and running on it.
+    pub max_rollouts: usize,
+    /// At most this many of them in one namespace.
+    pub max_rollouts_per_namespace: usize,
+    /// Report what a base change would do (rebase, or build and why), and keep every
+    /// Function on the images it was built on.
+    pub rebase_dry_run: bool,
     /// A build Job's `activeDeadlineSeconds`.
     pub build_deadline: Duration,
     /// The first retry delay after a failed build; it doubles per failure.
@@ -147,6 +154,9 @@ impl Config {
             ca_bundle_configmap: None,
             package_registry_secret: "serverless-package-registry-config".into(),
             max_build_jobs: 5,
+            max_rollouts: 50,
+            max_rollouts_per_namespace: 50,
+            rebase_dry_run: false,
             build_deadline: Duration::from_secs(1800),
             build_retry_base: Duration::from_secs(30),
             build_retry_max: Duration::from_secs(300),

@@ -40,6 +40,8 @@ pub struct Context {
     pub git_checked: Mutex<HashMap<String, GitChecked>>,
     /// The build cap.
     pub slots: BuildSlots,
+    /// The rollout cap of rebases.
+    pub rollouts: super::rebases::Rollouts,
     /// The watch caches of what the controller made.
     pub stores: Stores,
     /// Events.

@@ -58,6 +58,11 @@ impl Images {
         }
     }
 
+    /// The registry client (with the controller's credentials).
+    pub fn client(&self) -> &registry::Client {
+        &self.client
+    }
+
     /// The repository and manifest digest `reference` names: no request when it is pinned
     /// by digest or was resolved within the TTL.
     ///

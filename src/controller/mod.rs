@@ -1,7 +1,8 @@
 //! The Function controller: Kyma's Function flow with kiln as the builder. A `Function`
 //! resource becomes a source ConfigMap, a build Job running `kiln build` in the runtime's
 //! builder image, and a Deployment + Service (+ HPA) running the image by digest. It never
-//! builds images itself; it asks the registry only whether an image already exists.
+//! builds images itself; besides asking the registry whether an image exists, it writes to it
+//! only to rebase an image it built onto the runtime's new base (`rebases`).
 
 pub mod apply;
 pub mod builds;
@@ -21,6 +22,7 @@ pub mod plan;
 pub mod plumbing;
 pub mod presets;
 pub mod quantity;
+pub mod rebases;
 pub mod reconcile;
 pub mod records;
 pub mod render;

@@ -36,6 +36,17 @@ pub struct Plan {
     pub platforms: Vec<Platform>,
 }
 
+impl Plan {
+    /// The base and builder digests the plan builds on.
+    pub fn built_on(&self) -> super::records::BuiltOn {
+        let digest = |r: &str| r.rsplit_once('@').map_or(r, |(_, d)| d).to_string();
+        super::records::BuiltOn {
+            base: digest(&self.base),
+            builder: digest(&self.builder),
+        }
+    }
+}
+
 /// The lookups a plan needs besides the Function.
 #[derive(Clone, Debug)]
 pub struct Lookups {

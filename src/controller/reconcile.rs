@@ -17,6 +17,7 @@ use super::deploy;
 use super::error::{Error, Result};
 use super::lookup;
 use super::plan::{self, Lookups};
+use super::rebases;
 use super::render;
 use super::slots::waiter;
 use super::status::{Working, Written};
@@ -67,6 +68,7 @@ async fn run(f: &Function, ctx: &Context) -> Result<Action> {
     if f.metadata.deletion_timestamp.is_some() {
         // Owner references garbage-collect every child.
         ctx.slots.forget(&waiter(f));
+        ctx.rollouts.release(&rebases::rollout_id(f));
         return Ok(Action::await_change());
     }
     let mut st = Working::new(f);
@@ -111,7 +113,25 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
     let Some(found) = lookups(f, ctx, st, &runtime.name).await? else {
         return Ok(Action::requeue(ctx.config.build_retry_base));
     };
-    let plan = plan::plan(f, runtime, &ctx.config, &found);
+    let mut plan = plan::plan(f, runtime, &ctx.config, &found);
+    // A base change the Function opted out of (or the dry run) keeps it on its images.
+    let mut change = rebases::base_change(f, runtime, ctx, &found, &plan);
+    let mut held = None;
+    if let Some(c) = change.take_if(|_| rebases::opted_out(f) || ctx.config.rebase_dry_run) {
+        held = Some(match ctx.config.rebase_dry_run {
+            true => rebases::would(&plan, ctx, &c).await,
+            false => rebases::moved(
+                &c,
+                &plan,
+                &format!(
+                    "a newer base is available; the Function stays on its images (annotation \
+                     {}: \"false\")",
+                    rebases::AUTO_REBASE
+                ),
+            ),
+        });
+        plan = c.old_plan;
+    }
     st.status.function_resource_profile = Some(plan.function_resources.profile.clone());
     st.status.build_resource_profile = Some(plan.build_resources.profile.clone());
     st.status.runtime_image = Some(plan.base.clone());
@@ -165,7 +185,15 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
             }
         }
     }
-    let build = builds::step(f, &plan, ctx, st).await?;
+    let build = builds::step(f, &plan, ctx, st, change.as_ref()).await?;
+    if let (Some(message), Build::Built(_)) = (held, &build) {
+        st.set(
+            Kind::BuildReady,
+            State::True,
+            reason::NEWER_BASE_AVAILABLE,
+            message,
+        );
+    }
     let (digest, waiting) = match build {
         Build::Built(digest) => {
             st.status.digest = Some(digest.clone());
@@ -184,6 +212,14 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
         return Ok(earliest([waiting.or(Some(ctx.config.requeue))]));
     };
     let deployed = deploy::step(f, &plan, ctx, st, &digest).await?;
+    let id = rebases::rollout_id(f);
+    if ctx.rollouts.holds(&id)
+        && st
+            .condition(Kind::Running)
+            .is_some_and(|c| c.status == "True")
+    {
+        ctx.rollouts.release(&id);
+    }
     // A git source is looked at again after the poll interval, or at once with Kyma's
     // continuousGitCheckout annotation (then every few seconds).
     let git_poll = f.spec.source.git_repository.as_ref().map(|_| {

@@ -4,7 +4,9 @@
 //! here: an image that someone else pushed under a build key's tag (a tenant with push
 //! access, a registry shared with another cluster) is never taken for a build. Tenants
 //! cannot write the build namespace. The record keeps the latest [`MAX_ENTRIES`] keys, so
-//! reverting a Function to an earlier version deploys the image built then.
+//! reverting a Function to an earlier version deploys the image built then. Each entry also
+//! names the base and builder digests the image was made with, which tell a later base
+//! change from a change of the Function (see `rebases`).
 
 use std::collections::BTreeMap;
 
@@ -23,21 +25,44 @@ use super::stores::object_ref;
 /// How many build keys a Function's record keeps.
 pub const MAX_ENTRIES: usize = 16;
 
+/// The base and builder image digests a build ran on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BuiltOn {
+    /// The base image's manifest digest.
+    pub base: String,
+    /// The builder image's manifest digest.
+    pub builder: String,
+}
+
 /// The digest recorded for `f`'s build `key`, from the watch cache.
 pub fn recorded(ctx: &Context, f: &Function, key: &str) -> Option<String> {
+    recorded_on(ctx, f, key).map(|(digest, _)| digest)
+}
+
+/// The digest recorded for `f`'s build `key`, and what it was built on when the entry says.
+pub fn recorded_on(ctx: &Context, f: &Function, key: &str) -> Option<(String, Option<BuiltOn>)> {
     let name = names::records_name(f);
     let record = ctx
         .stores
         .config_maps
         .get(&object_ref(&ctx.config.build_namespace, &name))?;
-    entry(record.data.as_ref()?.get(key)?).map(|(digest, _)| digest.to_string())
+    let value = record.data.as_ref()?.get(key)?;
+    let (digest, _) = entry(value)?;
+    Some((digest.to_string(), built_on(value)))
 }
 
-/// Records that `f`'s build `key` made `digest`, at `now` (Unix seconds).
+/// Records that `f`'s build `key` made `digest` on `on`, at `now` (Unix seconds).
 ///
 /// # Errors
 /// The API request failed.
-pub async fn record(ctx: &Context, f: &Function, key: &str, digest: &str, now: u64) -> Result<()> {
+pub async fn record(
+    ctx: &Context,
+    f: &Function,
+    key: &str,
+    digest: &str,
+    on: &BuiltOn,
+    now: u64,
+) -> Result<()> {
     let ns = &ctx.config.build_namespace;
     let name = names::records_name(f);
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ns);
@@ -55,7 +80,7 @@ pub async fn record(ctx: &Context, f: &Function, key: &str, digest: &str, now: u
     if held {
         return Ok(());
     }
-    let desired = render(f, ns, live.as_ref(), key, digest, now);
+    let desired = render(f, ns, live.as_ref(), key, (digest, Some(on)), now);
     apply::apply(&api, "ConfigMap", &desired, live.as_ref(), &ctx.verified).await?;
     Ok(())
 }
@@ -78,23 +103,42 @@ pub fn latest(cm: &ConfigMap) -> Option<u64> {
         .max()
 }
 
-/// `(digest, recorded at)` of an entry's value `"<digest> <unix seconds>"`.
+/// `(digest, recorded at)` of an entry's value `"<digest> <unix seconds>[ <base> <builder>]"`.
 fn entry(value: &str) -> Option<(&str, u64)> {
-    let (digest, at) = value.split_once(' ')?;
+    let mut parts = value.split(' ');
+    let (digest, at) = (parts.next()?, parts.next()?);
     digest
         .starts_with("sha256:")
         .then_some(())
         .and_then(|()| Some((digest, at.parse().ok()?)))
 }
 
-/// The record with `key` → `digest` added to what `live` holds, the oldest entries dropped
-/// past [`MAX_ENTRIES`].
+/// The base and builder digests of an entry's value, when it names them.
+fn built_on(value: &str) -> Option<BuiltOn> {
+    let mut parts = value.split(' ').skip(2);
+    let (base, builder) = (parts.next()?, parts.next()?);
+    let digest = |d: &str| d.parse::<crate::oci::Digest>().is_ok();
+    (digest(base) && digest(builder)).then(|| BuiltOn {
+        base: base.into(),
+        builder: builder.into(),
+    })
+}
+
+fn value(digest: &str, at: u64, on: Option<&BuiltOn>) -> String {
+    match on {
+        Some(on) => format!("{digest} {at} {} {}", on.base, on.builder),
+        None => format!("{digest} {at}"),
+    }
+}
+
+/// The record with `key` → `digest` (built on `on`) added to what `live` holds, the oldest
+/// entries dropped past [`MAX_ENTRIES`].
 pub fn render(
     f: &Function,
     namespace: &str,
     live: Option<&ConfigMap>,
     key: &str,
-    digest: &str,
+    (digest, on): (&str, Option<&BuiltOn>),
     now: u64,
 ) -> ConfigMap {
     let mut entries: Vec<(String, String, u64)> = live
@@ -102,15 +146,15 @@ pub fn render(
         .into_iter()
         .flatten()
         .filter(|(k, _)| k.as_str() != key)
-        .filter_map(|(k, v)| entry(v).map(|(d, at)| (k.clone(), d.to_string(), at)))
+        .filter_map(|(k, v)| {
+            let (d, at) = entry(v)?;
+            Some((k.clone(), value(d, at, built_on(v).as_ref()), at))
+        })
         .collect();
-    entries.push((key.to_string(), digest.to_string(), now));
+    entries.push((key.to_string(), value(digest, now, on), now));
     entries.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(&b.0)));
     entries.truncate(MAX_ENTRIES);
-    let data: BTreeMap<String, String> = entries
-        .into_iter()
-        .map(|(k, d, at)| (k, format!("{d} {at}")))
-        .collect();
+    let data: BTreeMap<String, String> = entries.into_iter().map(|(k, v, _)| (k, v)).collect();
     let mut cm = ConfigMap {
         metadata: ObjectMeta {
             name: Some(names::records_name(f)),
@@ -143,7 +187,7 @@ mod tests {
     #[test]
     fn the_record_keeps_the_latest_keys_and_ignores_what_it_did_not_write() {
         let f = function();
-        let mut cm = render(&f, "kiln-builds", None, "k0", &digest(0), 100);
+        let mut cm = render(&f, "kiln-builds", None, "k0", (&digest(0), None), 100);
         assert_eq!(cm.metadata.name.as_deref(), Some("team.hello"));
         assert_eq!(cm.metadata.namespace.as_deref(), Some("kiln-builds"));
         let labels = cm.metadata.labels.clone().unwrap();
@@ -156,7 +200,7 @@ mod tests {
                 "kiln-builds",
                 Some(&cm),
                 &format!("k{i}"),
-                &digest(i),
+                (&digest(i), None),
                 100 + i as u64,
             );
         }
@@ -169,9 +213,23 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert("junk".into(), "latest".into());
-        let cm = render(&f, "kiln-builds", Some(&cm), "k1", &digest(1), 200);
+        let on = BuiltOn {
+            base: digest(100),
+            builder: digest(101),
+        };
+        let cm = render(
+            &f,
+            "kiln-builds",
+            Some(&cm),
+            "k1",
+            (&digest(1), Some(&on)),
+            200,
+        );
         let data = cm.data.unwrap();
-        assert_eq!(data["k1"], format!("{} 200", digest(1)));
+        let k1 = format!("{} 200 {} {}", digest(1), digest(100), digest(101));
+        assert_eq!(data["k1"], k1);
+        assert_eq!(built_on(&data["k1"]), Some(on));
+        assert_eq!(built_on(&data["k16"]), None);
         assert!(!data.contains_key("junk"));
         assert_eq!(entry("sha256:ab 7"), Some(("sha256:ab", 7)));
         assert_eq!(entry("md5:ab 7"), None);

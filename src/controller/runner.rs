@@ -2,6 +2,7 @@
 //! reconcile and runs until SIGTERM (or until leadership is lost, which ends the process so
 //! that Kubernetes restarts it as a candidate).
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -100,8 +101,10 @@ pub async fn run(opts: Options) -> Result<()> {
         .reconcile_on(futures_util::stream::unfold(woken, |mut rx| async move {
             rx.recv().await.map(|r| (r, rx))
         }));
-    // Every Function again: every `--resync` interval, and whenever SIGHUP arrives.
+    // Every Function again: every `--resync` interval, whenever SIGHUP arrives, and when a
+    // runtime's base or builder image changes (its rebase or rebuild).
     let hangups = hangups().map_err(|e| Error::Missing(format!("listening for SIGHUP: {e}")))?;
+    let hangups = futures_util::stream::select(hangups, image_changes(ctx.clone()));
     controller = match opts.resync {
         Some(every) => {
             controller.reconcile_all_on(futures_util::stream::select(ticks(every), hangups))
@@ -225,6 +228,10 @@ fn context(
             opts.config.image_cache_ttl,
         ),
         slots,
+        rollouts: super::rebases::Rollouts::new(
+            opts.config.max_rollouts,
+            opts.config.max_rollouts_per_namespace,
+        ),
         git: opts.git.clone(),
         git_checked: Mutex::default(),
         catalog: Catalog::embedded(),
@@ -328,6 +335,41 @@ fn hangups() -> std::io::Result<impl Stream<Item = ()> + Send + 'static> {
             ((), s)
         })
     }))
+}
+
+/// Yields when a runtime's base or builder image tag names another digest than the last
+/// look, one TTL (`image_cache_ttl`) after another. A lookup that fails changes nothing.
+fn image_changes(ctx: Arc<Context>) -> impl Stream<Item = ()> + Send + 'static {
+    let every = ctx.config.image_cache_ttl.max(Duration::from_secs(1));
+    futures_util::stream::unfold((ctx, None), move |(ctx, mut last)| async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let mut now = BTreeMap::new();
+            for images in ctx.config.runtimes.values() {
+                for reference in [&images.base, &images.builder] {
+                    let known = last
+                        .as_ref()
+                        .and_then(|l: &BTreeMap<String, _>| l.get(reference));
+                    match ctx.images.resolve(reference).await {
+                        Ok((_, digest)) => _ = now.insert(reference.clone(), digest),
+                        Err(_) => {
+                            if let Some(digest) = known.cloned() {
+                                now.insert(reference.clone(), digest);
+                            }
+                        }
+                    }
+                }
+            }
+            let changed = last.as_ref().is_some_and(|l| *l != now);
+            last = Some(now);
+            if changed {
+                tracing::info!(
+                    "a runtime's base or builder image changed: reconciling every Function"
+                );
+                return Some(((), (ctx, last)));
+            }
+        }
+    })
 }
 
 fn ticks(every: Duration) -> impl Stream<Item = ()> + Send + 'static {

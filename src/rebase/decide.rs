@@ -90,9 +90,6 @@ fn decide_inner(
     let runtime_name = label(RUNTIME_LABEL)?;
     let recorded_key: Digest = parse_digest(label(BUILD_KEY_LABEL)?, BUILD_KEY_LABEL)?;
     let old_base: Digest = parse_digest(label(BASE_DIGEST_LABEL)?, BASE_DIGEST_LABEL)?;
-    if old_base == new.base.manifest.digest {
-        return Ok(Decision::Current);
-    }
     let new_config = parse_config(&new.base.config, "the new base")?;
     let new_labels = labels_of(&new_config);
     if let Some(theirs) = new_labels.get(RUNTIME_LABEL)
@@ -113,6 +110,10 @@ fn decide_inner(
     let own = own_layers(current.image, &config)?;
     if own.deps.is_some() {
         deps_run_on(&labels, &new_labels, new.builder)?;
+    }
+    // On the new base already (a build would install as this one did: checked above).
+    if old_base == new.base.manifest.digest {
+        return Ok(Decision::Current);
     }
     let runtime = catalog.get(runtime_name).map_err(|e| e.to_string())?;
     let compression = match own.source.descriptor.media_type {

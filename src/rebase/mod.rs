@@ -7,13 +7,14 @@ mod decide;
 
 use std::path::Path;
 
+pub use crate::image::resolve::{BaseRef, ResolvedBase};
 pub use decide::{Current, Decision, NewBase, Rebased, decide};
 
 use crate::image::publish::{
     self, BlobPlan, BlobReport, Outcome, PublishInput, Published, Publisher, RegistryPublisher,
     Role,
 };
-use crate::image::resolve::{self, BaseLocation, BaseRef, ResolvedBase};
+use crate::image::resolve::{self, BaseLocation};
 use crate::oci::{Digest, MediaType, Platform};
 use crate::registry::{BlobSource, Client, Reference, Scope};
 use crate::runtime::Catalog;

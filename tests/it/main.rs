@@ -32,6 +32,7 @@ mod completions;
 mod controller;
 mod controller_e2e;
 mod controller_rbac;
+mod controller_rebase;
 mod debian;
 mod deploy;
 mod dev;

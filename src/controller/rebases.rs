@@ -1,0 +1,373 @@
+//! Fleet rebases. When a runtime's base or builder image changes (the reconciler resolves
+//! their tags with a TTL), every Function on it gets a new build key. For a Function whose
+//! last build differs from the new one only in those images, the controller rebases the image
+//! it built instead of building again, when that is safe (see [`crate::rebase`]): the new
+//! base's layers and the Function's own, pushed with blob mounts, no Job. Otherwise, or when
+//! the push fails, a build Job runs as for any change. Rebases start at most
+//! `--max-concurrent-rollouts` at a time (and a per-namespace share), so a patch does not roll
+//! every Deployment at once; a slot is held until the Function runs on the new image.
+//!
+//! A Function with `runtimeImageOverride` is never rebased (its base is its own), and one
+//! annotated [`AUTO_REBASE`]`: "false"` stays on the images it was built on, and says that a
+//! newer base is available; so does every Function under `--rebase-dry-run`, which also says
+//! what would happen.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use super::conditions::{Kind, State, reason};
+use super::context::Context;
+use super::crd::Function;
+use super::plan::{self, Lookups, Plan};
+use super::records;
+use super::status::Working;
+use crate::rebase::{self, Decision};
+use crate::registry::Reference;
+use crate::runtime::RuntimeSpec;
+
+/// The annotation that opts a Function out of automatic rebases (`"false"`).
+pub const AUTO_REBASE: &str = "kiln.io/auto-rebase";
+
+/// How long a rollout slot is held at most: a Deployment that never becomes ready does not
+/// hold the fleet back.
+const SLOT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A Function whose build key changed only because the runtime's images did.
+#[derive(Clone, Debug)]
+pub struct BaseChange {
+    /// The plan on the images the Function was built on (its key is the status's).
+    pub old_plan: Plan,
+    /// The image that build made (manifest digest).
+    pub digest: String,
+}
+
+/// The base change of `f`, if its new `plan` differs from its last build only in the base or
+/// builder digest (and the controller recorded which those were).
+pub fn base_change(
+    f: &Function,
+    runtime: &RuntimeSpec,
+    ctx: &Context,
+    found: &Lookups,
+    plan: &Plan,
+) -> Option<BaseChange> {
+    let old_key = f.status.as_ref()?.build_key.as_deref()?;
+    if old_key == plan.key || f.spec.runtime_image_override.is_some() {
+        return None;
+    }
+    let (digest, on) = records::recorded_on(ctx, f, old_key)?;
+    let on = on?;
+    let old = Lookups {
+        base: (found.base.0.clone(), on.base.parse().ok()?),
+        builder: (found.builder.0.clone(), on.builder.parse().ok()?),
+        ..found.clone()
+    };
+    let old_plan = plan::plan(f, runtime, &ctx.config, &old);
+    (old_plan.key == old_key).then_some(BaseChange { old_plan, digest })
+}
+
+/// Who holds a rollout slot: `namespace/name`.
+pub fn rollout_id(f: &Function) -> String {
+    format!("{}/{}", f.namespace_or_default(), f.name_or_empty())
+}
+
+/// Whether `f` opted out of automatic rebases.
+pub fn opted_out(f: &Function) -> bool {
+    f.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(AUTO_REBASE))
+        .is_some_and(|v| v == "false")
+}
+
+/// What a rebase attempt came to.
+pub enum Attempt {
+    /// Rebased and recorded: the new image's digest.
+    Rebased(String),
+    /// Waiting for a rollout slot; look again after this.
+    Queued(Duration),
+    /// Build it with a Job (the reason is in an Event).
+    Build,
+}
+
+/// Rebases `change.digest` onto `plan`'s images when safe, pushing to `plan.push_image`.
+///
+/// # Errors
+/// Recording the rebased image failed (the API); a failed rebase itself falls back to a build.
+pub async fn attempt(
+    f: &Function,
+    plan: &Plan,
+    ctx: &Context,
+    st: &mut Working,
+    change: &BaseChange,
+) -> super::error::Result<Attempt> {
+    if let Some(why) = not_here(plan, ctx) {
+        st.note(
+            reason::REBUILD_FOR_BASE,
+            format!("{}; building", moved(change, plan, why)),
+        );
+        return Ok(Attempt::Build);
+    }
+    let id = rollout_id(f);
+    if !ctx.rollouts.take(&id, f.namespace_or_default()) {
+        st.set(
+            Kind::BuildReady,
+            State::Unknown,
+            reason::REBASE_QUEUED,
+            format!(
+                "the runtime's base image changed: the rebase waits for one of the {} rollout \
+                 slots (--max-concurrent-rollouts)",
+                ctx.config.max_rollouts
+            ),
+        );
+        return Ok(Attempt::Queued(Duration::from_secs(2)));
+    }
+    match decide(plan, ctx, change).await {
+        Ok((Decision::Rebase(rebased), new_base)) => {
+            let pushed = push(plan, ctx, change, &rebased, &new_base).await;
+            match pushed {
+                Ok(digest) => {
+                    let now = k8s_openapi::jiff::Timestamp::now().as_second();
+                    let now = u64::try_from(now).unwrap_or(0);
+                    records::record(ctx, f, &plan.key, &digest, &plan.built_on(), now).await?;
+                    st.set(
+                        Kind::BuildReady,
+                        State::True,
+                        reason::IMAGE_REBASED,
+                        format!(
+                            "{}: rebased to {digest}, no build",
+                            moved(change, plan, "the image is safe to move")
+                        ),
+                    );
+                    Ok(Attempt::Rebased(digest))
+                }
+                Err(e) => {
+                    ctx.rollouts.release(&id);
+                    let message = format!("rebasing failed ({e}); building instead");
+                    tracing::warn!(function = %id, "{message}");
+                    st.note(reason::REBASE_FAILED, message);
+                    Ok(Attempt::Build)
+                }
+            }
+        }
+        Ok((Decision::Current, _)) => {
+            // The image is the new images' build already (a builder change that its
+            // dependencies do not depend on): taken for the new key as it is.
+            let now = k8s_openapi::jiff::Timestamp::now().as_second();
+            let now = u64::try_from(now).unwrap_or(0);
+            records::record(ctx, f, &plan.key, &change.digest, &plan.built_on(), now).await?;
+            ctx.rollouts.release(&id);
+            st.set(
+                Kind::BuildReady,
+                State::True,
+                reason::IMAGE_REBASED,
+                moved(change, plan, "the image is what a build would make: kept"),
+            );
+            Ok(Attempt::Rebased(change.digest.clone()))
+        }
+        Ok((Decision::Rebuild(why), _)) => {
+            ctx.rollouts.release(&id);
+            st.note(
+                reason::REBUILD_FOR_BASE,
+                format!("{}; building", moved(change, plan, &why)),
+            );
+            Ok(Attempt::Build)
+        }
+        Err(e) => {
+            ctx.rollouts.release(&id);
+            let message = format!("reading the image to rebase failed ({e}); building instead");
+            st.note(reason::REBASE_FAILED, message);
+            Ok(Attempt::Build)
+        }
+    }
+}
+
+/// What a rebase would do, for `--rebase-dry-run` and an opted-out Function: one sentence.
+pub async fn would(plan: &Plan, ctx: &Context, change: &BaseChange) -> String {
+    if let Some(why) = not_here(plan, ctx) {
+        return moved(change, plan, &format!("would build: {why}"));
+    }
+    match decide(plan, ctx, change).await {
+        Ok((Decision::Rebase(rebased), _)) => moved(
+            change,
+            plan,
+            &format!(
+                "would rebase to {}, no build",
+                rebased.image.manifest.digest
+            ),
+        ),
+        Ok((Decision::Current, _)) => moved(change, plan, "the image stays as it is"),
+        Ok((Decision::Rebuild(why), _)) => moved(change, plan, &format!("would build: {why}")),
+        Err(e) => moved(
+            change,
+            plan,
+            &format!("would build: reading the image failed: {e}"),
+        ),
+    }
+}
+
+/// Why the controller cannot rebase this plan's image itself, if it cannot.
+fn not_here(plan: &Plan, ctx: &Context) -> Option<&'static str> {
+    if plan.platforms.len() != 1 {
+        return Some("an image for several platforms is built again");
+    }
+    if ctx.config.require_provenance {
+        return Some(
+            "--require-provenance deploys only images with a provenance signed in the build \
+             Job, which a rebase has not",
+        );
+    }
+    None
+}
+
+/// "the base changed from X to Y: …".
+pub fn moved(change: &BaseChange, plan: &Plan, then: &str) -> String {
+    let (old, new) = (change.old_plan.built_on(), plan.built_on());
+    let what = match (old.base == new.base, old.builder == new.builder) {
+        (false, true) => format!("the base image changed ({} to {})", old.base, new.base),
+        (true, false) => format!(
+            "the builder image changed ({} to {})",
+            old.builder, new.builder
+        ),
+        _ => format!(
+            "the base and builder images changed (base {} to {})",
+            old.base, new.base
+        ),
+    };
+    format!("{what}: {then}")
+}
+
+async fn decide(
+    plan: &Plan,
+    ctx: &Context,
+    change: &BaseChange,
+) -> Result<(Decision, rebase::ResolvedBase), String> {
+    let image: Reference = format!("{}@{}", repository(plan), change.digest)
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let base_ref: Reference = plan.base.parse().map_err(|e| format!("{e}"))?;
+    let base = rebase::BaseRef::Registry(base_ref);
+    let builder: crate::oci::Digest = plan
+        .built_on()
+        .builder
+        .parse()
+        .map_err(|_| "the builder digest".to_string())?;
+    let planned = rebase::plan(
+        ctx.images.client(),
+        rebase::Request {
+            image: &image,
+            base: &base,
+            base_name: &plan.base,
+            builder: Some(&builder),
+            platform: &plan.platforms[0],
+            catalog: &ctx.catalog,
+        },
+    )
+    .await
+    .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+    Ok((planned.decision, planned.new_base))
+}
+
+async fn push(
+    plan: &Plan,
+    ctx: &Context,
+    change: &BaseChange,
+    rebased: &rebase::Rebased,
+    new_base: &rebase::ResolvedBase,
+) -> Result<String, String> {
+    let from: Reference = format!("{}@{}", repository(plan), change.digest)
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let target: Reference = plan.push_image.parse().map_err(|e| format!("{e}"))?;
+    let scratch = tempfile::tempdir().map_err(|e| format!("a scratch directory: {e}"))?;
+    let published = rebase::publish(
+        ctx.images.client(),
+        rebased,
+        new_base,
+        &from,
+        &target,
+        None,
+        scratch.path(),
+    )
+    .await
+    .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+    Ok(published.digest.to_string())
+}
+
+/// The repository `plan`'s image is pushed to.
+fn repository(plan: &Plan) -> &str {
+    plan.push_image.rsplit_once(':').map_or("", |(r, _)| r)
+}
+
+/// Rollout slots: at most `max` Functions (and `per_namespace` of one namespace) between a
+/// rebase and running on its image.
+pub struct Rollouts {
+    max: usize,
+    per_namespace: usize,
+    held: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Rollouts {
+    /// Slots for `max` rollouts, `per_namespace` of them in one namespace.
+    pub fn new(max: usize, per_namespace: usize) -> Rollouts {
+        Rollouts {
+            max: max.max(1),
+            per_namespace: per_namespace.clamp(1, max.max(1)),
+            held: Mutex::default(),
+        }
+    }
+
+    /// Takes a slot for Function `id` in `namespace` (or finds the one it holds); `false` when
+    /// every slot it may have is taken.
+    pub fn take(&self, id: &str, namespace: &str) -> bool {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.retain(|_, (_, at)| at.elapsed() < SLOT_TIMEOUT);
+        if held.contains_key(id) {
+            return true;
+        }
+        let in_namespace = held.values().filter(|(ns, _)| ns == namespace).count();
+        if held.len() >= self.max || in_namespace >= self.per_namespace {
+            return false;
+        }
+        held.insert(id.to_string(), (namespace.to_string(), Instant::now()));
+        true
+    }
+
+    /// Gives Function `id`'s slot back (it runs on its new image, or was not rebased).
+    pub fn release(&self, id: &str) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.remove(id);
+    }
+
+    /// Whether Function `id` holds a slot.
+    pub fn holds(&self, id: &str) -> bool {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.contains_key(id)
+    }
+
+    /// How many slots are held.
+    pub fn held(&self) -> usize {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rollout_slots_cap_the_fleet_and_each_namespace() {
+        let slots = Rollouts::new(3, 2);
+        assert!(slots.take("a/1", "a"));
+        assert!(slots.take("a/1", "a"), "a holder finds its slot");
+        assert!(slots.take("a/2", "a"));
+        assert!(!slots.take("a/3", "a"), "namespace a has its share");
+        assert!(slots.take("b/1", "b"));
+        assert!(!slots.take("c/1", "c"), "every slot is taken");
+        slots.release("a/1");
+        assert!(slots.take("c/1", "c"));
+        assert_eq!(slots.held(), 3);
+        assert!(slots.holds("c/1") && !slots.holds("a/1"));
+    }
+}

