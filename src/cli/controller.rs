@@ -145,6 +145,10 @@ pub struct ControllerArgs {
     /// with the annotation kiln.io/auto-rebase: "false".
     #[arg(long, env = "KILN_REBASE_DRY_RUN", value_parser = clap::builder::FalseyValueParser::new())]
     pub rebase_dry_run: bool,
+    /// Never rebase: build every Function on a runtime's new images with a Job, as for any
+    /// change.
+    #[arg(long, conflicts_with = "rebase_dry_run")]
+    pub no_rebase: bool,
     /// How long a base or builder image tag's digest is trusted before it is resolved again
     /// (how soon a base change is seen).
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
@@ -366,6 +370,7 @@ fn config(args: &ControllerArgs) -> anyhow::Result<Config> {
             .unwrap_or(args.max_concurrent_rollouts),
     );
     config.rebase_dry_run = args.rebase_dry_run;
+    config.rebase = !args.no_rebase;
     config.image_cache_ttl = Duration::from_secs(args.image_cache_ttl);
     config.build_deadline = Duration::from_secs(args.build_deadline);
     config.build_retry_base = Duration::from_secs(args.build_retry_base);

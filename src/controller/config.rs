@@ -99,6 +99,8 @@ pub struct Config {
     pub max_rollouts: usize,
     /// At most this many of them in one namespace.
     pub max_rollouts_per_namespace: usize,
+    /// Rebase a Function onto its runtime's new images when safe (else build it).
+    pub rebase: bool,
     /// Report what a base change would do (rebase, or build and why), and keep every
     /// Function on the images it was built on.
     pub rebase_dry_run: bool,
@@ -156,6 +158,7 @@ impl Config {
             max_build_jobs: 5,
             max_rollouts: 50,
             max_rollouts_per_namespace: 50,
+            rebase: true,
             rebase_dry_run: false,
             build_deadline: Duration::from_secs(1800),
             build_retry_base: Duration::from_secs(30),

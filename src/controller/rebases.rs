@@ -12,9 +12,12 @@
 //! newer base is available; so does every Function under `--rebase-dry-run`, which also says
 //! what would happen.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::mpsc::UnboundedSender;
 
 use super::conditions::{Kind, State, reason};
 use super::context::Context;
@@ -120,7 +123,7 @@ pub async fn attempt(
                 ctx.config.max_rollouts
             ),
         );
-        return Ok(Attempt::Queued(Duration::from_secs(2)));
+        return Ok(Attempt::Queued(Duration::from_secs(5)));
     }
     match decide(plan, ctx, change).await {
         Ok((Decision::Rebase(rebased), new_base)) => {
@@ -300,55 +303,108 @@ fn repository(plan: &Plan) -> &str {
 }
 
 /// Rollout slots: at most `max` Functions (and `per_namespace` of one namespace) between a
-/// rebase and running on its image.
+/// rebase and running on its image. A Function refused a slot waits in line, and is
+/// reconciled (through `wake`) when one frees up for it, oldest first.
 pub struct Rollouts {
     max: usize,
     per_namespace: usize,
-    held: Mutex<HashMap<String, (String, Instant)>>,
+    state: Mutex<SlotState>,
+    wake: Option<UnboundedSender<ObjectRef<Function>>>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    /// Holders: namespace, and since when.
+    held: HashMap<String, (String, Instant)>,
+    /// Waiters, oldest first: id and namespace.
+    waiting: VecDeque<(String, String)>,
 }
 
 impl Rollouts {
-    /// Slots for `max` rollouts, `per_namespace` of them in one namespace.
-    pub fn new(max: usize, per_namespace: usize) -> Rollouts {
+    /// Slots for `max` rollouts, `per_namespace` of them in one namespace; `wake` receives
+    /// the waiters to reconcile when slots free up.
+    pub fn new(
+        max: usize,
+        per_namespace: usize,
+        wake: Option<UnboundedSender<ObjectRef<Function>>>,
+    ) -> Rollouts {
         Rollouts {
             max: max.max(1),
             per_namespace: per_namespace.clamp(1, max.max(1)),
-            held: Mutex::default(),
+            state: Mutex::default(),
+            wake,
         }
     }
 
     /// Takes a slot for Function `id` in `namespace` (or finds the one it holds); `false` when
-    /// every slot it may have is taken.
+    /// every slot it may have is taken (it then waits in line).
     pub fn take(&self, id: &str, namespace: &str) -> bool {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.retain(|_, (_, at)| at.elapsed() < SLOT_TIMEOUT);
-        if held.contains_key(id) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.held.retain(|_, (_, at)| at.elapsed() < SLOT_TIMEOUT);
+        if state.held.contains_key(id) {
             return true;
         }
-        let in_namespace = held.values().filter(|(ns, _)| ns == namespace).count();
-        if held.len() >= self.max || in_namespace >= self.per_namespace {
+        let in_namespace = state
+            .held
+            .values()
+            .filter(|(ns, _)| ns == namespace)
+            .count();
+        if state.held.len() >= self.max || in_namespace >= self.per_namespace {
+            if !state.waiting.iter().any(|(w, _)| w == id) {
+                state
+                    .waiting
+                    .push_back((id.to_string(), namespace.to_string()));
+            }
             return false;
         }
-        held.insert(id.to_string(), (namespace.to_string(), Instant::now()));
+        state.waiting.retain(|(w, _)| w != id);
+        state
+            .held
+            .insert(id.to_string(), (namespace.to_string(), Instant::now()));
         true
     }
 
-    /// Gives Function `id`'s slot back (it runs on its new image, or was not rebased).
+    /// Gives Function `id`'s slot back (it runs on its new image, was not rebased, or is
+    /// gone), and wakes the waiters that may take the free slots.
     pub fn release(&self, id: &str) {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.remove(id);
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.waiting.retain(|(w, _)| w != id);
+        if state.held.remove(id).is_none() {
+            return;
+        }
+        let Some(wake) = &self.wake else {
+            return;
+        };
+        let mut free = self.max.saturating_sub(state.held.len());
+        let mut per_namespace: HashMap<&str, usize> = HashMap::new();
+        for (ns, _) in state.held.values() {
+            *per_namespace.entry(ns).or_default() += 1;
+        }
+        for (waiter, ns) in &state.waiting {
+            if free == 0 {
+                break;
+            }
+            let taken = per_namespace.entry(ns).or_default();
+            if *taken >= self.per_namespace {
+                continue;
+            }
+            *taken += 1;
+            free -= 1;
+            let name = waiter.rsplit_once('/').map_or(waiter.as_str(), |(_, n)| n);
+            let _ = wake.send(ObjectRef::new(name).within(ns));
+        }
     }
 
     /// Whether Function `id` holds a slot.
     pub fn holds(&self, id: &str) -> bool {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.contains_key(id)
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.held.contains_key(id)
     }
 
     /// How many slots are held.
     pub fn held(&self) -> usize {
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        held.len()
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.held.len()
     }
 }
 
@@ -358,7 +414,8 @@ mod tests {
 
     #[test]
     fn rollout_slots_cap_the_fleet_and_each_namespace() {
-        let slots = Rollouts::new(3, 2);
+        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        let slots = Rollouts::new(3, 2, Some(wake));
         assert!(slots.take("a/1", "a"));
         assert!(slots.take("a/1", "a"), "a holder finds its slot");
         assert!(slots.take("a/2", "a"));
@@ -366,6 +423,10 @@ mod tests {
         assert!(slots.take("b/1", "b"));
         assert!(!slots.take("c/1", "c"), "every slot is taken");
         slots.release("a/1");
+        // Two wait: a/3 (its namespace had its share), then c/1; one slot is free, and a/3
+        // may take it now.
+        assert_eq!(woken.try_recv().unwrap(), ObjectRef::new("3").within("a"));
+        assert!(woken.try_recv().is_err(), "one free slot wakes one waiter");
         assert!(slots.take("c/1", "c"));
         assert_eq!(slots.held(), 3);
         assert!(slots.holds("c/1") && !slots.holds("a/1"));

