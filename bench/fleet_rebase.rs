@@ -268,11 +268,30 @@ fn move_fleet(
     let took = moved.elapsed().as_secs_f64();
     let jobs = builds.stats().ended.len() - jobs_before;
     if std::env::var("KILN_BENCH_DEBUG").is_ok() {
-        let f = env.function("bench", &names[0]);
-        println!(
-            "new base {new_base}: {}",
-            serde_json::to_string_pretty(&f["status"]).unwrap()
-        );
+        let log = std::fs::read_to_string(&env.log).unwrap_or_default();
+        let mut counts = std::collections::BTreeMap::new();
+        for line in log.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+            let message = v["fields"]["message"].as_str().unwrap_or_default();
+            let key: String = message.chars().take(60).collect();
+            *counts.entry(key).or_insert(0usize) += 1;
+        }
+        let mut counts: Vec<_> = counts.into_iter().collect();
+        counts.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        for (message, n) in counts.iter().take(25) {
+            println!("  {n:6} {message}");
+        }
+        for line in log
+            .lines()
+            .filter(|l| l.contains("rebased onto") || l.contains("slot released"))
+            .take(120)
+        {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+            println!(
+                "  {} {} {}",
+                v["timestamp"], v["fields"]["message"], v["fields"]
+            );
+        }
     }
     let log = env
         .registry

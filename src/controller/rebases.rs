@@ -123,13 +123,22 @@ pub async fn attempt(
                 ctx.config.max_rollouts
             ),
         );
-        return Ok(Attempt::Queued(Duration::from_secs(5)));
+        // Woken when a slot frees up (Rollouts::release); the requeue is only a fallback, and
+        // a short one would have every waiter of a large fleet reconciled again and again.
+        return Ok(Attempt::Queued(Duration::from_secs(60)));
     }
+    let started = Instant::now();
     match decide(plan, ctx, change).await {
         Ok((Decision::Rebase(rebased), new_base)) => {
             let pushed = push(plan, ctx, change, &rebased, &new_base).await;
             match pushed {
                 Ok(digest) => {
+                    tracing::info!(
+                        %digest,
+                        took_ms = started.elapsed().as_millis(),
+                        held = ctx.rollouts.held(),
+                        "rebased onto the runtime's new base",
+                    );
                     let now = k8s_openapi::jiff::Timestamp::now().as_second();
                     let now = u64::try_from(now).unwrap_or(0);
                     records::record(ctx, f, &plan.key, &digest, &plan.built_on(), now).await?;
@@ -372,6 +381,12 @@ impl Rollouts {
         if state.held.remove(id).is_none() {
             return;
         }
+        tracing::debug!(
+            function = id,
+            held = state.held.len(),
+            waiting = state.waiting.len(),
+            "rollout slot released"
+        );
         let Some(wake) = &self.wake else {
             return;
         };
