@@ -143,7 +143,11 @@ pub struct ControllerArgs {
     /// NewerBaseAvailable, and an Event) whether it would be rebased or built again and why,
     /// and keep it on the images it was built on. A Function opts out of rebases by itself
     /// with the annotation kiln.io/auto-rebase: "false".
-    #[arg(long, env = "KILN_REBASE_DRY_RUN", value_parser = clap::builder::FalseyValueParser::new())]
+    #[arg(
+        long,
+        env = "KILN_REBASE_DRY_RUN",
+        value_parser = clap::builder::FalseyValueParser::new()
+    )]
     pub rebase_dry_run: bool,
     /// Never rebase: build every Function on a runtime's new images with a Job, as for any
     /// change.

@@ -84,7 +84,10 @@ fn decide_inner(
     let labels = labels_of(&config);
     let label = |name: &str| {
         labels.get(name).map(String::as_str).ok_or_else(|| {
-            format!("the image has no {name} label: it was not built by kiln, or before kiln recorded it")
+            format!(
+                "the image has no {name} label: it was not built by kiln, or before kiln \
+                 recorded it"
+            )
         })
     };
     let runtime_name = label(RUNTIME_LABEL)?;
