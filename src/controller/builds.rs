@@ -78,7 +78,7 @@ pub async fn step(
         }
         // Built before (a revert, a Function created again): deployed if the registry still
         // has it.
-        let image = format!("{}@{digest}", repository(plan));
+        let image = format!("{}@{digest}", plan.repository());
         let found = ctx.images.find(&image).await?.is_some();
         let why = if found {
             unproven(ctx, plan, &image).await?
@@ -116,11 +116,6 @@ pub async fn step(
     }
 }
 
-/// The repository `plan`'s image is pushed to.
-fn repository(plan: &Plan) -> &str {
-    plan.push_image.rsplit_once(':').map_or("", |(r, _)| r)
-}
-
 fn built(st: &Working) -> bool {
     st.condition(Kind::BuildReady)
         .is_some_and(|c| c.status == "True")
@@ -143,7 +138,7 @@ async fn finished(
     job: &Job,
 ) -> Result<Build> {
     let name = job.metadata.name.clone().unwrap_or_default();
-    let repository = repository(plan);
+    let repository = plan.repository();
     let message = termination_message(ctx, &name, Some(render::job::BUILD_CONTAINER)).await?;
     let reported = message
         .as_deref()

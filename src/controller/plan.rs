@@ -37,6 +37,11 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The repository the image is pushed to (`push_image` without its tag).
+    pub fn repository(&self) -> &str {
+        self.push_image.rsplit_once(':').map_or("", |(r, _)| r)
+    }
+
     /// The base and builder digests the plan builds on.
     pub fn built_on(&self) -> super::records::BuiltOn {
         let digest = |r: &str| r.rsplit_once('@').map_or(r, |(_, d)| d).to_string();

@@ -254,7 +254,7 @@ async fn decide(
     ctx: &Context,
     change: &BaseChange,
 ) -> Result<(Decision, rebase::ResolvedBase), String> {
-    let image: Reference = format!("{}@{}", repository(plan), change.digest)
+    let image: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
     let base_ref: Reference = plan.base.parse().map_err(|e| format!("{e}"))?;
@@ -287,7 +287,7 @@ async fn push(
     rebased: &rebase::Rebased,
     new_base: &rebase::ResolvedBase,
 ) -> Result<String, String> {
-    let from: Reference = format!("{}@{}", repository(plan), change.digest)
+    let from: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
     let target: Reference = plan.push_image.parse().map_err(|e| format!("{e}"))?;
@@ -304,11 +304,6 @@ async fn push(
     .await
     .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
     Ok(published.digest.to_string())
-}
-
-/// The repository `plan`'s image is pushed to.
-fn repository(plan: &Plan) -> &str {
-    plan.push_image.rsplit_once(':').map_or("", |(r, _)| r)
 }
 
 /// Rollout slots: at most `max` Functions (and `per_namespace` of one namespace) between a

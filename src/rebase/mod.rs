@@ -290,16 +290,8 @@ async fn mount_only(
         bytes_sent,
     ));
     let manifest = &rebased.image.manifest;
-    let mut destinations = Vec::new();
-    if let Some(tag) = key_tag {
-        destinations.push(target.with_tag(tag).map_err(err(format!("tag {tag}")))?);
-    }
-    if target.tag.is_some() {
-        destinations.push(target.clone());
-    }
-    if destinations.is_empty() {
-        destinations.push(target.with_digest(manifest.digest.clone()));
-    }
+    let destinations =
+        publish::manifest_destinations(target, key_tag.as_deref(), &manifest.digest)?;
     for destination in &destinations {
         client
             .put_manifest(destination, manifest)

@@ -10,7 +10,7 @@ mod layout;
 mod to_registry;
 
 pub use layout::LayoutPublisher;
-pub use to_registry::RegistryPublisher;
+pub use to_registry::{RegistryPublisher, manifest_destinations};
 
 use super::resolve::ResolvedBase;
 use crate::oci::{self, Descriptor, Digest, Image};

@@ -31,25 +31,36 @@ pub struct RegistryPublisher {
     pub jobs: usize,
 }
 
+/// Where a manifest pushed to `target` goes, in order: `key_tag`, then the target's tag; the
+/// digest alone when there is no tag.
+///
+/// # Errors
+/// A key tag that is not a valid tag.
+pub fn manifest_destinations(
+    target: &Reference,
+    key_tag: Option<&str>,
+    digest: &Digest,
+) -> Result<Vec<Reference>, Error> {
+    let mut out = Vec::new();
+    if let Some(tag) = key_tag {
+        out.push(
+            target
+                .with_tag(tag)
+                .map_err(registry_err(format!("tag {tag}"), target.to_string()))?,
+        );
+    }
+    if target.tag.is_some() {
+        out.push(target.clone());
+    }
+    if out.is_empty() {
+        out.push(target.with_digest(digest.clone()));
+    }
+    Ok(out)
+}
+
 impl RegistryPublisher {
-    /// Where the manifest goes, last to first: the key's tag, then the target's tag; the
-    /// digest alone when there is no tag.
     fn manifest_destinations(&self, digest: &Digest) -> Result<Vec<Reference>, Error> {
-        let mut out = Vec::new();
-        if let Some(tag) = &self.key_tag {
-            out.push(
-                self.target
-                    .with_tag(tag)
-                    .map_err(registry_err(format!("tag {tag}"), self.target.to_string()))?,
-            );
-        }
-        if self.target.tag.is_some() {
-            out.push(self.target.clone());
-        }
-        if out.is_empty() {
-            out.push(self.target.with_digest(digest.clone()));
-        }
-        Ok(out)
+        manifest_destinations(&self.target, self.key_tag.as_deref(), digest)
     }
 
     fn mount_source(&self, base: Option<&ResolvedBase>) -> Option<String> {
