@@ -177,20 +177,20 @@ impl Schema for Builtin {
 /// ObjectMeta as in built-in kinds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CrdSchema {
-    schema: Value,
+    schema: std::sync::Arc<Value>,
 }
 
 impl CrdSchema {
     /// Wraps a version's `schema.openAPIV3Schema`.
-    pub fn new(openapi_v3_schema: Value) -> Self {
+    pub fn new(openapi_v3_schema: impl Into<std::sync::Arc<Value>>) -> Self {
         Self {
-            schema: openapi_v3_schema,
+            schema: openapi_v3_schema.into(),
         }
     }
 
     /// The schema node at `path`; list items are stepped through before each field.
     fn node(&self, path: &[&str]) -> Option<&Value> {
-        let mut node = &self.schema;
+        let mut node: &Value = &self.schema;
         for field in path {
             node = items(node);
             node = match node.pointer(&format!("/properties/{}", escape(field))) {
