@@ -175,6 +175,9 @@ struct Moved {
     rebased: usize,
     /// The registry's access log lines for the Functions' repositories meanwhile.
     log: Vec<String>,
+    /// Requests to the runtime images' repositories meanwhile (the controller's tag lookups
+    /// and reads of the new base; the Jobs' base pulls).
+    base_requests: usize,
     /// Config and manifest bytes of a sample of the new images.
     uploaded: f64,
 }
@@ -213,8 +216,8 @@ fn move_fleet(
     copy("latest");
     // Every Function runs on the new base: BuildReady True (the image is the new key's, not
     // the last one still running) and Running True, and its Deployment runs that image. One
-    // list of each per look: the API server runs in this process, and a look per Function
-    // would starve the controller.
+    // list of each per look, once a second: the API server runs in this process, and a look
+    // per Function (or twice a second: a fifth of the CPU at 1,000) starves the controller.
     let moved_all = || {
         let deployments: std::collections::HashMap<String, serde_json::Value> = env
             .api
@@ -263,7 +266,7 @@ fn move_fleet(
             names.len() - done,
             env.log_tail()
         );
-        std::thread::sleep(Duration::from_millis(500));
+        std::thread::sleep(Duration::from_secs(1));
     }
     let took = moved.elapsed().as_secs_f64();
     let jobs = builds.stats().ended.len() - jobs_before;
@@ -293,9 +296,9 @@ fn move_fleet(
             );
         }
     }
-    let log = env
-        .registry
-        .access_log_since(log_before)
+    let all = env.registry.access_log_since(log_before);
+    let base_requests = all.iter().filter(|l| l.contains("/v2/kiln/")).count();
+    let log = all
         .into_iter()
         .filter(|l| l.contains("/v2/functions/bench/"))
         .collect();
@@ -328,6 +331,7 @@ fn move_fleet(
         jobs,
         rebased,
         log,
+        base_requests,
         uploaded: median(uploaded),
     }
 }
@@ -343,7 +347,8 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         "{what}: {functions} Functions on the new base in {:.1} s ({} rebased, {} Jobs) with \
             {CONCURRENT} rollouts (or Jobs) at a time and a {:.0} s rollout; registry requests \
             per Function {:.2}: {:.2} writes, of them {:.2} mounts and {:.2} single-request \
-            uploads; the new image's config and manifest: {:.0} bytes",
+            uploads; the new image's config and manifest: {:.0} bytes; requests to the \
+            runtime images' repositories: {}",
         moved.took,
         moved.rebased,
         moved.jobs,
@@ -353,5 +358,6 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         per(mounts),
         per(whole),
         moved.uploaded,
+        moved.base_requests,
     );
 }

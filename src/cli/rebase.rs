@@ -133,6 +133,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
             builder: builder.as_ref(),
             platform: &platform,
             catalog: &catalog,
+            resolved: None,
         },
     )
     .await

@@ -42,6 +42,8 @@ pub struct Context {
     pub slots: BuildSlots,
     /// The rollout cap of rebases.
     pub rollouts: super::rebases::Rollouts,
+    /// The new bases rebases were made onto, read once per base.
+    pub new_bases: super::rebases::NewBases,
     /// The watch caches of what the controller made.
     pub stores: Stores,
     /// Events.

@@ -258,7 +258,9 @@ async fn decide(
         .parse()
         .map_err(|e| format!("{e}"))?;
     let base_ref: Reference = plan.base.parse().map_err(|e| format!("{e}"))?;
+    let pinned = base_ref.digest.is_some();
     let base = rebase::BaseRef::Registry(base_ref);
+    let known = pinned.then(|| ctx.new_bases.get(&plan.base)).flatten();
     let builder: crate::oci::Digest = plan
         .built_on()
         .builder
@@ -273,10 +275,14 @@ async fn decide(
             builder: Some(&builder),
             platform: &plan.platforms[0],
             catalog: &ctx.catalog,
+            resolved: known.as_ref(),
         },
     )
     .await
     .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+    if pinned && known.is_none() {
+        ctx.new_bases.keep(&plan.base, &planned.new_base);
+    }
     Ok((planned.decision, planned.new_base))
 }
 
@@ -304,6 +310,35 @@ async fn push(
     .await
     .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
     Ok(published.digest.to_string())
+}
+
+/// The new bases rebases were made onto, by their reference pinned by digest: the rebases of
+/// a fleet onto one base read it once, not once per Function. What a digest names never
+/// changes; the last [`NEW_BASES_KEPT`] are kept.
+#[derive(Default)]
+pub struct NewBases(Mutex<VecDeque<(String, rebase::ResolvedBase)>>);
+
+/// How many resolved new bases [`NewBases`] keeps (a few runtimes' patches at once).
+const NEW_BASES_KEPT: usize = 8;
+
+impl NewBases {
+    fn get(&self, reference: &str) -> Option<rebase::ResolvedBase> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter()
+            .find(|(r, _)| r == reference)
+            .map(|(_, base)| base.clone())
+    }
+
+    fn keep(&self, reference: &str, base: &rebase::ResolvedBase) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.iter().any(|(r, _)| r == reference) {
+            return;
+        }
+        if kept.len() >= NEW_BASES_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((reference.to_string(), base.clone()));
+    }
 }
 
 /// Rollout slots: at most `max` Functions (and `per_namespace` of one namespace) between a

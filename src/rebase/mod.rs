@@ -34,6 +34,9 @@ pub struct Request<'a> {
     pub platform: &'a Platform,
     /// The runtimes.
     pub catalog: &'a Catalog,
+    /// The new base, already resolved: the rebases of a fleet share one, so each reads only
+    /// its own image.
+    pub resolved: Option<&'a ResolvedBase>,
 }
 
 /// A decision with what it was made from.
@@ -133,10 +136,13 @@ pub async fn plan(client: &Client, req: Request<'_>) -> Result<Planned, Error> {
         };
         Ok(crate::oci::Base { manifest, config })
     };
-    let (image, new_base) = tokio::join!(
-        read_image,
-        resolve::resolve(client, req.base, req.base_name, req.platform),
-    );
+    let resolve_base = async {
+        match req.resolved {
+            Some(resolved) => Ok(resolved.clone()),
+            None => resolve::resolve(client, req.base, req.base_name, req.platform).await,
+        }
+    };
+    let (image, new_base) = tokio::join!(read_image, resolve_base);
     let image = image?;
     let new_base = new_base.map_err(|e| Error::Base {
         base: req.base_name.to_string(),

@@ -5,15 +5,13 @@
 //! removes the references instead; a deleted Namespace takes everything in it. Collection
 //! happens at once, not in the background; `Foreground` behaves as `Background`.
 
-use std::collections::BTreeSet;
-
 use serde_json::{Value, json};
 
 use super::error::{Error, Result};
 use super::kinds::{Kind, Kinds};
 use super::meta;
 use super::selector::Selectors;
-use super::store::{EventType, Key, Store};
+use super::store::{EventType, Key, Store, owner_uids};
 use super::write::{Target, Write};
 
 /// `propagationPolicy` of a delete.
@@ -71,15 +69,6 @@ impl DeleteOptions {
             dry_run: v["dryRun"].as_array().is_some_and(|a| !a.is_empty()),
         })
     }
-}
-
-fn owner_uids(obj: &Value) -> Vec<String> {
-    obj.pointer("/metadata/ownerReferences")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["uid"].as_str().map(str::to_string))
-        .collect()
 }
 
 fn kind_of(kinds: &Kinds, obj: &Value) -> Option<&'static Kind> {
@@ -188,24 +177,11 @@ impl Store {
 
     /// The garbage collector's pass for a deleted owner `uid`.
     fn collect_dependents(&mut self, uid: &str, policy: Propagation) {
-        let dependents: Vec<Key> = self
-            .objects
-            .iter()
-            .filter(|(_, v)| owner_uids(v).iter().any(|u| u == uid))
-            .map(|(k, _)| k.clone())
-            .collect();
-        let live: BTreeSet<String> = self
-            .objects
-            .values()
-            .filter_map(|v| meta::meta_str(v, "uid").map(str::to_string))
-            .collect();
-        for key in dependents {
+        for key in self.owned_by(uid) {
             let Some(obj) = self.objects.get(&key).cloned() else {
                 continue; // removed earlier in this pass
             };
-            let other_owner_alive = owner_uids(&obj)
-                .iter()
-                .any(|u| u != uid && live.contains(u));
+            let other_owner_alive = owner_uids(&obj).iter().any(|u| u != uid && self.has_uid(u));
             if policy == Propagation::Orphan || other_owner_alive {
                 self.drop_owner_reference(&key, obj, uid);
             } else {

@@ -3,7 +3,7 @@
 //! live watches follow. Creates and updates are in `write.rs`, deletes and garbage
 //! collection in `gc.rs`. Callers hold the lock around read-modify-write.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -104,6 +104,11 @@ pub enum CrdSource {
 /// The state behind the server.
 pub struct Store {
     pub(super) objects: BTreeMap<Key, Value>,
+    /// The objects each uid owns (`ownerReferences`), and the uids stored: the garbage
+    /// collector's lookups on a delete, which scanned every object before (among a fleet's
+    /// thousands of objects, most of the server's time).
+    owned: HashMap<String, BTreeSet<Key>>,
+    uids: HashSet<String>,
     rv: u64,
     history: VecDeque<Arc<Event>>,
     compacted: u64,
@@ -122,6 +127,8 @@ impl Store {
     pub fn new(history_limit: usize) -> Self {
         Self {
             objects: BTreeMap::new(),
+            owned: HashMap::new(),
+            uids: HashSet::new(),
             rv: 1,
             history: VecDeque::new(),
             compacted: 0,
@@ -215,6 +222,58 @@ impl Store {
         let _ = self.signals.send(Signal::Expire);
     }
 
+    /// The objects whose `ownerReferences` name `uid`.
+    pub(super) fn owned_by(&self, uid: &str) -> Vec<Key> {
+        self.owned
+            .get(uid)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether an object with `uid` is stored.
+    pub(super) fn has_uid(&self, uid: &str) -> bool {
+        self.uids.contains(uid)
+    }
+
+    /// Keeps the owner and uid indexes in step with a change of `kind`'s `object` from
+    /// `previous` (for a deletion, `object` is what goes).
+    fn index(
+        &mut self,
+        kind: &'static Kind,
+        event_type: EventType,
+        object: &Value,
+        previous: Option<&Value>,
+    ) {
+        let key = Key::new(
+            kind,
+            meta::meta_str(object, "namespace"),
+            meta::meta_str(object, "name").unwrap_or_default(),
+        );
+        let gone = match event_type {
+            EventType::Deleted => Some(object),
+            _ => previous,
+        };
+        for uid in gone.map(owner_uids).unwrap_or_default() {
+            if let Some(keys) = self.owned.get_mut(&uid) {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.owned.remove(&uid);
+                }
+            }
+        }
+        let uid = meta::meta_str(object, "uid")
+            .unwrap_or_default()
+            .to_string();
+        if event_type == EventType::Deleted {
+            self.uids.remove(&uid);
+            return;
+        }
+        for owner in owner_uids(object) {
+            self.owned.entry(owner).or_default().insert(key.clone());
+        }
+        self.uids.insert(uid);
+    }
+
     /// Records a change: bumps the resourceVersion, stamps it on `object`, keeps the event.
     pub(super) fn commit(
         &mut self,
@@ -223,6 +282,7 @@ impl Store {
         object: &mut Value,
         previous: Option<&Value>,
     ) {
+        self.index(kind, event_type, object, previous);
         self.rv += 1;
         meta::metadata_mut(object).insert("resourceVersion".into(), json!(self.rv.to_string()));
         let event = Arc::new(Event {
@@ -243,4 +303,14 @@ impl Store {
         }
         let _ = self.signals.send(Signal::Event(event));
     }
+}
+
+/// The uids `obj`'s `ownerReferences` name.
+pub(super) fn owner_uids(obj: &Value) -> Vec<String> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str().map(str::to_string))
+        .collect()
 }

@@ -511,6 +511,27 @@ fn deleting_an_owner_collects_its_dependents_as_the_garbage_collector_does() {
         .expect("orphaned, not deleted");
     assert_eq!(orphan["metadata"]["ownerReferences"], json!([]));
 
+    // An object whose owner reference an update removed is no longer the owner's dependent
+    // (the collector's index of owners follows every write).
+    let owner = api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "o2", "namespace": "default"}}));
+    let owner_ref = owned_by(
+        "ConfigMap",
+        "v1",
+        "o2",
+        owner["metadata"]["uid"].as_str().unwrap(),
+    );
+    api.insert(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "freed", "namespace": "default", "ownerReferences": owner_ref}}));
+    api.insert(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "freed", "namespace": "default"}}));
+    api.block_on(cms.delete("o2", &DeleteParams::background()))
+        .unwrap();
+    assert!(
+        api.get("Secret", "default", "freed").is_some(),
+        "an object no longer owned stays"
+    );
+
     // Finalizers hold a deletion until they are removed.
     api.insert(json!({"apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": "held", "namespace": "default", "finalizers": ["kiln.dev/cleanup"]}}));
