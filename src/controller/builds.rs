@@ -90,11 +90,22 @@ pub async fn step(
             tracing::info!(%image, why, "not deploying the image built before");
         } else if found {
             ctx.slots.forget(&waiter(f));
+            let rebased = records::recorded_on(ctx, f, &plan.key)
+                .and_then(|(_, on)| on)
+                .is_some_and(|on| on.rebased);
+            // A rebase whose status write lost a race to another write of the Function.
+            let (why, message) = match rebased {
+                true => (
+                    reason::IMAGE_REBASED,
+                    "was rebased onto the new base image, no build",
+                ),
+                false => (reason::IMAGE_FOUND, "was built for this build key before"),
+            };
             st.set(
                 Kind::BuildReady,
                 State::True,
-                reason::IMAGE_FOUND,
-                format!("image {image} was built for this build key before"),
+                why,
+                format!("image {image} {message}"),
             );
             return Ok(Build::Built(digest));
         }

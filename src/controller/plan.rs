@@ -48,6 +48,7 @@ impl Plan {
         super::records::BuiltOn {
             base: digest(&self.base),
             builder: digest(&self.builder),
+            rebased: false,
         }
     }
 }

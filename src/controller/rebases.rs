@@ -141,7 +141,11 @@ pub async fn attempt(
                     );
                     let now = k8s_openapi::jiff::Timestamp::now().as_second();
                     let now = u64::try_from(now).unwrap_or(0);
-                    records::record(ctx, f, &plan.key, &digest, &plan.built_on(), now).await?;
+                    let on = records::BuiltOn {
+                        rebased: true,
+                        ..plan.built_on()
+                    };
+                    records::record(ctx, f, &plan.key, &digest, &on, now).await?;
                     st.set(
                         Kind::BuildReady,
                         State::True,
@@ -167,7 +171,11 @@ pub async fn attempt(
             // dependencies do not depend on): taken for the new key as it is.
             let now = k8s_openapi::jiff::Timestamp::now().as_second();
             let now = u64::try_from(now).unwrap_or(0);
-            records::record(ctx, f, &plan.key, &change.digest, &plan.built_on(), now).await?;
+            let on = records::BuiltOn {
+                rebased: true,
+                ..plan.built_on()
+            };
+            records::record(ctx, f, &plan.key, &change.digest, &on, now).await?;
             ctx.rollouts.release(&id);
             st.set(
                 Kind::BuildReady,

@@ -32,6 +32,9 @@ pub struct BuiltOn {
     pub base: String,
     /// The builder image's manifest digest.
     pub builder: String,
+    /// Made by a rebase onto them, not by a build: a later pass that finds the entry before
+    /// the status shows it (its status write lost a race) says so too.
+    pub rebased: bool,
 }
 
 /// The digest recorded for `f`'s build `key`, from the watch cache.
@@ -103,7 +106,8 @@ pub fn latest(cm: &ConfigMap) -> Option<u64> {
         .max()
 }
 
-/// `(digest, recorded at)` of an entry's value `"<digest> <unix seconds>[ <base> <builder>]"`.
+/// `(digest, recorded at)` of an entry's value
+/// `"<digest> <unix seconds>[ <base> <builder>[ rebased]]"`.
 fn entry(value: &str) -> Option<(&str, u64)> {
     let mut parts = value.split(' ');
     let (digest, at) = (parts.next()?, parts.next()?);
@@ -121,11 +125,16 @@ fn built_on(value: &str) -> Option<BuiltOn> {
     (digest(base) && digest(builder)).then(|| BuiltOn {
         base: base.into(),
         builder: builder.into(),
+        rebased: parts.next() == Some(REBASED),
     })
 }
 
+/// The last word of an entry made by a rebase.
+const REBASED: &str = "rebased";
+
 fn value(digest: &str, at: u64, on: Option<&BuiltOn>) -> String {
     match on {
+        Some(on) if on.rebased => format!("{digest} {at} {} {} {REBASED}", on.base, on.builder),
         Some(on) => format!("{digest} {at} {} {}", on.base, on.builder),
         None => format!("{digest} {at}"),
     }
@@ -216,6 +225,7 @@ mod tests {
         let on = BuiltOn {
             base: digest(100),
             builder: digest(101),
+            rebased: false,
         };
         let cm = render(
             &f,
@@ -225,12 +235,33 @@ mod tests {
             (&digest(1), Some(&on)),
             200,
         );
-        let data = cm.data.unwrap();
+        let data = cm.data.clone().unwrap();
         let k1 = format!("{} 200 {} {}", digest(1), digest(100), digest(101));
         assert_eq!(data["k1"], k1);
-        assert_eq!(built_on(&data["k1"]), Some(on));
+        assert_eq!(built_on(&data["k1"]), Some(on.clone()));
         assert_eq!(built_on(&data["k16"]), None);
         assert!(!data.contains_key("junk"));
+        // A rebase's entry says so, and keeps saying so as later entries are added.
+        let rebased = BuiltOn {
+            rebased: true,
+            ..on.clone()
+        };
+        let cm = render(
+            &f,
+            "kiln-builds",
+            Some(&cm),
+            "k2",
+            (&digest(2), Some(&rebased)),
+            300,
+        );
+        let cm = render(&f, "kiln-builds", Some(&cm), "k3", (&digest(3), None), 400);
+        let data = cm.data.unwrap();
+        assert_eq!(
+            data["k2"],
+            format!("{} 300 {} {} rebased", digest(2), digest(100), digest(101))
+        );
+        assert_eq!(built_on(&data["k2"]), Some(rebased));
+        assert_eq!(built_on(&data["k1"]), Some(on));
         assert_eq!(entry("sha256:ab 7"), Some(("sha256:ab", 7)));
         assert_eq!(entry("md5:ab 7"), None);
     }
