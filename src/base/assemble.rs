@@ -5,7 +5,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use tempfile::TempDir;
 
 use super::bytecode::Compiler;
@@ -24,8 +23,10 @@ use crate::runtime::abi::{self, Abi};
 
 mod config;
 mod error;
+mod inventory;
 use config::{builder_edit, config_edit, kiln_edit, scratch};
 pub use error::Error;
+use inventory::{NODE_VERSION_H, SbomEntry};
 
 /// Where the builder image has the kiln binary; its entrypoint.
 pub const KILN_IN_BUILDER: &str = "/usr/local/bin/kiln";
@@ -117,7 +118,7 @@ pub async fn assemble(
     };
 
     let base_debs: Vec<LockedPackage> = lock.debs(Target::Base).cloned().collect();
-    stage.debian_abi(&base_debs);
+    inventory::debian_abi(&mut stage.abi, &base_debs);
     let debian_base = stage.debian_layer("debian", &base_debs, true).await?;
     let runtime = stage
         .npm_layer("runtime", lock, recipe, Target::Base)
@@ -133,7 +134,12 @@ pub async fn assemble(
     base_layers.push(stage.server_layer(recipe)?);
     base_layers.push(stage.sbom_layer(&recipe.runtime)?);
     // The base's config describes the base's packages only.
-    let base_edit = config_edit(recipe, epoch, &stage.sbom_label(), &stage.abi);
+    let base_edit = config_edit(
+        recipe,
+        epoch,
+        &inventory::sbom_label(&stage.sbom),
+        &stage.abi,
+    );
     let kiln_debs: Vec<LockedPackage> = lock.debs(Target::Kiln).cloned().collect();
     let builder_debs: Vec<LockedPackage> = lock.debs(Target::Builder).cloned().collect();
     let mut builder_layers = base_layers.clone();
@@ -161,7 +167,12 @@ pub async fn assemble(
     builder_layers.push(stage.sbom_layer(&recipe.runtime)?);
 
     let builder_edit = builder_edit(
-        config_edit(recipe, epoch, &stage.sbom_label(), &stage.abi),
+        config_edit(
+            recipe,
+            epoch,
+            &inventory::sbom_label(&stage.sbom),
+            &stage.abi,
+        ),
         recipe,
     );
     let base = stage.image(&base_layers, &base_edit)?;
@@ -196,39 +207,7 @@ struct Stage<'a> {
     abi: Abi,
 }
 
-#[derive(Clone, Debug, Serialize)]
-struct SbomEntry {
-    name: String,
-    version: String,
-    origin: &'static str,
-    licenses: Vec<String>,
-    /// Named in the `dev.kiln.sbom` label too: a Debian package or the runtime's own binary
-    /// package, not one of the runtime packages beside its server (listed in the SBOM file).
-    #[serde(skip)]
-    in_label: bool,
-}
-
-/// Node.js's version header in its binary package: the major and module versions.
-const NODE_VERSION_H: &str = "package/include/node/node_version.h";
-
 impl Stage<'_> {
-    /// The C library and Python version of the base's Debian packages.
-    fn debian_abi(&mut self, debs: &[LockedPackage]) {
-        for deb in debs {
-            let name = deb.name.as_str();
-            if name == "libc6" {
-                let version = abi::debian_upstream(&deb.version).to_string();
-                self.abi.libc = Some(("libc.so.6".into(), version));
-            }
-            if let Some(minor) = name.strip_prefix("python3.")
-                && !minor.is_empty()
-                && minor.bytes().all(|b| b.is_ascii_digit())
-            {
-                self.abi.python = Some(format!("3.{minor}"));
-            }
-        }
-    }
-
     fn scratch(&self, name: &str) -> Result<PathBuf> {
         let dir = self.dir.join(name);
         std::fs::create_dir_all(&dir).at("using", &dir)?;
@@ -493,8 +472,7 @@ impl Stage<'_> {
     }
 
     fn sbom_layer(&mut self, runtime: &str) -> Result<NewLayer> {
-        let doc = serde_json::json!({ "runtime": runtime, "packages": self.sbom });
-        let bytes = oci::canonical::to_vec(&doc).unwrap_or_default();
+        let bytes = inventory::sbom_document(runtime, &self.sbom);
         let entry = LayerEntry {
             path: "usr/share/kiln/sbom.json".into(),
             kind: EntryKind::File {
@@ -503,24 +481,6 @@ impl Stage<'_> {
             },
         };
         self.write("sbom", vec![entry], "kiln base: SBOM".into())
-    }
-
-    /// The Debian packages and the runtime's binaries by name and version, and how many
-    /// runtime packages the SBOM file lists besides. Every Function image's config inherits
-    /// the label, and a rebase uploads that config: the whole list (8 kB with Kyma's Node.js
-    /// packages) would be most of its bytes.
-    fn sbom_label(&self) -> String {
-        let mut parts: Vec<String> = self
-            .sbom
-            .iter()
-            .filter(|e| e.in_label)
-            .map(|e| format!("{}@{}", e.name, e.version))
-            .collect();
-        let more = self.sbom.iter().filter(|e| !e.in_label).count();
-        if more > 0 {
-            parts.push(format!("{more} more in /usr/share/kiln/sbom.json"));
-        }
-        parts.join(",")
     }
 
     fn file_layer(&mut self, name: &'static str, file: &Path, dest: &str) -> Result<NewLayer> {
