@@ -72,7 +72,7 @@ pub async fn step(
         st.status.failed_builds = None;
         cleanup(f, plan, ctx).await?;
     }
-    if let Some(digest) = records::recorded(ctx, f, &plan.key) {
+    if let Some((digest, on)) = records::recorded_on(ctx, f, &plan.key) {
         if !new_key && built(st) && st.status.digest.as_deref() == Some(digest.as_str()) {
             return Ok(Build::Built(digest));
         }
@@ -90,9 +90,7 @@ pub async fn step(
             tracing::info!(%image, why, "not deploying the image built before");
         } else if found {
             ctx.slots.forget(&waiter(f));
-            let rebased = records::recorded_on(ctx, f, &plan.key)
-                .and_then(|(_, on)| on)
-                .is_some_and(|on| on.rebased);
+            let rebased = on.is_some_and(|on| on.rebased);
             // A rebase whose status write lost a race to another write of the Function.
             let (why, message) = match rebased {
                 true => (
