@@ -17,6 +17,11 @@ per second of each and kiln's share of the bare rate, and the server's CPU time 
 of it: with the load generator on the same cores the rate ratio moves from run to run more
 than the server's cost does, and the CPU time does not.
 
+The async `post` Function has a second reference: a bare server that calls the Function's own
+`async main` and awaits it, with nothing else around it (`await` in the output). The promise
+and its continuation are the Function's cost, paid by any server that calls it; the first bare
+server computes the answer inline and pays none of it.
+
 The new handler API (nodejs26, python314) has cases of its own, `express` and `flask`: kiln's
 `express/server.js` and `flask/server.py` against a bare Express app (express.json() and one
 route) and a bare Flask app on cheroot. NODE26=PATH names the Node.js for the express cases
@@ -128,15 +133,25 @@ NODE_BARE = """
 const http = require('http');
 const mode = process.argv[2] || process.env.BARE_MODE;
 const work = mode === 'mandel' ? require(process.argv[3]).mandel : () => ({ hello: 'world' });
-const post = mode === 'post';
+const post = mode === 'post' || mode === 'post-await';
+// post-await: the Function's own async main, called and awaited, and nothing else.
+const main = mode === 'post-await' && require(process.env.HANDLER_PATH
+  || require('path').join(__dirname, 'function', 'handler.js')).main;
+const answer = (res, value) => {
+  const body = JSON.stringify(value);
+  res.writeHead(200, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body) });
+  res.end(body);
+};
 const server = http.createServer((req, res) => {
   const chunks = [];
   req.on('data', (c) => { if (post) chunks.push(c); });
   req.on('end', () => {
-    const body = JSON.stringify(post
+    if (main) {
+      main({ data: JSON.parse(Buffer.concat(chunks).toString('utf8')) }).then((v) => answer(res, v));
+      return;
+    }
+    answer(res, post
       ? { hello: JSON.parse(Buffer.concat(chunks).toString('utf8')).name } : work(req.headers));
-    res.writeHead(200, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body) });
-    res.end(body);
   });
 });
 server.listen(Number(process.env.FUNC_PORT), '127.0.0.1');
@@ -392,6 +407,13 @@ def main():
     def bare_node(fn):
         return [node, os.path.join(work, 'bare.js'), fn, os.path.join(work, 'mandel.js')], {}
 
+    # The async post Function awaited by a bare server: what any server calling it must pay.
+    def await_node(fn):
+        if fn != 'post':
+            return None
+        return [node, os.path.join(work, 'bare.js'), 'post-await'], {
+            'HANDLER_PATH': os.path.join(work, 'post.js')}
+
     def kiln_python(fn):
         return [sys.executable, os.path.join(servers, 'python', 'server.py')], {
             'FUNCTION_PATH': os.path.join(work, fn)}
@@ -413,7 +435,7 @@ def main():
     def bare_flask(fn):
         return [sys.executable, os.path.join(work, 'flask-bare.py')], {}
 
-    starters = {'node': [('kiln', kiln_node), ('bare', bare_node)],
+    starters = {'node': [('kiln', kiln_node), ('bare', bare_node), ('await', await_node)],
                 'python': [('kiln', kiln_python), ('bare', bare_python)],
                 'express': [('kiln', kiln_express), ('bare', bare_express)],
                 'flask': [('kiln', kiln_flask), ('bare', bare_flask)]}
@@ -423,18 +445,21 @@ def main():
         paths = {'node': '/usr/src/app/server.js', 'python': '/usr/lib/kiln/server.py'}
         bare_files = {'node': os.path.join(work, 'bare.js'), 'python': os.path.join(work, 'bare.py')}
 
-        def in_image(runtime, bare):
+        def in_image(runtime, bare, mode=None):
             def start(fn):
+                if mode and fn != 'post':
+                    return None
                 argv = [kiln, 'run', refs[(runtime, fn)], '--env', 'FUNC_TIMEOUT=30']
                 if bare:
                     argv += ['--volume', f'{bare_files[runtime]}:{paths[runtime]}:ro',
-                             '--env', f'BARE_MODE={fn}']
+                             '--env', f'BARE_MODE={mode or fn}']
                 return argv, {'KILN_PORT_FLAG': '1'}
             return start
 
         for runtime in ('node', 'python'):
             starters[runtime] = [('kiln', in_image(runtime, False)),
                                  ('bare', in_image(runtime, True))]
+        starters['node'].append(('await', in_image('node', True, 'post-await')))
     fixed_port = {}
     checkout = os.environ.get('KYMA_SERVERLESS')
     if checkout:
@@ -473,7 +498,10 @@ def main():
     for rnd in range(ROUNDS):
         for runtime, fn, headers in cases:
             for who, start in starters[runtime]:
-                argv, env = start(fn)
+                started = start(fn)
+                if started is None:
+                    continue
+                argv, env = started
                 port = (fixed_port.get(who) if runtime in ('node', 'python') else None) \
                     or free_port()
                 env = {**base_env, **env, 'FUNC_PORT': str(port)}
@@ -527,6 +555,14 @@ def main():
         print(line + f' {kc:8.1f} {bc:8.1f} {bc / kc:9.2f}')
     print('(µs: the server\'s CPU time per request, its whole process tree; bare/kiln is the '
           'share of kiln\'s CPU time a bare server needs)')
+    for runtime, fn, _ in cases:
+        if (runtime, fn, 'await') in results:
+            k = statistics.median(results[(runtime, fn, 'kiln')])
+            a = statistics.median(results[(runtime, fn, 'await')])
+            kc = statistics.median(cpu[(runtime, fn, 'kiln')])
+            ac = statistics.median(cpu[(runtime, fn, 'await')])
+            print(f'{runtime} {fn} against a bare server that awaits the same async main: '
+                  f'{a:.0f} req/s, kiln/bare {k / a:.2f}; {ac:.1f} µs, bare/kiln {ac / kc:.2f}')
     print('resident memory at idle (hello Function, after start-up), median KiB:')
     for (runtime, who), values in sorted(idle.items()):
         print(f'  {runtime:8} {who:5} {statistics.median(values):8.0f}')

@@ -132,8 +132,8 @@ class Request extends http.IncomingMessage {
 class Response extends http.ServerResponse {
   // Whether anything has set a header. Until something does, kiln's own answers write their head
   // as one list (endWith): setHeader's bookkeeping per header cost a small JSON POST about a
-  // fifth of its rate (bench/server_rps.py).
-  headerSet = false;
+  // fifth of its rate (bench/server_rps.py). On the prototype (Response.headerSet, below), not a
+  // field: a subclass with fields runs its own constructor code for every response.
   setHeader(name, value) { this.headerSet = true; return super.setHeader(name, value); }
   appendHeader(name, value) { this.headerSet = true; return super.appendHeader(name, value); }
   // Every answer allows any origin, as Kyma's cors() did, unless the Function set its own: added
@@ -226,6 +226,8 @@ class Response extends http.ServerResponse {
     return this;
   }
 }
+
+Response.prototype.headerSet = false; // until setHeader or appendHeader
 
 const JSON_TYPE = 'application/json; charset=utf-8';
 const TEXT_TYPE = 'text/plain; charset=utf-8';
@@ -334,8 +336,9 @@ function readBody(req, res, done) {
     chunks.length = 0;
     tooLarge(req, res);
   });
+  // A client that goes away mid-body ends nothing: 'end' never comes. (No 'error' listener:
+  // with one, Node defers every request's destroy by a tick to report an abort to it.)
   req.on('end', () => { if (!over) done(Buffer.concat(chunks, size)); });
-  req.on('error', () => { over = true; }); // client went away: nothing to answer
 }
 
 function mediaType(req) {
@@ -409,10 +412,11 @@ function validCloudEvent(attrs) {
   return ce;
 }
 
+const NO_EVENT = Object.freeze({});
 function cloudEvent(req, mime, data) {
   const h = req.headers; // Node lower-cases header names
   const structured = mime === 'application/cloudevents+json';
-  if (!structured && !(h['ce-type'] && h['ce-source'])) return {};
+  if (!structured && !(h['ce-type'] && h['ce-source'])) return NO_EVENT;
   const attrs = {};
   if (structured && data && typeof data === 'object' && !Array.isArray(data)) {
     for (const [k, v] of Object.entries(data)) if (k !== 'data' && k !== 'data_base64') attrs[k] = v;
@@ -765,6 +769,8 @@ class Call {
     this.started = performance.now(); // ms; a BigInt clock costs more per call
     this.settled = false;
     this.deadline = 0;
+    this.prev = null; // neighbours among the pending calls, while pending
+    this.next = null;
   }
 
   run(event, context, sendResponse) {
@@ -785,7 +791,10 @@ class Call {
   settle(failed) {
     if (this.settled) return false;
     this.settled = true;
-    if (this.deadline) pending.delete(this);
+    if (this.deadline) {
+      unlink(this);
+      this.deadline = 0;
+    }
     if (failed) m.failures++;
     observe((performance.now() - this.started) / 1000);
     return true;
@@ -808,7 +817,7 @@ class Call {
   // rate): a call times out within SWEEP_MS after its deadline.
   armTimeout() {
     this.deadline = this.started + TIMEOUT_S * 1000;
-    pending.add(this);
+    link(this);
     if (!sweeper) sweeper = setInterval(sweep, SWEEP_MS);
   }
 
@@ -822,15 +831,32 @@ class Call {
 }
 
 const SWEEP_MS = Math.min(100, TIMEOUT_S * 1000);
-const pending = new Set(); // calls waiting on a promise, in start order
+// Calls waiting on a promise, in start order: a list through the calls themselves (a Set's
+// table is reallocated as it grows and shrinks with the load).
+const pending = { first: null, last: null };
+function link(call) {
+  call.prev = pending.last;
+  if (pending.last) pending.last.next = call;
+  else pending.first = call;
+  pending.last = call;
+}
+function unlink(call) {
+  if (call.prev) call.prev.next = call.next;
+  else pending.first = call.next;
+  if (call.next) call.next.prev = call.prev;
+  else pending.last = call.prev;
+  call.prev = call.next = null;
+}
 let sweeper = null;
 function sweep() {
   const now = performance.now();
-  for (const call of pending) {
-    if (call.deadline > now) break; // the rest started later
+  while (pending.first && pending.first.deadline <= now) {
+    const call = pending.first;
+    unlink(call);
+    call.deadline = 0;
     call.timeOut();
   }
-  if (pending.size === 0) {
+  if (pending.first === null) {
     clearInterval(sweeper);
     sweeper = null;
   }
@@ -840,12 +866,14 @@ function sweep() {
 let inflight = 0;
 let shuttingDown = false;
 
+function onClose() {
+  inflight--;
+  if (shuttingDown) { this.req.socket.end(); maybeExit(); }
+}
+
 function onRequest(req, res) {
   inflight++;
-  res.on('close', () => {
-    inflight--;
-    if (shuttingDown) { req.socket.end(); maybeExit(); }
-  });
+  res.on('close', onClose);
   if (shuttingDown) res.setHeader('Connection', 'close');
   if (ACCESS_LOG) res.on('finish', () => console.log(`${req.method} ${req.url} ${res.statusCode}`));
   const q = req.url.indexOf('?');

@@ -56,6 +56,36 @@ pub(super) async fn a_slow_function_times_out_with_408(rt: Runtime) {
     );
 }
 
+/// Calls in flight together time out on their own: the one that finishes between two slow
+/// ones is answered, and each slow one gets its 408 (Node.js keeps the waiting calls in a
+/// list the finished one leaves from its middle).
+pub(super) async fn calls_in_flight_together_time_out_each_on_its_own(rt: Runtime) {
+    let server = Server::start(rt, &[("FUNC_TIMEOUT", "2")]);
+    let call = |path: &'static str, after: u64| {
+        let url = server.url(path);
+        async move {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            let resp = client().get(url).send().await.unwrap();
+            (resp.status(), resp.text().await.unwrap())
+        }
+    };
+    let started = Instant::now();
+    let (first, middle, last) =
+        tokio::join!(call("/sleep", 0), call("/slow", 100), call("/sleep", 200));
+    assert_eq!(middle, (StatusCode::OK, "slow done".to_string()));
+    for answer in [&first, &last] {
+        assert_eq!(answer.0, StatusCode::REQUEST_TIMEOUT, "{answer:?}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(4000),
+        "took {:?}",
+        started.elapsed()
+    );
+    let page = metrics(&server).await;
+    assert_eq!(sample(&page, "function_failures_total"), 2.0, "{page}");
+    assert_eq!(sample(&page, "function_calls_total"), 3.0, "{page}");
+}
+
 /// A call past FUNC_TIMEOUT was answered; that its Function still runs must not hold up the
 /// exit on SIGTERM.
 pub(super) async fn sigterm_exits_promptly_while_a_timed_out_call_still_runs(rt: Runtime) {

@@ -35,7 +35,8 @@ use http::{
     text_form_raw_and_empty_bodies_are_parsed,
 };
 use lifecycle::{
-    a_slow_function_times_out_with_408, sigterm_drains_in_flight_requests_then_exits_zero,
+    a_slow_function_times_out_with_408, calls_in_flight_together_time_out_each_on_its_own,
+    sigterm_drains_in_flight_requests_then_exits_zero,
     sigterm_exits_promptly_while_a_timed_out_call_still_runs,
 };
 use tracing::{
@@ -84,6 +85,9 @@ for_both_runtimes! {
     a_throw_answers_500_and_logs_the_stack:
         node_answers_500_when_the_function_throws_and_logs_the_stack,
         python_answers_500_when_the_function_raises_and_logs_the_traceback;
+    calls_in_flight_together_time_out_each_on_its_own:
+        node_times_out_calls_in_flight_together_each_on_its_own,
+        python_times_out_calls_in_flight_together_each_on_its_own;
     a_slow_function_times_out_with_408:
         node_answers_408_when_the_function_runs_past_func_timeout,
         python_answers_408_when_the_function_runs_past_func_timeout;
