@@ -36,6 +36,7 @@ mod controller_rebase;
 mod debian;
 mod deploy;
 mod dev;
+mod dockerfile;
 mod foreign_images;
 mod harness;
 mod install_reads;
