@@ -102,3 +102,26 @@ pub fn node_lock(dir: &Path, version: &str) -> PathBuf {
         &[("integrity", integrity)],
     )
 }
+
+/// The python313 lock with another `bottle` wheel (one of the Kyma packages in the base),
+/// pinned by PyPI's SHA-256.
+pub fn bottle_lock(dir: &Path, version: &str) -> PathBuf {
+    let meta = fetch_json("https://pypi.org/pypi/bottle/json");
+    let wheel = meta["releases"][version]
+        .as_array()
+        .unwrap_or_else(|| panic!("bottle {version} is not on PyPI"))
+        .iter()
+        .find(|f| f["packagetype"] == "bdist_wheel")
+        .expect("a wheel");
+    let fields = [
+        ("url", wheel["url"].as_str().expect("a url").to_string()),
+        (
+            "sha256",
+            wheel["digests"]["sha256"]
+                .as_str()
+                .expect("a sha256")
+                .to_string(),
+        ),
+    ];
+    patched_lock(dir, "python313", "bottle", version, &fields)
+}

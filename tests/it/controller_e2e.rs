@@ -7,7 +7,9 @@
 //! pods, probes, ServiceAccount tokens and certificates included, and the build Jobs and
 //! Functions the controller makes, in a namespace PodSecurity holds to `restricted`, until the
 //! Kyma Functions applied with kubectl answer over HTTP. Then a rollout restart of the
-//! controller, its leader killed, and the RBAC it used compared with deploy/rbac.yaml.
+//! controller, its leader killed, a base patch that moves a fleet of 20 Functions onto new
+//! Node.js and Python bases (rebased without a Job where safe), and the RBAC it used compared
+//! with deploy/rbac.yaml.
 
 #![allow(clippy::unwrap_used)]
 
@@ -39,7 +41,14 @@ const BUILDS: &str = "kiln-builds";
 
 /// `kiln base build RUNTIME` into `reg` (README: `$REG/kiln/RUNTIME:latest` and the builder),
 /// with a stripped copy of this kiln inside, and the kiln image too when `kiln_image` names it.
-fn runtime_images(reg: &str, host: &str, runtime: &str, kiln_image: Option<&str>, work: &Path) {
+fn runtime_images(
+    reg: &str,
+    host: &str,
+    runtime: &str,
+    kiln_image: Option<&str>,
+    lock: Option<&Path>,
+    work: &Path,
+) {
     let binary = work.join("kiln");
     if !binary.exists() {
         common::run(Command::new("strip").args([
@@ -62,6 +71,9 @@ fn runtime_images(reg: &str, host: &str, runtime: &str, kiln_image: Option<&str>
         .arg(&binary);
     if let Some(image) = kiln_image {
         command.args(["--kiln-image", image]);
+    }
+    if let Some(lock) = lock {
+        command.arg("--lock").arg(lock);
     }
     let out = command.output().unwrap();
     assert!(
@@ -437,8 +449,15 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
 
     // README, "Run it in a cluster", step 1 and 2: the runtime images, and the kiln image.
     let kiln_image = format!("{reg}/kiln/kiln:e2e");
-    runtime_images(&reg, &host, "nodejs22", Some(&kiln_image), work.path());
-    runtime_images(&reg, &host, "python313", None, work.path());
+    runtime_images(
+        &reg,
+        &host,
+        "nodejs22",
+        Some(&kiln_image),
+        None,
+        work.path(),
+    );
+    runtime_images(&reg, &host, "python313", None, None, work.path());
 
     // Step 3: the namespace, the push credentials, the CA bundle the builds trust (this
     // machine reaches the package registries through a TLS-inspecting proxy; the git
@@ -961,7 +980,182 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
         },
     );
 
+    fleet_moves_to_new_bases(&Cluster {
+        api: &api,
+        kubelet: &kubelet,
+        kubectl: &kubectl,
+        reg: &reg,
+        host: &host,
+        deploy: &deploy,
+        work: work.path(),
+    });
+
     // The RBAC the controller used, as the API server audited it, is what deploy/rbac.yaml
     // grants: no more, no less.
     crate::controller_rbac::assert_rbac_is_what_was_used(&api);
+}
+
+/// The installed cluster, for the steps after installation.
+struct Cluster<'a> {
+    api: &'a KubeApi,
+    kubelet: &'a TestKubelet,
+    kubectl: &'a Kubectl,
+    reg: &'a str,
+    host: &'a str,
+    deploy: &'a Path,
+    work: &'a Path,
+}
+
+/// A security patch reaches the fleet (issue 33): 20 Functions run, Node.js and Python, with
+/// and without dependencies (PyYAML's compiled extension among them); then both runtimes' base
+/// and builder images are built again under the same tags, Node.js 22.23.5 in place of
+/// 22.23.3 and bottle 0.13.3 in the Python base. The controller rebases every Function whose
+/// dependencies a build would not change with no Job, and builds the others with one; every
+/// one then answers over HTTP from its new base. Provenance is no longer required for it: a
+/// rebase cannot sign (the key is only in build Jobs' publish stage), so with
+/// `require-provenance` every Function is built again. Applying deploy/ with that change
+/// restarts the controller, which then looks the tags up again at once rather than after its
+/// 5-minute cache.
+fn fleet_moves_to_new_bases(c: &Cluster) {
+    let context = || story(c.api, c.kubelet);
+    let plain_node: Vec<String> = (1..=7).map(|i| format!("fleet-node-{i}")).collect();
+    let plain_python: Vec<String> = (1..=6).map(|i| format!("fleet-py-{i}")).collect();
+    let manifests: Vec<String> = plain_node
+        .iter()
+        .map(|name| {
+            let source =
+                format!("module.exports = {{ main: () => '{name} ' + process.version }};\n");
+            function_yaml(name, "nodejs22", &source, "")
+        })
+        .chain(plain_python.iter().map(|name| {
+            let source = format!(
+                "import bottle\n\ndef main(event, context):\n    return '{name} bottle ' + \
+                 bottle.__version__\n"
+            );
+            function_yaml(name, "python313", &source, "")
+        }))
+        .collect();
+    c.kubectl.ok_with_input(
+        &["-n", "team", "apply", "-f", "-"],
+        &manifests.join("---\n"),
+    );
+    // Rebased: no dependencies, or none a build would install differently. Rebuilt: npm or
+    // pip installed them in the builder image, which the new base pairs with another of.
+    let rebased: Vec<String> = ["hardened", "over-ssh"]
+        .iter()
+        .map(|s| s.to_string())
+        .chain(plain_node.iter().cloned())
+        .chain(plain_python.iter().cloned())
+        .collect();
+    let rebuilt: Vec<String> = ["words", "yaml", "scan", "hello-node", "shout"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    assert_eq!(rebased.len() + rebuilt.len(), 20);
+    let running =
+        |name: &str| condition(c.api, name, "Running").is_some_and(|(s, _, _)| s == "True");
+    for name in plain_node.iter().chain(&plain_python) {
+        wait(
+            &format!("{name} Running"),
+            Duration::from_secs(300),
+            context,
+            || running(name).then_some(()),
+        );
+    }
+    let get = |name: &str| {
+        let port = c.kubelet.port("team", name).expect("the Function runs");
+        let (code, body) = http(port, "GET", "");
+        assert_eq!(code, 200, "{name}: {body}");
+        body
+    };
+    assert_eq!(get("fleet-node-1"), "fleet-node-1 v22.23.3");
+    assert_eq!(get("fleet-py-1"), "fleet-py-1 bottle 0.13.4");
+    let image = |name: &str| -> String {
+        c.api.get("Function", "team", name).unwrap()["status"]["image"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let jobs = |name: &str| -> BTreeSet<String> {
+        build_objects(c.api, "Job", name)
+            .iter()
+            .map(|j| j["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let before: Vec<(String, String, BTreeSet<String>)> = rebased
+        .iter()
+        .chain(&rebuilt)
+        .map(|name| (name.clone(), image(name), jobs(name)))
+        .collect();
+
+    // The patch: both runtimes' images again, under the same tags.
+    let python_lock = common::base_change::bottle_lock(c.work, "0.13.3");
+    let node_lock = common::base_change::node_lock(c.work, "22.23.5");
+    runtime_images(c.reg, c.host, "nodejs22", None, Some(&node_lock), c.work);
+    runtime_images(c.reg, c.host, "python313", None, Some(&python_lock), c.work);
+    configure(c.deploy, "require-provenance", "");
+    c.kubectl
+        .ok(&["apply", "--server-side", "-k", c.deploy.to_str().unwrap()]);
+    for deployment in ["kiln-webhook", "kiln-controller"] {
+        rollout_status(c.kubectl, deployment, &context);
+    }
+
+    let events = |name: &str, reason: &str| -> usize {
+        c.api
+            .list("Event.events.k8s.io")
+            .iter()
+            .filter(|e| e["regarding"]["name"] == name && e["reason"] == reason)
+            .count()
+    };
+    for (name, old_image, _) in &before {
+        wait(
+            &format!("{name} on the new base"),
+            Duration::from_secs(600),
+            context,
+            || (image(name) != *old_image && running(name)).then_some(()),
+        );
+    }
+    for (name, _, old_jobs) in &before {
+        let new_jobs: Vec<String> = jobs(name).difference(old_jobs).cloned().collect();
+        if rebased.contains(name) {
+            assert!(
+                new_jobs.is_empty(),
+                "{name} rebased with a Job: {new_jobs:?}"
+            );
+            assert!(events(name, "ImageRebased") >= 1, "{name}\n{}", context());
+        } else {
+            // One, unless the controller that ran before the restart saw the new base before
+            // the new builder (its cache of the tags can run out while they move).
+            assert!(!new_jobs.is_empty(), "{name} was not rebuilt by a Job");
+            assert!(
+                events(name, "RebuildForNewBase") >= 1,
+                "{name}\n{}",
+                context()
+            );
+        }
+    }
+    // Every one answers, from its new base.
+    for name in &plain_node {
+        assert_eq!(get(name), format!("{name} v22.23.5"));
+    }
+    for name in &plain_python {
+        assert_eq!(get(name), format!("{name} bottle 0.13.3"));
+    }
+    let port = |name: &str| c.kubelet.port("team", name).expect("the Function runs");
+    let (code, body) = http(port("words"), "POST", "a new base");
+    assert_eq!(
+        (code, body.contains(r#"["a","new","base"]"#)),
+        (200, true),
+        "{body}"
+    );
+    let (code, body) = http(port("yaml"), "POST", "a: [1, 2]");
+    assert_eq!((code, body.contains("- 1")), (200, true), "{body}");
+    assert_eq!(
+        http(port("shout"), "POST", "kiln"),
+        (200, "KILN".to_string())
+    );
+    assert_eq!(http(port("over-ssh"), "GET", "").0, 200);
+    for name in ["scan", "hello-node", "hardened"] {
+        assert_eq!(http(port(name), "GET", "").0, 200, "{name}");
+    }
 }

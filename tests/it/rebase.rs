@@ -10,7 +10,7 @@ use crate::common;
 use std::path::Path;
 use std::process::Command;
 
-use common::base_change::{fetch_json, node_lock, patched_lock, push_base};
+use common::base_change::{bottle_lock, node_lock, push_base};
 use common::function_run::serve;
 use common::http;
 use common::kiln::{Kiln, Run, copy_fixture};
@@ -223,21 +223,7 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
 fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_wheels() {
     let s = Setup::new();
     let old = s.base("python313", "1", None);
-    let meta = fetch_json("https://pypi.org/pypi/bottle/json");
-    let wheel = meta["releases"]["0.13.3"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["packagetype"] == "bdist_wheel")
-        .unwrap();
-    let fields = [
-        ("url", wheel["url"].as_str().unwrap().to_string()),
-        (
-            "sha256",
-            wheel["digests"]["sha256"].as_str().unwrap().to_string(),
-        ),
-    ];
-    let lock = patched_lock(s.work.path(), "python313", "bottle", "0.13.3", &fields);
+    let lock = bottle_lock(s.work.path(), "0.13.3");
     let new = s.base("python313", "2", Some(&lock));
 
     s.build("hello-python", "python313", &old, "live", &[]);
