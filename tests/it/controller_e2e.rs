@@ -307,7 +307,7 @@ fn story(api: &KubeApi, kubelet: &TestKubelet) -> String {
                 .all_logs(&ns, Some(&pod))
                 .chars()
                 .rev()
-                .take(3000)
+                .take(8000)
                 .collect::<String>()
                 .chars()
                 .rev()
@@ -969,8 +969,9 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     wait(
         "git-scan's builds swept",
         // Sweeps run every 5 s; the Job goes once the test kubelet has stopped its Pod,
-        // which on a loaded 2-core machine took over a minute once.
-        Duration::from_secs(120),
+        // which on a loaded 2-core machine took over a minute once, and over two (a full
+        // suite beside it, 2026-11-29).
+        Duration::from_secs(240),
         context,
         || {
             ["Job", "ConfigMap", "Secret"]

@@ -91,3 +91,20 @@ fn kiln_init_writes_a_function_that_builds_and_answers_and_overwrites_nothing() 
     assert!(err.contains("pass --name NAME"), "{err}");
     assert!(!bad.exists());
 }
+
+/// The templates of Kyma's new handler API (`main(req, res)` with the `sdk` module on
+/// nodejs26, Flask's `main()` on python314) build and answer too.
+#[test]
+fn kiln_init_writes_new_api_functions_that_build_and_answer() {
+    let k = Kiln::new();
+    let tmp = tempfile::tempdir().unwrap();
+    for runtime in ["nodejs26", "python314"] {
+        let dir = tmp.path().join(format!("hi-{runtime}"));
+        let path = dir.to_str().unwrap();
+        k.run(&["init", path, "--runtime", runtime]).reference();
+        assert_eq!(
+            build_and_call(&k, runtime, &[path]),
+            format!("Hello World from the Kyma Function hi-{runtime} running on {runtime}!")
+        );
+    }
+}
