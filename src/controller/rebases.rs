@@ -139,13 +139,7 @@ pub async fn attempt(
                         held = ctx.rollouts.held(),
                         "rebased onto the runtime's new base",
                     );
-                    let now = k8s_openapi::jiff::Timestamp::now().as_second();
-                    let now = u64::try_from(now).unwrap_or(0);
-                    let on = records::BuiltOn {
-                        rebased: true,
-                        ..plan.built_on()
-                    };
-                    records::record(ctx, f, &plan.key, &digest, &on, now).await?;
+                    record_rebased(ctx, f, plan, &digest).await?;
                     st.set(
                         Kind::BuildReady,
                         State::True,
@@ -169,13 +163,7 @@ pub async fn attempt(
         Ok((Decision::Current, _)) => {
             // The image is the new images' build already (a builder change that its
             // dependencies do not depend on): taken for the new key as it is.
-            let now = k8s_openapi::jiff::Timestamp::now().as_second();
-            let now = u64::try_from(now).unwrap_or(0);
-            let on = records::BuiltOn {
-                rebased: true,
-                ..plan.built_on()
-            };
-            records::record(ctx, f, &plan.key, &change.digest, &on, now).await?;
+            record_rebased(ctx, f, plan, &change.digest).await?;
             ctx.rollouts.release(&id);
             st.set(
                 Kind::BuildReady,
@@ -224,6 +212,21 @@ pub async fn would(plan: &Plan, ctx: &Context, change: &BaseChange) -> String {
             &format!("would build: reading the image failed: {e}"),
         ),
     }
+}
+
+/// Records `digest` as the image of `plan`'s key, made by a rebase onto its images.
+async fn record_rebased(
+    ctx: &Context,
+    f: &Function,
+    plan: &Plan,
+    digest: &str,
+) -> super::error::Result<()> {
+    let now = u64::try_from(k8s_openapi::jiff::Timestamp::now().as_second()).unwrap_or(0);
+    let on = records::BuiltOn {
+        rebased: true,
+        ..plan.built_on()
+    };
+    records::record(ctx, f, &plan.key, digest, &on, now).await
 }
 
 /// Why the controller cannot rebase this plan's image itself, if it cannot.

@@ -133,11 +133,14 @@ fn built_on(value: &str) -> Option<BuiltOn> {
 const REBASED: &str = "rebased";
 
 fn value(digest: &str, at: u64, on: Option<&BuiltOn>) -> String {
-    match on {
-        Some(on) if on.rebased => format!("{digest} {at} {} {} {REBASED}", on.base, on.builder),
-        Some(on) => format!("{digest} {at} {} {}", on.base, on.builder),
-        None => format!("{digest} {at}"),
+    let mut value = format!("{digest} {at}");
+    if let Some(on) = on {
+        value += &format!(" {} {}", on.base, on.builder);
+        if on.rebased {
+            value += &format!(" {REBASED}");
+        }
     }
+    value
 }
 
 /// The record with `key` → `digest` (built on `on`) added to what `live` holds, the oldest
