@@ -5,7 +5,8 @@
 //! - dependency layers (`deps/<key>.json` and the blob it names), last used when a build hit
 //!   or wrote them;
 //! - unpacked root file systems (`rootfs/sha256/<digest>/`), last used when a run or an
-//!   install looked them up;
+//!   install looked them up, and the base prefixes they were copied from
+//!   (`rootfs/chains/sha256/<chain ID>/`, [`crate::run::chain`]), last used when copied;
 //! - Function images in the local store (`store`, names `functions/…`), as old as their
 //!   manifest file. The runtime base images in the store stay (they are rebuilt from Debian
 //!   and npm, which takes minutes); so do the Debian package downloads;
@@ -34,6 +35,7 @@
 
 use std::fs;
 use std::io;
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -471,7 +473,9 @@ fn make_writable(dir: &Path) {
     }
 }
 
-/// Bytes of regular files under `dir` (not following links).
+/// Bytes of regular files under `dir` (not following links). A file with several links (the
+/// rootfs of images on one base share their base's files) counts for its share: what
+/// removing one of them frees is counted once over all of them.
 fn tree_size(dir: &Path) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
@@ -480,7 +484,7 @@ fn tree_size(dir: &Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => tree_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len() / m.nlink().max(1)),
             _ => 0,
         })
         .sum()
@@ -490,7 +494,7 @@ fn tree_size(dir: &Path) -> u64 {
 /// the registry client learnt. Not the scratch directories: what builds under way keep there
 /// must not make `--max-size` evict what they will use.
 pub fn cache_size(cache_dir: &Path) -> u64 {
-    ["blobs", "deps", "rootfs/sha256", "store"]
+    ["blobs", "deps", "rootfs/sha256", "rootfs/chains", "store"]
         .iter()
         .chain(&REGISTRY_RECORD_DIRS)
         .map(|d| tree_size(&cache_dir.join(d)))

@@ -98,6 +98,27 @@ impl Budget {
         Ok(())
     }
 
+    /// The bytes and entries charged so far.
+    pub fn used(&self) -> (u64, u64) {
+        (
+            self.byte_limit - self.bytes_left,
+            self.entry_limit - self.entries_left,
+        )
+    }
+
+    /// Charges what an earlier budget used ([`Budget::used`]), as one step.
+    ///
+    /// # Errors
+    /// The cap it passes.
+    pub fn charge(&mut self, bytes: u64, entries: u64) -> Result<(), Over> {
+        if entries > self.entries_left {
+            self.entries_left = 0;
+            return Err(Over::Entries(self.entry_limit));
+        }
+        self.entries_left -= entries;
+        self.bytes(bytes)
+    }
+
     /// The bytes left, for a reader that charges as it reads.
     pub fn bytes_left_mut(&mut self) -> &mut u64 {
         &mut self.bytes_left

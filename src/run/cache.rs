@@ -39,6 +39,27 @@ pub struct Entry {
     pub in_use: crate::inuse::InUse,
 }
 
+/// Where prefixes shared by layer chain go, under the rootfs cache ([`super::chain`]).
+const PREFIXES: &str = "chains";
+/// A prefix's unpacker state, beside its `rootfs/`.
+const PENDING: &str = "pending.json";
+
+/// A stored prefix of layers, unpacked ([`super::chain`]), held in use while it is copied.
+#[derive(Debug)]
+pub struct Prefix {
+    /// The tree, as the unpacker left it between two layers.
+    pub rootfs: PathBuf,
+    /// What the unpacker held besides the tree.
+    pub pending: unpack::Pending,
+    _in_use: crate::inuse::InUse,
+}
+
+/// Whose entry a commit left in place.
+enum Committed {
+    Ours,
+    Theirs,
+}
+
 /// A rootfs being unpacked; deleted on drop unless committed.
 #[derive(Debug)]
 pub struct Staging {
@@ -55,6 +76,20 @@ impl Staging {
     /// Scratch space for downloaded layer blobs, on the same file system.
     pub fn blobs(&self) -> PathBuf {
         self.path.join("blobs")
+    }
+
+    /// Empties the rootfs again (after a copy of a prefix that failed half-way).
+    ///
+    /// # Errors
+    /// When it cannot be removed or made again.
+    pub fn reset_rootfs(&self) -> Result<(), Error> {
+        let rootfs = self.rootfs();
+        unpack::make_writable(&rootfs).map_err(Error::Finish)?;
+        fs::remove_dir_all(&rootfs).at("removing", &rootfs)?;
+        fs::create_dir(&rootfs).at("creating", &rootfs)?;
+        fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755))
+            .at("setting the mode of", &rootfs)?;
+        Ok(())
     }
 
     /// Creates `/proc`, `/dev`, `/tmp` and an empty `/etc/resolv.conf` when the image lacks
@@ -196,19 +231,74 @@ impl RootfsCache {
             .join(format!("{}.lock", digest.hex()))
     }
 
-    /// Every entry: (manifest digest hex, directory, lock file), for `kiln cache prune`.
+    /// Every entry, images' and prefixes': (manifest digest or chain ID hex, directory, lock
+    /// file), for `kiln cache prune`.
     pub fn entries(&self) -> Vec<(String, PathBuf, PathBuf)> {
-        let dir = self.root.join("sha256");
-        let Ok(read) = fs::read_dir(&dir) else {
-            return Vec::new();
-        };
-        read.flatten()
-            .map(|e| {
-                let hex = e.file_name().to_string_lossy().into_owned();
-                let lock = self.root.join("locks").join(format!("{hex}.lock"));
-                (hex, e.path(), lock)
-            })
-            .collect()
+        [
+            self.root.join("sha256"),
+            self.root.join(PREFIXES).join("sha256"),
+        ]
+        .iter()
+        .filter_map(|dir| fs::read_dir(dir).ok())
+        .flat_map(|read| read.flatten())
+        .map(|e| {
+            let hex = e.file_name().to_string_lossy().into_owned();
+            let lock = self.root.join("locks").join(format!("{hex}.lock"));
+            (hex, e.path(), lock)
+        })
+        .collect()
+    }
+
+    fn prefix_dir(&self, chain: &Digest) -> PathBuf {
+        self.root
+            .join(PREFIXES)
+            .join(chain.algorithm())
+            .join(chain.hex())
+    }
+
+    /// Whether the prefix of chain ID `chain` is stored (it may be pruned at any time).
+    pub fn has_prefix(&self, chain: &Digest) -> bool {
+        self.prefix_dir(chain).join(PENDING).is_file()
+    }
+
+    /// The stored prefix of chain ID `chain` ([`super::chain`]), marked in use and touched.
+    pub fn lookup_prefix(&self, chain: &Digest) -> Option<Prefix> {
+        if !self.has_prefix(chain) {
+            return None; // no lock file made for every layer looked for
+        }
+        let in_use = crate::inuse::InUse::shared(&self.lock_path(chain)).ok()?;
+        let dir = self.prefix_dir(chain);
+        let pending = serde_json::from_slice(&fs::read(dir.join(PENDING)).ok()?).ok()?;
+        let rootfs = dir.join("rootfs");
+        if !rootfs.is_dir() {
+            return None;
+        }
+        crate::inuse::touch(&dir);
+        Some(Prefix {
+            rootfs,
+            pending,
+            _in_use: in_use,
+        })
+    }
+
+    /// Stores the staged tree as the prefix of chain ID `chain`, with what its unpacker had
+    /// `pending`. When another run stored it first, that one stays.
+    ///
+    /// # Errors
+    /// When writing or renaming fails.
+    pub fn commit_prefix(
+        &self,
+        staging: Staging,
+        chain: &Digest,
+        pending: &unpack::Pending,
+    ) -> Result<(), Error> {
+        let blobs = staging.blobs();
+        fs::remove_dir_all(&blobs).at("removing", &blobs)?;
+        let path = staging.path.join(PENDING);
+        let json = serde_json::to_vec(pending).map_err(|e| io_err("writing", &path)(e.into()))?;
+        fs::write(&path, json).at("writing", &path)?;
+        self.commit_dir(staging, &self.prefix_dir(chain), || self.has_prefix(chain))
+            .map(|_| ())
     }
 
     /// Where entries are moved to be deleted (on the cache's file system).
@@ -276,12 +366,7 @@ impl RootfsCache {
     ///
     /// # Errors
     /// When writing or renaming fails, or `config` does not parse.
-    pub fn commit(
-        &self,
-        mut staging: Staging,
-        digest: &Digest,
-        config: &[u8],
-    ) -> Result<Entry, Error> {
+    pub fn commit(&self, staging: Staging, digest: &Digest, config: &[u8]) -> Result<Entry, Error> {
         let parsed: ImageConfig =
             serde_json::from_slice(config).map_err(|source| Error::Malformed {
                 digest: digest.clone(),
@@ -292,24 +377,40 @@ impl RootfsCache {
         let config_path = staging.path.join("config.json");
         fs::write(&config_path, config).at("writing", &config_path)?;
         let dest = self.entry_dir(digest);
+        match self.commit_dir(staging, &dest, || self.entry_dir(digest).is_dir())? {
+            Committed::Ours => Ok(Entry {
+                digest: digest.clone(),
+                rootfs: dest.join("rootfs"),
+                config: parsed,
+                in_use: crate::inuse::InUse::default(),
+            }),
+            // Another run committed the same image first: its entry is as good.
+            Committed::Theirs => self
+                .lookup(digest)
+                .ok_or_else(|| io_err("looking up", &dest)(io::ErrorKind::NotFound.into())),
+        }
+    }
+
+    /// Renames the staging area to `dest`, unless another run put an entry there first
+    /// (`theirs` says whether one is there); ours is then deleted when `staging` drops.
+    fn commit_dir(
+        &self,
+        mut staging: Staging,
+        dest: &Path,
+        theirs: impl FnOnce() -> bool,
+    ) -> Result<Committed, Error> {
         let parent = dest.parent().unwrap_or(&self.root);
         fs::create_dir_all(parent).at("creating", parent)?;
-        if let Err(e) = fs::rename(&staging.path, &dest) {
-            // Another run may have committed the same image first: its entry is as good. Ours
-            // is deleted when `staging` drops.
-            return self
-                .lookup(digest)
-                .ok_or_else(|| io_err("renaming the unpacked rootfs to", &dest)(e));
+        if let Err(e) = fs::rename(&staging.path, dest) {
+            return match theirs() {
+                true => Ok(Committed::Theirs),
+                false => Err(io_err("renaming the unpacked rootfs to", dest)(e)),
+            };
         }
         if let Some(dir) = staging.dir.take() {
             let _ = dir.keep();
         }
-        Ok(Entry {
-            digest: digest.clone(),
-            rootfs: dest.join("rootfs"),
-            config: parsed,
-            in_use: crate::inuse::InUse::default(),
-        })
+        Ok(Committed::Ours)
     }
 }
 

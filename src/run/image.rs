@@ -229,8 +229,15 @@ pub struct Fetches {
 }
 
 impl Fetches {
-    /// Starts fetching every distinct layer of `resolved` into `scratch`.
-    pub fn start(client: &Client, resolved: &Resolved, scratch: &Path, jobs: usize) -> Fetches {
+    /// Starts fetching every distinct layer of `resolved` from index `from` on into
+    /// `scratch`.
+    pub fn start(
+        client: &Client,
+        resolved: &Resolved,
+        scratch: &Path,
+        jobs: usize,
+        from: usize,
+    ) -> Fetches {
         let permits = Arc::new(Semaphore::new(jobs.max(1)));
         let mut tasks = JoinSet::new();
         let order: Vec<Digest> = resolved
@@ -240,7 +247,7 @@ impl Fetches {
             .map(|l| l.digest.clone())
             .collect();
         let mut started = std::collections::HashSet::new();
-        for descriptor in &resolved.manifest.layers {
+        for descriptor in resolved.manifest.layers.iter().skip(from) {
             if !started.insert(descriptor.digest.clone()) {
                 continue;
             }

@@ -25,6 +25,7 @@
 //! ```
 
 pub mod cache;
+pub mod chain;
 mod error;
 pub mod image;
 pub mod process;
@@ -32,7 +33,7 @@ pub mod reference;
 pub mod unpack;
 pub mod user;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -43,6 +44,7 @@ pub use self::cache::Entry;
 use self::cache::{RootfsCache, Staging};
 use self::image::{LayerFile, Resolved};
 use self::unpack::Unpacker;
+use crate::io_error::IoContext as _;
 use crate::oci::{Descriptor, Digest, ImageConfig, Platform};
 use crate::registry::Client;
 use crate::sandbox::Bind;
@@ -229,34 +231,99 @@ async fn unpack_image(
             diff_ids: diff_ids.len(),
         });
     }
-    let staging = {
-        let cache = cache.clone();
-        tokio::task::spawn_blocking(move || cache.stage())
-            .await
-            .map_err(Error::Task)??
+    let chains = chain::chain_ids(&diff_ids);
+    // The base's layers, stored once unpacked for the next image on the same base.
+    let base =
+        chain::base_layers(&config, layers.len()).filter(|&b| !cache.has_prefix(&chains[b - 1]));
+    let (staging, mut unpacker, start) = {
+        let (cache, chains, limit) = (cache.clone(), chains.clone(), opts.max_unpacked);
+        tokio::task::spawn_blocking(move || -> Result<_> {
+            let staging = cache.stage()?;
+            let (unpacker, start) = from_prefix(&cache, &staging, &chains, limit)?;
+            Ok((staging, unpacker, start))
+        })
+        .await
+        .map_err(Error::Task)??
     };
-    tracing::info!(digest = %resolved.digest, layers = layers.len(), "unpacking image");
+    tracing::info!(
+        digest = %resolved.digest,
+        layers = layers.len(),
+        from_cache = start,
+        "unpacking image"
+    );
     let unpacked = Arc::new(AtomicU64::new(0));
-    let _progress = unpack_progress(&layers, unpacked.clone());
-    let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), opts.jobs);
-    let mut unpacker = Unpacker::with_limit(&staging.rootfs(), opts.max_unpacked);
-    for (index, (descriptor, diff_id)) in layers.into_iter().zip(diff_ids).enumerate() {
+    let _progress = unpack_progress(&layers[start..], unpacked.clone());
+    let mut fetches = image::Fetches::start(client, &resolved, &staging.blobs(), opts.jobs, start);
+    let layers = layers.into_iter().zip(diff_ids).enumerate().skip(start);
+    for (index, (descriptor, diff_id)) in layers {
         let file = fetches.get(index).await?;
         let last_use = fetches.last_use(index);
         let counter = unpacked.clone();
-        unpacker = tokio::task::spawn_blocking(move || {
+        let store = (base == Some(index + 1))
+            .then(|| (cache.clone(), chains[index].clone(), staging.rootfs()));
+        unpacker = tokio::task::spawn_blocking(move || -> Result<Unpacker> {
             let layer = LayerAt {
                 file: &file,
                 descriptor: &descriptor,
                 diff_id: &diff_id,
                 last_use,
             };
-            apply_layer(unpacker, layer, counter)
+            let unpacker = apply_layer(unpacker, layer, counter)?;
+            if let Some((cache, chain, rootfs)) = store {
+                store_prefix(&cache, &rootfs, &chain, &unpacker);
+            }
+            Ok(unpacker)
         })
         .await
         .map_err(Error::Task)??;
     }
     commit(cache, staging, unpacker, &resolved.digest, config_bytes).await
+}
+
+/// Copies the longest stored prefix of the image's layers (by their `chains`) into the
+/// staging rootfs, and returns the unpacker to go on with and the layers it covers; a fresh
+/// unpacker and 0 when none is stored or the copy fails.
+fn from_prefix(
+    cache: &RootfsCache,
+    staging: &Staging,
+    chains: &[Digest],
+    limit: u64,
+) -> Result<(Unpacker, usize)> {
+    let rootfs = staging.rootfs();
+    let found = (1..=chains.len())
+        .rev()
+        .find_map(|n| Some((n, cache.lookup_prefix(&chains[n - 1])?)));
+    if let Some((layers, prefix)) = found {
+        let copied = chain::clone_tree(&prefix.rootfs, &rootfs);
+        match copied {
+            Ok(entries) => {
+                if let Some(unpacker) = Unpacker::resume(&rootfs, limit, &prefix.pending) {
+                    tracing::debug!(layers, entries, "rootfs prefix from cache");
+                    return Ok((unpacker, layers));
+                }
+            }
+            Err(e) => tracing::warn!(
+                prefix = %prefix.rootfs.display(),
+                error = %e,
+                "could not copy a cached rootfs prefix; unpacking every layer"
+            ),
+        }
+        staging.reset_rootfs()?;
+    }
+    Ok((Unpacker::with_limit(&rootfs, limit), 0))
+}
+
+/// Stores the tree unpacked so far as the prefix of chain ID `chain`: best effort, since the
+/// run goes on without it.
+fn store_prefix(cache: &RootfsCache, rootfs: &Path, chain: &Digest, unpacker: &Unpacker) {
+    let stored = cache.stage().and_then(|prefix| {
+        chain::clone_tree(rootfs, &prefix.rootfs()).at("copying the rootfs to", prefix.rootfs())?;
+        cache.commit_prefix(prefix, chain, &unpacker.pending())
+    });
+    match stored {
+        Ok(()) => tracing::debug!(%chain, "stored the base's rootfs for other images on it"),
+        Err(e) => tracing::warn!(error = %e, "could not store the base's rootfs for reuse"),
+    }
 }
 
 /// The bytes of the image's layers unpacked so far, against their total: a live line on a

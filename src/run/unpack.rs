@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fs::{self, File, FileTimes, OpenOptions, Permissions};
 use std::io::{self, BufRead, BufReader, Read};
+use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -216,6 +217,45 @@ impl Unpacker {
             budget: self.budget.max_entries(entries),
             ..self
         }
+    }
+
+    /// What this unpacker holds besides the tree, to go on later from a copy of the tree
+    /// ([`Unpacker::resume`]).
+    pub fn pending(&self) -> Pending {
+        let dirs = self
+            .dirs
+            .iter()
+            .filter_map(|(path, (mode, mtime))| {
+                let relative = path.strip_prefix(&self.root).ok()?;
+                let since = mtime.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+                let name = relative.as_os_str().as_bytes().to_vec();
+                Some((name, *mode, since.as_secs(), since.subsec_nanos()))
+            })
+            .collect();
+        let (bytes, entries) = self.budget.used();
+        Pending {
+            dirs,
+            bytes,
+            entries,
+        }
+    }
+
+    /// Goes on unpacking into `root`, a copy of the tree an unpacker left with `pending`,
+    /// under the caps of [`Unpacker::with_limit`]; `None` when what was used already passes
+    /// them (unpacking from scratch then names the entry that does).
+    pub fn resume(root: &Path, limit: u64, pending: &Pending) -> Option<Unpacker> {
+        let mut unpacker = Unpacker::with_limit(root, limit);
+        unpacker
+            .budget
+            .charge(pending.bytes, pending.entries)
+            .ok()?;
+        for (name, mode, secs, nanos) in &pending.dirs {
+            // The bytes came from this same host's paths.
+            let name = std::ffi::OsStr::from_bytes(name);
+            let mtime = SystemTime::UNIX_EPOCH + Duration::new(*secs, *nanos);
+            unpacker.dirs.insert(root.join(name), (*mode, mtime));
+        }
+        Some(unpacker)
     }
 
     /// Charges one entry (its count and [`ENTRY_COST`] bytes) before anything of it is
@@ -452,6 +492,19 @@ impl Unpacker {
         }
         Ok(())
     }
+}
+
+/// What an [`Unpacker`] keeps between layers besides the tree ([`Unpacker::pending`]): the
+/// directory modes and times it sets at the end, and what the layers used of its caps.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Pending {
+    /// Each directory: its path under the root (bytes), mode, and modification time in
+    /// seconds and nanoseconds since the epoch.
+    dirs: Vec<(Vec<u8>, u32, u64, u32)>,
+    /// Bytes charged.
+    bytes: u64,
+    /// Entries charged.
+    entries: u64,
 }
 
 /// What [`Unpacker::write_entry`] put at its destination.

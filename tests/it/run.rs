@@ -578,6 +578,98 @@ fn concurrent_long_running_runs_of_one_image_all_start(sandbox: &str) {
 
 /// The test Function's `user` image pushed to a new plain registry: the registry (kept
 /// running while it lives) and the image's tagged reference.
+/// Tags `tag` in `layout`: its base plus `layer`, which the history says kiln added for a
+/// Function (so the layers below are the base's, stored for other images on it), running
+/// `script`.
+fn on_base_as_kiln_would(layout: &Path, tag: &str, layer: &Path, script: &str) {
+    let l = layout.to_str().unwrap();
+    let image = format!("{l}:{tag}");
+    run(
+        umoci(&["raw", "add-layer", "--image", &format!("{l}:base")])
+            .args(["--tag", tag, "--history.created", CREATED])
+            .args(["--history.created_by", &format!("kiln: source ({tag})")])
+            .arg(layer),
+    );
+    run(umoci(&["config", "--image", &image, "--tag", tag])
+        .args(["--created", CREATED, "--no-history", "--clear=config.cmd"])
+        .args(["--config.entrypoint=/bin/sh", "--config.entrypoint=-c"])
+        .arg(format!("--config.entrypoint={script}")));
+}
+
+fn images_on_one_base_unpack_only_their_own_layers_and_cannot_change_each_others_files(
+    sandbox: &str,
+) {
+    let kiln = Kiln::new();
+    let dir = kiln.home.path();
+    let layout = make_layout(dir);
+    // One replaces and deletes files of the base it shares; the other reads them.
+    let evil = tar_layer(
+        dir,
+        "evil",
+        &[
+            ("etc/passwd", "root:x:0:0:evil:/:/bin/sh\n"),
+            ("etc/.wh.group", ""),
+            ("bin/.wh.sh", ""),
+        ],
+    );
+    let good = tar_layer(dir, "good", &[("app/hello.txt", "hello\n")]);
+    let show = "busybox cat /etc/passwd /etc/group /app/hello.txt; busybox ls /bin";
+    on_base_as_kiln_would(&layout, "evil", &evil, show);
+    on_base_as_kiln_would(&layout, "good", &good, show);
+    run(&mut umoci(&["gc", "--layout", layout.to_str().unwrap()]));
+    // No /bin/sh in it: the shell is busybox's, by name.
+    let run_image = |tag: &str| {
+        let image = oci(&layout, tag);
+        let out = run_in(
+            &kiln,
+            sandbox,
+            &[
+                "run",
+                &image,
+                "--entrypoint",
+                "/bin/busybox",
+                "--",
+                "sh",
+                "-c",
+                show,
+            ],
+        );
+        (out.stdout, out.stderr)
+    };
+
+    let (evil_out, first) = run_image("evil");
+    assert!(
+        evil_out.starts_with("root:x:0:0:evil:"),
+        "{evil_out}\n{first}"
+    );
+    assert!(!evil_out.contains("user:x:1000:"), "{evil_out}");
+    assert!(first.contains("from_cache=0"), "{first}");
+    let (good_out, second) = run_image("good");
+    assert!(
+        second.contains("from_cache=1"),
+        "the second image on the base unpacks only its own layer: {second}"
+    );
+    assert_eq!(
+        good_out,
+        "root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n\
+         root:x:0:\nuser:x:1000:\nhello\nbusybox\nsh\n",
+        "the base's files as the base has them: {second}"
+    );
+    // The rootfs shares the base's files with the stored prefix (and the first image).
+    let rootfs = kiln
+        .cache_dir()
+        .join("rootfs/sha256")
+        .join(&tagged_digest(&layout, "good")["sha256:".len()..])
+        .join("rootfs");
+    let busybox = fs::metadata(rootfs.join("bin/busybox")).unwrap();
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&busybox), 3);
+    // And the first image, unpacked again from the prefix, is as it was.
+    fs::remove_dir_all(kiln.cache_dir().join("rootfs/sha256")).unwrap();
+    let (again, third) = run_image("evil");
+    assert_eq!(again, evil_out, "{third}");
+    assert!(third.contains("from_cache=1"), "{third}");
+}
+
 fn pushed_user_image(kiln: &Kiln) -> (Registry, String) {
     let layout = function_layout(kiln.home.path());
     let reg = Registry::start(RegistryKind::Plain);
@@ -613,6 +705,7 @@ in_each_sandbox!(
     a_function_serves_http_on_the_host_port_and_stops_promptly_on_sigterm,
     the_function_runs_as_the_images_user_with_a_read_only_root_and_a_writable_tmp,
     whiteouts_and_opaque_directories_of_later_layers_hide_lower_files,
+    images_on_one_base_unpack_only_their_own_layers_and_cannot_change_each_others_files,
     the_entrypoints_exit_code_is_kilns_exit_code_for_what_kiln_build_prints,
     a_registry_image_runs_by_digest_and_a_second_run_reuses_the_cached_rootfs,
     an_image_that_lists_the_same_layer_twice_runs,
