@@ -8,7 +8,7 @@ use super::Failure;
 use super::registry::RegistryArgs;
 use crate::image::resolve::{self, BaseRef};
 use crate::oci::Platform;
-use crate::rebase::{self, Decision, Request};
+use crate::rebase::{self, Decision, IndexDecision, Request};
 use crate::registry::{Client, Reference};
 use crate::runtime::Catalog;
 
@@ -27,6 +27,9 @@ pub const EXIT_REBUILD: u8 = 3;
     Node.js major and module version, the same Python major.minor, the same C library at a
     version no older (the base's dev.kiln.abi.* labels).
 The result is the image a full `kiln build` on the new base gives, to the digest.
+An image index (kiln build --platform linux/amd64,linux/arm64) is rebased platform by
+platform onto the new base's image for each, and its new index pushed last: every platform
+moves, or none does (one that is not safe refuses the whole index).
 
 Exit codes: 0 rebased (or on the new base already), 3 refused (build it instead), 1 failed,
 2 bad usage.
@@ -38,7 +41,8 @@ Examples:
   kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1 --dry-run"
 )]
 pub struct RebaseArgs {
-    /// The Function image, by tag or digest (what `kiln build` printed): one platform's image.
+    /// The Function image, by tag or digest (what `kiln build` printed): one platform's
+    /// image, or the index of a build for several.
     #[arg(value_name = "IMAGE")]
     pub image: String,
     /// The new base image: a registry reference, or `oci:DIR[:NAME]` (as `kiln build --base`).
@@ -55,7 +59,8 @@ pub struct RebaseArgs {
     /// --tag-by-key` does.
     #[arg(long)]
     pub tag_by_key: bool,
-    /// The platform of the new base (and builder) to take from an image index.
+    /// The platform of the new base (and builder) to take from an image index, for a
+    /// one-platform image (an index's images each take their own).
     #[arg(long, value_name = "OS/ARCH", default_value = "linux/amd64")]
     pub platform: String,
     /// Say what would happen (rebase, rebuild and why, or nothing to do), and write nothing.
@@ -110,12 +115,18 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(usage)?;
-    let builder = match &args.builder {
-        Some(b) => {
-            let parsed = BaseRef::parse(b)
+    let builder_ref = match &args.builder {
+        Some(b) => Some((
+            BaseRef::parse(b)
                 .with_context(|| format!("--builder {b:?}"))
-                .map_err(usage)?;
-            let found = resolve::resolve(&client, &parsed, b, &platform)
+                .map_err(usage)?,
+            b.as_str(),
+        )),
+        None => None,
+    };
+    let builder = match &builder_ref {
+        Some((parsed, b)) => {
+            let found = resolve::resolve(&client, parsed, b, &platform)
                 .await
                 .with_context(|| format!("reading the builder image {b}"))
                 .map_err(Failure::Build)?;
@@ -124,20 +135,16 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         None => None,
     };
     let catalog = Catalog::embedded();
-    let planned = rebase::plan(
-        &client,
-        Request {
-            image: &image,
-            base: &base,
-            base_name: &args.base,
-            builder: builder.as_ref(),
-            platform: &platform,
-            catalog: &catalog,
-            resolved: None,
-        },
-    )
-    .await
-    .map_err(|e| Failure::Build(e.into()))?;
+    let request = Request {
+        image: &image,
+        base: &base,
+        base_name: &args.base,
+        builder: builder.as_ref(),
+        platform: &platform,
+        catalog: &catalog,
+        resolved: None,
+    };
+    let planned = rebase::plan(&client, request).await;
     let report = |fields: serde_json::Value| -> Result<(), Failure> {
         let Some(path) = &args.report else {
             return Ok(());
@@ -158,6 +165,19 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
             .with_context(|| format!("writing the report to {}", path.display()))
             .map_err(Failure::Build)
     };
+    let planned = match planned {
+        Ok(planned) => planned,
+        Err(rebase::Error::Index { index, .. }) => {
+            let builder = builder_ref.as_ref().map(|(parsed, b)| (parsed, *b));
+            let plan = rebase::plan_index(&client, request, &index, builder)
+                .await
+                .map_err(|e| Failure::Build(e.into()))?;
+            let current = format!("{}@{}", image.repository_path(), index.digest);
+            let to = (&image, &target);
+            return rebase_index(&args, &client, plan, current, to, &report).await;
+        }
+        Err(e) => return Err(Failure::Build(e.into())),
+    };
     let current = format!("{}@{}", image.repository_path(), planned.current);
     let rebased = match (planned.decision, args.dry_run) {
         (Decision::Current, _) => {
@@ -168,18 +188,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 false => current,
             });
         }
-        (Decision::Rebuild(reason), dry_run) => {
-            report(serde_json::json!({ "decision": "rebuild", "reason": reason }))?;
-            if dry_run {
-                return Ok(format!("rebuild {reason}"));
-            }
-            eprintln!(
-                "kiln rebase: {} cannot be rebased onto {}: {reason}. Build it on the new base \
-                 instead (kiln build … --base {}).",
-                args.image, args.base, args.base
-            );
-            return Err(Failure::Exit(EXIT_REBUILD));
-        }
+        (Decision::Rebuild(reason), _) => return refuse(&args, &report, reason),
         (Decision::Rebase(rebased), true) => {
             let reference = format!(
                 "{}@{}",
@@ -235,4 +244,100 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         },
     }))?;
     Ok(published.reference)
+}
+
+/// `kiln rebase` of an image index: every platform's image moves, or none does.
+async fn rebase_index(
+    args: &RebaseArgs,
+    client: &Client,
+    plan: IndexDecision,
+    current: String,
+    (image, target): (&Reference, &Reference),
+    report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
+) -> Result<String, Failure> {
+    let (index, platforms) = match plan {
+        IndexDecision::Current => {
+            tracing::info!(image = %args.image, base = %args.base, "on the new base already");
+            report(serde_json::json!({ "decision": "current", "reference": current }))?;
+            return Ok(match args.dry_run {
+                true => format!("current {current}"),
+                false => current,
+            });
+        }
+        IndexDecision::Rebuild(reason) => return refuse(args, report, reason),
+        IndexDecision::Rebase { index, platforms } => (index, platforms),
+    };
+    let reference = format!("{}@{}", target.repository_path(), index.digest);
+    let keys: Vec<serde_json::Value> = platforms
+        .iter()
+        .map(|p| match &p.planned.decision {
+            Decision::Rebase(rebased) => serde_json::json!({
+                "platform": p.platform.to_string(),
+                "digest": rebased.image.manifest.digest,
+                "imageKey": rebased.image_key,
+            }),
+            _ => serde_json::json!({
+                "platform": p.platform.to_string(),
+                "digest": p.current.digest,
+                "current": true,
+            }),
+        })
+        .collect();
+    if args.dry_run {
+        report(serde_json::json!({
+            "decision": "rebase", "reference": reference, "platforms": keys,
+        }))?;
+        return Ok(format!(
+            "rebase {reference} ({} platforms)",
+            platforms.len()
+        ));
+    }
+    let scratch = tempfile::tempdir()
+        .context("making a scratch directory")
+        .map_err(Failure::Build)?;
+    let before = client.traffic();
+    let (digest, published) = rebase::publish_index(
+        client,
+        &index,
+        &platforms,
+        image,
+        target,
+        args.tag_by_key,
+        scratch.path(),
+    )
+    .await
+    .map_err(|e| Failure::Build(e.into()))?;
+    let after = client.traffic();
+    tracing::info!(%reference, platforms = platforms.len(), "rebased the image index");
+    let blobs: Vec<_> = published.iter().flat_map(|p| &p.blobs).collect();
+    report(serde_json::json!({
+        "decision": "rebase",
+        "reference": reference,
+        "digest": digest,
+        "platforms": keys,
+        "blobs": blobs,
+        "push": {
+            "requests": after.requests - before.requests,
+            "bytesSent": after.bytes_sent - before.bytes_sent,
+        },
+    }))?;
+    Ok(reference)
+}
+
+/// A rebase refused as unsafe: the reason, and the exit code that asks for a build.
+fn refuse(
+    args: &RebaseArgs,
+    report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
+    reason: String,
+) -> Result<String, Failure> {
+    report(serde_json::json!({ "decision": "rebuild", "reason": reason }))?;
+    if args.dry_run {
+        return Ok(format!("rebuild {reason}"));
+    }
+    eprintln!(
+        "kiln rebase: {} cannot be rebased onto {}: {reason}. Build it on the new base \
+         instead (kiln build … --base {}).",
+        args.image, args.base, args.base
+    );
+    Err(Failure::Exit(EXIT_REBUILD))
 }

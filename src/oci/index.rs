@@ -24,6 +24,23 @@ pub struct Index {
 }
 
 impl Index {
+    /// The OCI image index kiln writes over `manifests` (each with its platform), as a
+    /// document: canonical JSON, no annotations. A multi-platform build and the rebase of
+    /// its index both make it here, so that the same manifests give the same digest.
+    ///
+    /// # Errors
+    /// When it cannot be serialised.
+    pub fn document(manifests: Vec<Descriptor>) -> serde_json::Result<super::Document> {
+        let index = Index {
+            schema_version: 2,
+            media_type: Some(MediaType::OciIndex),
+            manifests,
+            annotations: None,
+        };
+        let bytes = super::canonical::to_vec(&index)?;
+        Ok(super::Document::new(MediaType::OciIndex, bytes))
+    }
+
     /// The first manifest entry for `wanted`.
     pub fn select(&self, wanted: &Platform) -> Option<&Descriptor> {
         self.manifests

@@ -4,11 +4,13 @@
 //! last. [`decide`] says whether that is safe and assembles the image; [`publish`] pushes it.
 
 mod decide;
+mod index;
 
 use std::path::Path;
 
 pub use crate::image::resolve::{BaseRef, ResolvedBase};
 pub use decide::{Current, Decision, NewBase, Rebased, decide};
+pub use index::{IndexDecision, PlatformPlan, plan_index, publish_index};
 
 use crate::image::publish::{
     self, BlobPlan, BlobReport, Outcome, PublishInput, Published, Publisher, RegistryPublisher,
@@ -63,14 +65,13 @@ pub enum Error {
         #[source]
         source: Box<resolve::Error>,
     },
-    /// An image index: each platform's image is rebased on its own.
-    #[error(
-        "{image} is an image index (a build for several platforms): rebase each platform's \
-         image by its digest, or rebuild"
-    )]
+    /// An image index (a build for several platforms): [`plan_index`] rebases it.
+    #[error("{image} is an image index (a build for several platforms)")]
     Index {
         /// The image.
         image: String,
+        /// The index.
+        index: Box<crate::oci::Document>,
     },
     /// The new base cannot be read.
     #[error("reading the new base {base}")]
@@ -113,6 +114,7 @@ pub async fn plan(client: &Client, req: Request<'_>) -> Result<Planned, Error> {
         if manifest.media_type.is_index() {
             return Err(Error::Index {
                 image: shown.clone(),
+                index: Box::new(manifest),
             });
         }
         let descriptor = manifest

@@ -15,6 +15,17 @@ pub fn push_base(
     tag: &str,
     lock: Option<&Path>,
 ) -> (String, String) {
+    push_base_with(reg, runtime, tag, lock, &[])
+}
+
+/// [`push_base`] with `extra` flags for `kiln base build` (`--platform A,B` pushes indexes).
+pub fn push_base_with(
+    reg: &Registry,
+    runtime: &str,
+    tag: &str,
+    lock: Option<&Path>,
+    extra: &[&str],
+) -> (String, String) {
     let base = reg.reference(&format!("kiln/{runtime}:{tag}"));
     let builder = reg.reference(&format!("kiln/{runtime}-builder:{tag}"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_kiln"));
@@ -27,7 +38,8 @@ pub fn push_base(
             "--insecure-registry",
             &reg.host(),
         ])
-        .args(["--image", &base, "--builder-image", &builder]);
+        .args(["--image", &base, "--builder-image", &builder])
+        .args(extra);
     if let Some(lock) = lock {
         cmd.arg("--lock").arg(lock);
     }
@@ -35,9 +47,9 @@ pub fn push_base(
     (base, builder)
 }
 
-/// The lock kiln carries for `runtime`, with the first (amd64) entry of `package` moved to
-/// `version`, written into `dir`: `fields` are the lines that pin it (`integrity`, or `url`
-/// and `sha256`).
+/// The lock kiln carries for `runtime`, with every entry of `package` (one per architecture
+/// that has it: a patch release reaches every platform) moved to `version`, written into
+/// `dir`: `fields` are the lines that pin it (`integrity`, or `url` and `sha256`).
 pub fn patched_lock(
     dir: &Path,
     runtime: &str,
@@ -48,23 +60,30 @@ pub fn patched_lock(
     let lock =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("base-images/{runtime}/lock.toml"));
     let text = std::fs::read_to_string(lock).expect("the runtime's lock");
-    let start = text
-        .find(&format!("\"{package}\"\nversion = "))
-        .unwrap_or_else(|| panic!("{package} is not in the {runtime} lock"));
-    let end = start + text[start..].find("\n\n").expect("an entry ends");
-    let mut entry: Vec<String> = text[start..end].lines().map(String::from).collect();
-    for line in &mut entry {
-        if line.starts_with("version = ") {
-            *line = format!("version = \"{version}\"");
-        }
-        for (field, value) in fields {
-            if line.starts_with(&format!("{field} = ")) {
-                *line = format!("{field} = \"{value}\"");
+    let head = format!("\"{package}\"\nversion = ");
+    let (mut patched, mut rest) = (String::new(), text.as_str());
+    while let Some(start) = rest.find(&head) {
+        let end = start + rest[start..].find("\n\n").expect("an entry ends");
+        let mut entry: Vec<String> = rest[start..end].lines().map(String::from).collect();
+        for line in &mut entry {
+            if line.starts_with("version = ") {
+                *line = format!("version = \"{version}\"");
+            }
+            for (field, value) in fields {
+                if line.starts_with(&format!("{field} = ")) {
+                    *line = format!("{field} = \"{value}\"");
+                }
             }
         }
+        patched.push_str(&rest[..start]);
+        patched.push_str(&entry.join("\n"));
+        rest = &rest[end..];
     }
-    let patched = format!("{}{}{}", &text[..start], entry.join("\n"), &text[end..]);
-    assert_ne!(patched, text, "{package} {version} is what the lock pins");
+    patched.push_str(rest);
+    assert_ne!(
+        patched, text,
+        "{package} {version} is what the lock pins, or it has none"
+    );
     let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
     std::fs::write(&path, patched).expect("writing the lock");
     path

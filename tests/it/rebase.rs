@@ -10,7 +10,10 @@ use crate::common;
 use std::path::Path;
 use std::process::Command;
 
-use common::base_change::{bottle_lock, node_lock, push_base};
+use common::base_change::{bottle_lock, node_lock, push_base, push_base_with};
+
+/// A build for two platforms.
+const BOTH: [&str; 2] = ["--platform", "linux/amd64,linux/arm64"];
 use common::function_run::serve;
 use common::http;
 use common::kiln::{Kiln, Run, copy_fixture};
@@ -45,6 +48,11 @@ impl Setup {
     /// The runtime's images from `lock` as `kiln/RUNTIME:TAG` (see [`push_base`]).
     fn base(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
         push_base(&self.reg, runtime, tag, lock)
+    }
+
+    /// [`Setup::base`] as indexes over both platforms.
+    fn base_for_both(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
+        push_base_with(&self.reg, runtime, tag, lock, &BOTH)
     }
 
     /// Builds the fixture `name` on `base` (dependencies installed in `builder` when they need
@@ -222,9 +230,10 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
 #[test]
 fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_wheels() {
     let s = Setup::new();
-    let old = s.base("python313", "1", None);
+    // Both bases for two platforms: a one-platform build takes amd64's.
+    let old = s.base_for_both("python313", "1", None);
     let lock = bottle_lock(s.work.path(), "0.13.3");
-    let new = s.base("python313", "2", Some(&lock));
+    let new = s.base_for_both("python313", "2", Some(&lock));
 
     s.build("hello-python", "python313", &old, "live", &[]);
     let (run, report) = s.rebase("hello-python", &new.0, &[]);
@@ -254,4 +263,35 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
         run.stderr
     );
     assert_eq!(s.live("python-pinned"), digest_of(&built));
+
+    // A build for both platforms: its index moves, each image onto its own platform's new
+    // base, to the index a full build for both gives.
+    let multi = s.build("hello-python", "python313", &old, "multi", &BOTH);
+    let image = s.reg.reference("fns/hello-python:multi");
+    let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
+    assert_eq!(planned.code, 0, "{}", planned.stderr);
+    let run = s.kiln(&["rebase", &image, "--base", &new.0]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let full = s.build("hello-python", "python313", &new, "multi-full", &BOTH);
+    assert_ne!(digest_of(&multi), digest_of(&full));
+    assert_eq!(digest_of(run.stdout.trim()), digest_of(&full));
+    assert!(
+        planned.stdout.starts_with("rebase ") && planned.stdout.contains(digest_of(&full)),
+        "{}",
+        planned.stdout
+    );
+    assert_eq!(
+        manifest_digest(&s.reg, "fns/hello-python", "multi"),
+        digest_of(&full)
+    );
+    // One platform that cannot move keeps the whole index where it is.
+    let pinned = s.build("python-pinned", "python313", &old, "multi", &BOTH);
+    let image = s.reg.reference("fns/python-pinned:multi");
+    let run = s.kiln(&["rebase", &image, "--base", &new.0, "--builder", &new.1]);
+    assert_eq!(run.code, 3, "{}", run.stderr);
+    assert!(run.stderr.contains("for linux/amd64: "), "{}", run.stderr);
+    assert_eq!(
+        manifest_digest(&s.reg, "fns/python-pinned", "multi"),
+        digest_of(&pinned)
+    );
 }

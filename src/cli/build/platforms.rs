@@ -14,7 +14,7 @@ use super::super::Failure;
 use super::{Extra, build_failure, deps_line, external_parameters, lookup_line};
 use crate::build::{self, Options, Stage, Target};
 use crate::image::resolve;
-use crate::oci::{self, Descriptor, Document, Index, Layout, MediaType, Platform};
+use crate::oci::{Descriptor, Document, Index, Layout, Platform};
 use crate::registry::Client;
 
 /// Builds `opts` for each of `extra.platforms` and publishes the index; its reference.
@@ -61,16 +61,9 @@ pub(super) async fn build_several(
     // Side by side: most of a build waits (on the registry, the package servers), and the
     // source layer one writes is the other's cache hit or the same bytes.
     let manifests = futures_util::future::try_join_all(builds).await?;
-    let index = Index {
-        schema_version: 2,
-        media_type: Some(MediaType::OciIndex),
-        manifests,
-        annotations: None,
-    };
-    let bytes = oci::canonical::to_vec(&index)
+    let doc = Index::document(manifests)
         .context("writing the image index")
         .map_err(Failure::Build)?;
-    let doc = Document::new(MediaType::OciIndex, bytes);
     let reference = publish_index(client, opts, &doc)
         .await
         .map_err(Failure::Build)?;
