@@ -668,6 +668,17 @@ fn images_on_one_base_unpack_only_their_own_layers_and_cannot_change_each_others
     let (again, third) = run_image("evil");
     assert_eq!(again, evil_out, "{third}");
     assert!(third.contains("from_cache=1"), "{third}");
+    // The prefix is a cache entry like the images' root file systems: prune removes it.
+    let prefixes = kiln.cache_dir().join("rootfs/chains/sha256");
+    assert_eq!(fs::read_dir(&prefixes).unwrap().count(), 1);
+    let pruned = kiln.run(&["cache", "prune", "--max-size", "1"]);
+    assert_eq!(pruned.code, 0, "{}", pruned.stderr);
+    assert_eq!(
+        fs::read_dir(&prefixes).unwrap().count(),
+        0,
+        "{}",
+        pruned.stdout
+    );
 }
 
 fn pushed_user_image(kiln: &Kiln) -> (Registry, String) {
