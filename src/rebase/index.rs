@@ -197,15 +197,11 @@ pub async fn publish_index(
         Some(_) => target.clone(),
         None => target.with_digest(index.digest.clone()),
     };
+    let what = format!("index {}", index.digest);
     client
         .put_manifest(&destination, index)
         .await
-        .map_err(|e| {
-            crate::image::publish::registry_err(
-                format!("index {}", index.digest),
-                target.to_string(),
-            )(e)
-        })?;
+        .map_err(crate::image::publish::registry_err(what, target))?;
     Ok((index.digest.clone(), published))
 }
 
