@@ -2,7 +2,8 @@
 //! their tags with a TTL), every Function on it gets a new build key. For a Function whose
 //! last build differs from the new one only in those images, the controller rebases the image
 //! it built instead of building again, when that is safe (see [`crate::rebase`]): the new
-//! base's layers and the Function's own, pushed with blob mounts, no Job. Otherwise, or when
+//! base's layers and the Function's own, pushed with blob mounts, no Job (an image for
+//! several platforms: each platform's image onto the new base's for it, and the index last). Otherwise, or when
 //! the push fails, a build Job runs as for any change. Rebases start at most
 //! `--max-concurrent-rollouts` at a time (and a per-namespace share), so a patch does not roll
 //! every Deployment at once; a slot is held until the Function runs on the new image.
@@ -104,7 +105,7 @@ pub async fn attempt(
     st: &mut Working,
     change: &BaseChange,
 ) -> super::error::Result<Attempt> {
-    if let Some(why) = not_here(plan, ctx) {
+    if let Some(why) = not_here(ctx) {
         st.note(
             reason::REBUILD_FOR_BASE,
             format!("{}; building", moved(change, plan, why)),
@@ -129,8 +130,8 @@ pub async fn attempt(
     }
     let started = Instant::now();
     match decide(plan, ctx, change).await {
-        Ok((Decision::Rebase(rebased), new_base)) => {
-            let pushed = push(plan, ctx, change, &rebased, &new_base).await;
+        Ok(Move::Rebase(rebased)) => {
+            let pushed = push(plan, ctx, change, &rebased).await;
             match pushed {
                 Ok(digest) => {
                     tracing::info!(
@@ -160,7 +161,7 @@ pub async fn attempt(
                 }
             }
         }
-        Ok((Decision::Current, _)) => {
+        Ok(Move::Current) => {
             // The image is the new images' build already (a builder change that its
             // dependencies do not depend on): taken for the new key as it is.
             record_rebased(ctx, f, plan, &change.digest).await?;
@@ -173,7 +174,7 @@ pub async fn attempt(
             );
             Ok(Attempt::Rebased(change.digest.clone()))
         }
-        Ok((Decision::Rebuild(why), _)) => {
+        Ok(Move::Rebuild(why)) => {
             ctx.rollouts.release(&id);
             st.note(
                 reason::REBUILD_FOR_BASE,
@@ -192,20 +193,17 @@ pub async fn attempt(
 
 /// What a rebase would do, for `--rebase-dry-run` and an opted-out Function: one sentence.
 pub async fn would(plan: &Plan, ctx: &Context, change: &BaseChange) -> String {
-    if let Some(why) = not_here(plan, ctx) {
+    if let Some(why) = not_here(ctx) {
         return moved(change, plan, &format!("would build: {why}"));
     }
     match decide(plan, ctx, change).await {
-        Ok((Decision::Rebase(rebased), _)) => moved(
+        Ok(Move::Rebase(rebased)) => moved(
             change,
             plan,
-            &format!(
-                "would rebase to {}, no build",
-                rebased.image.manifest.digest
-            ),
+            &format!("would rebase to {}, no build", rebased.digest()),
         ),
-        Ok((Decision::Current, _)) => moved(change, plan, "the image stays as it is"),
-        Ok((Decision::Rebuild(why), _)) => moved(change, plan, &format!("would build: {why}")),
+        Ok(Move::Current) => moved(change, plan, "the image stays as it is"),
+        Ok(Move::Rebuild(why)) => moved(change, plan, &format!("would build: {why}")),
         Err(e) => moved(
             change,
             plan,
@@ -230,10 +228,7 @@ async fn record_rebased(
 }
 
 /// Why the controller cannot rebase this plan's image itself, if it cannot.
-fn not_here(plan: &Plan, ctx: &Context) -> Option<&'static str> {
-    if plan.platforms.len() != 1 {
-        return Some("an image for several platforms is built again");
-    }
+fn not_here(ctx: &Context) -> Option<&'static str> {
     if ctx.config.require_provenance {
         return Some(
             "--require-provenance deploys only images with a provenance signed in the build \
@@ -260,11 +255,34 @@ pub fn moved(change: &BaseChange, plan: &Plan, then: &str) -> String {
     format!("{what}: {then}")
 }
 
-async fn decide(
-    plan: &Plan,
-    ctx: &Context,
-    change: &BaseChange,
-) -> Result<(Decision, rebase::ResolvedBase), String> {
+/// What a rebase of a Function's image (one platform's, or an index) comes to.
+enum Move {
+    /// Safe: the image or index to push.
+    Rebase(Rebased),
+    /// The image is what a build on the new images makes.
+    Current,
+    /// Not safe: why.
+    Rebuild(String),
+}
+
+/// A safe rebase, ready to push.
+enum Rebased {
+    /// One platform's image, onto the new base.
+    One(Box<rebase::Rebased>, rebase::ResolvedBase),
+    /// An index: each platform's image onto the new base's for its platform.
+    Index(crate::oci::Document, Vec<rebase::PlatformPlan>),
+}
+
+impl Rebased {
+    fn digest(&self) -> &crate::oci::Digest {
+        match self {
+            Rebased::One(rebased, _) => &rebased.image.manifest.digest,
+            Rebased::Index(index, _) => &index.digest,
+        }
+    }
+}
+
+async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move, String> {
     let image: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
@@ -277,50 +295,85 @@ async fn decide(
         .builder
         .parse()
         .map_err(|_| "the builder digest".to_string())?;
-    let planned = rebase::plan(
-        ctx.images.client(),
-        rebase::Request {
-            image: &image,
-            base: &base,
-            base_name: &plan.base,
-            builder: Some(&builder),
-            platform: &plan.platforms[0],
-            catalog: &ctx.catalog,
-            resolved: known.as_ref(),
-        },
-    )
-    .await
-    .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
+    let request = rebase::Request {
+        image: &image,
+        base: &base,
+        base_name: &plan.base,
+        builder: Some(&builder),
+        platform: &plan.platforms[0],
+        catalog: &ctx.catalog,
+        resolved: known.as_ref(),
+    };
+    let text = |e| format!("{:#}", anyhow::Error::new(e));
+    let planned = match rebase::plan(ctx.images.client(), request).await {
+        Ok(planned) => planned,
+        Err(rebase::Error::Index { index, .. }) => {
+            // Each platform's builder is read from the builder's reference (an index too).
+            let builder_ref =
+                rebase::BaseRef::Registry(plan.builder.parse().map_err(|e| format!("{e}"))?);
+            let builder = Some((&builder_ref, plan.builder.as_str()));
+            let request = rebase::Request {
+                resolved: None,
+                ..request
+            };
+            let decided = rebase::plan_index(ctx.images.client(), request, &index, builder)
+                .await
+                .map_err(text)?;
+            return Ok(match decided {
+                rebase::IndexDecision::Rebase { index, platforms } => {
+                    Move::Rebase(Rebased::Index(index, platforms))
+                }
+                rebase::IndexDecision::Current => Move::Current,
+                rebase::IndexDecision::Rebuild(why) => Move::Rebuild(why),
+            });
+        }
+        Err(e) => return Err(text(e)),
+    };
     if pinned && known.is_none() {
         ctx.new_bases.keep(&plan.base, &planned.new_base);
     }
-    Ok((planned.decision, planned.new_base))
+    Ok(match planned.decision {
+        Decision::Rebase(rebased) => Move::Rebase(Rebased::One(rebased, planned.new_base)),
+        Decision::Current => Move::Current,
+        Decision::Rebuild(why) => Move::Rebuild(why),
+    })
 }
 
 async fn push(
     plan: &Plan,
     ctx: &Context,
     change: &BaseChange,
-    rebased: &rebase::Rebased,
-    new_base: &rebase::ResolvedBase,
+    rebased: &Rebased,
 ) -> Result<String, String> {
     let from: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
     let target: Reference = plan.push_image.parse().map_err(|e| format!("{e}"))?;
     let scratch = tempfile::tempdir().map_err(|e| format!("a scratch directory: {e}"))?;
-    let published = rebase::publish(
-        ctx.images.client(),
-        rebased,
-        new_base,
-        &from,
-        &target,
-        None,
-        scratch.path(),
-    )
-    .await
-    .map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
-    Ok(published.digest.to_string())
+    let client = ctx.images.client();
+    let text = |e| format!("{:#}", anyhow::Error::new(e));
+    let digest = match rebased {
+        Rebased::One(rebased, new_base) => {
+            let scratch = scratch.path();
+            let one = rebase::publish(client, rebased, new_base, &from, &target, None, scratch);
+            one.await.map_err(text)?.digest
+        }
+        Rebased::Index(index, platforms) => {
+            rebase::publish_index(
+                client,
+                index,
+                platforms,
+                &from,
+                &target,
+                false,
+                scratch.path(),
+            )
+            .await
+            .map_err(text)?
+            .0
+        }
+    };
+    Ok(digest.to_string())
 }
 
 /// The new bases rebases were made onto, by their reference pinned by digest: the rebases of

