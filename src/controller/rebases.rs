@@ -258,7 +258,7 @@ pub fn moved(change: &BaseChange, plan: &Plan, then: &str) -> String {
 /// What a rebase of a Function's image (one platform's, or an index) comes to.
 enum Move {
     /// Safe: the image or index to push.
-    Rebase(Rebased),
+    Rebase(Box<Rebased>),
     /// The image is what a build on the new images makes.
     Current,
     /// Not safe: why.
@@ -321,7 +321,7 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
                 .map_err(text)?;
             return Ok(match decided {
                 rebase::IndexDecision::Rebase { index, platforms } => {
-                    Move::Rebase(Rebased::Index(index, platforms))
+                    Move::Rebase(Box::new(Rebased::Index(index, platforms)))
                 }
                 rebase::IndexDecision::Current => Move::Current,
                 rebase::IndexDecision::Rebuild(why) => Move::Rebuild(why),
@@ -333,7 +333,9 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
         ctx.new_bases.keep(&plan.base, &planned.new_base);
     }
     Ok(match planned.decision {
-        Decision::Rebase(rebased) => Move::Rebase(Rebased::One(rebased, planned.new_base)),
+        Decision::Rebase(rebased) => {
+            Move::Rebase(Box::new(Rebased::One(rebased, planned.new_base)))
+        }
         Decision::Current => Move::Current,
         Decision::Rebuild(why) => Move::Rebuild(why),
     })
