@@ -114,8 +114,11 @@ fn decide_inner(
     if own.deps.is_some() {
         deps_run_on(&labels, &new_labels, new.builder)?;
     }
-    // On the new base already (a build would install as this one did: checked above).
-    if old_base == new.base.manifest.digest {
+    // On the new base already, under the name a build would record (a build would install
+    // as this one did: checked above). The same base under another name is a rebase: the
+    // image a build makes records the name.
+    let old_name = labels.get(BASE_NAME_LABEL).map(String::as_str);
+    if old_base == new.base.manifest.digest && old_name == new.name {
         return Ok(Decision::Current);
     }
     let runtime = catalog.get(runtime_name).map_err(|e| e.to_string())?;
@@ -373,6 +376,11 @@ mod tests {
     /// The Function image `kiln build` makes on `base`, with a dependency layer installed by
     /// `toolchain` when there is one.
     fn function(base: &Base, toolchain: Option<&str>) -> Image {
+        function_on(base, "reg.example/kiln/nodejs22:1", toolchain)
+    }
+
+    /// [`function`] on `base` named `base_name`.
+    fn function_on(base: &Base, base_name: &str, toolchain: Option<&str>) -> Image {
         let catalog = Catalog::embedded();
         let runtime = catalog.get("nodejs22").unwrap();
         let deps_key = Digest::of(b"deps key");
@@ -388,7 +396,7 @@ mod tests {
             function_name: "orders",
             namespace: "shop",
             epoch: 1_700_000_000,
-            base_name: Some("reg.example/kiln/nodejs22:1"),
+            base_name: Some(base_name),
             base_digest: &base.manifest.digest,
             deps_toolchain: toolchain,
         });
@@ -452,6 +460,23 @@ mod tests {
                 1 + usize::from(toolchain.is_some())
             );
             assert!(matches!(decide_on(&built, &new, None), Decision::Current));
+            // The same base under another name: the image a build under that name makes.
+            let renamed = NewBase {
+                base: &new,
+                name: Some("reg.example/kiln/nodejs22:2"),
+                builder: None,
+            };
+            let Decision::Rebase(moved) = decide(
+                Current {
+                    image: &as_base(&built),
+                },
+                renamed,
+                &Catalog::embedded(),
+            ) else {
+                panic!("{toolchain:?}: the same base under another name is not rebased");
+            };
+            let named = function_on(&new, "reg.example/kiln/nodejs22:2", toolchain);
+            assert_eq!(moved.image.manifest.digest, named.manifest.digest);
         }
     }
 
