@@ -325,6 +325,20 @@ fn move_fleet(
     }
     let took = moved.elapsed().as_secs_f64();
     let jobs = builds.stats().ended.len() - jobs_before;
+    // What each Job's Function said about it, when there are a few (a safe rebase runs none).
+    let ended = builds.stats().ended;
+    if (1..=10).contains(&jobs) {
+        for job in &ended[jobs_before..] {
+            let notes: Vec<String> = env
+                .api
+                .list("Event.events.k8s.io")
+                .iter()
+                .filter(|e| job.contains(e["regarding"]["name"].as_str().unwrap_or("-")))
+                .map(|e| format!("{}: {}", e["reason"], e["note"]))
+                .collect();
+            println!("Job {job}: {notes:#?}");
+        }
+    }
     if std::env::var("KILN_BENCH_DEBUG").is_ok() {
         let log = std::fs::read_to_string(&env.log).unwrap_or_default();
         let mut counts = std::collections::BTreeMap::new();

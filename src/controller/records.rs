@@ -37,6 +37,42 @@ pub struct BuiltOn {
     pub rebased: bool,
 }
 
+/// The entries this controller wrote, kept until its watch cache of the records shows them:
+/// a pass right after a write finds what it wrote. Without it, a Function whose builder
+/// image changed (its image kept for the new key) and whose base changed a moment later did
+/// not find the entry it had just written, took the change for a change of its own, and ran
+/// a build Job (`bench/fleet_rebase.rs`, 2 of 100 Functions).
+#[derive(Debug, Default)]
+pub struct Written(std::sync::Mutex<std::collections::HashMap<(String, String), String>>);
+
+/// How many entries [`Written`] keeps at most (each goes once the cache shows it).
+const WRITTEN_KEPT: usize = 4096;
+
+impl Written {
+    fn keep(&self, record: &str, key: &str, value: String) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() >= WRITTEN_KEPT {
+            kept.clear(); // a cache that far behind is read again from the API anyway
+        }
+        kept.insert((record.to_string(), key.to_string()), value);
+    }
+
+    /// The value of `key` in `record`: the one written here until `cached` (the watch
+    /// cache's) shows it, when it is forgotten; else the cache's.
+    fn get(&self, record: &str, key: &str, cached: Option<&String>) -> Option<String> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let id = (record.to_string(), key.to_string());
+        match (kept.get(&id), cached) {
+            (Some(ours), Some(theirs)) if ours == theirs => {
+                kept.remove(&id);
+                Some(theirs.clone())
+            }
+            (Some(ours), _) => Some(ours.clone()),
+            (None, cached) => cached.cloned(),
+        }
+    }
+}
+
 /// The digest recorded for `f`'s build `key`, from the watch cache.
 pub fn recorded(ctx: &Context, f: &Function, key: &str) -> Option<String> {
     recorded_on(ctx, f, key).map(|(digest, _)| digest)
@@ -48,10 +84,11 @@ pub fn recorded_on(ctx: &Context, f: &Function, key: &str) -> Option<(String, Op
     let record = ctx
         .stores
         .config_maps
-        .get(&object_ref(&ctx.config.build_namespace, &name))?;
-    let value = record.data.as_ref()?.get(key)?;
-    let (digest, _) = entry(value)?;
-    Some((digest.to_string(), built_on(value)))
+        .get(&object_ref(&ctx.config.build_namespace, &name));
+    let cached = record.as_ref().and_then(|r| r.data.as_ref()?.get(key));
+    let value = ctx.written.get(&name, key, cached)?;
+    let (digest, _) = entry(&value)?;
+    Some((digest.to_string(), built_on(&value)))
 }
 
 /// Records that `f`'s build `key` made `digest` on `on`, at `now` (Unix seconds).
@@ -85,6 +122,7 @@ pub async fn record(
     }
     let desired = render(f, ns, live.as_ref(), key, (digest, Some(on)), now);
     apply::apply(&api, "ConfigMap", &desired, live.as_ref(), &ctx.verified).await?;
+    ctx.written.keep(&name, key, value(digest, now, Some(on)));
     Ok(())
 }
 
@@ -184,6 +222,30 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_written_here_is_found_until_the_cache_shows_it() {
+        let written = Written::default();
+        let (ours, older) = ("sha256:bb 2".to_string(), "sha256:aa 1".to_string());
+        assert_eq!(written.get("r", "k", Some(&older)), Some(older.clone()));
+        written.keep("r", "k", ours.clone());
+        assert_eq!(
+            written.get("r", "k", None),
+            Some(ours.clone()),
+            "not cached yet"
+        );
+        assert_eq!(
+            written.get("r", "k", Some(&older)),
+            Some(ours.clone()),
+            "cache behind"
+        );
+        assert_eq!(written.get("r", "k", Some(&ours)), Some(ours.clone()));
+        assert!(
+            written.0.lock().unwrap().is_empty(),
+            "forgotten once cached"
+        );
+        assert_eq!(written.get("r", "k", None), None);
+    }
 
     fn function() -> Function {
         let mut f = Function::new("hello", Default::default());
