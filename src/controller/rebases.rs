@@ -3,8 +3,9 @@
 //! last build differs from the new one only in those images, the controller rebases the image
 //! it built instead of building again, when that is safe (see [`crate::rebase`]): the new
 //! base's layers and the Function's own, pushed with blob mounts, no Job (an image for
-//! several platforms: each platform's image onto the new base's for it, and the index last). Otherwise, or when
-//! the push fails, a build Job runs as for any change. Rebases start at most
+//! several platforms: each platform's image onto the new base's for it, and the index
+//! last). Otherwise, or when the push fails, a build Job runs as for any change. Rebases
+//! start at most
 //! `--max-concurrent-rollouts` at a time (and a per-namespace share), so a patch does not roll
 //! every Deployment at once; a slot is held until the Function runs on the new image.
 //!
