@@ -174,7 +174,14 @@ pub(crate) struct Inner {
     pub facts_dir: Option<PathBuf>,
     insecure_hosts: Vec<String>,
     registries: Mutex<HashMap<String, Arc<Registry>>>,
+    /// Blob pushes under way (`Client::push_once`).
+    pub pushes: Mutex<HashMap<PushKey, PushSlot>>,
 }
+
+/// A blob push's registry, repository and digest.
+pub(crate) type PushKey = (String, String, crate::oci::Digest);
+/// Held while a blob is pushed; `true` once it was.
+pub(crate) type PushSlot = Arc<tokio::sync::Mutex<bool>>;
 
 impl Inner {
     pub fn new(
@@ -204,6 +211,7 @@ impl Inner {
             facts_dir: None,
             insecure_hosts,
             registries,
+            pushes: Mutex::default(),
         }
     }
 

@@ -51,11 +51,14 @@ impl Client {
         mount_from: Option<&str>,
     ) -> Result<BlobOutcome> {
         check_source(&source, descriptor).await?;
-        if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
-            debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
-            return Ok(BlobOutcome::Existed);
-        }
-        self.upload(repo, descriptor, source, mount_from).await
+        self.push_once(repo, &descriptor.digest, async {
+            if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
+                debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
+                return Ok(BlobOutcome::Existed);
+            }
+            self.upload(repo, descriptor, source, mount_from).await
+        })
+        .await
     }
 
     /// Uploads a blob without first asking whether the repository has it: for blobs that are
@@ -71,7 +74,47 @@ impl Client {
         source: BlobSource,
     ) -> Result<BlobOutcome> {
         check_source(&source, descriptor).await?;
-        self.upload(repo, descriptor, source, None).await
+        let upload = self.upload(repo, descriptor, source, None);
+        self.push_once(repo, &descriptor.digest, upload).await
+    }
+
+    /// Runs `push` unless a push of the same blob to the same repository by this client is
+    /// under way: then waits for it, and when it succeeded the blob is there (`Existed`,
+    /// with no request). The platforms of one build push their shared source layer once.
+    async fn push_once(
+        &self,
+        repo: &Reference,
+        digest: &Digest,
+        push: impl std::future::Future<Output = Result<BlobOutcome>>,
+    ) -> Result<BlobOutcome> {
+        let key = (
+            repo.registry.clone(),
+            repo.repository.clone(),
+            digest.clone(),
+        );
+        let slot = {
+            let mut pushes = self.inner.pushes.lock().unwrap_or_else(|e| e.into_inner());
+            pushes.entry(key.clone()).or_default().clone()
+        };
+        let mut pushed = slot.lock().await;
+        let outcome = if *pushed {
+            debug!(%digest, repo = %repo.repository_path(), "pushed a moment ago by this kiln");
+            Ok(BlobOutcome::Existed)
+        } else {
+            let outcome = push.await;
+            *pushed = outcome.is_ok();
+            outcome
+        };
+        drop(pushed);
+        // Forgotten once nobody waits on it: only pushes at the same time are shared.
+        let mut pushes = self.inner.pushes.lock().unwrap_or_else(|e| e.into_inner());
+        if pushes
+            .get(&key)
+            .is_some_and(|s| Arc::ptr_eq(s, &slot) && Arc::strong_count(&slot) == 2)
+        {
+            pushes.remove(&key);
+        }
+        outcome
     }
 
     async fn upload(

@@ -283,3 +283,39 @@ async fn concurrent_pushes_share_one_client() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_blob_pushed_twice_at_once_goes_up_once() {
+    let reg = Registry::start(RegistryKind::Plain);
+    let host = reg.host();
+    let client = Client::new(config(&[&host])).unwrap();
+    let repo = reference(&format!("{host}/team/twice"));
+    // As the platforms of one build push their shared source layer.
+    let (d, s) = blob(&pseudo_random(50_000, 7));
+    let (first, second) = tokio::join!(
+        client.push_new_blob(&repo, &d, s.clone()),
+        client.push_new_blob(&repo, &d, s.clone()),
+    );
+    let mut outcomes = [first.unwrap(), second.unwrap()];
+    outcomes.sort_by_key(|o| matches!(o, BlobOutcome::Existed));
+    assert!(
+        matches!(
+            outcomes,
+            [BlobOutcome::Uploaded { .. }, BlobOutcome::Existed]
+        ),
+        "{outcomes:?}"
+    );
+    let puts = reg
+        .settled_access_log()
+        .iter()
+        .filter(|l| l.contains("PUT /v2/team/twice/blobs/uploads/"))
+        .count();
+    assert_eq!(puts, 1, "{:?}", reg.access_log());
+    // Once done, a later push is the registry's business again.
+    let again = client.push_new_blob(&repo, &d, s).await.unwrap();
+    assert!(matches!(again, BlobOutcome::Uploaded { .. }), "{again:?}");
+    assert_eq!(
+        client.blob_exists(&repo, &d.digest).await.unwrap(),
+        Some(d.size)
+    );
+}
