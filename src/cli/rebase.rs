@@ -169,7 +169,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         Ok(planned) => planned,
         Err(rebase::Error::Index { index, .. }) => {
             let builder = builder_ref.as_ref().map(|(parsed, b)| (parsed, *b));
-            let plan = rebase::plan_index(&client, request, &index, builder)
+            let plan = rebase::plan_index(&client, request, &index, builder, &())
                 .await
                 .map_err(|e| Failure::Build(e.into()))?;
             let current = format!("{}@{}", image.repository_path(), index.digest);
@@ -180,14 +180,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
     };
     let current = format!("{}@{}", image.repository_path(), planned.current);
     let rebased = match (planned.decision, args.dry_run) {
-        (Decision::Current, _) => {
-            tracing::info!(image = %args.image, base = %args.base, "on the new base already");
-            report(serde_json::json!({ "decision": "current", "reference": current }))?;
-            return Ok(match args.dry_run {
-                true => format!("current {current}"),
-                false => current,
-            });
-        }
+        (Decision::Current, _) => return stays(&args, &report, current),
         (Decision::Rebuild(reason), _) => return refuse(&args, &report, reason),
         (Decision::Rebase(rebased), true) => {
             let reference = format!(
@@ -256,14 +249,7 @@ async fn rebase_index(
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
 ) -> Result<String, Failure> {
     let (index, platforms) = match plan {
-        IndexDecision::Current => {
-            tracing::info!(image = %args.image, base = %args.base, "on the new base already");
-            report(serde_json::json!({ "decision": "current", "reference": current }))?;
-            return Ok(match args.dry_run {
-                true => format!("current {current}"),
-                false => current,
-            });
-        }
+        IndexDecision::Current => return stays(args, report, current),
         IndexDecision::Rebuild(reason) => return refuse(args, report, reason),
         IndexDecision::Rebase { index, platforms } => (index, platforms),
     };
@@ -322,6 +308,20 @@ async fn rebase_index(
         },
     }))?;
     Ok(reference)
+}
+
+/// The image is on the new base already: its reference (`current REF` in a dry run).
+fn stays(
+    args: &RebaseArgs,
+    report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
+    current: String,
+) -> Result<String, Failure> {
+    tracing::info!(image = %args.image, base = %args.base, "on the new base already");
+    report(serde_json::json!({ "decision": "current", "reference": current }))?;
+    Ok(match args.dry_run {
+        true => format!("current {current}"),
+        false => current,
+    })
 }
 
 /// A rebase refused as unsafe: the reason, and the exit code that asks for a build.

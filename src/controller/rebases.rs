@@ -313,11 +313,9 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
             let builder_ref =
                 rebase::BaseRef::Registry(plan.builder.parse().map_err(|e| format!("{e}"))?);
             let builder = Some((&builder_ref, plan.builder.as_str()));
-            let request = rebase::Request {
-                resolved: None,
-                ..request
-            };
-            let decided = rebase::plan_index(ctx.images.client(), request, &index, builder)
+            let client = ctx.images.client();
+            let known = &ctx.new_bases;
+            let decided = rebase::plan_index(client, request, &index, builder, known)
                 .await
                 .map_err(text)?;
             return Ok(match decided {
@@ -385,8 +383,9 @@ async fn push(
 #[derive(Default)]
 pub struct NewBases(Mutex<VecDeque<(String, rebase::ResolvedBase)>>);
 
-/// How many resolved new bases [`NewBases`] keeps (a few runtimes' patches at once).
-const NEW_BASES_KEPT: usize = 8;
+/// How many resolved new bases [`NewBases`] keeps (a few runtimes' patches at once, for
+/// each platform of an index its base and builder).
+const NEW_BASES_KEPT: usize = 16;
 
 impl NewBases {
     fn get(&self, reference: &str) -> Option<rebase::ResolvedBase> {
@@ -405,6 +404,26 @@ impl NewBases {
             kept.pop_front();
         }
         kept.push_back((reference.to_string(), base.clone()));
+    }
+}
+
+/// The bases and builders of an index's platforms, by pinned reference and platform.
+impl rebase::KnownBases for NewBases {
+    fn get(
+        &self,
+        reference: &str,
+        platform: &crate::oci::Platform,
+    ) -> Option<rebase::ResolvedBase> {
+        reference
+            .contains('@')
+            .then(|| NewBases::get(self, &format!("{reference} {platform}")))
+            .flatten()
+    }
+
+    fn keep(&self, reference: &str, platform: &crate::oci::Platform, base: &rebase::ResolvedBase) {
+        if reference.contains('@') {
+            NewBases::keep(self, &format!("{reference} {platform}"), base);
+        }
     }
 }
 

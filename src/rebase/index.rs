@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::{Decision, Error, Planned, Request, plan, publish};
 use crate::image::publish::Published;
-use crate::image::resolve::{self, BaseRef};
+use crate::image::resolve::{self, BaseRef, ResolvedBase};
 use crate::oci::{Descriptor, Digest, Document, Index, MediaType, Platform};
 use crate::registry::{Client, Reference};
 
@@ -39,9 +39,28 @@ pub enum IndexDecision {
     Rebuild(String),
 }
 
+/// Images already read by pinned reference and platform, which the rebases of a fleet
+/// share: the controller keeps the new base and builder it read for one Function's index for
+/// the next (`kiln rebase` passes `&()`, which keeps nothing).
+pub trait KnownBases: Sync {
+    /// `reference` read for `platform` before.
+    fn get(&self, reference: &str, platform: &Platform) -> Option<ResolvedBase>;
+    /// Keeps `base`, `reference` read for `platform`.
+    fn keep(&self, reference: &str, platform: &Platform, base: &ResolvedBase);
+}
+
+impl KnownBases for () {
+    fn get(&self, _: &str, _: &Platform) -> Option<ResolvedBase> {
+        None
+    }
+
+    fn keep(&self, _: &str, _: &Platform, _: &ResolvedBase) {}
+}
+
 /// Plans the rebase of the index `index` (its document, read at `req.image`): each platform's
 /// image by digest, on the new base for its platform, its builder (`builder`, as given) read
-/// for that platform.
+/// for that platform; the platforms side by side, each image read once and each base and
+/// builder taken from `known` when it has them.
 ///
 /// # Errors
 /// An image, base or builder that cannot be read.
@@ -50,31 +69,25 @@ pub async fn plan_index(
     req: Request<'_>,
     index: &Document,
     builder: Option<(&BaseRef, &str)>,
+    known: &dyn KnownBases,
 ) -> Result<IndexDecision, Error> {
     let shown = req.image.to_string();
     let parsed = match kiln_index(index) {
         Ok(parsed) => parsed,
         Err(why) => return Ok(IndexDecision::Rebuild(format!("{shown} {why}"))),
     };
-    let mut platforms = Vec::new();
-    for entry in parsed.manifests {
+    let plans = parsed.manifests.into_iter().map(|entry| async move {
         let Some(platform) = entry.platform.clone() else {
             unreachable!("kiln_index checked every entry's platform");
         };
         let builder = match builder {
-            Some((reference, name)) => Some(
-                resolve::resolve(client, reference, name, &platform)
-                    .await
-                    .map_err(|e| Error::Base {
-                        base: name.to_string(),
-                        source: Box::new(e),
-                    })?
-                    .base
-                    .manifest
-                    .digest,
-            ),
+            Some((reference, name)) => {
+                let found = read(client, known, reference, name, &platform).await?;
+                Some(found.base.manifest.digest)
+            }
             None => None,
         };
+        let new_base = known.get(req.base_name, &platform);
         let image = req
             .image
             .repository_only()
@@ -83,18 +96,25 @@ pub async fn plan_index(
             image: &image,
             platform: &platform,
             builder: builder.as_ref(),
-            resolved: None,
+            resolved: new_base.as_ref(),
             ..req
         };
         let planned = plan(client, one).await?;
-        if let Decision::Rebuild(reason) = &planned.decision {
-            return Ok(IndexDecision::Rebuild(format!("for {platform}: {reason}")));
+        if new_base.is_none() {
+            known.keep(req.base_name, &platform, &planned.new_base);
         }
-        platforms.push(PlatformPlan {
+        Ok::<_, Error>(PlatformPlan {
             platform,
             current: entry,
             planned,
-        });
+        })
+    });
+    let platforms = futures_util::future::try_join_all(plans).await?;
+    if let Some((platform, reason)) = platforms.iter().find_map(|p| match &p.planned.decision {
+        Decision::Rebuild(reason) => Some((&p.platform, reason)),
+        _ => None,
+    }) {
+        return Ok(IndexDecision::Rebuild(format!("for {platform}: {reason}")));
     }
     if platforms
         .iter()
@@ -120,6 +140,27 @@ pub async fn plan_index(
         }),
     })?;
     Ok(IndexDecision::Rebase { index, platforms })
+}
+
+/// `reference` (named `name`) for `platform`, from `known` or read and kept there.
+async fn read(
+    client: &Client,
+    known: &dyn KnownBases,
+    reference: &BaseRef,
+    name: &str,
+    platform: &Platform,
+) -> Result<ResolvedBase, Error> {
+    if let Some(found) = known.get(name, platform) {
+        return Ok(found);
+    }
+    let found = resolve::resolve(client, reference, name, platform)
+        .await
+        .map_err(|e| Error::Base {
+            base: name.to_string(),
+            source: Box::new(e),
+        })?;
+    known.keep(name, platform, &found);
+    Ok(found)
 }
 
 /// The index parsed, when it is one kiln writes: an OCI index of image manifests, each with

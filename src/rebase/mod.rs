@@ -10,7 +10,7 @@ use std::path::Path;
 
 pub use crate::image::resolve::{BaseRef, ResolvedBase};
 pub use decide::{Current, Decision, NewBase, Rebased, decide};
-pub use index::{IndexDecision, PlatformPlan, plan_index, publish_index};
+pub use index::{IndexDecision, KnownBases, PlatformPlan, plan_index, publish_index};
 
 use crate::image::publish::{
     self, BlobPlan, BlobReport, Outcome, PublishInput, Published, Publisher, RegistryPublisher,
