@@ -578,4 +578,4 @@ pub fn make_writable(dir: &Path) -> Result<()> {
 
 #[cfg(test)]
 #[path = "unpack_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -10,7 +10,8 @@ use tar::{EntryType, Header};
 
 use super::*;
 
-enum E<'a> {
+/// An entry of a synthetic layer (also for `super::super::chain`'s tests).
+pub(crate) enum E<'a> {
     Dir(&'a str, u32),
     File(&'a str, &'a str, u32),
     Link(&'a str, &'a str),
@@ -29,7 +30,7 @@ fn header(name: &str, kind: EntryType, mode: u32, size: u64) -> Header {
     h
 }
 
-fn tar(entries: &[E<'_>]) -> Vec<u8> {
+pub(crate) fn tar(entries: &[E<'_>]) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
     for e in entries {
         match *e {
@@ -56,13 +57,13 @@ fn tar(entries: &[E<'_>]) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
-fn gzip(bytes: &[u8]) -> Vec<u8> {
+pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut gz = GzEncoder::new(Vec::new(), Compression::fast());
     gz.write_all(bytes).unwrap();
     gz.finish().unwrap()
 }
 
-fn unpack(layers: &[Vec<u8>]) -> (tempfile::TempDir, Result<()>) {
+pub(crate) fn unpack(layers: &[Vec<u8>]) -> (tempfile::TempDir, Result<()>) {
     let dir = tempfile::tempdir().unwrap();
     let mut u = Unpacker::new(dir.path());
     for layer in layers {
@@ -541,79 +542,4 @@ fn a_sparse_file_unpacks_with_its_holes_and_its_stored_data_counts_as_data() {
             .all(|&c| c == 0)
     );
     assert!(bytes[(at as usize)..].iter().all(|&c| c == b'b'));
-}
-
-/// Every entry under `root`: path, kind, mode, contents or link target, and a directory's
-/// modification time.
-fn listing(root: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut dirs = vec![root.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        for entry in fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            let meta = fs::symlink_metadata(&path).unwrap();
-            let name = path.strip_prefix(root).unwrap().display().to_string();
-            let mode = meta.mode() & 0o7777;
-            out.push(if meta.is_dir() {
-                dirs.push(path.clone());
-                format!("{name}/ {mode:o} {}", meta.mtime())
-            } else if meta.file_type().is_symlink() {
-                format!("{name} -> {}", fs::read_link(&path).unwrap().display())
-            } else {
-                format!("{name} {mode:o} {:?}", fs::read_to_string(&path).unwrap())
-            });
-        }
-    }
-    out.sort();
-    out
-}
-
-#[test]
-fn going_on_from_a_copy_of_a_prefix_gives_the_tree_of_one_unpack_and_leaves_the_prefix() {
-    let lower = tar(&[
-        E::Dir("etc/", 0o555),
-        E::File("etc/gone", "gone", 0o644),
-        E::File("etc/kept", "old", 0o444),
-        E::Dir("usr/bin/", 0o711),
-        E::File("usr/bin/tool", "tool", 0o755),
-        E::Link("usr/bin/sh", "tool"),
-        E::Hard("usr/bin/again", "usr/bin/tool"),
-    ]);
-    let upper = tar(&[
-        E::File("etc/.wh.gone", "", 0o644),
-        E::File("etc/kept", "new", 0o600),
-        E::Dir("usr/bin/", 0o755),
-        E::File("usr/bin/tool", "patched", 0o755),
-        E::File("app/index.js", "main", 0o644),
-    ]);
-    let (whole, done) = unpack(&[lower.clone(), upper.clone()]);
-    done.unwrap();
-
-    let dir = tempfile::tempdir().unwrap();
-    let (prefix, copy) = (dir.path().join("prefix"), dir.path().join("copy"));
-    fs::create_dir(&prefix).unwrap();
-    let mut first = Unpacker::new(&prefix);
-    first.apply(&gzip(&lower)[..]).unwrap();
-    let pending = first.pending();
-    let before = listing(&prefix);
-    fs::create_dir(&copy).unwrap();
-    crate::run::chain::clone_tree(&prefix, &copy).unwrap();
-    let mut next = Unpacker::resume(&copy, DEFAULT_LIMIT, &pending).unwrap();
-    next.apply(&gzip(&upper)[..]).unwrap();
-    next.finish().unwrap();
-
-    assert_eq!(listing(&copy), listing(whole.path()));
-    assert_eq!(
-        listing(&prefix),
-        before,
-        "the prefix is as the lower layer left it"
-    );
-    assert!(
-        before.contains(&"etc/kept 444 \"old\"".to_string()),
-        "{before:?}"
-    );
-    // What the lower layer used counts against the caps of the copy too.
-    let used = 7 * ENTRY_COST + 11;
-    assert!(Unpacker::resume(&copy, used, &pending).is_some());
-    assert!(Unpacker::resume(&copy, used - 1, &pending).is_none());
 }
