@@ -51,7 +51,8 @@ pub(super) fn plan(
     source: &LayerBlob,
 ) -> Planned {
     let source_created_by = format!(
-        "kiln: source ({} files to {})",
+        "{}{} files to {})",
+        plan::SOURCE_HISTORY,
         function.tree.file_count(),
         opts.runtime.source.dir
     );

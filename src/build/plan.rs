@@ -14,6 +14,7 @@ pub const RUNTIME_LABEL: &str = "dev.kiln.runtime";
 /// Label naming what installed the dependency layer, as its key does: kiln's lock-file or
 /// pinned-wheel install for a platform, or a builder image by digest. `kiln rebase` reads it.
 pub const DEPS_TOOLCHAIN_LABEL: &str = "dev.kiln.deps.toolchain";
+pub use crate::oci::image::{DEPS_HISTORY, SOURCE_HISTORY};
 
 /// Everything the config edit depends on.
 #[derive(Clone, Debug)]

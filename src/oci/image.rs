@@ -9,6 +9,12 @@ use super::{
     manifest::sniff_media_type,
 };
 
+/// How the history of the dependency layer kiln adds for a Function begins (what tells a
+/// Function's own layers from its base's).
+pub const DEPS_HISTORY: &str = "kiln: dependencies (";
+/// How the history of the source layer kiln adds for a Function begins.
+pub const SOURCE_HISTORY: &str = "kiln: source (";
+
 /// Errors appending to a base image.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -285,10 +285,10 @@ fn own_layers(image: &Base, config: &ImageConfig) -> Result<Own, String> {
     let n = layers.len();
     let source = (n > 0)
         .then(|| at(n - 1))
-        .filter(|l| l.created_by.starts_with("kiln: source ("))
+        .filter(|l| l.created_by.starts_with(plan::SOURCE_HISTORY))
         .ok_or("the image's last layer is not a kiln source layer")?;
     let deps = match (n > 1).then(|| at(n - 2)) {
-        Some(layer) if layer.created_by.starts_with("kiln: dependencies (") => {
+        Some(layer) if layer.created_by.starts_with(plan::DEPS_HISTORY) => {
             let key = layer
                 .created_by
                 .rsplit_once(", key ")

@@ -17,6 +17,7 @@ use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, symlink};
 use std::path::Path;
 use std::time::SystemTime;
 
+use crate::oci::image::{DEPS_HISTORY, SOURCE_HISTORY};
 use crate::oci::{Digest, ImageConfig};
 
 /// The chain ID of every prefix of `diff_ids`: the first is the first layer's diff_id, each
@@ -48,7 +49,7 @@ pub fn base_layers(config: &ImageConfig, layers: usize) -> Option<usize> {
     }
     history
         .iter()
-        .position(|by| by.starts_with("kiln: dependencies (") || by.starts_with("kiln: source ("))
+        .position(|by| by.starts_with(DEPS_HISTORY) || by.starts_with(SOURCE_HISTORY))
         .filter(|&base| base > 0)
 }
 

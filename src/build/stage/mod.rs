@@ -214,7 +214,7 @@ pub fn manifest_digest(inputs: &DepInputs) -> Digest {
 
 /// The history text of a dependency layer.
 pub fn created_by(install_command: &str, key: &Digest) -> String {
-    format!("kiln: dependencies ({install_command}, key {key})")
+    format!("{}{install_command}, key {key})", super::plan::DEPS_HISTORY)
 }
 
 /// Writes `record` (and the layer at `blob`, copied) into `dir`, creating it. Each file is
