@@ -22,13 +22,16 @@ impl From<Exit> for ExitCode {
 }
 
 fn main() -> ExitCode {
-    // The built-in sandbox's init process and the network gate's helper are this binary;
-    // they must run before any thread.
+    // The built-in sandbox's init process, the network gate's helper and the emulator's
+    // registration are this binary; they must run before any thread.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if let Some(code) = kiln::sandbox::builtin::dispatch(&args) {
         return code;
     }
     if let Some(code) = kiln::sandbox::gate::dispatch(&args) {
+        return code;
+    }
+    if let Some(code) = kiln::sandbox::emulator::dispatch(&args) {
         return code;
     }
     // A git-over-SSH connection's `ssh` and `askpass` are this binary too.

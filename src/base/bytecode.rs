@@ -130,7 +130,7 @@ pub async fn compile(
     .to_vec();
     argv.extend(bytecode.dirs.iter().cloned());
     if let Some(emulator) = emulator {
-        argv = emulator.wrap(&mut sandbox, &argv);
+        argv = emulator.apply(&mut sandbox, &argv);
     }
     let output = sandbox
         .command(&argv)

@@ -34,6 +34,9 @@ pub struct InstallEnv {
     pub package_cache: PathBuf,
     /// Where the install runs.
     pub isolation: Isolation,
+    /// `--no-emulation`: never run the package manager for another platform under
+    /// emulation; such an install is refused.
+    pub no_emulation: bool,
 }
 
 /// Where the dependency install runs.
@@ -72,6 +75,8 @@ pub enum Isolation {
         env: Vec<(String, String)>,
         /// Keeps `kiln cache prune` from removing the rootfs during the install.
         in_use: crate::inuse::InUse,
+        /// Runs the install's programs, when the builder image is for another CPU.
+        emulator: Option<crate::sandbox::emulator::Emulator>,
     },
 }
 
@@ -320,9 +325,15 @@ pub async fn install(
         Isolation::Builder {
             rootfs,
             env: image_env,
+            emulator,
             ..
         } => {
-            let (cmd, gate) = sandbox_command(runtime, env, argv, rootfs, image_env, &work, config)
+            let image = Image {
+                rootfs,
+                env: image_env,
+                emulator: emulator.as_ref(),
+            };
+            let (cmd, gate) = sandbox_command(runtime, env, argv, &image, &work, config)
                 .map_err(|e| spawn_error(e, &argv[0], runtime, &work))?;
             (cmd, gate, "the builder image in a sandbox")
         }
@@ -458,8 +469,7 @@ fn sandbox_command(
     runtime: &RuntimeSpec,
     env: &InstallEnv,
     argv: &[String],
-    rootfs: &Path,
-    image_env: &[(String, String)],
+    image: &Image<'_>,
     work: &Path,
     config: Option<&str>,
 ) -> std::io::Result<(Command, Option<Gate>)> {
@@ -467,14 +477,14 @@ fn sandbox_command(
     // A private package cache: a shared writable one let one Function's install script plant
     // packages that the next Function's install took. It goes with the staging directory.
     let cache = work.with_file_name("package-cache");
-    let mut sandbox = Sandbox::new(rootfs);
+    let mut sandbox = Sandbox::new(image.rootfs);
     sandbox.cwd = SANDBOX_WORK.into();
     sandbox.binds.push(Bind::writable(work, SANDBOX_WORK));
     sandbox.binds.push(Bind::writable(&cache, SANDBOX_CACHE));
     sandbox
         .binds
         .push(Bind::read_only("/etc/resolv.conf", "/etc/resolv.conf").optional());
-    let mut vars: Vec<(String, String)> = image_env.to_vec();
+    let mut vars: Vec<(String, String)> = image.env.to_vec();
     vars.extend([
         ("HOME".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
@@ -498,8 +508,22 @@ fn sandbox_command(
     }
     sandbox.env = vars;
     std::fs::create_dir_all(&cache)?;
-    let (cmd, gate) = crate::sandbox::gate::command(&sandbox, argv, PROXY_PORT)?;
+    let argv = match image.emulator {
+        Some(emulator) => emulator.apply(&mut sandbox, argv),
+        None => argv.to_vec(),
+    };
+    let (cmd, gate) = crate::sandbox::gate::command(&sandbox, &argv, PROXY_PORT)?;
     Ok((cmd, Some(gate)))
+}
+
+/// The builder image a sandboxed install runs in.
+struct Image<'a> {
+    /// Its unpacked root filesystem.
+    rootfs: &'a Path,
+    /// Its config's `Env`.
+    env: &'a [(String, String)],
+    /// Its CPU's emulator, when that is not this machine's.
+    emulator: Option<&'a crate::sandbox::emulator::Emulator>,
 }
 
 fn spawn_error(e: std::io::Error, tool: &str, runtime: &RuntimeSpec, dir: &Path) -> Error {

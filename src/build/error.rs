@@ -115,20 +115,21 @@ pub enum Error {
     },
     /// Dependencies for a foreign platform that only the package manager can install.
     #[error(
-        "installing the dependencies for {platform} needs {tool}: {why}. kiln installs for \
-            another platform than this machine's ({host}) only by itself, without running \
-            anything built for it: give the Function {remedy}, or build it on a {platform} \
-            machine"
+        "installing the dependencies for {platform} needs {tool}: {why}. On this {host} \
+            machine {tool} for {platform} runs only under emulation, and {not_emulated}. \
+            Give the Function {remedy} (kiln then installs them itself), or build it on a \
+            {platform} machine",
+        host = crate::oci::Platform::host()
     )]
     ForeignInstall {
         /// The platform built for.
         platform: String,
-        /// This machine's.
-        host: String,
         /// npm or pip.
         tool: &'static str,
         /// Why kiln cannot install them itself (names the package).
         why: String,
+        /// Why the package manager cannot run under emulation here.
+        not_emulated: String,
         /// What would let kiln install them.
         remedy: &'static str,
     },

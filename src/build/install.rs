@@ -14,6 +14,7 @@ use crate::oci::source;
 use crate::oci::{self, Digest, LayerBlob, layer::write_layer};
 use crate::progress::steps::{self, Step};
 use crate::registry::{Client, Reference};
+use crate::sandbox::emulator::Emulator;
 
 /// Refuses a sandboxed install without a builder image: the user must name one (or ask for
 /// the toolchain on PATH), since nothing says which toolchain matches an overridden base.
@@ -36,20 +37,34 @@ pub(super) fn require_builder(opts: &Options, direct: &Planned) -> Result<(), Er
     }
 }
 
-/// Refuses the package manager's install (`why` says why it must run) for a platform other
-/// than this machine's: its install scripts and compilers would make this machine's
+/// Allows the package manager's install (`why` says why it must run) for a platform other
+/// than this machine's only in the builder image's sandbox under emulation ([`emulation`]):
+/// on this machine's toolchain its install scripts and compilers would make this machine's
 /// programs.
 fn foreign_install(opts: &Options, why: &str) -> Result<(), Error> {
     let host = oci::Platform::host();
     if opts.platform.os == host.os && opts.platform.architecture == host.architecture {
         return Ok(());
     }
+    let not_emulated = match emulation(opts) {
+        Ok(emulator) => {
+            tracing::info!(
+                platform = %opts.platform,
+                emulator = %emulator.path.display(),
+                reason = why,
+                "the install runs {} for another platform, under emulation",
+                tool(opts.runtime.language),
+            );
+            return Ok(());
+        }
+        Err(not) => not,
+    };
     let python = opts.runtime.language == crate::runtime::Language::Python;
     Err(Error::ForeignInstall {
         platform: opts.platform.to_string(),
-        host: host.to_string(),
         tool: tool(opts.runtime.language),
         why: why.to_string(),
+        not_emulated,
         remedy: if python {
             "a requirements.txt that pins every package (NAME==VERSION) with wheels for that \
                 platform"
@@ -57,6 +72,38 @@ fn foreign_install(opts: &Options, why: &str) -> Result<(), Error> {
             "a package-lock.json that decides every package, none with an install script"
         },
     })
+}
+
+/// The emulator a sandboxed install for another platform runs under: every program the
+/// install starts must be emulated ([`Emulator::children`]), and the install must run in the
+/// builder image (the toolchain on PATH is this machine's). Why not, as a clause.
+fn emulation(opts: &Options) -> Result<Emulator, String> {
+    if opts.install.no_emulation {
+        return Err("--no-emulation forbids running it under emulation".into());
+    }
+    if !matches!(
+        opts.install.isolation,
+        deps::Isolation::Pending(_)
+            | deps::Isolation::Builder { .. }
+            | deps::Isolation::MissingBuilder { .. }
+    ) {
+        return Err(
+            "only an install in the builder image's sandbox can be emulated, and this one would \
+             run the toolchain on PATH"
+                .into(),
+        );
+    }
+    let platform = opts.platform.to_string();
+    let emulator = Emulator::for_machine(opts.platform.machine(), &platform)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{platform} needs no emulator here"))?;
+    emulator.children().map_err(|why| {
+        format!(
+            "{why}; without that the programs npm or pip starts (install scripts, \
+             compilers) would not run"
+        )
+    })?;
+    Ok(emulator)
 }
 
 /// Unpacks a pending builder image (once, verified, cached by digest) into the root
@@ -88,11 +135,15 @@ async fn resolve_builder(client: &Client, opts: &Options) -> Result<InstallEnv, 
         .map(|c| c.env_pairs())
         .unwrap_or_default();
     tracing::info!(builder = %entry.digest, "dependencies install inside the builder image");
+    let host = oci::Platform::host();
+    let foreign = opts.platform.architecture != host.architecture;
     let isolation = deps::Isolation::Builder {
         rootfs: entry.rootfs,
         digest: entry.digest,
         env,
         in_use: entry.in_use,
+        // An install the package manager must run was allowed only with an emulator.
+        emulator: if foreign { emulation(opts).ok() } else { None },
     };
     Ok(InstallEnv {
         isolation,

@@ -93,13 +93,15 @@ pub fn command(
     let (block_read, block_write) = rustix::pipe::pipe_with(PipeFlags::empty())?;
     let (info_read, block_write) = (cloexec(info_read)?, cloexec(block_write)?);
     let mut line: Vec<OsString> = vec![
+        BWRAP.into(),
         "--info-fd".into(),
         info_write.as_raw_fd().to_string().into(),
         "--block-fd".into(),
         block_read.as_raw_fd().to_string().into(),
     ];
     line.extend(super::bwrap::args(sandbox, argv));
-    let mut cmd = tokio::process::Command::new(BWRAP);
+    let mut line = sandbox.emulated(line).into_iter();
+    let mut cmd = tokio::process::Command::new(line.next().unwrap_or_default());
     cmd.args(line)
         .env_clear()
         .envs(sandbox.env.iter().map(|(k, v)| (k, v)))

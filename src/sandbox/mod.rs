@@ -159,6 +159,12 @@ pub struct Sandbox {
     /// the private loopback.
     #[serde(default)]
     pub gate: Option<gate::Door>,
+    /// Runs the sandbox's programs for another CPU under this emulator: every program the
+    /// kernel starts in it, where [`emulator::Emulator::children`] allows (the caller still
+    /// wraps the first program with [`emulator::Emulator::wrap`]). Not part of the init's
+    /// description: it acts outside the sandbox.
+    #[serde(skip)]
+    pub emulator: Option<emulator::Emulator>,
 }
 
 impl Sandbox {
@@ -178,6 +184,7 @@ impl Sandbox {
             hostname: None,
             new_session: true,
             gate: None,
+            emulator: None,
         }
     }
 
@@ -191,15 +198,15 @@ impl Sandbox {
     ///
     /// The sandbox program is the one [`check_available`] chose (bwrap before it ran).
     pub fn command(&self, argv: &[String]) -> tokio::process::Command {
-        let mut line = match CHOSEN.get() {
+        let line = match CHOSEN.get() {
             Some(Backend::Builtin(builtin)) => builtin.argv(self, argv),
             Some(Backend::Bwrap) | None => {
                 let mut line = vec![BWRAP.into()];
                 line.extend(bwrap::args(self, argv));
                 line
             }
-        }
-        .into_iter();
+        };
+        let mut line = self.emulated(line).into_iter();
         // Both lines start with their program.
         let mut cmd = tokio::process::Command::new(line.next().unwrap_or_default());
         cmd.args(line)
@@ -208,6 +215,17 @@ impl Sandbox {
             .process_group(0)
             .kill_on_drop(true);
         cmd
+    }
+}
+
+impl Sandbox {
+    /// The sandbox's whole command line `line`, run where its foreign programs are emulated
+    /// when it has an [`Sandbox::emulator`].
+    fn emulated(&self, line: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+        match &self.emulator {
+            Some(emulator) => emulator.enter(line),
+            None => line,
+        }
     }
 }
 

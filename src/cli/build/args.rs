@@ -112,6 +112,13 @@ pub struct BuildArgs {
     /// --builder-image.
     #[arg(long, value_enum, default_value_t = DepsSandbox::Auto, env = "KILN_DEPS_SANDBOX")]
     pub deps_sandbox: DepsSandbox,
+    /// Never run the package manager for another platform (--platform linux/arm64 on an
+    /// amd64 machine) under QEMU user-mode emulation: such an install (npm without a lock
+    /// file that decides everything, pip) is refused, and only kiln's own installs remain.
+    /// By default it runs in the sandbox under qemu-MACHINE-static from PATH (Debian's
+    /// qemu-user-static), which Linux 6.7 or later lets kiln register for the sandbox alone.
+    #[arg(long, env = "KILN_NO_EMULATION")]
+    pub no_emulation: bool,
     /// The builder image to install dependencies in (a registry reference or oci:DIR[:NAME]);
     /// `kiln base build RUNTIME` makes one. Needed when --base overrides the runtime's base
     /// and the Function has dependencies (unless --deps-sandbox none).

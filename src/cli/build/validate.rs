@@ -283,6 +283,7 @@ fn install_env(args: &BuildArgs, env: &Env, cache_dir: &Path) -> anyhow::Result<
         proxy: env.proxy.clone(),
         package_cache: cache_dir.join("packages"),
         isolation: Isolation::Host,
+        no_emulation: args.no_emulation,
     };
     if let Some(ca) = &install.ca_bundle
         && !ca.is_file()

@@ -1,7 +1,8 @@
 //! Another platform's images, built on this machine: `kiln base build --platform linux/arm64`
 //! from the lock's arm64 inputs, Functions built for it with dependencies kiln installs without
-//! running anything built for arm64, and `kiln run` serving them under user-mode emulation
-//! (qemu-user-static, run directly: no binfmt_misc).
+//! running anything built for arm64, or that npm and pip install under user-mode emulation
+//! (qemu-user-static, registered in the sandbox's own binfmt_misc), and `kiln run` serving
+//! them under emulation.
 
 use crate::common;
 
@@ -60,7 +61,7 @@ fn build_for_arm64(k: &Kiln, bases: &Path, runtime: &str, dir: &Path) -> common:
 }
 
 #[test]
-fn an_arm64_node_function_installed_from_its_lock_file_answers_under_emulation() {
+fn arm64_node_functions_installed_from_a_lock_file_or_by_emulated_npm_answer() {
     let k = Kiln::new();
     let tmp = tempfile::tempdir().unwrap();
     let bases = tmp.path().join("bases");
@@ -88,14 +89,53 @@ fn an_arm64_node_function_installed_from_its_lock_file_answers_under_emulation()
     let (status, body) = http::request(port, "GET", "/", &[], b"");
     assert_eq!((status, body.as_str()), (200, "arm64 1.3.0 1m"));
 
-    // Without the lock file npm would have to run, for arm64: refused, saying why and what
-    // to do.
+    // Without the lock file npm has to run, for arm64: under emulation, and so does every
+    // program it starts: the Function's postinstall runs dash, node and uname, all arm64.
+    // The binfmt_misc that makes that so is out of its reach.
     std::fs::remove_file(dir.join("package-lock.json")).unwrap();
-    let refused = build_for_arm64(&k, &bases, "nodejs22", &dir);
+    let manifest = dir.join("package.json");
+    let mut package: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    package["scripts"] = serde_json::json!({
+        "postinstall": "node -e \"const fs = require('fs'); \
+            fs.writeFileSync('node_modules/.built', [process.arch, \
+            require('child_process').execSync('uname -m').toString().trim(), \
+            fs.readdirSync('/proc/sys/fs/binfmt_misc').length].join(' '))\""
+    });
+    std::fs::write(&manifest, package.to_string()).unwrap();
+    std::fs::write(
+        dir.join("handler.js"),
+        "const semver = require('semver');\n\
+         module.exports = { main: () => require('fs').readFileSync(__dirname + \
+         '/node_modules/.built', 'utf8').trim() + ' ' + semver.inc('1.2.3', 'minor') };\n",
+    )
+    .unwrap();
+    let emulated = build_for_arm64(&k, &bases, "nodejs22", &dir);
+    assert_eq!(emulated.code, 0, "{}", emulated.stderr);
+    assert!(
+        emulated.stderr.contains("under emulation"),
+        "{}",
+        emulated.stderr
+    );
+    let (port, _running) = serve(&k, &emulated.reference(), &ARM64);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!((status, body.as_str()), (200, "arm64 aarch64 0 1.3.0"));
+
+    // Told not to emulate, the same build is refused, saying why and what to do.
+    let out = format!("oci:{}", dir.with_extension("refused").display());
+    let refused = build_on(
+        &k,
+        &bases,
+        "nodejs22",
+        &dir,
+        "linux/arm64",
+        &["--output", &out, "--no-emulation"],
+    );
     assert_eq!(refused.code, 2, "{}", refused.stderr);
     for part in [
         "installing the dependencies for linux/arm64 needs npm",
         "no package-lock.json",
+        "--no-emulation forbids",
         "a package-lock.json that decides every package",
     ] {
         assert!(refused.stderr.contains(part), "{part}: {}", refused.stderr);
@@ -103,7 +143,7 @@ fn an_arm64_node_function_installed_from_its_lock_file_answers_under_emulation()
 }
 
 #[test]
-fn an_arm64_python_function_with_compiled_wheels_answers_and_its_bytecode_is_sound() {
+fn arm64_python_functions_with_compiled_wheels_and_an_sdist_answer_and_bytecode_is_sound() {
     let k = Kiln::new();
     let tmp = tempfile::tempdir().unwrap();
     let bases = tmp.path().join("bases");
@@ -131,6 +171,26 @@ fn an_arm64_python_function_with_compiled_wheels_answers_and_its_bytecode_is_sou
         (status, body.as_str()),
         (200, "aarch64 True {'a': [1, 2]} so")
     );
+    drop(_running);
+
+    // docopt has only an sdist: pip builds it, running setuptools in a Python it starts. Both
+    // run under emulation.
+    let sdist = tmp.path().join("sdist");
+    copy_tree(&functions("hello-python"), &sdist);
+    std::fs::write(sdist.join("requirements.txt"), "docopt==0.6.2\n").unwrap();
+    std::fs::write(
+        sdist.join("handler.py"),
+        "import platform\nimport docopt\n\n\
+         def main(event, context):\n    \
+         return f\"{platform.machine()} {docopt.__version__}\"\n",
+    )
+    .unwrap();
+    let built = build_for_arm64(&k, &bases, "python313", &sdist);
+    assert_eq!(built.code, 0, "{}", built.stderr);
+    assert!(built.stderr.contains("under emulation"), "{}", built.stderr);
+    let (port, _running) = serve(&k, &built.reference(), &ARM64);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!((status, body.as_str()), (200, "aarch64 0.6.2"));
     drop(_running);
 
     // The arm64 base's bytecode is compiled by this machine's python3.13 (the same Debian
