@@ -89,10 +89,11 @@ pub struct BuildBaseArgs {
     #[arg(long, value_name = "OS/ARCH[,…]", default_value = "linux/amd64")]
     pub platform: String,
     /// The kiln executable to put into the builder image at /usr/local/bin/kiln (for example a
-    /// release build for the --platform) [default: this kiln, on its own platform; none on
-    /// another, and the builder then serves sandboxed installs but not build Jobs].
+    /// release build for the --platform). Once per platform: each goes into the builder of the
+    /// platform it is built for [default: this kiln, on its own platform; none on another,
+    /// and that builder then serves sandboxed installs but not build Jobs].
     #[arg(long, value_name = "PATH")]
-    pub kiln_binary: Option<PathBuf>,
+    pub kiln_binary: Vec<PathBuf>,
     /// Registry access.
     #[command(flatten)]
     pub registry: RegistryArgs,
@@ -231,7 +232,7 @@ async fn build(args: BuildBaseArgs) -> Result<String, Failure> {
                 if !several
                     && args.lock.is_none()
                     && epoch == 0
-                    && args.kiln_binary.is_none()
+                    && args.kiln_binary.is_empty()
                     && host
                 {
                     store::mark_assembled(dir, &args.runtime)
@@ -306,11 +307,29 @@ fn base_platforms(args: &BuildBaseArgs) -> anyhow::Result<Vec<Platform>> {
             platforms.push(platform);
         }
     }
-    if platforms.len() > 1 && (args.kiln_binary.is_some() || args.kiln_image.is_some()) {
+    if platforms.len() > 1 && args.kiln_image.is_some() {
         return Err(anyhow!(
-            "--kiln-binary and --kiln-image are for one platform: build the kiln image once per \
-                platform"
+            "--kiln-image is for one platform: build the kiln image once per platform"
         ));
+    }
+    // Each --kiln-binary is for one of the platforms, and no two for the same one.
+    let mut placed: Vec<&Platform> = Vec::new();
+    for binary in &args.kiln_binary {
+        let Some(platform) = platforms
+            .iter()
+            .find(|p| check_kiln_binary(binary, p).is_ok())
+        else {
+            let first = platforms.first().unwrap_or(&Platform::host()).clone();
+            return Err(check_kiln_binary(binary, &first).err().unwrap_or_else(|| {
+                anyhow!("--kiln-binary {} is for no --platform", binary.display())
+            }));
+        };
+        if placed.contains(&platform) {
+            return Err(anyhow!(
+                "--kiln-binary is given twice for {platform}: pass one kiln per platform"
+            ));
+        }
+        placed.push(platform);
     }
     Ok(platforms)
 }
@@ -318,8 +337,12 @@ fn base_platforms(args: &BuildBaseArgs) -> anyhow::Result<Vec<Platform>> {
 /// The kiln binary for `platform`'s builder: --kiln-binary, or this kiln on its own platform,
 /// or none.
 fn kiln_binary(args: &BuildBaseArgs, platform: &Platform) -> Result<Option<PathBuf>, Failure> {
-    Ok(match &args.kiln_binary {
-        Some(path) => Some(check_kiln_binary(path, platform).map_err(Failure::Usage)?),
+    let given = args
+        .kiln_binary
+        .iter()
+        .find(|path| check_kiln_binary(path, platform).is_ok());
+    Ok(match given {
+        Some(path) => Some(path.clone()),
         None if platform.architecture == Platform::host().architecture => Some(
             std::env::current_exe()
                 .context("finding the kiln binary")
@@ -482,16 +505,46 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn destination_of(args: &[&str]) -> anyhow::Result<Destination> {
+    fn parse(args: &[&str]) -> BuildBaseArgs {
         #[derive(clap::Parser)]
         struct Wrapper {
             #[command(flatten)]
             args: BuildBaseArgs,
         }
-        let parsed =
-            <Wrapper as clap::Parser>::try_parse_from(["kiln", "nodejs22"].iter().chain(args))
-                .unwrap();
-        destination(&parsed.args)
+        <Wrapper as clap::Parser>::try_parse_from(["kiln", "nodejs22"].iter().chain(args))
+            .unwrap()
+            .args
+    }
+
+    fn destination_of(args: &[&str]) -> anyhow::Result<Destination> {
+        destination(&parse(args))
+    }
+
+    #[test]
+    fn each_kiln_binary_goes_to_the_builder_of_its_own_platform() {
+        let this = std::env::current_exe().unwrap();
+        let this = this.to_str().unwrap();
+        let both = ["--platform", "linux/amd64,linux/arm64"];
+        let args = parse(&[&both[..], &["--kiln-binary", this]].concat());
+        let platforms = base_platforms(&args).unwrap();
+        let (amd64, arm64) = (&platforms[0], &platforms[1]);
+        assert_eq!(kiln_binary(&args, amd64).ok().flatten(), Some(this.into()));
+        assert_eq!(kiln_binary(&args, arm64).ok().flatten(), None);
+        let twice = parse(&[&both[..], &["--kiln-binary", this, "--kiln-binary", this]].concat());
+        let err = base_platforms(&twice).unwrap_err().to_string();
+        assert!(err.contains("given twice for linux/amd64"), "{err}");
+        let foreign = parse(&["--platform", "linux/arm64", "--kiln-binary", this]);
+        let err = base_platforms(&foreign).unwrap_err().to_string();
+        assert!(err.contains("not for linux/arm64"), "{err}");
+        let image = parse(
+            &[
+                &both[..],
+                &["--image", "r.example/b:1", "--kiln-image", "r/k:1"],
+            ]
+            .concat(),
+        );
+        let err = base_platforms(&image).unwrap_err().to_string();
+        assert!(err.contains("--kiln-image is for one platform"), "{err}");
     }
 
     #[test]

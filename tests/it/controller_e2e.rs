@@ -38,9 +38,13 @@ const CANARY: &str = "kiln-scan-canary-7f3a90d1";
 const SYSTEM: &str = "kiln-system";
 /// kiln's build namespace (deploy/namespace.yaml).
 const BUILDS: &str = "kiln-builds";
+/// The platforms the `yaml` Function is built for.
+const BOTH: &str = "linux/amd64,linux/arm64";
 
 /// `kiln base build RUNTIME` into `reg` (README: `$REG/kiln/RUNTIME:latest` and the builder),
 /// with a stripped copy of this kiln inside, and the kiln image too when `kiln_image` names it.
+/// python313's are built for linux/amd64 and linux/arm64 (indexes; the arm64 builder without
+/// a kiln), for the Function built for both.
 fn runtime_images(
     reg: &str,
     host: &str,
@@ -69,6 +73,9 @@ fn runtime_images(
         .args(["--insecure-registry", host])
         .arg("--kiln-binary")
         .arg(&binary);
+    if runtime == "python313" {
+        command.args(["--platform", BOTH]);
+    }
     if let Some(image) = kiln_image {
         command.args(["--kiln-image", image]);
     }
@@ -550,13 +557,18 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     // The token a build Pod would get, were it mounted: builds run in kiln-builds.
     let sa_token = api.service_account_token(BUILDS, "default");
     let node = node_words("words");
-    let python = function_yaml(
+    // Built for both platforms (PyYAML's wheels for each, installed by kiln itself): the
+    // build Job pushes an index, the Deployment pulls it and the kubelet runs amd64's.
+    let mut python: Value = serde_yaml::from_str(&function_yaml(
         "yaml",
         "python312",
         "import yaml\n\ndef main(event, context):\n    return yaml.safe_dump({'parsed': \
             yaml.safe_load(event['data'])})\n",
         "PyYAML==6.0.2\n",
-    );
+    ))
+    .unwrap();
+    python["metadata"]["annotations"] = json!({"kiln.io/platforms": BOTH});
+    let python = serde_yaml::to_string(&python).unwrap();
     let broken = function_yaml(
         "broken",
         "nodejs22",
@@ -732,6 +744,26 @@ fn kiln_installed_from_deploy_with_kubectl_builds_and_runs_kyma_functions() {
     let (code, body) = http(kubelet.port("team", "yaml").unwrap(), "POST", "a: [1, 2]");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("parsed:") && body.contains("- 1"), "{body}");
+    let yaml_image = api.get("Function", "team", "yaml").unwrap()["status"]["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index: Value = serde_json::from_str(&common::run(
+        Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{yaml_image}")),
+    ))
+    .unwrap();
+    let platforms: Vec<String> = index["manifests"]
+        .as_array()
+        .unwrap_or(&vec![])
+        .iter()
+        .map(|m| {
+            let part = |k: &str| m["platform"][k].as_str().unwrap_or_default().to_string();
+            format!("{}/{}", part("os"), part("architecture"))
+        })
+        .collect();
+    assert_eq!(platforms.join(","), BOTH, "{index:#}");
     // The install scripts ran, read everything they could, and found no push credentials,
     // no ServiceAccount token and no git password: only the canary in their own source.
     let scan_report = |name: &str| {
