@@ -159,7 +159,8 @@ pub fn file_in_layer(layer: impl Read, path: &str) -> std::io::Result<Option<Vec
 pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
     let mut npm: Vec<(String, Vec<u8>)> = Vec::new();
     let mut locks: Vec<(String, Vec<u8>)> = Vec::new();
-    let mut dists: Vec<Vec<u8>> = Vec::new();
+    // By `.dist-info` directory: its METADATA, and its provenance.json.
+    let mut dists: BTreeMap<String, (Option<Vec<u8>>, Option<Vec<u8>>)> = BTreeMap::new();
     let mut archive = tar::Archive::new(layer);
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -175,15 +176,19 @@ pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
             2
         } else if is_dist_metadata(&path) {
             3
+        } else if is_dist_file(&path, DIST_PROVENANCE) {
+            4
         } else {
             continue;
         };
         let mut bytes = Vec::new();
         entry.by_ref().take(MAX_FILE).read_to_end(&mut bytes)?;
+        let dir = || path.rsplit_once('/').map_or("", |(d, _)| d).to_string();
         match kind {
             1 => npm.push((path, bytes)),
             2 => locks.push((path, bytes)),
-            _ => dists.push(bytes),
+            3 => dists.entry(dir()).or_default().0 = Some(bytes),
+            _ => dists.entry(dir()).or_default().1 = Some(bytes),
         }
     }
     let integrity = integrities(&locks);
@@ -193,8 +198,8 @@ pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
             out.insert(c);
         }
     }
-    for bytes in dists {
-        if let Some(c) = dist_component(&bytes) {
+    for (metadata, provenance) in dists.into_values() {
+        if let Some(c) = metadata.and_then(|m| dist_component(&m, provenance.as_deref())) {
             out.insert(c);
         }
     }
@@ -221,7 +226,16 @@ fn is_package_json(path: &str) -> bool {
 
 /// `…/NAME-VERSION.dist-info/METADATA`.
 fn is_dist_metadata(path: &str) -> bool {
-    path.strip_suffix("/METADATA")
+    is_dist_file(path, "METADATA")
+}
+
+/// Where an installer records the archive a distribution came from (PEP 710).
+const DIST_PROVENANCE: &str = "provenance.json";
+
+/// `…/NAME-VERSION.dist-info/FILE`.
+fn is_dist_file(path: &str, file: &str) -> bool {
+    path.strip_suffix(file)
+        .and_then(|p| p.strip_suffix('/'))
         .and_then(|d| d.rsplit('/').next())
         .is_some_and(|d| d.ends_with(".dist-info"))
 }
@@ -337,8 +351,9 @@ pub fn metadata_headers(text: &str) -> Vec<(String, String)> {
 }
 
 /// A distribution's core metadata: Name, Version and its license (`License-Expression`, else
-/// `License`, else the `License ::` classifiers).
-fn dist_component(bytes: &[u8]) -> Option<Component> {
+/// `License`, else the `License ::` classifiers); the SHA-256 of the archive it was installed
+/// from when its `provenance` (PEP 710's `provenance.json`) says.
+fn dist_component(bytes: &[u8], provenance: Option<&[u8]>) -> Option<Component> {
     let text = String::from_utf8_lossy(bytes);
     let (mut name, mut version, mut expression, mut license) = (None, None, None, None);
     let mut classifiers = Vec::new();
@@ -362,12 +377,21 @@ fn dist_component(bytes: &[u8]) -> Option<Component> {
         (None, Some(l)) => vec![l],
         (None, None) => classifiers,
     };
+    let hash = provenance
+        .and_then(|p| serde_json::from_slice::<Value>(p).ok())
+        .and_then(|doc| {
+            let hex = doc["archive_info"]["hashes"]["sha256"]
+                .as_str()?
+                .to_ascii_lowercase();
+            (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+                .then(|| ("SHA-256".to_string(), hex))
+        });
     Some(Component {
         ecosystem: Ecosystem::Pypi,
         name: name?,
         version: version?,
         licenses,
-        hash: None,
+        hash,
     })
 }
 
@@ -491,8 +515,19 @@ mod tests {
                  Name: not-a-header\n",
             ),
             (
+                "usr/src/app/site-packages/PyYAML-6.0.2.dist-info/provenance.json",
+                &format!(
+                    r#"{{"archive_info":{{"hashes":{{"sha256":"{}"}}}},"url":"u"}}"#,
+                    "AB".repeat(32)
+                ),
+            ),
+            (
                 "usr/src/app/site-packages/a-1.dist-info/METADATA",
                 "Name: a\nVersion: 1\nClassifier: License :: OSI Approved :: BSD License\n",
+            ),
+            (
+                "usr/src/app/site-packages/a-1.dist-info/provenance.json",
+                r#"{"archive_info":{"hashes":{"sha256":"short"}}}"#,
             ),
         ]);
         let found = layer_components(&layer[..]).unwrap();
@@ -511,7 +546,10 @@ mod tests {
         assert_eq!(ms.hash, Some(("SHA-512".into(), "000102".into())));
         assert_eq!(found[0].licenses, ["ISC"]);
         assert_eq!(found[2].licenses, ["MIT"]);
+        assert_eq!(found[2].hash, Some(("SHA-256".into(), "ab".repeat(32))));
         assert_eq!(found[3].licenses, ["BSD License"]);
+        // Not a SHA-256: left out.
+        assert_eq!(found[3].hash, None);
     }
 
     #[test]

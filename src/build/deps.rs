@@ -374,6 +374,17 @@ pub async fn install(
             output: runtime.dependencies.output.clone(),
         });
     }
+    if let Some(report) = &runtime.dependencies.report {
+        // The report is the install's, so as untrusted as the tree: a broken one costs the
+        // SBOM its hashes, not the build.
+        match super::pinned::provenance::from_pip_report(&output, &work.join(report)) {
+            Ok(n) => tracing::debug!(distributions = n, "recorded where each came from"),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the SBOM will not have the archives' hashes: reading the install's report"
+            ),
+        }
+    }
     Ok(output)
 }
 

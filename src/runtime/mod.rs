@@ -126,6 +126,11 @@ pub struct DependencySpec {
     /// not read it from the working directory.
     #[serde(default)]
     pub config_env: Option<String>,
+    /// pip's installation report (`--report FILE` in `install`), relative to its working
+    /// directory: kiln records from it which archive each distribution came from (PEP 710's
+    /// `provenance.json`, for the SBOM).
+    #[serde(default)]
+    pub report: Option<String>,
     /// The wheels that fit the base image, for installs without pip ([`crate::build::pinned`]).
     #[serde(default)]
     pub wheels: Option<WheelSpec>,

@@ -437,6 +437,31 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
             );
             // Not a dev dependency: it was not installed.
             assert!(!all.keys().any(|p| p.contains("left-pad")));
+        } else {
+            // The SHA-256 of the wheel each distribution came from: one PyPI publishes for
+            // that release (its simple index, as JSON).
+            let published = common::run(
+                Command::new("curl")
+                    .args(["-sf", "--cacert"])
+                    .arg(common::kiln::host_ca_bundle())
+                    .args(["-H", "Accept: application/vnd.pypi.simple.v1+json"])
+                    .arg("https://pypi.org/simple/pyyaml/"),
+            );
+            let published: serde_json::Value = serde_json::from_str(&published).unwrap();
+            let sha = packages["pkg:pypi/pyyaml@6.0.2"]["hashes"]["SHA-256"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no SHA-256: {}", packages["pkg:pypi/pyyaml@6.0.2"]));
+            let file = published["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["hashes"]["sha256"] == sha)
+                .unwrap_or_else(|| panic!("{sha} is no PyYAML file"));
+            let filename = file["filename"].as_str().unwrap();
+            assert!(
+                filename.starts_with("PyYAML-6.0.2-") && filename.contains("cp313-manylinux"),
+                "{file}"
+            );
         }
         // A source-only rebuild reads what it read before and lists the same packages.
         std::fs::write(dir.join("extra.txt"), "an edit").unwrap();

@@ -30,6 +30,7 @@ use crate::io_error::IoContext as _;
 
 mod index;
 pub(crate) mod pages;
+pub(crate) mod provenance;
 mod wheel;
 
 use index::{INDEX, IndexFile, choose, release};
@@ -357,8 +358,15 @@ pub async fn install(
         "fetched the wheels requirements.txt pins"
     );
     let (plan, spill) = (plan.clone(), scratch.join("spill"));
-    let names: Vec<String> = chosen.into_iter().map(|c| c.file.filename).collect();
-    tokio::task::spawn_blocking(move || build(&plan, &names, &files, &spill)).await?
+    let archives: Vec<Archive> = chosen
+        .into_iter()
+        .map(|c| Archive {
+            filename: c.file.filename,
+            url: c.file.url,
+            sha256: c.file.sha256,
+        })
+        .collect();
+    tokio::task::spawn_blocking(move || build(&plan, &archives, &files, &spill)).await?
 }
 
 /// Whether `spec` (a `Requires-Python`) admits the runtime's Python, the same for every
@@ -381,10 +389,23 @@ fn python_admits(target: &Target, spec: &str, what: &str) -> Result<bool, String
 }
 
 /// Reads the wheels, checks that they pin every dependency, and builds the tree.
-fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Result<Outcome, Error> {
+/// A wheel kiln downloaded: its file name, where from, and its SHA-256 (hex).
+struct Archive {
+    filename: String,
+    url: String,
+    sha256: String,
+}
+
+fn build(
+    plan: &Plan,
+    chosen: &[Archive],
+    files: &[PathBuf],
+    spill: &Path,
+) -> Result<Outcome, Error> {
     let mut archives = Vec::new();
     let mut wheels = BTreeMap::new();
-    for ((r, name), file) in plan.requirements.iter().zip(names).zip(files) {
+    for ((r, archive), file) in plan.requirements.iter().zip(chosen).zip(files) {
+        let name = &archive.filename;
         let bad = |detail: String| Error::Wheel {
             wheel: name.clone(),
             detail,
@@ -392,7 +413,10 @@ fn build(plan: &Plan, names: &[String], files: &[PathBuf], spill: &Path) -> Resu
         let f = std::fs::File::open(file).at("opening", file)?;
         let mut zip = zip::ZipArchive::new(f).map_err(|e| bad(e.to_string()))?;
         let wheel = match read_wheel(&mut zip, name, r) {
-            Ok(w) => w,
+            Ok(w) => Wheel {
+                archive: Some((archive.url.clone(), archive.sha256.clone())),
+                ..w
+            },
             Err(Skip::Pip(why)) => return Ok(Outcome::NeedsPip(why)),
             Err(Skip::Bad(detail)) => return Err(bad(detail)),
         };

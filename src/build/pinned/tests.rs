@@ -147,10 +147,17 @@ fn build_from(
         .iter()
         .map(|(_, members)| crate::testing::wheel(members))
         .collect();
-    let names: Vec<String> = wheels.iter().map(|(n, _)| n.to_string()).collect();
+    let archives: Vec<Archive> = wheels
+        .iter()
+        .map(|(n, _)| Archive {
+            filename: n.to_string(),
+            url: format!("https://files.example/{n}"),
+            sha256: "ab".repeat(32),
+        })
+        .collect();
     let paths: Vec<PathBuf> = files.iter().map(|f| f.path().to_path_buf()).collect();
     let spill = tempfile::tempdir().unwrap();
-    (build(&plan, &names, &paths, spill.path()), spill)
+    (build(&plan, &archives, &paths, spill.path()), spill)
 }
 
 const PKG_RECORD: &str = "pkg/__init__.py,sha256=old,6\n\
@@ -243,6 +250,7 @@ fn a_wheel_is_installed_as_pip_installs_it_into_a_target() {
             "dep-2.1.dist-info/RECORD",
             "dep-2.1.dist-info/REQUESTED",
             "dep-2.1.dist-info/WHEEL",
+            "dep-2.1.dist-info/provenance.json",
             "dep/__init__.py",
             "extra.py",
             "pkg-1.0.dist-info/INSTALLER",
@@ -251,9 +259,19 @@ fn a_wheel_is_installed_as_pip_installs_it_into_a_target() {
             "pkg-1.0.dist-info/REQUESTED",
             "pkg-1.0.dist-info/WHEEL",
             "pkg-1.0.dist-info/entry_points.txt",
+            "pkg-1.0.dist-info/provenance.json",
             "pkg/__init__.py",
             "pkg/tool.so",
         ]
+    );
+    // Which archive it came from (PEP 710), and its RECORD row, last.
+    let provenance = bytes_of(&tree, "pkg-1.0.dist-info/provenance.json").0;
+    assert_eq!(
+        provenance,
+        super::provenance::document(
+            "https://files.example/pkg-1.0-py3-none-any.whl",
+            &"ab".repeat(32)
+        )
     );
     let run = b"#!/usr/bin/python3\nprint(1)\n";
     assert_eq!(bytes_of(&tree, "bin/pkg-run"), (run.to_vec(), true));
@@ -273,6 +291,11 @@ fn a_wheel_is_installed_as_pip_installs_it_into_a_target() {
         "pkg-1.0.dist-info/entry_points.txt,sha256=e,1".into(),
         "pkg/__init__.py,sha256=old,6".into(),
         "pkg/tool.so,sha256=so,3".into(),
+        format!(
+            "pkg-1.0.dist-info/provenance.json,{},{}",
+            record_hash(&provenance),
+            provenance.len()
+        ),
     ]
     .map(|row| row + "\r\n")
     .concat();

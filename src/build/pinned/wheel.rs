@@ -26,6 +26,8 @@ pub(super) struct Wheel {
     pub(super) version: String,
     pub(super) requires: Vec<pep440::Dependency>,
     pub(super) requires_python: Option<String>,
+    /// The archive's URL and SHA-256 (hex), recorded in its `provenance.json`.
+    pub(super) archive: Option<(String, String)>,
 }
 
 /// Why a wheel is not installed by kiln: pip decides, or it is broken.
@@ -129,6 +131,7 @@ pub(super) fn read_wheel(
         version,
         requires,
         requires_python,
+        archive: None,
     })
 }
 
@@ -170,6 +173,7 @@ pub(crate) fn unpack_for_checks(whl: &Path, spill: &Path) -> Result<Vec<String>,
         version: String::new(),
         requires: Vec::new(),
         requires_python: None,
+        archive: None,
     };
     let target = Target {
         python: (3, 13),
@@ -424,10 +428,16 @@ pub(super) fn unpack(
     let old_record = String::from_utf8(old_record)
         .map_err(|_| Skip::Pip(format!("{name}'s RECORD is not UTF-8")))?;
     let generated = generated_files(name, dist_info, target, entry_points_txt, &scripts)?;
-    let record = rewritten_record(name, &old_record, installed, &changed, &generated)?;
+    let mut record = rewritten_record(name, &old_record, installed, &changed, &generated)?;
     for (path, bytes) in generated {
         let executable = path.starts_with("bin/");
         put_file(tree, path, bytes, executable)?;
+    }
+    if let Some((url, sha256)) = &wheel.archive {
+        let document = super::provenance::document(url, sha256);
+        super::provenance::add_row(&mut record, dist_info, &document);
+        let path = format!("{dist_info}/{}", super::provenance::FILE);
+        put_file(tree, path, document, false)?;
     }
     put_file(tree, record_path, record.into_bytes(), false)?;
     Ok(())
