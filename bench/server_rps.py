@@ -17,6 +17,13 @@ per second of each and kiln's share of the bare rate, and the server's CPU time 
 of it: with the load generator on the same cores the rate ratio moves from run to run more
 than the server's cost does, and the CPU time does not.
 
+The server runs on the last CPU and the load generator on the others (PIN=0: anywhere), and
+both ratios are medians of each round's own ratio (kiln and bare run back to back in a round).
+Without pinning, how the two shared 2 cores moved the bare Node.js server's CPU time per request
+from 42 to 62 µs between runs, more than the difference measured; and cheroot's hand-offs of a
+connection between its threads then cost both Python servers about three times their pinned
+CPU time, which hid what kiln's server adds.
+
 The async `post` Function has a second reference: a bare server that calls the Function's own
 `async main` and awaits it, with nothing else around it (`await` in the output). The promise
 and its continuation are the Function's cost, paid by any server that calls it; the first bare
@@ -58,6 +65,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROUNDS = int(os.environ.get('ROUNDS', 5))
 REQUESTS = int(os.environ.get('REQUESTS', 60000))
+# The server on one core and the load generator on another, so neither takes the other's core
+# (PIN=0 turns it off). Without it, how the two share 2 cores moved the bare server's cost per
+# request from 42 to 62 µs between runs, more than the difference being measured.
+CPUS = sorted(os.sched_getaffinity(0))
+PIN = os.environ.get('PIN', '1') != '0' and len(CPUS) >= 2
+SERVER_CPUS = {CPUS[-1]} if PIN else set(CPUS)
+LOAD_CPUS = set(CPUS[:-1]) if PIN else set(CPUS)
+
+
+def on(cpus):
+    """A preexec_fn that runs the child on `cpus`."""
+    return lambda: os.sched_setaffinity(0, cpus)
 CONCURRENCY = int(os.environ.get('CONCURRENCY', 16))
 MANDEL_HEADERS = {'width': '32', 'height': '32', 'iterations': '50', 'zoom': '1'}
 
@@ -249,7 +268,7 @@ def load(port, path, headers, requests, body=None):
         for k, v in headers.items():
             args += ['-H', f'{k}: {v}']
         report = json.loads(subprocess.run(args + [url], capture_output=True, text=True,
-                                           check=True).stdout)
+                                           check=True, preexec_fn=on(LOAD_CPUS)).stdout)
         codes = report.get('statusCodeDistribution', {})
         if set(codes) != {'200'} or report.get('errorDistribution'):
             sys.exit(f'errors under load on {url}: {codes} {report.get("errorDistribution")}')
@@ -262,7 +281,8 @@ def load(port, path, headers, requests, body=None):
         args += ['-p', body_file, '-T', 'application/json']
     for k, v in headers.items():
         args += ['-H', f'{k}: {v}']
-    out = subprocess.run(args + [url], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(args + [url], capture_output=True, text=True, check=True,
+                         preexec_fn=on(LOAD_CPUS)).stdout
     failed = int(re.search(r'Failed requests:\s+(\d+)', out).group(1))
     non2xx = re.search(r'Non-2xx responses:\s+(\d+)', out)
     if failed or non2xx:
@@ -313,6 +333,12 @@ def cpu_seconds(pids):
         except (OSError, IndexError, ValueError):
             pass
     return total / TICK
+
+
+def paired(values, runtime, fn, against='bare'):
+    """The median over rounds of kiln's value over `against`'s in the same round."""
+    return statistics.median(k / b for k, b in zip(values[(runtime, fn, 'kiln')],
+                                                  values[(runtime, fn, against)]))
 
 
 def setup_kyma(checkout, work, node26):
@@ -511,7 +537,8 @@ def main():
                     argv = argv[:3] + ['--port', str(port)] + argv[3:]
                     env = {**os.environ, 'FUNC_TIMEOUT': '30'}
                 proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
+                                        stderr=subprocess.DEVNULL,
+                                        preexec_fn=on(SERVER_CPUS))
                 try:
                     wait_port(port, proc)
                     time.sleep(0.5)  # settled: Kyma's servers load the Function after listening
@@ -544,17 +571,19 @@ def main():
     for runtime, fn, _ in cases:
         k = statistics.median(results[(runtime, fn, 'kiln')])
         b = statistics.median(results[(runtime, fn, 'bare')])
-        line = f'{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {k / b:9.2f}'
+        line = f"{runtime:8} {fn:10} {k:11.0f} {b:11.0f} {paired(results, runtime, fn):9.2f}"
         if (runtime, fn, 'kyma') in results:
             y = statistics.median(results[(runtime, fn, 'kyma')])
-            line += f' {y:11.0f} {k / y:9.2f}'
+            line += f" {y:11.0f} {paired(results, runtime, fn, 'kyma'):9.2f}"
         elif checkout:
             line += f" {'':>11} {'':>9}"
         kc = statistics.median(cpu[(runtime, fn, 'kiln')])
         bc = statistics.median(cpu[(runtime, fn, 'bare')])
-        print(line + f' {kc:8.1f} {bc:8.1f} {bc / kc:9.2f}')
+        print(line + f" {kc:8.1f} {bc:8.1f} {1 / paired(cpu, runtime, fn):9.2f}")
     print('(µs: the server\'s CPU time per request, its whole process tree; bare/kiln is the '
-          'share of kiln\'s CPU time a bare server needs)')
+          'share of kiln\'s CPU time a bare server needs. Both ratios are medians of each '
+          'round\'s own ratio: kiln and bare run back to back in a round, so a slow spell of '
+          'the machine moves both)')
     for runtime, fn, _ in cases:
         if (runtime, fn, 'await') in results:
             k = statistics.median(results[(runtime, fn, 'kiln')])
@@ -562,7 +591,8 @@ def main():
             kc = statistics.median(cpu[(runtime, fn, 'kiln')])
             ac = statistics.median(cpu[(runtime, fn, 'await')])
             print(f'{runtime} {fn} against a bare server that awaits the same async main: '
-                  f'{a:.0f} req/s, kiln/bare {k / a:.2f}; {ac:.1f} µs, bare/kiln {ac / kc:.2f}')
+                  f"{a:.0f} req/s, kiln/bare {paired(results, runtime, fn, 'await'):.2f}; "
+                  f"{ac:.1f} µs, bare/kiln {1 / paired(cpu, runtime, fn, 'await'):.2f}")
     print('resident memory at idle (hello Function, after start-up), median KiB:')
     for (runtime, who), values in sorted(idle.items()):
         print(f'  {runtime:8} {who:5} {statistics.median(values):8.0f}')
