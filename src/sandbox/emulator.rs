@@ -211,7 +211,11 @@ impl Emulator {
         }
         let outcome = self.try_outer();
         if let Err(why) = &outcome {
-            tracing::debug!(emulator = %self.path.display(), why, "no emulation of child processes");
+            tracing::debug!(
+                emulator = %self.path.display(),
+                why,
+                "no emulation of child processes"
+            );
         }
         tried.push((self.clone(), outcome.clone()));
         outcome

@@ -173,7 +173,8 @@ mod tests {
         assert_eq!(
             String::from_utf8(document("https://u:p@files.example/a.whl", HASH)).unwrap(),
             format!(
-                r#"{{"archive_info":{{"hashes":{{"sha256":"{HASH}"}}}},"url":"https://files.example/a.whl"}}"#
+                "{{\"archive_info\":{{\"hashes\":{{\"sha256\":\"{HASH}\"}}}},\
+                 \"url\":\"https://files.example/a.whl\"}}"
             )
         );
     }
