@@ -426,3 +426,72 @@ fn a_build_for_two_platforms_pushes_a_signed_index_reproducibly_and_each_image_r
         assert_eq!((status, body), (200, format!("{arch} 1.3.0")));
     }
 }
+
+/// A kiln built for arm64 (`KILN_ARM64_BINARY`; see README, "Other platforms"), put into the
+/// arm64 builder with `--kiln-binary`, builds a Function inside it as a build Job on an arm64
+/// node would: kiln and npm both arm64, here under emulation. The image answers. Without the
+/// variable the test says so and does nothing: a cross-compiled release kiln takes longer to
+/// build than CI has.
+#[test]
+fn an_arm64_kiln_in_the_arm64_builder_builds_a_function_as_a_build_job_would() {
+    let Some(binary) = std::env::var_os("KILN_ARM64_BINARY") else {
+        eprintln!("skipped: KILN_ARM64_BINARY names no arm64 kiln");
+        return;
+    };
+    let k = Kiln::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let bases = tmp.path().join("bases");
+    let kiln_binary = ["--kiln-binary", binary.to_str().unwrap()];
+    base_build_with(&k, "nodejs22", &bases, &[&ARM64[..], &kiln_binary].concat());
+    let builder = format!("oci:{}:nodejs22-builder", bases.display());
+    let dir = tmp.path().join("fn");
+    copy_tree(&functions("node-lockfile"), &dir);
+    // No lock file: npm runs, natively for the kiln inside.
+    std::fs::remove_file(dir.join("package-lock.json")).unwrap();
+    std::fs::write(
+        dir.join("handler.js"),
+        "module.exports = { main: () => `${process.arch} ${require('semver').inc('1.2.3', \
+         'major')}` };\n",
+    )
+    .unwrap();
+    let out = tmp.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let entrypoint = serde_json::json!([
+        "/usr/local/bin/kiln",
+        "build",
+        "/workspace/src",
+        "--runtime",
+        "nodejs22",
+        "--platform",
+        "linux/arm64",
+        "--base",
+        "oci:/bases:nodejs22",
+        "--cache-dir",
+        "/tmp/kiln-cache",
+        "--ca-bundle",
+        "/tmp/ca.crt",
+        "--output",
+        "oci:/out/img"
+    ]);
+    let volume = |host: &Path, inside: &str| format!("{}:{inside}", host.display());
+    let built = k.run_cmd(
+        k.command_with_shared_downloads()
+            .args(["run", &builder])
+            .args(ARM64)
+            .args(["--volume", &volume(&dir, "/workspace/src:ro")])
+            .args(["--volume", &volume(&bases, "/bases:ro")])
+            .args(["--volume", &volume(&out, "/out")])
+            .args([
+                "--volume",
+                &volume(&common::kiln::host_ca_bundle(), "/tmp/ca.crt:ro"),
+            ])
+            .args(["--entrypoint", &entrypoint.to_string()]),
+    );
+    assert_eq!(built.code, 0, "{}", built.stderr);
+    let image = format!("oci:{}:latest", out.join("img").display());
+    assert_eq!(config(&out.join("img"), "latest")["architecture"], "arm64");
+    let (port, _running) = serve(&k, &image, &ARM64);
+    let (status, body) = http::request(port, "GET", "/", &[], b"");
+    assert_eq!((status, body.as_str()), (200, "arm64 2.0.0"));
+}
