@@ -159,8 +159,7 @@ pub fn file_in_layer(layer: impl Read, path: &str) -> std::io::Result<Option<Vec
 pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
     let mut npm: Vec<(String, Vec<u8>)> = Vec::new();
     let mut locks: Vec<(String, Vec<u8>)> = Vec::new();
-    // By `.dist-info` directory: its METADATA, and its provenance.json.
-    let mut dists: BTreeMap<String, (Option<Vec<u8>>, Option<Vec<u8>>)> = BTreeMap::new();
+    let mut dists: BTreeMap<String, DistFiles> = BTreeMap::new();
     let mut archive = tar::Archive::new(layer);
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -187,8 +186,8 @@ pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
         match kind {
             1 => npm.push((path, bytes)),
             2 => locks.push((path, bytes)),
-            3 => dists.entry(dir()).or_default().0 = Some(bytes),
-            _ => dists.entry(dir()).or_default().1 = Some(bytes),
+            3 => dists.entry(dir()).or_default().metadata = Some(bytes),
+            _ => dists.entry(dir()).or_default().provenance = Some(bytes),
         }
     }
     let integrity = integrities(&locks);
@@ -198,8 +197,9 @@ pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
             out.insert(c);
         }
     }
-    for (metadata, provenance) in dists.into_values() {
-        if let Some(c) = metadata.and_then(|m| dist_component(&m, provenance.as_deref())) {
+    for dist in dists.into_values() {
+        let provenance = dist.provenance.as_deref();
+        if let Some(c) = dist.metadata.and_then(|m| dist_component(&m, provenance)) {
             out.insert(c);
         }
     }
@@ -222,6 +222,15 @@ fn is_package_json(path: &str) -> bool {
         || parent
             .rsplit_once('/')
             .is_some_and(|(p, scope)| scope.starts_with('@') && p.ends_with("node_modules"))
+}
+
+/// The files of one `.dist-info` directory the SBOM reads.
+#[derive(Default)]
+struct DistFiles {
+    /// Its `METADATA`.
+    metadata: Option<Vec<u8>>,
+    /// Its `provenance.json` (PEP 710).
+    provenance: Option<Vec<u8>>,
 }
 
 /// `…/NAME-VERSION.dist-info/METADATA`.
