@@ -98,25 +98,40 @@ pub fn from_pip_report(site: &Path, report: &Path) -> std::io::Result<usize> {
         if !dir_name.ends_with(".dist-info") || !entry.file_type()?.is_dir() {
             continue;
         }
-        let dir = entry.path();
-        let Some((name, version)) = name_and_version(&dir.join("METADATA"))? else {
-            continue;
-        };
-        let Some(document) = archives.get(&(pep440::normalize(&name), version)) else {
-            continue;
-        };
-        let record_path = dir.join("RECORD");
-        if !std::fs::symlink_metadata(&record_path)?.is_file() {
-            continue;
+        // One distribution the install left odd (no RECORD, a directory where a file goes)
+        // goes without; the others are still recorded.
+        match record_one(&entry.path(), &dir_name, &archives) {
+            Ok(true) => written += 1,
+            Ok(false) => {}
+            Err(e) => tracing::debug!(dist_info = dir_name, error = %e, "not recorded"),
         }
-        let mut record = std::fs::read_to_string(&record_path)?;
-        add_row(&mut record, &dir_name, document);
-        write_new(&dir.join(FILE), document)?;
-        std::fs::remove_file(&record_path)?;
-        write_new(&record_path, record.as_bytes())?;
-        written += 1;
     }
     Ok(written)
+}
+
+/// Records the archive of the distribution in `dir` (named `dir_name`) if `archives` has it;
+/// whether it did.
+fn record_one(
+    dir: &Path,
+    dir_name: &str,
+    archives: &std::collections::BTreeMap<(String, String), Vec<u8>>,
+) -> std::io::Result<bool> {
+    let Some((name, version)) = name_and_version(&dir.join("METADATA"))? else {
+        return Ok(false);
+    };
+    let Some(document) = archives.get(&(pep440::normalize(&name), version)) else {
+        return Ok(false);
+    };
+    let record_path = dir.join("RECORD");
+    if !std::fs::symlink_metadata(&record_path)?.is_file() {
+        return Ok(false);
+    }
+    let mut record = std::fs::read_to_string(&record_path)?;
+    add_row(&mut record, dir_name, document);
+    write_new(&dir.join(FILE), document)?;
+    std::fs::remove_file(&record_path)?;
+    write_new(&record_path, record.as_bytes())?;
+    Ok(true)
 }
 
 /// Writes `bytes` to a new file at `path`, whatever was there (a link is removed, not
@@ -185,6 +200,9 @@ mod tests {
         let site = tmp.path().join("site");
         dist(&site, "PyYAML-6.0.2.dist-info", "PyYAML", "6.0.2");
         dist(&site, "six-1.17.0.dist-info", "six", "1.17.0");
+        // Left odd by the install: no RECORD. Skipped, the others still recorded.
+        dist(&site, "odd-1.dist-info", "odd", "1");
+        std::fs::remove_file(site.join("odd-1.dist-info/RECORD")).unwrap();
         // Planted by an install script: a link where the file would go.
         let outside = tmp.path().join("outside");
         std::fs::write(&outside, "keep").unwrap();
@@ -198,6 +216,7 @@ mod tests {
         let doc = serde_json::json!({"install": [
             item("pyyaml", "6.0.2", HASH),
             item("six", "1.17.0", HASH),
+            item("odd", "1", HASH),
             item("evil", "1", "../../etc"),
         ]});
         std::fs::write(&report, doc.to_string()).unwrap();
