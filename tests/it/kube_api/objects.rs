@@ -270,8 +270,18 @@ async fn apply_removes_what_the_manager_dropped_and_keeps_other_managers_fields(
         fields_of(&reapplied, "ctrl"),
         Some(json!({"f:data": {"f:a": {}}}))
     );
-    let ctrl = reapplied.metadata.managed_fields.as_ref().unwrap()[0].clone();
-    assert_eq!(ctrl.manager.as_deref(), Some("ctrl"));
+    // Entries are sorted as kube-apiserver sorts them (operation, then time to the second,
+    // then manager), so which comes first depends on whether a second ticked between the two
+    // managers' applies: found by name.
+    let ctrl = reapplied
+        .metadata
+        .managed_fields
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|e| e.manager.as_deref() == Some("ctrl"))
+        .unwrap()
+        .clone();
     assert_eq!(ctrl.operation.as_deref(), Some("Apply"));
     assert_eq!(ctrl.fields_type.as_deref(), Some("FieldsV1"));
     assert_eq!(ctrl.api_version.as_deref(), Some("v1"));
