@@ -68,7 +68,9 @@ pub struct RunArgs {
     pub entrypoint: Option<String>,
     /// Platform to pick from a multi-platform image [default: this machine's, e.g. linux/amd64].
     /// An image for another CPU (linux/arm64 on an amd64 machine) runs under QEMU's user-mode
-    /// emulator, qemu-MACHINE-static from PATH (Debian's qemu-user-static).
+    /// emulator, qemu-MACHINE-static from PATH (Debian's qemu-user-static); the programs it
+    /// starts too, where the kernel (Linux 6.7 or later) lets the sandbox have a binfmt_misc
+    /// of its own.
     #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
     pub platform: Option<String>,
     /// Registry access.
