@@ -123,13 +123,6 @@ pub async fn run(client: &Client, opts: &Options, volumes: &[Bind]) -> Result<u8
             image = %image_platform,
             "running the image under emulation",
         );
-        if let Err(why) = emulator.children() {
-            tracing::warn!(
-                why,
-                "only the image's first program runs under emulation: a program it starts \
-                 will not run",
-            );
-        }
         launch.argv = emulator.apply(&mut launch.sandbox, &launch.argv);
     }
     tracing::info!(

@@ -129,13 +129,22 @@ impl Emulator {
     /// Makes `sandbox` run `argv` under the emulator and returns the command line to run:
     /// every program the sandbox starts, `argv` first, where [`Emulator::children`] allows
     /// (then `argv` is unchanged: the kernel runs it as it runs a script's interpreter);
-    /// else `argv`'s program alone ([`Emulator::wrap`]).
+    /// else `argv`'s program alone ([`Emulator::wrap`]), with a warning.
     pub fn apply(&self, sandbox: &mut Sandbox, argv: &[String]) -> Vec<String> {
-        if self.children().is_ok() {
-            sandbox.emulator = Some(self.clone());
-            return argv.to_vec();
+        match self.children() {
+            Ok(()) => {
+                sandbox.emulator = Some(self.clone());
+                argv.to_vec()
+            }
+            Err(why) => {
+                tracing::warn!(
+                    why,
+                    "only the first program runs under emulation: a program it starts will \
+                     not run",
+                );
+                self.wrap(sandbox, argv)
+            }
         }
-        self.wrap(sandbox, argv)
     }
 
     /// Binds the emulator into `sandbox` (read-only) and returns the command line that runs
@@ -155,9 +164,7 @@ impl Emulator {
         }
         std::iter::once(inside).chain(argv).collect()
     }
-}
 
-impl Emulator {
     /// The binfmt_misc registration that runs this CPU's executables under the emulator,
     /// held open (`F`); `None` for a CPU without known ELF magic, or an emulator path that
     /// the registration's syntax cannot carry.
