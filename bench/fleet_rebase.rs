@@ -12,7 +12,12 @@
 //!
 //!     cargo test --release --features bench --test bench_fleet_rebase -- --ignored --nocapture
 //!
-//! and record the printed results in bench/RESULTS.md.
+//! With `KILN_BENCH_SIGN=1` the controller signs (`--image-signing-secret`) and deploys only
+//! proven images (`--require-provenance`), and the Jobs' builds sign (`--sign-key`): the
+//! rebases are then signed by the controller, with a provenance and an SBOM each. Record
+//! the printed results in bench/RESULTS.md.
+//!
+//! Then record the printed results in bench/RESULTS.md.
 
 #![allow(clippy::unwrap_used)]
 
@@ -61,7 +66,12 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
     push_base(&env.registry, "nodejs22", "latest", None);
     let reg = env.registry.host();
     let concurrent = CONCURRENT.to_string();
-    let flags = [
+    let sign = std::env::var_os("KILN_BENCH_SIGN").is_some();
+    let key = work.path().join("keys/a.key");
+    if sign {
+        sign_with(&env, &work.path().join("keys"));
+    }
+    let mut flags = vec![
         format!("--base-image=nodejs22={reg}/kiln/nodejs22:latest"),
         format!("--builder-image=nodejs22={reg}/kiln/nodejs22-builder:latest"),
         "--image-cache-ttl=1".into(),
@@ -70,6 +80,10 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
         format!("--max-build-jobs={concurrent}"),
         format!("--max-concurrent-rollouts={concurrent}"),
     ];
+    if sign {
+        flags.push("--image-signing-secret=kiln-image-signing".into());
+        flags.push("--require-provenance".into());
+    }
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     env.spawn(&flags);
     let names: Vec<String> = (0..functions).map(|i| format!("f{i:04}")).collect();
@@ -87,6 +101,7 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
     let cache = work.path().join("cache");
     let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(10), {
         let (src, host, cache) = (work.path().join("src"), reg.clone(), cache.clone());
+        let key = key.clone();
         move |job| {
             let image = job_arg(job, "--image").unwrap_or_default();
             let name = image
@@ -118,7 +133,11 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
                 "--cache-dir",
                 cache.to_str().unwrap(),
             ];
-            Outcome::Exec(argv.iter().map(|s| s.to_string()).collect())
+            let mut argv: Vec<String> = argv.iter().map(|s| s.to_string()).collect();
+            if sign {
+                argv.extend(["--sign-key".into(), key.to_str().unwrap().into()]);
+            }
+            Outcome::Exec(argv)
         }
     });
     let _rollouts = FakeRollouts::start_after(env.api.client(), ROLLOUT);
@@ -180,6 +199,26 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
 
 /// Milliseconds each of `names`' images took from `kiln run` to its first answer on
 /// /healthz, one after the other, with one cache (a node's) that starts empty.
+/// Keys in `dir` (`a.key`, `a.pub`), and the image signing Secret with them.
+fn sign_with(env: &ControllerEnv, dir: &Path) {
+    use base64::Engine as _;
+    std::fs::create_dir_all(dir).unwrap();
+    common::run(
+        Command::new("python3")
+            .arg(common::kiln::fixtures().join("cosign/check.py"))
+            .arg("keys")
+            .arg(dir),
+    );
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    env.api.insert(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "kiln-image-signing",
+                     "namespace": common::controller_env::SYSTEM},
+        "data": {"cosign.key": b64(&read("a.key")), "cosign.pub": b64(&read("a.pub"))},
+    }));
+}
+
 fn pod_starts(env: &ControllerEnv, names: &[String]) -> Vec<f64> {
     let node = tempfile::tempdir().unwrap();
     names

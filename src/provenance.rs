@@ -93,23 +93,100 @@ pub fn statement(build: &Build<'_>) -> Value {
         resolved.push(json!({"name": "git", "uri": format!("git+{url}"),
             "digest": {"gitCommit": commit}}));
     }
+    skeleton(&Skeleton {
+        repository: build.repository,
+        digest: build.digest,
+        build_type: BUILD_TYPE,
+        external: build.external.clone(),
+        build_key: build.build_key,
+        resolved,
+        started: &build.started,
+        finished: &build.finished,
+    })
+}
+
+/// What a rebase is, for `buildDefinition.buildType`: a Function image moved onto a new base
+/// without a build ([`crate::rebase`]).
+pub const REBASE_TYPE: &str = "https://kiln.dev/provenance/function-rebase/v1";
+
+/// What the provenance says about one rebase.
+#[derive(Debug)]
+pub struct Rebase<'a> {
+    /// The rebased image's repository (`host/path`).
+    pub repository: &'a str,
+    /// Its manifest digest.
+    pub digest: &'a Digest,
+    /// Its build key: the key a build on the new base has.
+    pub build_key: &'a Digest,
+    /// The image it was rebased from (`host/path@digest`), whose own provenance says what
+    /// it was built from: its layers but the base's are this image's.
+    pub from: (&'a str, &'a Digest),
+    /// The new base, as named, and its manifest digest.
+    pub base: (&'a str, &'a Digest),
+    /// The builder image the new base pairs with, by digest, when one was named.
+    pub builder: Option<String>,
+    /// The flags: where it went (`image`), the base, the platform.
+    pub external: Value,
+    /// When the rebase started (RFC 3339).
+    pub started: String,
+    /// When it ended.
+    pub finished: String,
+}
+
+/// The in-toto Statement of a rebase.
+pub fn rebase_statement(rebase: &Rebase<'_>) -> Value {
+    let (from, from_digest) = rebase.from;
+    let (base, base_digest) = rebase.base;
+    let mut resolved = vec![
+        json!({"name": "base", "uri": format!("oci://{base}"), "digest": sha256(base_digest)}),
+        json!({"name": "image", "uri": format!("oci://{from}"), "digest": sha256(from_digest),
+               "annotations": {"what": "the image rebased: its own layers, as they were"}}),
+    ];
+    if let Some(builder) = &rebase.builder {
+        resolved.push(json!({"name": "builder", "uri": builder}));
+    }
+    skeleton(&Skeleton {
+        repository: rebase.repository,
+        digest: rebase.digest,
+        build_type: REBASE_TYPE,
+        external: rebase.external.clone(),
+        build_key: rebase.build_key,
+        resolved,
+        started: &rebase.started,
+        finished: &rebase.finished,
+    })
+}
+
+/// What a build's and a rebase's Statements share.
+struct Skeleton<'a> {
+    repository: &'a str,
+    digest: &'a Digest,
+    build_type: &'a str,
+    external: Value,
+    build_key: &'a Digest,
+    resolved: Vec<Value>,
+    started: &'a str,
+    finished: &'a str,
+}
+
+fn skeleton(s: &Skeleton<'_>) -> Value {
     json!({
         "_type": STATEMENT_TYPE,
-        "subject": [{"name": build.repository, "digest": sha256(build.digest)}],
+        "subject": [{"name": s.repository, "digest": sha256(s.digest)}],
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "buildDefinition": {
-                "buildType": BUILD_TYPE,
-                "externalParameters": build.external,
-                "internalParameters": {"buildKey": build.build_key.to_string()},
-                "resolvedDependencies": resolved,
+                "buildType": s.build_type,
+                "externalParameters": s.external,
+                "internalParameters": {"buildKey": s.build_key.to_string()},
+                "resolvedDependencies": s.resolved,
             },
             "runDetails": {
                 "builder": {"id": BUILDER_ID, "version": {"kiln": env!("CARGO_PKG_VERSION")}},
                 "metadata": {
-                    "invocationId": build.build_key.to_string(),
-                    "startedOn": build.started,
-                    "finishedOn": build.finished,
+                    "invocationId": s.build_key.to_string(),
+                    "startedOn": s.started,
+                    "finishedOn": s.finished,
                 },
             },
         },
@@ -185,6 +262,46 @@ mod tests {
         assert_eq!(
             pae("http://example.com/HelloWorld", b"hello world"),
             b"DSSEv1 29 http://example.com/HelloWorld 11 hello world".to_vec()
+        );
+    }
+
+    #[test]
+    fn a_rebase_says_what_it_was_rebased_from_and_reads_back_as_a_builds_claims() {
+        let (image, key, from, base) = (
+            Digest::of(b"image"),
+            Digest::of(b"key"),
+            Digest::of(b"from"),
+            Digest::of(b"base"),
+        );
+        let statement = rebase_statement(&Rebase {
+            repository: "reg/fns/a",
+            digest: &image,
+            build_key: &key,
+            from: ("reg/fns/a", &from),
+            base: ("reg/kiln/nodejs22:2", &base),
+            builder: Some("reg/kiln/nodejs22-builder:2".into()),
+            external: json!({"image": "reg/fns/a:kiln-1"}),
+            started: now(),
+            finished: now(),
+        });
+        let definition = &statement["predicate"]["buildDefinition"];
+        assert_eq!(definition["buildType"], REBASE_TYPE);
+        let resolved = definition["resolvedDependencies"].as_array().unwrap();
+        let names: Vec<&str> = resolved
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["base", "image", "builder"]);
+        assert_eq!(resolved[1]["uri"], "oci://reg/fns/a");
+        assert_eq!(resolved[1]["digest"]["sha256"], from.hex());
+        let claims = claims(&serde_json::to_vec(&statement).unwrap()).unwrap();
+        assert_eq!(
+            claims,
+            Claims {
+                subjects: vec![image.hex().to_string()],
+                build_key: Some(key.to_string()),
+                image: Some("reg/fns/a:kiln-1".into()),
+            }
         );
     }
 }

@@ -21,7 +21,7 @@ pub(crate) mod pep440;
 pub mod pinned;
 pub mod plan;
 pub mod remote_cache;
-mod sbom;
+pub(crate) mod sbom;
 mod split;
 pub mod stage;
 mod warm;

@@ -15,7 +15,7 @@ use crate::sbom::{self, Component};
 
 /// Where one of the image's layers can be read.
 #[derive(Clone, Debug)]
-pub(super) struct LayerAt {
+pub(crate) struct LayerAt {
     /// The layer.
     pub descriptor: Descriptor,
     /// Its local file, if there is one.
@@ -29,7 +29,7 @@ pub(super) struct LayerAt {
 ///
 /// # Errors
 /// A layer that cannot be read or is not a tar, or a base SBOM that does not parse.
-pub(super) async fn statement(
+pub(crate) async fn statement(
     client: &Client,
     cache_dir: &Path,
     base: &ResolvedBase,
@@ -113,26 +113,25 @@ async fn cached(
     let what = |e: &dyn std::fmt::Display| {
         Error::Sbom(format!("reading layer {}: {e}", at.descriptor.digest))
     };
-    // Not local: fetched into the cache's scratch (verified against its digest).
-    let mut _fetched = None;
-    let file = match (&at.local, &at.remote) {
-        (Some(local), _) => local.clone(),
-        (None, Some(repo)) => {
-            std::fs::create_dir_all(dir).map_err(|e| what(&e))?;
-            let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| what(&e))?;
-            client
-                .get_blob_to_file(repo, &at.descriptor, tmp.path())
-                .await
-                .map_err(|e| what(&e))?;
-            let path = tmp.path().to_path_buf();
-            _fetched = Some(tmp);
-            path
+    let components = match (&at.local, &at.remote) {
+        (Some(local), _) => {
+            let file = local.clone();
+            tokio::task::spawn_blocking(move || {
+                let open = std::fs::File::open(&file)?;
+                read_layer(&mut BufReader::new(open), read)
+            })
+            .await?
         }
+        // Streamed as it arrives (its digest checked), into no file.
+        (None, Some(repo)) => client
+            .read_blob(repo, &at.descriptor, move |r| {
+                read_layer(&mut BufReader::new(r), read)
+            })
+            .await
+            .map_err(|e| what(&e))?,
         (None, None) => return Ok(Vec::new()),
-    };
-    let components = tokio::task::spawn_blocking(move || read_layer(&file, read))
-        .await?
-        .map_err(|e| what(&e))?;
+    }
+    .map_err(|e| what(&e))?;
     // Kept for next time; a cache that cannot be written costs only a re-read.
     if std::fs::create_dir_all(dir).is_ok()
         && let Ok(tmp) = tempfile::NamedTempFile::new_in(dir)
@@ -147,15 +146,16 @@ async fn cached(
     Ok(components)
 }
 
-fn read_layer(file: &Path, read: Read) -> Result<Vec<Component>, String> {
-    let open = std::fs::File::open(file).map_err(|e| e.to_string())?;
-    let tar = crate::oci::layer::decompressed(BufReader::new(open)).map_err(|e| e.to_string())?;
+fn read_layer(layer: &mut dyn std::io::BufRead, read: Read) -> std::io::Result<Vec<Component>> {
+    let tar = crate::oci::layer::decompressed(layer)?;
     match read {
-        Read::Packages => sbom::layer_components(tar).map_err(|e| e.to_string()),
-        Read::BaseSbom => match sbom::file_in_layer(tar, sbom::BASE_SBOM_PATH) {
-            Ok(Some(bytes)) => sbom::base_components(&bytes),
-            Ok(None) => Err(format!("it has no {}", sbom::BASE_SBOM_PATH)),
-            Err(e) => Err(e.to_string()),
+        Read::Packages => sbom::layer_components(tar),
+        Read::BaseSbom => match sbom::file_in_layer(tar, sbom::BASE_SBOM_PATH)? {
+            Some(bytes) => sbom::base_components(&bytes).map_err(std::io::Error::other),
+            None => Err(std::io::Error::other(format!(
+                "it has no {}",
+                sbom::BASE_SBOM_PATH
+            ))),
         },
     }
 }

@@ -70,7 +70,8 @@ pub struct ControllerArgs {
     /// this Secret in --namespace: keys cosign.key (PEM, cosign's encrypted format or
     /// PKCS#8), cosign.password (if encrypted) and cosign.pub, as `cosign generate-key-pair
     /// k8s://NAMESPACE/NAME` makes it. It is copied into --build-namespace and mounted only by
-    /// the container that pushes, never where dependencies install.
+    /// the container that pushes, never where dependencies install. The controller signs the
+    /// images it rebases with it too.
     #[arg(long, value_name = "NAME", env = "KILN_IMAGE_SIGNING_SECRET")]
     pub image_signing_secret: Option<String>,
     /// Deploy an image only if it carries a signature and an SLSA provenance by the key in

@@ -8,6 +8,7 @@ use super::Failure;
 use super::registry::RegistryArgs;
 use crate::image::resolve::{self, BaseRef};
 use crate::oci::Platform;
+use crate::rebase::attest::{self, Signer};
 use crate::rebase::{self, Decision, IndexDecision, Request};
 use crate::registry::{Client, Reference};
 use crate::runtime::Catalog;
@@ -38,7 +39,9 @@ Examples:
   kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1
   kiln rebase reg.example.com/fns/orders@sha256:… --base reg.example.com/kiln/python313:1.1 \\
       --builder reg.example.com/kiln/python313-builder:1.1 --image reg.example.com/fns/orders:v2
-  kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1 --dry-run"
+  kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1 --dry-run
+  kiln rebase reg.example.com/fns/orders:latest --base reg.example.com/kiln/nodejs22:1.1 \\
+      --sign-key cosign.key   # signed, with a provenance of the rebase and an SBOM"
 )]
 pub struct RebaseArgs {
     /// The Function image, by tag or digest (what `kiln build` printed): one platform's
@@ -68,19 +71,34 @@ pub struct RebaseArgs {
     pub dry_run: bool,
     /// Write a JSON report here: the decision (`rebase`, `rebuild`, `current`) and its reason,
     /// the reference, each blob's outcome, and the registry requests and bytes sent (in all,
-    /// and for the push alone).
+    /// for the push alone, and for signing).
     #[arg(long, value_name = "FILE")]
     pub report: Option<std::path::PathBuf>,
     /// Cache directory: manifests and configs by digest, and what each registry refuses
     /// [default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln].
     #[arg(long, value_name = "DIR", env = "KILN_CACHE_DIR")]
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Sign the rebased image as `kiln build --sign-key` signs a build: with this ECDSA P-256
+    /// key (a file or `env://VAR`; an encrypted key's password in COSIGN_PASSWORD), its
+    /// signature, an SLSA provenance of the rebase (naming the image it came from and the new
+    /// base) and its SBOM, stored as cosign stores them. An index: each platform's image, and
+    /// the index.
+    #[arg(long, value_name = "FILE|env://VAR", env = "KILN_SIGN_KEY")]
+    pub sign_key: Option<String>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
 
 pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
+    let started = crate::provenance::now();
     let usage = |e: anyhow::Error| Failure::Usage(e);
+    let sign_key = match &args.sign_key {
+        Some(spec) => Some(
+            super::verify::read_key(spec, "--sign-key", crate::cosign::SignKey::from_pem)
+                .map_err(usage)?,
+        ),
+        None => None,
+    };
     let image: Reference = args
         .image
         .parse()
@@ -111,7 +129,8 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         .ok_or_else(|| anyhow!("--platform {:?}: not OS/ARCH", args.platform))
         .map_err(usage)?;
     let mut config = args.registry.client_config().map_err(usage)?;
-    config.cache_dir = Some(super::cache_dir(args.cache_dir.as_deref()).map_err(usage)?);
+    let cache_dir = super::cache_dir(args.cache_dir.as_deref()).map_err(usage)?;
+    config.cache_dir = Some(cache_dir.clone());
     let client = Client::new(config)
         .context("setting up the registry client")
         .map_err(usage)?;
@@ -174,7 +193,22 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 .map_err(|e| Failure::Build(e.into()))?;
             let current = format!("{}@{}", image.repository_path(), index.digest);
             let to = (&image, &target);
-            return rebase_index(&args, &client, plan, current, to, &report).await;
+            let signer = sign_key.as_ref().map(|key| Signer {
+                key,
+                cache_dir: &cache_dir,
+                started: &started,
+            });
+            let builder = args.builder.as_deref();
+            return rebase_index(
+                &args,
+                &client,
+                plan,
+                current,
+                to,
+                (signer, builder),
+                &report,
+            )
+            .await;
         }
         Err(e) => return Err(Failure::Build(e.into())),
     };
@@ -218,6 +252,22 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
     )
     .await
     .map_err(|e| Failure::Build(e.into()))?;
+    let pushed = client.traffic();
+    if let Some(key) = &sign_key {
+        let signer = Signer {
+            key,
+            cache_dir: &cache_dir,
+            started: &started,
+        };
+        let from = image.with_digest(planned.current.clone());
+        let builder = args.builder.as_deref();
+        let base = &planned.new_base;
+        attest::rebased(
+            &client, signer, &rebased, &target, &from, &platform, base, builder,
+        )
+        .await
+        .map_err(|e| Failure::Build(e.into()))?;
+    }
     let after = client.traffic();
     tracing::info!(
         reference = %published.reference,
@@ -232,8 +282,12 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         "imageKey": rebased.image_key,
         "blobs": published.blobs,
         "push": {
-            "requests": after.requests - before.requests,
-            "bytesSent": after.bytes_sent - before.bytes_sent,
+            "requests": pushed.requests - before.requests,
+            "bytesSent": pushed.bytes_sent - before.bytes_sent,
+        },
+        "signing": {
+            "requests": after.requests - pushed.requests,
+            "bytesSent": after.bytes_sent - pushed.bytes_sent,
         },
     }))?;
     Ok(published.reference)
@@ -246,6 +300,7 @@ async fn rebase_index(
     plan: IndexDecision,
     current: String,
     (image, target): (&Reference, &Reference),
+    (signer, builder): (Option<Signer<'_>>, Option<&str>),
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
 ) -> Result<String, Failure> {
     let (index, platforms) = match plan {
@@ -293,6 +348,19 @@ async fn rebase_index(
     )
     .await
     .map_err(|e| Failure::Build(e.into()))?;
+    let pushed = client.traffic();
+    if let Some(signer) = signer {
+        attest::index(
+            client,
+            signer,
+            &platforms,
+            (image, target),
+            &digest,
+            builder,
+        )
+        .await
+        .map_err(|e| Failure::Build(e.into()))?;
+    }
     let after = client.traffic();
     tracing::info!(%reference, platforms = platforms.len(), "rebased the image index");
     let blobs: Vec<_> = published.iter().flat_map(|p| &p.blobs).collect();
@@ -303,8 +371,12 @@ async fn rebase_index(
         "platforms": keys,
         "blobs": blobs,
         "push": {
-            "requests": after.requests - before.requests,
-            "bytesSent": after.bytes_sent - before.bytes_sent,
+            "requests": pushed.requests - before.requests,
+            "bytesSent": pushed.bytes_sent - before.bytes_sent,
+        },
+        "signing": {
+            "requests": after.requests - pushed.requests,
+            "bytesSent": after.bytes_sent - pushed.bytes_sent,
         },
     }))?;
     Ok(reference)

@@ -44,6 +44,8 @@ pub struct Context {
     pub rollouts: super::rebases::Rollouts,
     /// The new bases rebases were made onto, read once per base.
     pub new_bases: super::rebases::NewBases,
+    /// The image signing key rebases are signed with, as last read.
+    pub signing_keys: super::rebases::SigningKeys,
     /// The record entries written, until the watch cache shows them.
     pub written: super::records::Written,
     /// The watch caches of what the controller made.

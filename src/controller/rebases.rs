@@ -13,6 +13,12 @@
 //! annotated [`AUTO_REBASE`]`: "false"` stays on the images it was built on, and says that a
 //! newer base is available; so does every Function under `--rebase-dry-run`, which also says
 //! what would happen.
+//!
+//! With `--image-signing-secret`, a rebase is signed as a build is ([`signing`]).
+
+mod signing;
+
+pub use signing::SigningKeys;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -106,13 +112,6 @@ pub async fn attempt(
     st: &mut Working,
     change: &BaseChange,
 ) -> super::error::Result<Attempt> {
-    if let Some(why) = not_here(ctx) {
-        st.note(
-            reason::REBUILD_FOR_BASE,
-            format!("{}; building", moved(change, plan, why)),
-        );
-        return Ok(Attempt::Build);
-    }
     let id = rollout_id(f);
     if !ctx.rollouts.take(&id, f.namespace_or_default()) {
         st.set(
@@ -164,7 +163,14 @@ pub async fn attempt(
         }
         Ok(Move::Current) => {
             // The image is the new images' build already (a builder change that its
-            // dependencies do not depend on): taken for the new key as it is.
+            // dependencies do not depend on): taken for the new key as it is, with a
+            // provenance for it when signing.
+            if let Err(e) = keep(plan, ctx, change).await {
+                ctx.rollouts.release(&id);
+                let message = format!("signing the image for the new key failed ({e}); building");
+                st.note(reason::REBASE_FAILED, message);
+                return Ok(Attempt::Build);
+            }
             record_rebased(ctx, f, plan, &change.digest).await?;
             ctx.rollouts.release(&id);
             st.set(
@@ -194,9 +200,6 @@ pub async fn attempt(
 
 /// What a rebase would do, for `--rebase-dry-run` and an opted-out Function: one sentence.
 pub async fn would(plan: &Plan, ctx: &Context, change: &BaseChange) -> String {
-    if let Some(why) = not_here(ctx) {
-        return moved(change, plan, &format!("would build: {why}"));
-    }
     match decide(plan, ctx, change).await {
         Ok(Move::Rebase(rebased)) => moved(
             change,
@@ -226,17 +229,6 @@ async fn record_rebased(
         ..plan.built_on()
     };
     records::record(ctx, f, &plan.key, digest, &on, now).await
-}
-
-/// Why the controller cannot rebase this plan's image itself, if it cannot.
-fn not_here(ctx: &Context) -> Option<&'static str> {
-    if ctx.config.require_provenance {
-        return Some(
-            "--require-provenance deploys only images with a provenance signed in the build \
-             Job, which a rebase has not",
-        );
-    }
-    None
 }
 
 /// "the base changed from X to Y: …".
@@ -340,12 +332,15 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
     })
 }
 
+/// Pushes the rebased image (or index) to `plan.push_image`, signed when the controller signs
+/// ([`signing`]): its digest.
 async fn push(
     plan: &Plan,
     ctx: &Context,
     change: &BaseChange,
     rebased: &Rebased,
 ) -> Result<String, String> {
+    let signing = signing::signing(ctx).await?;
     let from: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
@@ -353,14 +348,25 @@ async fn push(
     let scratch = tempfile::tempdir().map_err(|e| format!("a scratch directory: {e}"))?;
     let client = ctx.images.client();
     let text = |e| format!("{:#}", anyhow::Error::new(e));
+    let cache = signing::cache_dir();
+    let signer = signing.as_ref().map(|s| s.signer(&cache));
+    let builder = Some(plan.builder.as_str());
     let digest = match rebased {
         Rebased::One(rebased, new_base) => {
             let scratch = scratch.path();
             let one = rebase::publish(client, rebased, new_base, &from, &target, None, scratch);
-            one.await.map_err(text)?.digest
+            let digest = one.await.map_err(text)?.digest;
+            if let Some(signer) = signer {
+                let platform = &plan.platforms[0];
+                let signed = rebase::attest::rebased(
+                    client, signer, rebased, &target, &from, platform, new_base, builder,
+                );
+                signed.await.map_err(signing_text)?;
+            }
+            digest
         }
         Rebased::Index(index, platforms) => {
-            rebase::publish_index(
+            let published = rebase::publish_index(
                 client,
                 index,
                 platforms,
@@ -368,13 +374,72 @@ async fn push(
                 &target,
                 false,
                 scratch.path(),
-            )
-            .await
-            .map_err(text)?
-            .0
+            );
+            let digest = published.await.map_err(text)?.0;
+            if let Some(signer) = signer {
+                let to = (&from, &target);
+                let signed = rebase::attest::index(client, signer, platforms, to, &digest, builder);
+                signed.await.map_err(signing_text)?;
+            }
+            digest
         }
     };
     Ok(digest.to_string())
+}
+
+fn signing_text(e: rebase::attest::Error) -> String {
+    format!("{:#}", anyhow::Error::new(e))
+}
+
+/// For an image kept as it is for the new key, when the controller signs: a provenance that
+/// names where the new key's build goes, beside the image's own (an index: each platform's
+/// image's, and the index's signature, there already, is kept).
+async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<(), String> {
+    let Some(signing) = signing::signing(ctx).await? else {
+        return Ok(());
+    };
+    let text = |e| format!("{:#}", anyhow::Error::new(e));
+    let client = ctx.images.client();
+    let image: Reference = format!("{}@{}", plan.repository(), change.digest)
+        .parse()
+        .map_err(|e| format!("{e}"))?;
+    let target: Reference = plan.push_image.parse().map_err(|e| format!("{e}"))?;
+    let doc = client
+        .get_manifest(&image, &crate::registry::DEFAULT_MANIFEST_TYPES)
+        .await
+        .map_err(text)?;
+    let images: Vec<(crate::oci::Digest, crate::oci::Platform)> = if doc.media_type.is_index() {
+        let index: crate::oci::Index = doc.parse().map_err(|e| format!("{e:#}"))?;
+        index
+            .manifests
+            .into_iter()
+            .filter_map(|d| Some((d.digest, d.platform?)))
+            .collect()
+    } else {
+        vec![(doc.digest.clone(), plan.platforms[0].clone())]
+    };
+    let cache = signing::cache_dir();
+    let signer = signing.signer(&cache);
+    let on = plan.built_on();
+    let base_digest: crate::oci::Digest =
+        on.base.parse().map_err(|_| "the base digest".to_string())?;
+    for (digest, platform) in &images {
+        let from = image.with_digest(digest.clone());
+        let one = rebase::attest::Image {
+            target: &target,
+            digest,
+            build_key: None,
+            from: &from,
+            platform,
+            base: (&plan.base, &base_digest),
+            builder: Some(&plan.builder),
+            sbom: None,
+        };
+        rebase::attest::image(client, signer, one)
+            .await
+            .map_err(signing_text)?;
+    }
+    Ok(())
 }
 
 /// The new bases rebases were made onto, by their reference pinned by digest: the rebases of

@@ -183,18 +183,17 @@ async fn signature_pending(
         signature,
     )]));
     // The same payload already signed by this key: nothing to add.
-    let signed_already = async |_: &Reference, layers: &[Descriptor]| {
-        Ok(layers.iter().any(|l| {
-            l.digest == layer.digest
-                && signature_of(l).is_some_and(|s| key.public().verify(&payload, &s))
-        }))
+    let done = Done::Signed {
+        layer: &layer,
+        payload: &payload,
+        key,
     };
     let tag = signature_tag(digest);
     let addition = Addition {
         layers: vec![(layer.clone(), payload.clone())],
         fresh,
     };
-    prepare_append(client, image, &tag, addition, signed_already).await
+    prepare_append(client, image, &tag, addition, done).await
 }
 
 async fn attestation_pending(
@@ -229,25 +228,14 @@ async fn attestation_pending(
     if let Some(sbom) = statements.sbom {
         layers.push(envelope(sbom, crate::sbom::PREDICATE_TYPE));
     }
-    // An image pushed before (a rebuild) keeps the attestations of a provenance this key
-    // signed that says what this one would (they went up together); any other (another
-    // key's, another build's, a forgery) gets these beside it, so a stranger's envelope under
-    // the tag cannot stand in for them.
-    let ours = crate::provenance::claims(statements.provenance).ok();
-    let has_provenance = async |tag_ref: &Reference, layers: &[Descriptor]| {
-        if fresh || layers.is_empty() {
-            return Ok(false);
-        }
-        let statements = signed_statements(client, tag_ref, layers, key.public(), &mut Vec::new())
-            .await
-            .map_err(|(_, e)| e)?;
-        Ok(statements
-            .iter()
-            .any(|s| crate::provenance::claims(s).ok() == ours))
+    let done = Done::Attested {
+        ours: crate::provenance::claims(statements.provenance).ok(),
+        key,
+        fresh,
     };
     let tag = attestation_tag(digest);
     let addition = Addition { layers, fresh };
-    prepare_append(client, image, &tag, addition, has_provenance).await
+    prepare_append(client, image, &tag, addition, done).await
 }
 
 /// The in-toto Statements attested for an image: its provenance, and its SBOM if made.
@@ -302,7 +290,7 @@ async fn prepare_append(
     image: &Reference,
     tag: &str,
     addition: Addition,
-    done: impl AsyncFn(&Reference, &[Descriptor]) -> Result<bool, registry::Error>,
+    done: Done<'_>,
 ) -> Result<Pending, registry::Error> {
     let tag_ref = image.with_tag(tag)?;
     let shown = format!("{}:{tag}", image.repository_path());
@@ -336,7 +324,7 @@ async fn prepare_append(
         existing(client, &tag_ref).await?
     };
     let mut layers = found.map(|m| m.layers).unwrap_or_default();
-    if done(&tag_ref, &layers).await? {
+    if done.holds(client, &tag_ref, &layers).await? {
         return Ok(Pending {
             tag_ref,
             shown,
@@ -372,6 +360,60 @@ async fn prepare_append(
         shown,
         manifest: Some(doc),
     })
+}
+
+/// When a cosign tag holds what would be added to it already.
+enum Done<'a> {
+    /// A signature: the same payload, signed by this key.
+    Signed {
+        layer: &'a Descriptor,
+        payload: &'a [u8],
+        key: &'a SignKey,
+    },
+    /// Attestations: an image pushed before (a rebuild) keeps the attestations of a
+    /// provenance this key signed that says what this one would (they went up together); any
+    /// other (another key's, another build's, a forgery) gets these beside it, so a
+    /// stranger's envelope under the tag cannot stand in for them.
+    Attested {
+        ours: Option<crate::provenance::Claims>,
+        key: &'a SignKey,
+        fresh: bool,
+    },
+}
+
+impl Done<'_> {
+    /// Whether `layers`, under `tag_ref`, hold it. (An enum, not a closure: a future over a
+    /// closure taking references is not `Send` for every lifetime, which a controller's
+    /// reconcile needs.)
+    async fn holds(
+        &self,
+        client: &Client,
+        tag_ref: &Reference,
+        layers: &[Descriptor],
+    ) -> Result<bool, registry::Error> {
+        match self {
+            Done::Signed {
+                layer,
+                payload,
+                key,
+            } => Ok(layers.iter().any(|l| {
+                l.digest == layer.digest
+                    && signature_of(l).is_some_and(|s| key.public().verify(payload, &s))
+            })),
+            Done::Attested { ours, key, fresh } => {
+                if *fresh || layers.is_empty() {
+                    return Ok(false);
+                }
+                let statements =
+                    signed_statements(client, tag_ref, layers, key.public(), &mut Vec::new())
+                        .await
+                        .map_err(|(_, e)| e)?;
+                Ok(statements
+                    .iter()
+                    .any(|s| crate::provenance::claims(s).ok().as_ref() == ours.as_ref()))
+            }
+        }
+    }
 }
 
 /// The config cosign writes for a signature or attestation manifest of `layers`: one diff id

@@ -3,6 +3,7 @@
 //! the config a build on the new base would write; pushed with blob mounts only, the manifest
 //! last. [`decide`] says whether that is safe and assembles the image; [`publish`] pushes it.
 
+pub mod attest;
 mod decide;
 mod index;
 

@@ -142,6 +142,66 @@ impl Client {
         .await
     }
 
+    /// Streams a blob into `read`, which runs on a blocking thread as the chunks arrive (a
+    /// layer read with neither a file nor the whole blob in memory: a few chunks are in
+    /// flight at most). What `read` leaves unread is drained, so its result is returned only
+    /// once the whole blob's digest and size are checked; a failed request is retried from
+    /// the start, with `read` run again.
+    ///
+    /// # Errors
+    /// The outer [`Result`]: [`Error::NotFound`], [`Error::DigestMismatch`],
+    /// [`Error::SizeMismatch`], plus the usual request errors. The inner one is `read`'s.
+    pub async fn read_blob<T, F>(
+        &self,
+        repo: &Reference,
+        descriptor: &Descriptor,
+        read: F,
+    ) -> Result<std::io::Result<T>>
+    where
+        T: Send + 'static,
+        F: Fn(&mut dyn std::io::Read) -> std::io::Result<T> + Clone + Send + 'static,
+    {
+        let reg = self.inner.registry(&repo.registry)?;
+        let call = self.blob_call(&reg, repo, descriptor);
+        retry(&self.inner.retry, "GET blob", || async {
+            let mut resp = self.open_blob(&reg, &call, repo, descriptor).await?;
+            let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+            let read = read.clone();
+            let reader = tokio::task::spawn_blocking(move || {
+                let mut chunks = Chunks {
+                    rx,
+                    current: bytes::Bytes::new(),
+                };
+                let out = read(&mut chunks);
+                // Drained, so the stream reaches its end and is checked whole.
+                std::io::copy(&mut chunks, &mut std::io::sink()).map(|_| out)
+            });
+            let streamed = async {
+                let mut check = Verifier::new(repo, descriptor);
+                while let Some(chunk) =
+                    next_chunk(&call, &mut resp, self.inner.transport.timeout).await?
+                {
+                    check.update(&chunk)?;
+                    // The reader drains to the end, so it is there until the last chunk.
+                    let _ = tx.send(chunk).await;
+                }
+                check.finish()
+            }
+            .await;
+            drop(tx);
+            let read = reader.await.map_err(|e| {
+                Error::Io(crate::io_error::IoError {
+                    action: "reading blob",
+                    path: PathBuf::from(descriptor.digest.to_string()),
+                    source: std::io::Error::other(e),
+                })
+            })?;
+            streamed?;
+            Ok(read.and_then(|r| r))
+        })
+        .await
+    }
+
     fn blob_call(&self, reg: &Registry, repo: &Reference, descriptor: &Descriptor) -> Call {
         let url = reg.url(&blob_path(repo, &descriptor.digest));
         let mut call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]);
@@ -180,6 +240,27 @@ fn blob_what(repo: &Reference, digest: &Digest) -> String {
 
 /// Checks streamed bytes against a descriptor: fails as soon as there are too many, and at the
 /// end when there are too few or the digest differs.
+/// The chunks of a blob as they arrive, read on a blocking thread.
+struct Chunks {
+    rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    current: bytes::Bytes,
+}
+
+impl std::io::Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(chunk) => self.current = chunk,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current[..n]);
+        bytes::Buf::advance(&mut self.current, n);
+        Ok(n)
+    }
+}
+
 struct Verifier {
     hasher: Hasher,
     expected: Descriptor,

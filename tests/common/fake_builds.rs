@@ -240,33 +240,53 @@ async fn sign(repository: &str, digest: &str, key: &std::path::Path, pushed_as: 
         ..kiln::registry::ClientConfig::default()
     })
     .unwrap();
-    let inputs = Inputs {
-        base_name: "fake".into(),
-        base_digest: digest.clone(),
-        source_diff_id: digest.clone(),
-        dependency_files: Vec::new(),
-        dependency_key: None,
-        builder: None,
-        git: None,
-    };
-    let statement = statement(&Build {
-        repository: &image.repository_path(),
-        digest: &digest,
-        build_key: &digest,
-        inputs: &inputs,
-        external: json!({"image": pushed_as}),
-        started: now(),
-        finished: now(),
-    });
-    let statement = serde_json::to_vec(&statement).unwrap();
-    let statements = kiln::cosign::Statements {
-        provenance: &statement,
-        sbom: None,
-    };
-    match prepare(&client, &image, &digest, &key, &statements, false).await {
-        Ok(prepared) => prepared.push(&client).await.is_ok(),
-        Err(_) => false,
+    // An index: each platform's image is signed with its provenance, then the index.
+    let doc = client
+        .get_manifest(&image, &kiln::registry::DEFAULT_MANIFEST_TYPES)
+        .await
+        .unwrap();
+    let mut images = vec![digest.clone()];
+    if doc.media_type.is_index() {
+        let index: kiln::oci::Index = doc.parse().unwrap();
+        images = index.manifests.into_iter().map(|d| d.digest).collect();
     }
+    for digest in &images {
+        let inputs = Inputs {
+            base_name: "fake".into(),
+            base_digest: digest.clone(),
+            source_diff_id: digest.clone(),
+            dependency_files: Vec::new(),
+            dependency_key: None,
+            builder: None,
+            git: None,
+        };
+        let statement = statement(&Build {
+            repository: &image.repository_path(),
+            digest,
+            build_key: digest,
+            inputs: &inputs,
+            external: json!({"image": pushed_as}),
+            started: now(),
+            finished: now(),
+        });
+        let statement = serde_json::to_vec(&statement).unwrap();
+        let statements = kiln::cosign::Statements {
+            provenance: &statement,
+            sbom: None,
+        };
+        let one = image.with_digest(digest.clone());
+        let pushed = match prepare(&client, &one, digest, &key, &statements, false).await {
+            Ok(prepared) => prepared.push(&client).await.is_ok(),
+            Err(_) => false,
+        };
+        if !pushed {
+            return false;
+        }
+    }
+    images[0] == digest
+        || kiln::cosign::sign(&client, &image, &digest, &key)
+            .await
+            .is_ok()
 }
 
 /// Copies `tag` of the OCI layout `layout` to `image` with skopeo.

@@ -6,6 +6,9 @@
 //! for both platforms (its index, to the digest a build gives); one whose dependencies npm
 //! installed in the old builder is built again by a Job; one that opted out stays and says a
 //! newer base is available. A dry run first says which would be which, and changes nothing.
+//! The controller signs (`--image-signing-secret`) and deploys only proven images
+//! (`--require-provenance`): what it rebases, it signs, with a provenance and an SBOM, so the
+//! rebased Functions run without a Job.
 
 #![allow(clippy::unwrap_used)]
 
@@ -16,10 +19,13 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use crate::sign::check;
 use common::base_change::{node_lock, push_base_with};
-use common::controller_env::{ControllerEnv, node_function};
+use common::controller_env::{ControllerEnv, SYSTEM, node_function};
 use common::fake_builds::{FakeBuilds, FakeRollouts, Outcome, job_arg};
 use common::kiln::Kiln;
+
+use base64::Engine as _;
 
 const HELLO: &str = "module.exports = { main: () => 'hello' }";
 const WITH_DEPS: &str = "const ms = require('ms'); module.exports = { main: () => ms(60000) }";
@@ -141,6 +147,17 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     common::require_tool("bwrap", "bubblewrap");
     let work = tempfile::tempdir().unwrap();
     let mut env = ControllerEnv::start(&[]);
+    let keys = work.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    check(&["keys", keys.to_str().unwrap()]);
+    let read = |name: &str| std::fs::read_to_string(keys.join(name)).unwrap();
+    let b64 = |t: &str| base64::engine::general_purpose::STANDARD.encode(t);
+    env.api.insert(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "kiln-image-signing", "namespace": SYSTEM},
+        "data": {"cosign.key": b64(&read("a.key")), "cosign.pub": b64(&read("a.pub")),
+                 "cosign.password": ""},
+    }));
     base_images(&env, None);
     let reg = &env.registry;
     let flags = [
@@ -153,6 +170,8 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
             reg.reference("kiln/nodejs22-builder:latest")
         ),
         "--image-cache-ttl=1".to_string(),
+        "--image-signing-secret=kiln-image-signing".to_string(),
+        "--require-provenance".to_string(),
     ];
     let flags: Vec<String> = flags.to_vec();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
@@ -170,6 +189,7 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         .collect();
     let builds = FakeBuilds::start(env.api.client(), Duration::from_millis(100), {
         let images = images.clone();
+        let key = keys.join("a.key");
         move |job| {
             let target = job_arg(job, "--image").unwrap_or_default();
             let name = target
@@ -181,11 +201,15 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
                 .unwrap()
                 .to_string();
             let (layout, digest) = images[name.as_str()].clone();
-            Outcome::Push {
-                layout,
-                tag: name,
-                digest,
-                creds: None,
+            Outcome::Signed {
+                push: Box::new(Outcome::Push {
+                    layout,
+                    tag: name,
+                    digest,
+                    creds: None,
+                }),
+                key: key.clone(),
+                pushed_as: None,
             }
         }
     });
@@ -220,6 +244,8 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         })
         .collect();
     let old_base = image_base(&env, "hello");
+    let builder_tag = env.registry.reference("kiln/nodejs22-builder:latest");
+    let old_builder = tag_digest(&builder_tag);
 
     // A dry run: every Function says what would happen, and stays.
     let mut dry: Vec<&str> = flags.clone();
@@ -285,6 +311,16 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         "{:?}",
         events(&env, "hello")
     );
+    // Signed by the controller: the signature, the provenance (naming the image's build
+    // key) and the SBOM, each checked by Python's cryptography and the in-toto, SLSA and
+    // CycloneDX models; and by kiln verify, as pushed under the Function's build key tag.
+    let digest = hello["status"]["digest"].as_str().unwrap();
+    let (host, public) = (env.registry.host(), keys.join("a.pub"));
+    let on = ["functions/team/hello", digest, public.to_str().unwrap()];
+    assert_eq!(check(&[&["verify", &host][..], &on].concat()), "1");
+    check(&[&["provenance", &host][..], &on].concat());
+    let packages = check(&[&["sbom", &host][..], &on].concat());
+    assert!(packages.contains("pkg:deb/debian/libc6@"), "{packages}");
 
     // multi's index is rebased too, each platform's image onto its own new base: the index
     // a build for both platforms on the new base gives.
@@ -295,6 +331,16 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let (_, built) = job_image(&env, work.path(), "multi", None);
     assert_eq!(multi["status"]["digest"], built.as_str(), "{multi:#}");
     assert_ne!(built, before["multi"]);
+    let index = multi["status"]["image"].as_str().unwrap();
+    let verify = Kiln::new().run(&[
+        "verify",
+        index,
+        "--key",
+        public.to_str().unwrap(),
+        "--insecure-registry",
+        &host,
+    ]);
+    assert_eq!(verify.code, 0, "{}", verify.stderr);
 
     env.wait("deps built again", Duration::from_secs(90), || {
         builds.stats().ended.len() == 5 && reason(&env, "deps").0 == "True JobFinished"
@@ -319,4 +365,64 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let ended = builds.stats().ended;
     assert_eq!(ended.len(), 5, "one more Job, for deps only: {ended:?}");
     assert!(ended[4].contains("deps"), "{ended:?}");
+
+    // Only the builder changes (back to the one before). hello installed nothing there, so
+    // its image is what a build on these images makes: kept for the new key, and signed for
+    // it, a provenance naming the new key's tag beside the rebase's.
+    let digest = digest.to_string();
+    let attestations = || {
+        let tag = format!(
+            "functions/team/hello:sha256-{}.att",
+            digest.trim_start_matches("sha256:")
+        );
+        let raw = common::run_bytes(
+            Command::new("skopeo")
+                .args(["inspect", "--raw", "--tls-verify=false"])
+                .arg(format!("docker://{}", env.registry.reference(&tag))),
+        );
+        let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        manifest["layers"].as_array().unwrap().len()
+    };
+    let before_keep = attestations();
+    let key_before = env.function("team", "hello")["status"]["buildKey"].clone();
+    let copied = Command::new("skopeo")
+        .args(["copy", "--all", "--quiet", "--src-tls-verify=false"])
+        .args(["--dest-tls-verify=false", "--preserve-digests"])
+        .arg(format!(
+            "docker://{}@{old_builder}",
+            builder_tag.rsplit_once(':').unwrap().0
+        ))
+        .arg(format!("docker://{builder_tag}"))
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    env.wait(
+        "hello kept for the new key",
+        Duration::from_secs(60),
+        || {
+            let f = env.function("team", "hello");
+            f["status"]["buildKey"] != key_before && reason(&env, "hello").1.contains("kept")
+        },
+    );
+    assert_eq!(
+        env.function("team", "hello")["status"]["digest"],
+        digest.as_str()
+    );
+    assert_eq!(attestations(), before_keep + 1, "one more provenance");
+    let on = [
+        "functions/team/hello",
+        digest.as_str(),
+        public.to_str().unwrap(),
+    ];
+    assert_eq!(check(&[&["verify", &host][..], &on].concat()), "1");
+    check(&[&["provenance", &host][..], &on].concat());
+}
+
+/// The manifest digest `reference` (a tag) names.
+fn tag_digest(reference: &str) -> String {
+    common::sha256_digest(&common::run_bytes(
+        Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{reference}")),
+    ))
 }

@@ -14,6 +14,7 @@ use common::base_change::{bottle_lock, node_lock, push_base, push_base_with};
 
 /// A build for two platforms.
 const BOTH: [&str; 2] = ["--platform", "linux/amd64,linux/arm64"];
+use crate::sign::check;
 use common::function_run::serve;
 use common::http;
 use common::kiln::{Kiln, Run, copy_fixture};
@@ -182,6 +183,55 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
     assert_eq!(status, 200, "{}", body);
     assert!(body.starts_with("1.3.0 1m function"), "{body:?}");
 
+    // Signed: the image's push is the same, and a signature, a provenance of the rebase and
+    // an SBOM are stored beside it, which Python's cryptography, the in-toto and SLSA models,
+    // cyclonedx-python-lib and kiln verify all accept.
+    let built = s.build("node-lockfile", "nodejs22", &old, "live", &[]);
+    let keys = s.work.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    check(&["keys", keys.to_str().unwrap()]);
+    let key = keys.join("a.key");
+    let (run, report) = s.rebase(
+        "node-lockfile",
+        &new.0,
+        &["--sign-key", key.to_str().unwrap()],
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_mounts_only(&report);
+    assert!(
+        report["signing"]["requests"].as_u64().unwrap() > 0,
+        "{report:#}"
+    );
+    let digest = digest_of(run.stdout.trim());
+    assert_ne!(digest, digest_of(&built));
+    let (host, public) = (s.reg.host(), keys.join("a.pub"));
+    let public = public.to_str().unwrap();
+    let on = ["fns/node-lockfile", digest, public];
+    assert_eq!(check(&[&["verify", &host][..], &on].concat()), "1");
+    let image_key = report["imageKey"].as_str().unwrap();
+    assert_eq!(
+        check(&[&["provenance", &host][..], &on].concat()),
+        image_key
+    );
+    let packages = check(&[&["sbom", &host][..], &on].concat());
+    let packages: serde_json::Value = serde_json::from_str(&packages).unwrap();
+    let purls: Vec<&String> = packages.as_object().unwrap().keys().collect();
+    for wanted in ["pkg:npm/ms@2.1.3", "pkg:deb/debian/libc6@"] {
+        assert!(
+            purls.iter().any(|p| p.starts_with(wanted)),
+            "{wanted} not in {purls:?}"
+        );
+    }
+    let verify = s.kiln(&[
+        "verify",
+        run.stdout.trim(),
+        "--key",
+        public,
+        "--build-key",
+        image_key,
+    ]);
+    assert_eq!(verify.code, 0, "{}", verify.stderr);
+
     // npm ran in the old builder: the new base pairs with another one, so a build would
     // install there. Refused, and the tag stays.
     let built = s.build(
@@ -270,8 +320,35 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
     let image = s.reg.reference("fns/hello-python:multi");
     let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
     assert_eq!(planned.code, 0, "{}", planned.stderr);
-    let run = s.kiln(&["rebase", &image, "--base", &new.0]);
+    // Signed: the index, and each platform's image with its provenance and SBOM.
+    let keys = s.work.path().join("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    check(&["keys", keys.to_str().unwrap()]);
+    let key = keys.join("a.key");
+    let signed = ["--sign-key", key.to_str().unwrap()];
+    let run = s.kiln(&[&["rebase", &image, "--base", &new.0][..], &signed].concat());
     assert_eq!(run.code, 0, "{}", run.stderr);
+    let public = keys.join("a.pub");
+    let verify = [
+        "verify",
+        run.stdout.trim(),
+        "--key",
+        public.to_str().unwrap(),
+    ];
+    let verified = s.kiln(&verify);
+    assert_eq!(verified.code, 0, "{}", verified.stderr);
+    let other = keys.join("b.pub");
+    let verify = [
+        "verify",
+        run.stdout.trim(),
+        "--key",
+        other.to_str().unwrap(),
+    ];
+    assert_eq!(
+        s.kiln(&verify).code,
+        1,
+        "another key's signature is not there"
+    );
     let full = s.build("hello-python", "python313", &new, "multi-full", &BOTH);
     assert_ne!(digest_of(&multi), digest_of(&full));
     assert_eq!(digest_of(run.stdout.trim()), digest_of(&full));
