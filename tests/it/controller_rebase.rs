@@ -416,6 +416,50 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     ];
     assert_eq!(check(&[&["verify", &host][..], &on].concat()), "1");
     check(&[&["provenance", &host][..], &on].concat());
+
+    // A key the controller cannot sign with (the Secret's cosign.key broken): the next move
+    // is not signed, and falls back to a build Job.
+    env.api.insert(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "kiln-image-signing", "namespace": SYSTEM},
+        "data": {"cosign.key": b64("not a key"), "cosign.pub": b64(&read("a.pub"))},
+    }));
+    let jobs_before = builds.stats().ended.len();
+    // A builder never seen before: the same images under an index with an annotation.
+    let raw = common::run_bytes(
+        Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{builder_tag}")),
+    );
+    let mut index: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    index["annotations"] = serde_json::json!({"test": "another builder"});
+    let put = common::run_bytes(
+        Command::new("curl")
+            .args(["-sf", "-X", "PUT", "--data-binary"])
+            .arg(index.to_string())
+            .arg("-H")
+            .arg(format!(
+                "Content-Type: {}",
+                index["mediaType"].as_str().unwrap()
+            ))
+            .arg(format!(
+                "http://{host}/v2/kiln/nodejs22-builder/manifests/latest"
+            )),
+    );
+    assert!(put.is_empty(), "{}", String::from_utf8_lossy(&put));
+    env.wait("hello built by a Job", Duration::from_secs(90), || {
+        builds.stats().ended[jobs_before..]
+            .iter()
+            .any(|j| j.contains("hello"))
+            && reason(&env, "hello").0 == "True JobFinished"
+    });
+    let failed = events(&env, "hello");
+    assert!(
+        failed
+            .iter()
+            .any(|(r, n)| r == "RebaseFailed" && n.contains("cosign.key")),
+        "{failed:?}"
+    );
 }
 
 /// The manifest digest `reference` (a tag) names.

@@ -100,6 +100,16 @@ impl Setup {
         (run, report)
     }
 
+    /// A directory with the keys `check.py keys` writes (a.key, a.pub, b.key, b.pub).
+    fn keys(&self) -> std::path::PathBuf {
+        let keys = self.work.path().join("keys");
+        if !keys.exists() {
+            std::fs::create_dir_all(&keys).unwrap();
+            check(&["keys", keys.to_str().unwrap()]);
+        }
+        keys
+    }
+
     /// The digest `fns/NAME:live` points at now.
     fn live(&self, name: &str) -> String {
         manifest_digest(&self.reg, &format!("fns/{name}"), "live")
@@ -187,9 +197,7 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
     // an SBOM are stored beside it, which Python's cryptography, the in-toto and SLSA models,
     // cyclonedx-python-lib and kiln verify all accept.
     let built = s.build("node-lockfile", "nodejs22", &old, "live", &[]);
-    let keys = s.work.path().join("keys");
-    std::fs::create_dir_all(&keys).unwrap();
-    check(&["keys", keys.to_str().unwrap()]);
+    let keys = s.keys();
     let key = keys.join("a.key");
     let (run, report) = s.rebase(
         "node-lockfile",
@@ -321,31 +329,24 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
     let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
     assert_eq!(planned.code, 0, "{}", planned.stderr);
     // Signed: the index, and each platform's image with its provenance and SBOM.
-    let keys = s.work.path().join("keys");
-    std::fs::create_dir_all(&keys).unwrap();
-    check(&["keys", keys.to_str().unwrap()]);
+    let keys = s.keys();
     let key = keys.join("a.key");
     let signed = ["--sign-key", key.to_str().unwrap()];
     let run = s.kiln(&[&["rebase", &image, "--base", &new.0][..], &signed].concat());
     assert_eq!(run.code, 0, "{}", run.stderr);
-    let public = keys.join("a.pub");
-    let verify = [
-        "verify",
-        run.stdout.trim(),
-        "--key",
-        public.to_str().unwrap(),
-    ];
-    let verified = s.kiln(&verify);
+    let verify = |public: &str| {
+        let public = keys.join(public);
+        s.kiln(&[
+            "verify",
+            run.stdout.trim(),
+            "--key",
+            public.to_str().unwrap(),
+        ])
+    };
+    let verified = verify("a.pub");
     assert_eq!(verified.code, 0, "{}", verified.stderr);
-    let other = keys.join("b.pub");
-    let verify = [
-        "verify",
-        run.stdout.trim(),
-        "--key",
-        other.to_str().unwrap(),
-    ];
     assert_eq!(
-        s.kiln(&verify).code,
+        verify("b.pub").code,
         1,
         "another key's signature is not there"
     );
