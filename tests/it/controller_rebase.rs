@@ -460,6 +460,13 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
             .any(|(r, n)| r == "RebaseFailed" && n.contains("cosign.key")),
         "{failed:?}"
     );
+    // What the Secret held is not repeated anywhere.
+    assert!(
+        failed.iter().all(|(_, n)| !n.contains("not a key")),
+        "{failed:?}"
+    );
+    let status = env.function("team", "hello")["status"].to_string();
+    assert!(!status.contains("not a key"), "{status}");
 }
 
 /// The manifest digest `reference` (a tag) names.
