@@ -11,9 +11,9 @@
 //! module.
 //!
 //! - `cli`, `fuzzing`: anything.
-//! - `controller`: `rebase` `git` `runtime` `registry` `oci` `signing` `cosign` `k8s_names`
-//!   `redact` `capped`.
-//! - `rebase`: `build` `image` `runtime` `registry` `oci`.
+//! - `controller`: `rebase` `git` `runtime` `registry` `oci` `signing` `cosign` `provenance`
+//!   `k8s_names` `redact` `capped`.
+//! - `rebase`: `build` `image` `runtime` `registry` `oci` `cosign` `provenance`.
 //! - `prune`: `build` `base` `run` `image` `fetch` `registry` `oci` `inuse`.
 //! - `build`: `run` `git` `image` `fetch` `runtime` `registry` `sandbox` `oci` `signing`
 //!   `cosign` `provenance` `sbom` `k8s_names` `inuse` `progress` `rootpath` `tarmeter` `capped`.

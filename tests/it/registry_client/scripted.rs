@@ -5,6 +5,7 @@
 
 use crate::common;
 
+use std::io::Read as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -141,6 +142,49 @@ async fn a_blob_with_wrong_content_is_rejected_and_leaves_no_file() {
     );
     let err = client.get_blob(&repo, &d).await.unwrap_err();
     assert!(matches!(err, Error::DigestMismatch { .. }), "{err}");
+    // Streamed to a reader: what it made of the bytes is never returned, even when it stopped
+    // reading before the changed byte (the rest is drained and checked).
+    for stop in [10, usize::MAX] {
+        let read = move |r: &mut dyn std::io::Read| {
+            let mut seen = Vec::new();
+            r.take(stop as u64)
+                .read_to_end(&mut seen)
+                .map(|_| seen.len())
+        };
+        let err = client.read_blob(&repo, &d, read).await.unwrap_err();
+        assert!(matches!(err, Error::DigestMismatch { .. }), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_blob_streamed_to_a_reader_gives_its_answer_once_the_whole_blob_is_checked() {
+    let good = pseudo_random(300_000, 2);
+    let (host, _) = scripted({
+        let good = good.clone();
+        move |_, _, _, _| respond(200, &[], good.clone())
+    })
+    .await;
+    let client = Client::new(config(&[&host])).unwrap();
+    let repo = reference(&format!("{host}/honest/app"));
+    let (d, _) = blob(&good);
+    let first = client
+        .read_blob(&repo, &d, |r: &mut dyn std::io::Read| {
+            let mut head = [0u8; 4];
+            r.read_exact(&mut head).map(|()| head)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, good[..4]);
+    // The reader's own failure comes back as its own, not the registry's.
+    let failed = client
+        .read_blob(&repo, &d, |_: &mut dyn std::io::Read| {
+            Err::<(), _>(std::io::Error::other("not a tar"))
+        })
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(failed.to_string(), "not a tar");
 }
 
 #[tokio::test]
@@ -159,6 +203,15 @@ async fn a_blob_longer_than_its_descriptor_is_cut_off() {
         "{err}"
     );
     assert!(!dest.exists());
+    let read = |r: &mut dyn std::io::Read| std::io::copy(r, &mut std::io::sink());
+    let err = client
+        .read_blob(&reference(&format!("{host}/a")), &d, read)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::SizeMismatch { expected: 100, .. }),
+        "{err}"
+    );
 }
 
 #[tokio::test]
