@@ -14,10 +14,9 @@
 //!
 //! With `KILN_BENCH_SIGN=1` the controller signs (`--image-signing-secret`) and deploys only
 //! proven images (`--require-provenance`), and the Jobs' builds sign (`--sign-key`): the
-//! rebases are then signed by the controller, with a provenance and an SBOM each. Record
-//! the printed results in bench/RESULTS.md.
+//! rebases are then signed by the controller, with a provenance and an SBOM each.
 //!
-//! Then record the printed results in bench/RESULTS.md.
+//! Record the printed results in bench/RESULTS.md.
 
 #![allow(clippy::unwrap_used)]
 
@@ -197,8 +196,6 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
     assert!(rebuild.jobs >= functions, "{} Jobs", rebuild.jobs);
 }
 
-/// Milliseconds each of `names`' images took from `kiln run` to its first answer on
-/// /healthz, one after the other, with one cache (a node's) that starts empty.
 /// Keys in `dir` (`a.key`, `a.pub`), and the image signing Secret with them.
 fn sign_with(env: &ControllerEnv, dir: &Path) {
     use base64::Engine as _;
@@ -219,6 +216,8 @@ fn sign_with(env: &ControllerEnv, dir: &Path) {
     }));
 }
 
+/// Milliseconds each of `names`' images took from `kiln run` to its first answer on
+/// /healthz, one after the other, with one cache (a node's) that starts empty.
 fn pod_starts(env: &ControllerEnv, names: &[String]) -> Vec<f64> {
     let node = tempfile::tempdir().unwrap();
     names

@@ -123,7 +123,8 @@ pub struct Rebase<'a> {
     pub from: (&'a str, &'a Digest),
     /// The new base, as named, and its manifest digest.
     pub base: (&'a str, &'a Digest),
-    /// The builder image the new base pairs with, by digest, when one was named.
+    /// The builder image the new base pairs with, as named (as a build names it), when one
+    /// was.
     pub builder: Option<String>,
     /// The flags: where it went (`image`), the base, the platform.
     pub external: Value,

@@ -226,7 +226,7 @@ async fn refuse(
 ///
 /// # Errors
 /// The signing Secret cannot be read, or a registry failure.
-async fn unproven(ctx: &Context, plan: &Plan, image: &str) -> Result<Option<String>> {
+pub(super) async fn unproven(ctx: &Context, plan: &Plan, image: &str) -> Result<Option<String>> {
     let config = &ctx.config;
     let (true, Some(secret)) = (config.require_provenance, &config.image_signing_secret) else {
         return Ok(None);

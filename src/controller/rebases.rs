@@ -134,6 +134,16 @@ pub async fn attempt(
             let pushed = push(plan, ctx, change, &rebased).await;
             match pushed {
                 Ok(digest) => {
+                    // Checked as every image taken for a build key is (--require-provenance).
+                    let image = format!("{}@{digest}", plan.repository());
+                    if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
+                        ctx.rollouts.release(&id);
+                        let message = format!(
+                            "the rebased image {image} is not proven ({why}); building instead"
+                        );
+                        st.note(reason::REBASE_FAILED, message);
+                        return Ok(Attempt::Build);
+                    }
                     tracing::info!(
                         %digest,
                         took_ms = started.elapsed().as_millis(),
@@ -168,6 +178,13 @@ pub async fn attempt(
             if let Err(e) = keep(plan, ctx, change).await {
                 ctx.rollouts.release(&id);
                 let message = format!("signing the image for the new key failed ({e}); building");
+                st.note(reason::REBASE_FAILED, message);
+                return Ok(Attempt::Build);
+            }
+            let image = format!("{}@{}", plan.repository(), change.digest);
+            if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
+                ctx.rollouts.release(&id);
+                let message = format!("the image {image} is not proven ({why}); building instead");
                 st.note(reason::REBASE_FAILED, message);
                 return Ok(Attempt::Build);
             }

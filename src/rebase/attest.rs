@@ -136,8 +136,9 @@ pub async fn image(client: &Client, signer: Signer<'_>, image: Image<'_>) -> Res
         provenance: &provenance,
         sbom: sbom.as_deref(),
     };
-    // A new image's tags are nearly always absent; one kept as it is has its own.
-    let fresh = image.sbom.is_some();
+    // Not `fresh`, even for a new image: a rebase gives the digest a build gives, so the tags
+    // may be there (a build, or this rebase made before), and what says the same is kept.
+    let fresh = false;
     let attach = |source| Error::Attach {
         image: shown.clone(),
         source: Box::new(source),

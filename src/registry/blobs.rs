@@ -182,10 +182,13 @@ impl Client {
                     next_chunk(&call, &mut resp, self.inner.transport.timeout).await?
                 {
                     check.update(&chunk)?;
-                    // The reader drains to the end, so it is there until the last chunk.
-                    let _ = tx.send(chunk).await;
+                    // The reader drains to the end, so it is there until the last chunk
+                    // unless it failed (a panic): its failure is the answer then.
+                    if tx.send(chunk).await.is_err() {
+                        return Ok(false);
+                    }
                 }
-                check.finish()
+                check.finish().map(|()| true)
             }
             .await;
             drop(tx);
@@ -196,7 +199,13 @@ impl Client {
                     source: std::io::Error::other(e),
                 })
             })?;
-            streamed?;
+            if !streamed? {
+                return Err(Error::Io(crate::io_error::IoError {
+                    action: "reading blob",
+                    path: PathBuf::from(descriptor.digest.to_string()),
+                    source: std::io::Error::other("the reader stopped before the blob's end"),
+                }));
+            }
             Ok(read.and_then(|r| r))
         })
         .await
@@ -238,8 +247,6 @@ fn blob_what(repo: &Reference, digest: &Digest) -> String {
     format!("blob {digest} in {}", repo.repository_path())
 }
 
-/// Checks streamed bytes against a descriptor: fails as soon as there are too many, and at the
-/// end when there are too few or the digest differs.
 /// The chunks of a blob as they arrive, read on a blocking thread.
 struct Chunks {
     rx: tokio::sync::mpsc::Receiver<bytes::Bytes>,
@@ -261,6 +268,8 @@ impl std::io::Read for Chunks {
     }
 }
 
+/// Checks streamed bytes against a descriptor: fails as soon as there are too many, and at the
+/// end when there are too few or the digest differs.
 struct Verifier {
     hasher: Hasher,
     expected: Descriptor,

@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
-use super::super::config::{IMAGE_SIGNING_KEY, IMAGE_SIGNING_PASSWORD};
+use super::super::config::{IMAGE_SIGNING_KEY, IMAGE_SIGNING_PASSWORD, IMAGE_VERIFY_KEY};
 use super::super::context::Context;
-use crate::cosign::SignKey;
+use crate::cosign::{KeyError, SignKey, VerifyKey};
 use crate::rebase::attest::Signer;
 
 /// The signing key as last read: the Secret's resourceVersion and the key.
@@ -88,7 +88,25 @@ pub async fn signing(ctx: &Context) -> Result<Option<Signing>, String> {
     })
     .await
     .map_err(|e| format!("reading the key of {shown}: {e}"))?
-    .map_err(|e| format!("the {IMAGE_SIGNING_KEY} of {shown}: {e}"))?;
+    .map_err(|e| match e {
+        // The password is the Secret's, not an environment variable's.
+        KeyError::NeedsPassword | KeyError::WrongPassword => format!(
+            "the {IMAGE_SIGNING_KEY} of {shown} is encrypted and its {IMAGE_SIGNING_PASSWORD} \
+             does not open it"
+        ),
+        e => format!("the {IMAGE_SIGNING_KEY} of {shown}: {e}"),
+    })?;
+    // What it signs must verify with the public key the controller checks images with.
+    if let Some(public) = text(IMAGE_VERIFY_KEY) {
+        let public = VerifyKey::from_pem(&public)
+            .map_err(|e| format!("the {IMAGE_VERIFY_KEY} of {shown}: {e}"))?;
+        if public != *key.public() {
+            return Err(format!(
+                "the {IMAGE_SIGNING_KEY} of {shown} is not the private half of its \
+                 {IMAGE_VERIFY_KEY}"
+            ));
+        }
+    }
     let key = Arc::new(key);
     let mut kept = ctx.signing_keys.0.lock().unwrap_or_else(|e| e.into_inner());
     *kept = Some((version, key.clone()));
