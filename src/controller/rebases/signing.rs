@@ -7,7 +7,8 @@
 //! The key is read from the Secret in the controller's namespace, which the controller reads
 //! anyway to copy it next to the build Jobs; it is never written anywhere, and no third-party
 //! code runs in the controller. A cosign-encrypted key is decrypted once per version of the
-//! Secret (scrypt makes each decryption cost a fraction of a second).
+//! Secret (scrypt makes each decryption cost a fraction of a second), and must be the private
+//! half of the Secret's `cosign.pub`, which the controller checks images against.
 
 use std::sync::{Arc, Mutex};
 
