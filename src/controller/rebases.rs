@@ -442,13 +442,17 @@ async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<(), Str
         on.base.parse().map_err(|_| "the base digest".to_string())?;
     for (digest, platform) in &images {
         let from = image.with_digest(digest.clone());
+        // An index's platform image names its platform's base manifest, read when the rebase
+        // was decided (else the base as the plan pins it).
+        let known = rebase::KnownBases::get(&ctx.new_bases, &plan.base, platform);
+        let base = known.map_or_else(|| base_digest.clone(), |b| b.base.manifest.digest);
         let one = rebase::attest::Image {
             target: &target,
             digest,
             build_key: None,
             from: &from,
             platform,
-            base: (&plan.base, &base_digest),
+            base: (&plan.base, &base),
             builder: Some(&plan.builder),
             sbom: None,
         };
