@@ -19,6 +19,10 @@ It prints the medians and the ratio two/one of each, and the median of each back
 pair's own ratio: issue 31's target is at most 1.3.
 
 Needs docker-registry and a kiln binary (default target/release/kiln).
+
+The registry keeps its storage in the run's temporary directory: `TMPDIR=/dev/shm` puts it in
+memory. On a VM's disk its requests wait on the block device, and a run's figures can move by
+half from one run to the next (bench/RESULTS.md, 2026-11-29).
 """
 
 import argparse

@@ -14,6 +14,10 @@ registry's access log): issue 31's target is at most 5 ms more, and no request t
 the signature and the provenance does not need.
 
 Needs docker-registry, openssl and a kiln binary (default target/release/kiln).
+
+The registry keeps its storage in the run's temporary directory: `TMPDIR=/dev/shm` puts it in
+memory. On a VM's disk its requests wait on the block device, and a run's figures can move by
+half from one run to the next (bench/RESULTS.md, 2026-11-29).
 """
 
 import argparse
