@@ -262,11 +262,10 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         let from = image.with_digest(planned.current.clone());
         let builder = args.builder.as_deref();
         let base = &planned.new_base;
-        attest::rebased(
-            &client, signer, &rebased, &target, &from, &platform, base, builder,
-        )
-        .await
-        .map_err(|e| Failure::Build(e.into()))?;
+        let one = attest::Image::rebased(&rebased, base, (&from, &target), &platform, builder);
+        attest::image(&client, signer, one)
+            .await
+            .map_err(|e| Failure::Build(e.into()))?;
     }
     let after = client.traffic();
     tracing::info!(

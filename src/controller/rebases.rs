@@ -5,27 +5,26 @@
 //! base's layers and the Function's own, pushed with blob mounts, no Job (an image for
 //! several platforms: each platform's image onto the new base's for it, and the index
 //! last). Otherwise, or when the push fails, a build Job runs as for any change. Rebases
-//! start at most
-//! `--max-concurrent-rollouts` at a time (and a per-namespace share), so a patch does not roll
-//! every Deployment at once; a slot is held until the Function runs on the new image.
+//! start at most `--max-concurrent-rollouts` at a time (and a per-namespace share), so a patch
+//! does not roll every Deployment at once; a slot is held until the Function runs on the new
+//! image ([`Rollouts`]).
 //!
 //! A Function with `runtimeImageOverride` is never rebased (its base is its own), and one
 //! annotated [`AUTO_REBASE`]`: "false"` stays on the images it was built on, and says that a
 //! newer base is available; so does every Function under `--rebase-dry-run`, which also says
 //! what would happen.
 //!
-//! With `--image-signing-secret`, a rebase is signed as a build is ([`signing`]).
+//! With `--image-signing-secret`, a rebase is signed as a build is (`rebases/signing.rs`).
 
+mod rollouts;
 mod signing;
 
+pub use rollouts::Rollouts;
 pub use signing::SigningKeys;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-use kube::runtime::reflector::ObjectRef;
-use tokio::sync::mpsc::UnboundedSender;
 
 use super::conditions::{Kind, State, reason};
 use super::context::Context;
@@ -39,10 +38,6 @@ use crate::runtime::RuntimeSpec;
 
 /// The annotation that opts a Function out of automatic rebases (`"false"`).
 pub const AUTO_REBASE: &str = "kiln.io/auto-rebase";
-
-/// How long a rollout slot is held at most: a Deployment that never becomes ready does not
-/// hold the fleet back.
-const SLOT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// A Function whose build key changed only because the runtime's images did.
 #[derive(Clone, Debug)]
@@ -129,90 +124,69 @@ pub async fn attempt(
         return Ok(Attempt::Queued(Duration::from_secs(60)));
     }
     let started = Instant::now();
-    match decide(plan, ctx, change).await {
-        Ok(Move::Rebase(rebased)) => {
-            let pushed = push(plan, ctx, change, &rebased).await;
-            match pushed {
-                Ok(digest) => {
-                    // Checked as every image taken for a build key is (--require-provenance).
-                    let image = format!("{}@{digest}", plan.repository());
-                    if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
-                        ctx.rollouts.release(&id);
-                        let message = format!(
-                            "the rebased image {image} is not proven ({why}); building instead"
-                        );
-                        st.note(reason::REBASE_FAILED, message);
-                        return Ok(Attempt::Build);
-                    }
-                    tracing::info!(
-                        %digest,
-                        took_ms = started.elapsed().as_millis(),
-                        held = ctx.rollouts.held(),
-                        "rebased onto the runtime's new base",
-                    );
-                    record_rebased(ctx, f, plan, &digest).await?;
-                    st.set(
-                        Kind::BuildReady,
-                        State::True,
-                        reason::IMAGE_REBASED,
-                        format!(
-                            "{}: rebased to {digest}, no build",
-                            moved(change, plan, "the image is safe to move")
-                        ),
-                    );
-                    Ok(Attempt::Rebased(digest))
-                }
-                Err(e) => {
-                    ctx.rollouts.release(&id);
-                    let message = format!("rebasing failed ({e}); building instead");
-                    tracing::warn!(function = %id, "{message}");
-                    st.note(reason::REBASE_FAILED, message);
-                    Ok(Attempt::Build)
-                }
-            }
-        }
-        Ok(Move::Current) => {
-            // The image is the new images' build already (a builder change that its
-            // dependencies do not depend on): taken for the new key as it is, with a
-            // provenance for it when signing.
-            if let Err(e) = keep(plan, ctx, change).await {
-                ctx.rollouts.release(&id);
-                let message = format!("signing the image for the new key failed ({e}); building");
-                st.note(reason::REBASE_FAILED, message);
-                return Ok(Attempt::Build);
-            }
-            let image = format!("{}@{}", plan.repository(), change.digest);
-            if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
-                ctx.rollouts.release(&id);
-                let message = format!("the image {image} is not proven ({why}); building instead");
-                st.note(reason::REBASE_FAILED, message);
-                return Ok(Attempt::Build);
-            }
-            record_rebased(ctx, f, plan, &change.digest).await?;
-            ctx.rollouts.release(&id);
-            st.set(
-                Kind::BuildReady,
-                State::True,
-                reason::IMAGE_REBASED,
-                moved(change, plan, "the image is what a build would make: kept"),
-            );
-            Ok(Attempt::Rebased(change.digest.clone()))
-        }
+    // The image to take for the new key: rebased and pushed, or kept as it is (the image is
+    // the new images' build already: a builder change its dependencies do not depend on),
+    // signed for the new key when the controller signs.
+    let taken = match decide(plan, ctx, change).await {
+        Ok(Move::Rebase(rebased)) => push(plan, ctx, change, &rebased)
+            .await
+            .map(|digest| (digest, false))
+            .map_err(|e| format!("rebasing failed ({e})")),
+        Ok(Move::Current) => keep(plan, ctx, change)
+            .await
+            .map(|()| (change.digest.clone(), true))
+            .map_err(|e| format!("signing the image for the new key failed ({e})")),
         Ok(Move::Rebuild(why)) => {
             ctx.rollouts.release(&id);
             st.note(
                 reason::REBUILD_FOR_BASE,
                 format!("{}; building", moved(change, plan, &why)),
             );
-            Ok(Attempt::Build)
+            return Ok(Attempt::Build);
         }
-        Err(e) => {
-            ctx.rollouts.release(&id);
-            let message = format!("reading the image to rebase failed ({e}); building instead");
-            st.note(reason::REBASE_FAILED, message);
-            Ok(Attempt::Build)
-        }
+        Err(e) => Err(format!("reading the image to rebase failed ({e})")),
+    };
+    let (digest, kept) = match taken {
+        Ok(taken) => taken,
+        Err(why) => return Ok(fall_back(ctx, &id, st, &why)),
+    };
+    // Checked as every image taken for a build key is (--require-provenance).
+    let image = format!("{}@{digest}", plan.repository());
+    if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
+        let why = format!("the image {image} is not proven ({why})");
+        return Ok(fall_back(ctx, &id, st, &why));
     }
+    record_rebased(ctx, f, plan, &digest).await?;
+    let message = if kept {
+        // Nothing rolls out: the Deployment runs this image already.
+        ctx.rollouts.release(&id);
+        moved(change, plan, "the image is what a build would make: kept")
+    } else {
+        tracing::info!(
+            %digest,
+            took_ms = started.elapsed().as_millis(),
+            held = ctx.rollouts.held(),
+            "rebased onto the runtime's new base",
+        );
+        let then = moved(change, plan, "the image is safe to move");
+        format!("{then}: rebased to {digest}, no build")
+    };
+    st.set(
+        Kind::BuildReady,
+        State::True,
+        reason::IMAGE_REBASED,
+        message,
+    );
+    Ok(Attempt::Rebased(digest))
+}
+
+/// A rebase that failed (`why`): its slot given back, a `RebaseFailed` note, and a build.
+fn fall_back(ctx: &Context, id: &str, st: &mut Working, why: &str) -> Attempt {
+    ctx.rollouts.release(id);
+    let message = format!("{why}; building instead");
+    tracing::warn!(function = %id, "{message}");
+    st.note(reason::REBASE_FAILED, message);
+    Attempt::Build
 }
 
 /// What a rebase would do, for `--rebase-dry-run` and an opted-out Function: one sentence.
@@ -375,10 +349,11 @@ async fn push(
             let digest = one.await.map_err(text)?.digest;
             if let Some(signer) = signer {
                 let platform = &plan.platforms[0];
-                let signed = rebase::attest::rebased(
-                    client, signer, rebased, &target, &from, platform, new_base, builder,
-                );
-                signed.await.map_err(signing_text)?;
+                let to = (&from, &target);
+                let one = rebase::attest::Image::rebased(rebased, new_base, to, platform, builder);
+                rebase::attest::image(client, signer, one)
+                    .await
+                    .map_err(signing_text)?;
             }
             digest
         }
@@ -446,16 +421,9 @@ async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<(), Str
         // was decided (else the base as the plan pins it).
         let known = rebase::KnownBases::get(&ctx.new_bases, &plan.base, platform);
         let base = known.map_or_else(|| base_digest.clone(), |b| b.base.manifest.digest);
-        let one = rebase::attest::Image {
-            target: &target,
-            digest,
-            build_key: None,
-            from: &from,
-            platform,
-            base: (&plan.base, &base),
-            builder: Some(&plan.builder),
-            sbom: None,
-        };
+        let on = (plan.base.as_str(), &base);
+        let builder = Some(plan.builder.as_str());
+        let one = rebase::attest::Image::kept((&from, &target), digest, platform, on, builder);
         rebase::attest::image(client, signer, one)
             .await
             .map_err(signing_text)?;
@@ -510,142 +478,5 @@ impl rebase::KnownBases for NewBases {
         if reference.contains('@') {
             NewBases::keep(self, &format!("{reference} {platform}"), base);
         }
-    }
-}
-
-/// Rollout slots: at most `max` Functions (and `per_namespace` of one namespace) between a
-/// rebase and running on its image. A Function refused a slot waits in line, and is
-/// reconciled (through `wake`) when one frees up for it, oldest first.
-pub struct Rollouts {
-    max: usize,
-    per_namespace: usize,
-    state: Mutex<SlotState>,
-    wake: Option<UnboundedSender<ObjectRef<Function>>>,
-}
-
-#[derive(Default)]
-struct SlotState {
-    /// Holders: namespace, and since when.
-    held: HashMap<String, (String, Instant)>,
-    /// Waiters, oldest first: id and namespace.
-    waiting: VecDeque<(String, String)>,
-}
-
-impl Rollouts {
-    /// Slots for `max` rollouts, `per_namespace` of them in one namespace; `wake` receives
-    /// the waiters to reconcile when slots free up.
-    pub fn new(
-        max: usize,
-        per_namespace: usize,
-        wake: Option<UnboundedSender<ObjectRef<Function>>>,
-    ) -> Rollouts {
-        Rollouts {
-            max: max.max(1),
-            per_namespace: per_namespace.clamp(1, max.max(1)),
-            state: Mutex::default(),
-            wake,
-        }
-    }
-
-    /// Takes a slot for Function `id` in `namespace` (or finds the one it holds); `false` when
-    /// every slot it may have is taken (it then waits in line).
-    pub fn take(&self, id: &str, namespace: &str) -> bool {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.held.retain(|_, (_, at)| at.elapsed() < SLOT_TIMEOUT);
-        if state.held.contains_key(id) {
-            return true;
-        }
-        let in_namespace = state
-            .held
-            .values()
-            .filter(|(ns, _)| ns == namespace)
-            .count();
-        if state.held.len() >= self.max || in_namespace >= self.per_namespace {
-            if !state.waiting.iter().any(|(w, _)| w == id) {
-                state
-                    .waiting
-                    .push_back((id.to_string(), namespace.to_string()));
-            }
-            return false;
-        }
-        state.waiting.retain(|(w, _)| w != id);
-        state
-            .held
-            .insert(id.to_string(), (namespace.to_string(), Instant::now()));
-        true
-    }
-
-    /// Gives Function `id`'s slot back (it runs on its new image, was not rebased, or is
-    /// gone), and wakes the waiters that may take the free slots.
-    pub fn release(&self, id: &str) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.waiting.retain(|(w, _)| w != id);
-        if state.held.remove(id).is_none() {
-            return;
-        }
-        tracing::debug!(
-            function = id,
-            held = state.held.len(),
-            waiting = state.waiting.len(),
-            "rollout slot released"
-        );
-        let Some(wake) = &self.wake else {
-            return;
-        };
-        let mut free = self.max.saturating_sub(state.held.len());
-        let mut per_namespace: HashMap<&str, usize> = HashMap::new();
-        for (ns, _) in state.held.values() {
-            *per_namespace.entry(ns).or_default() += 1;
-        }
-        for (waiter, ns) in &state.waiting {
-            if free == 0 {
-                break;
-            }
-            let taken = per_namespace.entry(ns).or_default();
-            if *taken >= self.per_namespace {
-                continue;
-            }
-            *taken += 1;
-            free -= 1;
-            let name = waiter.rsplit_once('/').map_or(waiter.as_str(), |(_, n)| n);
-            let _ = wake.send(ObjectRef::new(name).within(ns));
-        }
-    }
-
-    /// Whether Function `id` holds a slot.
-    pub fn holds(&self, id: &str) -> bool {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.held.contains_key(id)
-    }
-
-    /// How many slots are held.
-    pub fn held(&self) -> usize {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.held.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rollout_slots_cap_the_fleet_and_each_namespace() {
-        let (wake, mut woken) = tokio::sync::mpsc::unbounded_channel();
-        let slots = Rollouts::new(3, 2, Some(wake));
-        assert!(slots.take("a/1", "a"));
-        assert!(slots.take("a/1", "a"), "a holder finds its slot");
-        assert!(slots.take("a/2", "a"));
-        assert!(!slots.take("a/3", "a"), "namespace a has its share");
-        assert!(slots.take("b/1", "b"));
-        assert!(!slots.take("c/1", "c"), "every slot is taken");
-        slots.release("a/1");
-        // Two wait: a/3 (its namespace had its share), then c/1; one slot is free, and a/3
-        // may take it now.
-        assert_eq!(woken.try_recv().unwrap(), ObjectRef::new("3").within("a"));
-        assert!(woken.try_recv().is_err(), "one free slot wakes one waiter");
-        assert!(slots.take("c/1", "c"));
-        assert_eq!(slots.held(), 3);
-        assert!(slots.holds("c/1") && !slots.holds("a/1"));
     }
 }

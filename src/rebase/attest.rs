@@ -158,24 +158,15 @@ pub async fn image(client: &Client, signer: Signer<'_>, image: Image<'_>) -> Res
     Ok(())
 }
 
-/// Signs and attests a rebased image: `rebased`'s, pushed as `digest` to `target`.
-///
-/// # Errors
-/// See [`Error`].
-#[allow(clippy::too_many_arguments)]
-pub async fn rebased(
-    client: &Client,
-    signer: Signer<'_>,
-    rebased: &Rebased,
-    target: &Reference,
-    from: &Reference,
-    platform: &Platform,
-    base: &ResolvedBase,
-    builder: Option<&str>,
-) -> Result<(), Error> {
-    image(
-        client,
-        signer,
+impl<'a> Image<'a> {
+    /// The image `rebased` became on `base`, pushed to `target`; `from` is the image rebased.
+    pub fn rebased(
+        rebased: &'a Rebased,
+        base: &'a ResolvedBase,
+        (from, target): (&'a Reference, &'a Reference),
+        platform: &'a Platform,
+        builder: Option<&'a str>,
+    ) -> Image<'a> {
         Image {
             target,
             digest: &rebased.image.manifest.digest,
@@ -185,9 +176,29 @@ pub async fn rebased(
             base: (&base.name, &base.base.manifest.digest),
             builder,
             sbom: Some((base, &rebased.own_layers)),
-        },
-    )
-    .await
+        }
+    }
+
+    /// The image `digest` (`from`, pinned) kept as it is for the build key it records, on
+    /// the base as named with its digest, under `target`.
+    pub fn kept(
+        (from, target): (&'a Reference, &'a Reference),
+        digest: &'a Digest,
+        platform: &'a Platform,
+        base: (&'a str, &'a Digest),
+        builder: Option<&'a str>,
+    ) -> Image<'a> {
+        Image {
+            target,
+            digest,
+            build_key: None,
+            from,
+            platform,
+            base,
+            builder,
+            sbom: None,
+        }
+    }
 }
 
 /// Signs and attests each platform's image of a rebased index (those rebased and those kept;
@@ -209,26 +220,14 @@ pub async fn index(
         let base = &plan.planned.new_base;
         let from = from.with_digest(plan.current.digest.clone());
         let one = match &plan.planned.decision {
-            Decision::Rebase(r) => Image {
-                target,
-                digest: &r.image.manifest.digest,
-                build_key: Some(&r.image_key),
-                from: &from,
-                platform: &plan.platform,
-                base: (&base.name, &base.base.manifest.digest),
-                builder,
-                sbom: Some((base, &r.own_layers)),
-            },
-            _ => Image {
-                target,
-                digest: &plan.current.digest,
-                build_key: None,
-                from: &from,
-                platform: &plan.platform,
-                base: (&base.name, &base.base.manifest.digest),
-                builder,
-                sbom: None,
-            },
+            Decision::Rebase(r) => {
+                Image::rebased(r, base, (&from, target), &plan.platform, builder)
+            }
+            _ => {
+                let on = (base.name.as_str(), &base.base.manifest.digest);
+                let digest = &plan.current.digest;
+                Image::kept((&from, target), digest, &plan.platform, on, builder)
+            }
         };
         image(client, signer, one).await?;
     }
