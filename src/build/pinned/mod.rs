@@ -388,7 +388,6 @@ fn python_admits(target: &Target, spec: &str, what: &str) -> Result<bool, String
     }
 }
 
-/// Reads the wheels, checks that they pin every dependency, and builds the tree.
 /// A wheel kiln downloaded: its file name, where from, and its SHA-256 (hex).
 struct Archive {
     filename: String,
@@ -396,6 +395,7 @@ struct Archive {
     sha256: String,
 }
 
+/// Reads the wheels, checks that they pin every dependency, and builds the tree.
 fn build(
     plan: &Plan,
     chosen: &[Archive],
