@@ -311,9 +311,10 @@ fn serve(st: &State, client: TcpStream) -> std::io::Result<()> {
         }
         Action::Forward(delay) => {
             thread::sleep(delay);
-            let outcome = forward(st, &head, &path, &mut reader, client)?;
-            st.record(at, &request, outcome);
-            Ok(())
+            // Recorded before the answer goes back: a client that has its answer finds its
+            // request among what the proxy saw.
+            let record = |outcome| st.record(at, &request, outcome);
+            forward(st, &head, &path, &mut reader, client, record)
         }
     }
 }
@@ -324,7 +325,8 @@ fn forward(
     path: &str,
     reader: &mut BufReader<TcpStream>,
     mut client: TcpStream,
-) -> std::io::Result<String> {
+    record: impl FnOnce(String),
+) -> std::io::Result<()> {
     let mut up = TcpStream::connect(st.upstream)?;
     let mut out = format!("{} {path} HTTP/1.1\r\n", head.method);
     for (k, v) in &head.headers {
@@ -362,10 +364,10 @@ fn forward(
         resp.push_str(&h);
     }
     resp.push_str("Connection: close\r\n\r\n");
+    record(format!("forwarded {status}"));
     client.write_all(resp.as_bytes())?;
     std::io::copy(&mut upr, &mut client)?;
-    client.flush()?;
-    Ok(format!("forwarded {status}"))
+    client.flush()
 }
 
 /// Whether the request carries a Bearer JWT whose `exp` is in the past.
