@@ -7,7 +7,10 @@
 //! per Function in that time (reads and writes), the bytes of the configs and manifests
 //! pushed, and the Jobs created. Beside it, in the same run: the per-build time of kiln's own
 //! build of these Functions on the new base, and what rebuilding the fleet with Jobs takes at
-//! that time, 50 Jobs at a time with no Pod overhead at all (which favours the Jobs). Run it
+//! that time, 50 Jobs at a time with no Pod overhead at all (which favours the Jobs). Between
+//! the two, a second patch is rebased too: the first rebase of an image a Job built reads its
+//! manifest and config; the controller keeps what it pushed, so later patches read neither
+//! back. Run it
 //! with
 //!
 //!     cargo test --release --features bench --test bench_fleet_rebase -- --ignored --nocapture
@@ -160,6 +163,18 @@ fn a_base_patch_reaches_every_function_of_the_fleet() {
     let lock = node_lock(work.path(), "22.23.5");
     let rebase = move_fleet(&env, &builds, &names, &work.path().join("next"), &lock, "0");
     report("rebase", &rebase, functions);
+    // The next patch: the controller read each image when it rebased it first (a Job built
+    // it); what it pushed then it holds, so a later patch reads nothing of it back.
+    let again = move_fleet(
+        &env,
+        &builds,
+        &names,
+        &work.path().join("later"),
+        &lock,
+        "2",
+    );
+    report("the next patch, rebased", &again, functions);
+    assert_eq!(again.jobs, 0, "a safe rebase runs no Job");
     let starts = pod_starts(&env, &names[..names.len().min(8)]);
     println!(
         "a Pod start as the test kubelet makes one (kiln run of a rebased image until it \
@@ -450,11 +465,12 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         count(&|l| l.starts_with("PUT") || l.starts_with("POST") || l.starts_with("PATCH"));
     let mounts = count(&|l| l.contains("mount="));
     let whole = count(&|l| l.contains("uploads/?digest="));
+    let reads = count(&|l| l.starts_with("GET") || l.starts_with("HEAD"));
     println!(
         "{what}: {functions} Functions on the new base in {:.1} s ({} rebased, {} Jobs) with \
             {CONCURRENT} rollouts (or Jobs) at a time and a {:.0} s rollout; registry requests \
             per Function {:.2}: {:.2} writes, of them {:.2} mounts and {:.2} single-request \
-            uploads; the new image's config and manifest: {:.0} bytes; requests to the \
+            uploads, and {:.2} reads; the new image's config and manifest: {:.0} bytes; requests to the \
             runtime images' repositories: {}",
         moved.took,
         moved.rebased,
@@ -464,6 +480,7 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         per(writes),
         per(mounts),
         per(whole),
+        per(reads),
         moved.uploaded,
         moved.base_requests,
     );

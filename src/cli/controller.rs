@@ -244,6 +244,11 @@ pub enum ServingArg {
     Knative,
 }
 
+/// The bytes of documents the controller keeps in memory (of its 256 MiB limit): the
+/// manifests and configs of a few thousand Functions' images (about 5 KiB each; 15 KiB with
+/// signatures and provenance).
+const CONTROLLER_DOCUMENTS: usize = 32 << 20;
+
 pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
     let config = config(&args).map_err(Failure::Usage)?;
     let client = kube_client(args.kubeconfig.as_deref())
@@ -258,6 +263,9 @@ pub(super) async fn run(args: ControllerArgs) -> Result<String, Failure> {
             .map_err(|e| Failure::Usage(anyhow::anyhow!("{}", e.chain())))?;
         registry_config.extra_ca_pem.push(pem);
     }
+    // What it pushed or read (an image it rebased, its signatures) is read again by digest:
+    // kept in memory, so the next patch's rebase of the Function reads nothing back.
+    registry_config.memory_documents = CONTROLLER_DOCUMENTS;
     let registry = Client::new(registry_config)
         .context("setting up the registry client")
         .map_err(Failure::Usage)?;

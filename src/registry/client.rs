@@ -47,6 +47,11 @@ pub struct ClientConfig {
     /// taken from here when already fetched or pushed), and in `registries/` what each
     /// registry is known to refuse. `None` keeps nothing.
     pub cache_dir: Option<std::path::PathBuf>,
+    /// Without `cache_dir`: how many bytes of manifests, indexes and configs (and the small
+    /// JSON documents pushed, such as signatures) to keep in memory by digest, the least
+    /// recently used dropped first. For a long-running process that reads again what it read
+    /// or wrote before (the controller rebasing an image it rebased). 0 keeps nothing.
+    pub memory_documents: usize,
 }
 
 impl Default for ClientConfig {
@@ -60,6 +65,7 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(60),
             upload: UploadPolicy::default(),
             cache_dir: None,
+            memory_documents: 0,
         }
     }
 }
@@ -113,6 +119,8 @@ impl Client {
         if let Some(dir) = config.cache_dir {
             inner.documents = Some(DocumentCache::new(dir.join("documents")));
             inner.facts_dir = Some(dir.join("registries"));
+        } else if config.memory_documents > 0 {
+            inner.documents = Some(DocumentCache::in_memory(config.memory_documents));
         }
         Ok(Client {
             inner: Arc::new(inner),
@@ -168,7 +176,7 @@ pub(crate) struct Inner {
     pub transport: Transport,
     pub retry: RetryPolicy,
     pub upload: UploadPolicy,
-    /// Manifests, indexes and configs by digest, when the client was given a directory.
+    /// Manifests, indexes and configs by digest, in a directory or in memory.
     pub documents: Option<DocumentCache>,
     /// Where what each registry is known to refuse is kept across runs.
     pub facts_dir: Option<PathBuf>,

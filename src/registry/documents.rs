@@ -1,54 +1,80 @@
 //! A local copy of what is content-addressed and small: manifests, indexes and configs,
-//! stored by digest. A document named by digest is read from here without a request; a tag
-//! costs one `HEAD` (its digest) and then nothing more when the document is here. Every read
-//! is verified against its digest (a damaged file is removed and fetched again), so the
-//! directory is never trusted. Files are `MEDIA_TYPE\n` followed by the exact bytes.
+//! stored by digest. A document named by digest is read from here without a request.
+//!
+//! Two kinds:
+//! - **a directory**, kept across runs (`kiln build --cache-dir`): a tag costs one `HEAD` (its
+//!   digest) and then nothing more when the document is here. Every read is verified against
+//!   its digest (a damaged file is removed and fetched again), so the directory is never
+//!   trusted. Files are `MEDIA_TYPE\n` followed by the exact bytes.
+//! - **memory**, for a long-running process (the controller): the documents last read or
+//!   written, each up to 16 KiB, up to a budget of bytes, the least recently used dropped
+//!   first. A tag is read
+//!   with a plain `GET`, as without a cache: a `HEAD` first would only add a request for the
+//!   tags such a process reads (each once).
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::oci::{Digest, Document, MediaType};
 
 /// Documents above this size are not kept (manifests are at most 4 MiB; most are a few KiB).
 const LIMIT: usize = 4 << 20;
 
-/// The document cache directory.
-#[derive(Clone, Debug)]
-pub(crate) struct DocumentCache {
-    dir: PathBuf,
+/// Documents above this size are not kept in memory: manifests and configs are a few KiB, and
+/// a large one (an SBOM attestation) kept for each of a fleet's images would push out the
+/// others.
+const MEMORY_LIMIT: usize = 16 << 10;
+
+/// Where documents are kept.
+#[derive(Debug)]
+pub(crate) enum DocumentCache {
+    /// Files in a directory.
+    Dir(PathBuf),
+    /// The most recently used, in memory.
+    Memory(Mutex<Recent>),
+}
+
+/// Documents in memory, least recently used first out once over `budget` bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Recent {
+    budget: usize,
+    held: usize,
+    tick: u64,
+    docs: HashMap<Digest, (Document, u64)>,
+    /// The documents by last use.
+    order: BTreeMap<u64, Digest>,
 }
 
 impl DocumentCache {
     pub fn new(dir: PathBuf) -> DocumentCache {
-        DocumentCache { dir }
+        DocumentCache::Dir(dir)
     }
 
-    fn path(&self, digest: &Digest) -> PathBuf {
-        self.dir.join(digest.algorithm()).join(digest.hex())
+    /// A cache in memory of at most `budget` bytes of documents.
+    pub fn in_memory(budget: usize) -> DocumentCache {
+        DocumentCache::Memory(Mutex::new(Recent {
+            budget,
+            ..Recent::default()
+        }))
+    }
+
+    /// Whether a tag is best read as `HEAD` (its digest), then the document from here (a
+    /// directory); else it is read with a `GET`, and what is pushed is kept too (memory).
+    pub fn resolves_tags(&self) -> bool {
+        matches!(self, DocumentCache::Dir(_))
     }
 
     /// The document with `digest`, if here and intact.
     pub fn get(&self, digest: &Digest) -> Option<Document> {
-        let path = self.path(digest);
-        let raw = std::fs::read(&path).ok()?;
-        let (media_type, bytes) = raw
-            .iter()
-            .position(|&b| b == b'\n')
-            .map(|at| (&raw[..at], &raw[at + 1..]))?;
-        if Digest::of(bytes) != *digest {
-            tracing::warn!(
-                path = %path.display(),
-                "a cached document does not match its digest: removed",
-            );
-            let _ = std::fs::remove_file(&path);
-            return None;
+        match self {
+            DocumentCache::Dir(dir) => read(dir, digest),
+            DocumentCache::Memory(recent) => {
+                let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+                recent.get(digest)
+            }
         }
-        let media_type = std::str::from_utf8(media_type).ok()?;
-        Some(Document {
-            media_type: MediaType::from(media_type),
-            digest: digest.clone(),
-            bytes: bytes.to_vec(),
-        })
     }
 
     /// Keeps `doc` (verified bytes) for later; failures only cost a later request.
@@ -56,14 +82,79 @@ impl DocumentCache {
         if doc.bytes.len() > LIMIT || Digest::of(&doc.bytes) != doc.digest {
             return;
         }
-        let path = self.path(&doc.digest);
-        if path.is_file() {
-            return;
-        }
-        if let Err(e) = write(&path, doc) {
-            tracing::debug!(path = %path.display(), error = %e, "not caching a document");
+        match self {
+            DocumentCache::Dir(dir) => {
+                let path = path(dir, &doc.digest);
+                if path.is_file() {
+                    return;
+                }
+                if let Err(e) = write(&path, doc) {
+                    tracing::debug!(path = %path.display(), error = %e, "not caching a document");
+                }
+            }
+            DocumentCache::Memory(recent) => {
+                let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+                recent.put(doc);
+            }
         }
     }
+}
+
+impl Recent {
+    fn get(&mut self, digest: &Digest) -> Option<Document> {
+        self.tick += 1;
+        let (doc, used) = self.docs.get_mut(digest)?;
+        self.order.remove(used);
+        *used = self.tick;
+        self.order.insert(self.tick, digest.clone());
+        Some(doc.clone())
+    }
+
+    fn put(&mut self, doc: &Document) {
+        if doc.bytes.len() > self.budget.min(MEMORY_LIMIT) || self.get(&doc.digest).is_some() {
+            return;
+        }
+        self.held += doc.bytes.len();
+        self.docs
+            .insert(doc.digest.clone(), (doc.clone(), self.tick));
+        self.order.insert(self.tick, doc.digest.clone());
+        while self.held > self.budget {
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
+            if let Some((gone, _)) = self.docs.remove(&oldest) {
+                self.held -= gone.bytes.len();
+            }
+        }
+    }
+}
+
+fn path(dir: &Path, digest: &Digest) -> PathBuf {
+    dir.join(digest.algorithm()).join(digest.hex())
+}
+
+/// The document with `digest` in `dir`, if there and intact.
+fn read(dir: &Path, digest: &Digest) -> Option<Document> {
+    let path = path(dir, digest);
+    let raw = std::fs::read(&path).ok()?;
+    let (media_type, bytes) = raw
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|at| (&raw[..at], &raw[at + 1..]))?;
+    if Digest::of(bytes) != *digest {
+        tracing::warn!(
+            path = %path.display(),
+            "a cached document does not match its digest: removed",
+        );
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
+    let media_type = std::str::from_utf8(media_type).ok()?;
+    Some(Document {
+        media_type: MediaType::from(media_type),
+        digest: digest.clone(),
+        bytes: bytes.to_vec(),
+    })
 }
 
 fn write(path: &Path, doc: &Document) -> std::io::Result<()> {
@@ -93,7 +184,7 @@ mod tests {
             (back.bytes, back.media_type),
             (doc.bytes.clone(), doc.media_type.clone())
         );
-        let path = cache.path(&doc.digest);
+        let path = path(dir.path(), &doc.digest);
         std::fs::write(&path, b"application/x\n{\"a\":2}").unwrap();
         assert!(cache.get(&doc.digest).is_none(), "never trusted");
         assert!(!path.exists());
@@ -104,5 +195,40 @@ mod tests {
         };
         cache.put(&lying);
         assert!(cache.get(&lying.digest).is_none());
+    }
+
+    #[test]
+    fn memory_keeps_the_most_recently_used_within_its_budget() {
+        let doc = |n: u8| Document::new(MediaType::OciConfig, vec![n; 100]);
+        let cache = DocumentCache::in_memory(250);
+        assert!(!cache.resolves_tags());
+        cache.put(&doc(1));
+        cache.put(&doc(2));
+        // 1 used after 2: 2 is the least recently used when 3 comes.
+        assert!(cache.get(&doc(1).digest).is_some());
+        cache.put(&doc(3));
+        assert!(cache.get(&doc(2).digest).is_none());
+        assert_eq!(cache.get(&doc(1).digest).unwrap().bytes, doc(1).bytes);
+        assert_eq!(cache.get(&doc(3).digest).unwrap().bytes, doc(3).bytes);
+        // Putting what is there again neither counts it twice nor drops anything.
+        cache.put(&doc(3));
+        assert!(cache.get(&doc(1).digest).is_some());
+        // Over the whole budget: not kept, and nothing dropped for it.
+        cache.put(&Document::new(MediaType::OciConfig, vec![9; 300]));
+        assert!(cache.get(&doc(1).digest).is_some() && cache.get(&doc(3).digest).is_some());
+        let lying = Document {
+            digest: Digest::of(b"other"),
+            ..doc(4)
+        };
+        cache.put(&lying);
+        assert!(cache.get(&lying.digest).is_none());
+        let DocumentCache::Memory(recent) = &cache else {
+            unreachable!()
+        };
+        let recent = recent.lock().unwrap();
+        assert_eq!(
+            (recent.held, recent.docs.len(), recent.order.len()),
+            (200, 2, 2)
+        );
     }
 }

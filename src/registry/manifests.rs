@@ -48,6 +48,11 @@ impl Client {
         };
         let pinned = match &reference.digest {
             Some(_) => reference.clone(),
+            None if !cache.resolves_tags() => {
+                let doc = self.fetch_manifest(reference, accept).await?;
+                cache.put(&doc);
+                return Ok(doc);
+            }
             None => match self.head_accepting(reference, accept).await {
                 Ok(Some(found)) => reference.with_digest(found.digest),
                 Ok(None) => {

@@ -18,7 +18,7 @@ use super::scope::Scope;
 use super::session::Registry;
 use super::transport::{Call, location, status_error};
 use super::upload_steps::{BlobSource, Session, Upload, min_chunk, uploads_path};
-use crate::oci::{Descriptor, Digest};
+use crate::oci::{Descriptor, Digest, Document, MediaType};
 
 /// What [`Client::push_blob`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,14 +51,18 @@ impl Client {
         mount_from: Option<&str>,
     ) -> Result<BlobOutcome> {
         check_source(&source, descriptor).await?;
-        self.push_once(repo, &descriptor.digest, async {
-            if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
-                debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
-                return Ok(BlobOutcome::Existed);
-            }
-            self.upload(repo, descriptor, source, mount_from).await
-        })
-        .await
+        let kept = self.document(descriptor, &source);
+        let outcome = self
+            .push_once(repo, &descriptor.digest, async {
+                if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
+                    debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
+                    return Ok(BlobOutcome::Existed);
+                }
+                self.upload(repo, descriptor, source, mount_from).await
+            })
+            .await?;
+        self.keep_document(kept);
+        Ok(outcome)
     }
 
     /// Uploads a blob without first asking whether the repository has it: for blobs that are
@@ -74,8 +78,36 @@ impl Client {
         source: BlobSource,
     ) -> Result<BlobOutcome> {
         check_source(&source, descriptor).await?;
+        let kept = self.document(descriptor, &source);
         let upload = self.upload(repo, descriptor, source, None);
-        self.push_once(repo, &descriptor.digest, upload).await
+        let outcome = self.push_once(repo, &descriptor.digest, upload).await?;
+        self.keep_document(kept);
+        Ok(outcome)
+    }
+
+    /// A blob pushed from bytes that is a document (a config, or JSON such as a signature
+    /// payload or an attestation), for a cache in memory once it is up: what a long-running
+    /// process reads back later (the controller, an image it rebased) then costs no request.
+    /// (A build's directory is not written on its way: that build is over before any read.)
+    fn document(&self, descriptor: &Descriptor, source: &BlobSource) -> Option<Document> {
+        let BlobSource::Bytes(bytes) = source else {
+            return None;
+        };
+        let media_type = &descriptor.media_type;
+        let json = matches!(media_type, MediaType::OciConfig | MediaType::DockerConfig)
+            || media_type.as_str().ends_with("+json");
+        let cache = self.inner.documents.as_ref();
+        (json && cache.is_some_and(|c| !c.resolves_tags())).then(|| Document {
+            media_type: media_type.clone(),
+            digest: descriptor.digest.clone(),
+            bytes: bytes.to_vec(),
+        })
+    }
+
+    fn keep_document(&self, doc: Option<Document>) {
+        if let (Some(cache), Some(doc)) = (&self.inner.documents, doc) {
+            cache.put(&doc);
+        }
     }
 
     /// Runs `push` unless a push of the same blob to the same repository by this client is

@@ -385,6 +385,15 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     };
     let before_keep = attestations();
     let key_before = env.function("team", "hello")["status"]["buildKey"].clone();
+    let hello_ref = env.registry.reference("functions/team/hello");
+    let raw = common::run_bytes(
+        Command::new("skopeo")
+            .args(["inspect", "--raw", "--tls-verify=false"])
+            .arg(format!("docker://{hello_ref}@{digest}")),
+    );
+    let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    let config = manifest["config"]["digest"].as_str().unwrap().to_string();
+    let log_before = env.registry.settled_access_log().len();
     let copied = Command::new("skopeo")
         .args(["copy", "--all", "--quiet", "--src-tls-verify=false"])
         .args(["--dest-tls-verify=false", "--preserve-digests"])
@@ -404,6 +413,16 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
             f["status"]["buildKey"] != key_before && reason(&env, "hello").1.contains("kept")
         },
     );
+    // The controller pushed that image (the rebase): it reads neither its manifest nor its
+    // config back.
+    let read_back: Vec<String> = env
+        .registry
+        .access_log_since(log_before)
+        .into_iter()
+        .filter(|l| l.starts_with("GET /v2/functions/team/hello/"))
+        .filter(|l| l.contains(&format!("/manifests/{digest} ")) || l.contains(&config))
+        .collect();
+    assert!(read_back.is_empty(), "{read_back:?}");
     assert_eq!(
         env.function("team", "hello")["status"]["digest"],
         digest.as_str()
