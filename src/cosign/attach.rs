@@ -192,6 +192,8 @@ async fn signature_pending(
     let addition = Addition {
         layers: vec![(layer.clone(), payload.clone())],
         fresh,
+        kind: Kind::Signatures,
+        subject: digest.clone(),
     };
     prepare_append(client, image, &tag, addition, done).await
 }
@@ -234,7 +236,12 @@ async fn attestation_pending(
         fresh,
     };
     let tag = attestation_tag(digest);
-    let addition = Addition { layers, fresh };
+    let addition = Addition {
+        layers,
+        fresh,
+        kind: Kind::Attestations,
+        subject: digest.clone(),
+    };
     prepare_append(client, image, &tag, addition, done).await
 }
 
@@ -247,12 +254,34 @@ pub struct Statements<'a> {
     pub sbom: Option<&'a [u8]>,
 }
 
-/// Layers to add to a cosign tag, each with its bytes, and whether the image is new in the
-/// repository.
+/// Layers to add to a cosign tag, each with its bytes, whether the image is new in the
+/// repository, and what they are.
 struct Addition {
     layers: Vec<(Descriptor, Vec<u8>)>,
     fresh: bool,
+    kind: Kind,
+    /// The image's manifest digest.
+    subject: Digest,
 }
+
+/// What a cosign manifest holds: how it is also stored as an OCI 1.1 referrer of the image
+/// (where the registry serves the referrers API), as `cosign` does in its OCI 1.1 mode.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// Signatures: the same manifest, its config's media type the artifact type
+    /// [`SIGNATURE_ARTIFACT`].
+    Signatures,
+    /// Attestations: their envelopes under the empty config, artifact type
+    /// [`ATTESTATION_ARTIFACT`].
+    Attestations,
+}
+
+/// The artifact type of a signature referrer.
+const SIGNATURE_ARTIFACT: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
+/// The artifact type of an attestation referrer (an in-toto Statement in each envelope).
+const ATTESTATION_ARTIFACT: &str = "application/vnd.in-toto+json";
+/// The media type of OCI 1.1's empty descriptor, and its content.
+const EMPTY: (&str, &[u8]) = ("application/vnd.oci.empty.v1+json", b"{}");
 
 /// A cosign manifest ready to be put (`manifest`, or `None` when its tag already holds what
 /// it would add), and the tag as shown.
@@ -261,6 +290,9 @@ pub struct Pending {
     tag_ref: Reference,
     shown: String,
     manifest: Option<Document>,
+    /// The image's manifest digest, and what the manifest holds.
+    subject: Digest,
+    kind: Kind,
 }
 
 /// What putting a [`Pending`] did.
@@ -274,11 +306,86 @@ impl Pending {
         let added = self.manifest.is_some();
         if let Some(doc) = &self.manifest {
             client.put_manifest(&self.tag_ref, doc).await?;
+            // An addition: the tag is what cosign reads unless told otherwise.
+            if let Err(e) = self.refer(client, doc).await {
+                tracing::warn!(
+                    tag = %self.shown,
+                    error = %e,
+                    "not stored as an OCI 1.1 referrer of the image too",
+                );
+            }
         }
         Ok(Put {
             shown: self.shown,
             added,
         })
+    }
+
+    /// Where the registry serves the referrers API, stores what was added as a referrer of
+    /// the image too (`doc`, the tag's new manifest): a manifest whose `subject` is the
+    /// image, put by digest, which `GET /v2/<name>/referrers/<digest>` then lists.
+    async fn refer(&self, client: &Client, doc: &Document) -> Result<(), registry::Error> {
+        let image = self.tag_ref.with_digest(self.subject.clone());
+        if !client.serves_referrers(&image, &self.subject).await? {
+            return Ok(());
+        }
+        let subject = client.manifest_descriptor(&image).await?;
+        let tagged: Manifest = doc.parse().map_err(|_| registry::Error::Protocol {
+            method: reqwest::Method::PUT,
+            url: self.shown.clone(),
+            problem: "a cosign manifest kiln made does not parse",
+        })?;
+        let referrer = referrer(tagged, subject, self.kind);
+        if self.kind.uses_empty_config() {
+            let (media_type, bytes) = EMPTY;
+            let desc = Descriptor::new(MediaType::from(media_type), Digest::of(bytes), 2);
+            let bytes = BlobSource::Bytes(Bytes::from_static(bytes));
+            client.push_blob(&image, &desc, bytes, None).await?;
+        }
+        let doc = Document::new(
+            MediaType::OciManifest,
+            serde_json::to_vec(&referrer).expect("a manifest serialises"),
+        );
+        client
+            .put_manifest(&self.tag_ref.with_digest(doc.digest.clone()), &doc)
+            .await?;
+        tracing::debug!(referrer = %doc.digest, image = %image, "stored as a referrer");
+        Ok(())
+    }
+}
+
+impl Kind {
+    fn uses_empty_config(self) -> bool {
+        matches!(self, Kind::Attestations)
+    }
+}
+
+/// The referrer of `subject` that holds what the cosign manifest `tagged` holds, as cosign's
+/// OCI 1.1 mode writes it.
+fn referrer(tagged: Manifest, subject: Descriptor, kind: Kind) -> Manifest {
+    let subject = Some(Descriptor::new(
+        subject.media_type,
+        subject.digest,
+        subject.size,
+    ));
+    match kind {
+        Kind::Signatures => Manifest {
+            config: Descriptor {
+                media_type: MediaType::from(SIGNATURE_ARTIFACT),
+                ..tagged.config
+            },
+            subject,
+            ..tagged
+        },
+        Kind::Attestations => {
+            let (media_type, bytes) = EMPTY;
+            Manifest {
+                artifact_type: Some(ATTESTATION_ARTIFACT.to_string()),
+                config: Descriptor::new(MediaType::from(media_type), Digest::of(bytes), 2),
+                subject,
+                ..tagged
+            }
+        }
     }
 }
 
@@ -302,6 +409,8 @@ async fn prepare_append(
     let Addition {
         layers: added,
         fresh,
+        kind,
+        subject,
     } = addition;
     let descriptors: Vec<Descriptor> = added.iter().map(|(d, _)| d.clone()).collect();
     let alone = config_for(&descriptors);
@@ -329,6 +438,8 @@ async fn prepare_append(
             tag_ref,
             shown,
             manifest: None,
+            subject,
+            kind,
         });
     }
     layers.extend(descriptors);
@@ -359,6 +470,8 @@ async fn prepare_append(
         tag_ref,
         shown,
         manifest: Some(doc),
+        subject,
+        kind,
     })
 }
 

@@ -271,6 +271,65 @@ impl Client {
     }
 }
 
+impl Client {
+    /// Whether `repo`'s registry serves the OCI 1.1 referrers API. Asked with `GET
+    /// /v2/<name>/referrers/<digest>` (for a manifest that is in the repository), which such
+    /// a registry answers with an image index, empty when nothing refers to it; one without
+    /// the API answers 404 (distribution 2.8: no such route), 405 or 400. The answer is kept
+    /// for a day, across runs when the client has a cache directory.
+    ///
+    /// # Errors
+    /// Any other answer, and the usual request errors (nothing is kept then).
+    pub async fn serves_referrers(&self, repo: &Reference, digest: &Digest) -> Result<bool> {
+        let reg = self.inner.registry(&repo.registry)?;
+        if let Some(known) = reg.serves_referrers() {
+            return Ok(known);
+        }
+        let url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
+        let call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
+            ACCEPT,
+            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+        );
+        let resp = self.inner.send(&reg, &call).await?;
+        let serves = match resp.status() {
+            StatusCode::OK => {
+                let target = (&call.method, &call.url);
+                let what = format!("the referrers of {repo}@{digest}");
+                let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
+                serde_json::from_slice::<crate::oci::Index>(&bytes).is_ok()
+            }
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => {
+                false
+            }
+            _ => return Err(status_error(&call, resp).await),
+        };
+        debug!(registry = %reg.name, serves, "the referrers API");
+        reg.note_referrers(serves);
+        Ok(serves)
+    }
+
+    /// The descriptor of the manifest `reference` pins by digest: from the document cache when
+    /// it is there, else with a `HEAD`.
+    ///
+    /// # Errors
+    /// [`Error::NotFound`] when the registry does not have it, plus the usual request errors.
+    pub async fn manifest_descriptor(&self, reference: &Reference) -> Result<Descriptor> {
+        if let (Some(cache), Some(digest)) = (&self.inner.documents, &reference.digest)
+            && let Some(doc) = cache.get(digest)
+        {
+            return Ok(doc.descriptor());
+        }
+        self.head_manifest(reference)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: what(reference),
+                method: Method::HEAD,
+                url: reference.to_string(),
+                errors: Vec::new(),
+            })
+    }
+}
+
 fn manifest_path(reference: &Reference) -> String {
     format!(
         "/v2/{}/manifests/{}",

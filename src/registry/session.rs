@@ -22,12 +22,24 @@ use super::failure::is_retryable_status;
 use super::scope::{Scope, ScopeSet};
 use super::transport::{Call, Transport, status_error};
 
-/// What a registry is known to refuse, kept across runs.
-#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+/// What a registry is known to refuse or serve, kept across runs.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Facts {
     #[serde(default)]
     monolithic_refused: bool,
+    /// Whether it serves the OCI 1.1 referrers API, and when that was asked (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    referrers: Option<(bool, u64)>,
+}
+
+/// How long an answer about the referrers API is trusted: a registry may be upgraded.
+const REFERRERS_KNOWN_FOR: u64 = 24 * 3600;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn write_facts(path: &Path, facts: &Facts) -> std::io::Result<()> {
@@ -75,6 +87,9 @@ pub(crate) struct Registry {
     /// 2.8 does: it ignores the body and opens a session), so later blobs skip that attempt;
     /// kept across runs in `facts` ([`Registry::refuse_monolithic`]).
     monolithic_refused: AtomicBool,
+    /// Whether it serves the referrers API, and since when that is known
+    /// ([`Registry::serves_referrers`]); kept across runs in `facts`.
+    referrers: std::sync::Mutex<Option<(bool, u64)>>,
     /// Where what this registry refuses is kept across runs (`registries/HOST.json` in the
     /// client's cache directory), if anywhere.
     facts: Option<PathBuf>,
@@ -108,6 +123,7 @@ impl Registry {
             origin: crate::origin::Origin::of(&base),
             base,
             monolithic_refused: AtomicBool::new(known.monolithic_refused),
+            referrers: std::sync::Mutex::new(known.referrers),
             facts,
             basic_verified: AtomicBool::new(false),
             auth: Mutex::new(auth),
@@ -131,8 +147,28 @@ impl Registry {
         if self.monolithic_refused.swap(true, Ordering::Relaxed) {
             return;
         }
+        self.keep_facts();
+    }
+
+    /// Whether the registry serves the OCI 1.1 referrers API, when that was learnt in the
+    /// last day.
+    pub fn serves_referrers(&self) -> Option<bool> {
+        let known = *self.referrers.lock().unwrap_or_else(|e| e.into_inner());
+        known
+            .filter(|(_, at)| unix_now().saturating_sub(*at) < REFERRERS_KNOWN_FOR)
+            .map(|(serves, _)| serves)
+    }
+
+    /// Notes whether the registry serves the referrers API, for this run and later ones.
+    pub fn note_referrers(&self, serves: bool) {
+        *self.referrers.lock().unwrap_or_else(|e| e.into_inner()) = Some((serves, unix_now()));
+        self.keep_facts();
+    }
+
+    fn keep_facts(&self) {
         let facts = Facts {
-            monolithic_refused: true,
+            monolithic_refused: self.monolithic_refused.load(Ordering::Relaxed),
+            referrers: *self.referrers.lock().unwrap_or_else(|e| e.into_inner()),
         };
         if let Some(path) = &self.facts
             && let Err(e) = write_facts(path, &facts)

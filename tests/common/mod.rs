@@ -26,6 +26,7 @@ pub mod kube_api;
 pub mod kube_client;
 pub mod kubectl;
 pub mod netpol;
+pub mod referrers_registry;
 pub mod registry;
 pub mod schema;
 pub mod skopeo;

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 
 use common::kiln::{Kiln, copy_fixture, tiny_base};
+use common::referrers_registry::ReferrersRegistry;
 use common::registry::{Registry, RegistryKind};
 
 /// `check.py ARGS` (tests/fixtures/cosign/check.py); its output, trimmed.
@@ -469,4 +470,79 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
         assert_ne!(edited, reference);
         assert_eq!(sbom(&edited), packages);
     }
+}
+
+/// Where the registry serves the OCI 1.1 referrers API (ferro-oci-server), the signature and
+/// the attestations are referrers of the image too, as cosign's OCI 1.1 mode stores them, and
+/// check.py finds and verifies them through that API alone. Debian's registry (2.8) does not
+/// serve it: kiln asks once, keeps the answer, and puts no referrer there.
+#[test]
+fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api() {
+    let work = tempfile::tempdir().unwrap();
+    check(&["keys", work.path().to_str().unwrap()]);
+    let key = |name: &str| work.path().join(name).to_str().unwrap().to_string();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    let kiln = Kiln::new();
+
+    let ferro = ReferrersRegistry::start();
+    let host = ferro.host();
+    let image = ferro.reference("fns/hello:1");
+    let reference = kiln
+        .run(&[
+            "build",
+            dir.to_str().unwrap(),
+            "--runtime",
+            "nodejs22",
+            "--base",
+            &tiny_base(),
+            "--image",
+            &image,
+            "--insecure-registry",
+            &host,
+            "--sign-key",
+            &key("a.key"),
+        ])
+        .reference();
+    let digest = reference.split_once('@').unwrap().1;
+    let referrers = |public: &str| check(&["referrers", &host, "fns/hello", digest, public]);
+    assert_eq!(
+        referrers(&key("a.pub")),
+        "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
+    );
+    assert_eq!(referrers(&key("b.pub")), "0");
+    // The tags as well, which cosign reads by default.
+    assert_eq!(
+        check(&["verify", &host, "fns/hello", digest, &key("a.pub")]),
+        "1"
+    );
+    let verify = kiln.run(&[
+        "verify",
+        &reference,
+        "--key",
+        &key("a.pub"),
+        "--insecure-registry",
+        &host,
+    ]);
+    assert_eq!(verify.reference(), reference);
+
+    let reg = Registry::start(RegistryKind::Plain);
+    build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
+    std::fs::write(
+        dir.join("handler.js"),
+        "module.exports = { main: () => 2 };",
+    )
+    .unwrap();
+    build(&kiln, &reg, &dir, "fns/hello:2", &key("a.key"));
+    let log = reg.settled_access_log();
+    let asked: Vec<&String> = log.iter().filter(|l| l.contains("/referrers/")).collect();
+    assert_eq!(asked.len(), 1, "{log:#?}");
+    assert!(asked[0].ends_with(" 404"), "{asked:?}");
+    // Every manifest put there is tagged: the images and their .sig and .att tags.
+    let puts: Vec<&String> = log.iter().filter(|l| l.starts_with("PUT ")).collect();
+    let manifests: Vec<&&String> = puts.iter().filter(|l| l.contains("/manifests/")).collect();
+    assert_eq!(manifests.len(), 6, "{manifests:#?}");
+    assert!(
+        manifests.iter().all(|l| !l.contains("/manifests/sha256:")),
+        "{manifests:#?}"
+    );
 }
