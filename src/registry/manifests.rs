@@ -275,7 +275,8 @@ impl Client {
     /// Whether `repo`'s registry serves the OCI 1.1 referrers API. Asked with `GET
     /// /v2/<name>/referrers/<digest>` (for a manifest that is in the repository), which such
     /// a registry answers with an image index, empty when nothing refers to it; one without
-    /// the API answers 404 (distribution 2.8: no such route), 405 or 400. The answer is kept
+    /// the API answers with a 4xx (distribution 2.8: 404, no such route) or a redirect (GHCR:
+    /// 303 to a page that is not the API). The answer is kept
     /// for a day, across runs when the client has a cache directory.
     ///
     /// # Errors
@@ -298,9 +299,7 @@ impl Client {
                 let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
                 serde_json::from_slice::<crate::oci::Index>(&bytes).is_ok()
             }
-            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => {
-                false
-            }
+            status if status.is_client_error() || status.is_redirection() => false,
             _ => return Err(status_error(&call, resp).await),
         };
         debug!(registry = %reg.name, serves, "the referrers API");

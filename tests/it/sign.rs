@@ -75,13 +75,25 @@ fn build_on(
     key: &str,
 ) -> String {
     let (image, host) = (reg.reference(image), reg.host());
+    build_to(kiln, dir, runtime, base, (&image, &host), key)
+}
+
+/// A signed build of the `runtime` Function in `dir` to `image` in the registry at `host`.
+fn build_to(
+    kiln: &Kiln,
+    dir: &Path,
+    runtime: &str,
+    base: &[&str],
+    (image, host): (&str, &str),
+    key: &str,
+) -> String {
     let mut args = vec!["build", dir.to_str().unwrap(), "--runtime", runtime];
     args.extend(base);
     args.extend([
         "--image",
-        &image,
+        image,
         "--insecure-registry",
-        &host,
+        host,
         "--sign-key",
         key,
     ]);
@@ -487,22 +499,15 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
     let ferro = ReferrersRegistry::start();
     let host = ferro.host();
     let image = ferro.reference("fns/hello:1");
-    let reference = kiln
-        .run(&[
-            "build",
-            dir.to_str().unwrap(),
-            "--runtime",
-            "nodejs22",
-            "--base",
-            &tiny_base(),
-            "--image",
-            &image,
-            "--insecure-registry",
-            &host,
-            "--sign-key",
-            &key("a.key"),
-        ])
-        .reference();
+    let base = ["--base", &tiny_base()];
+    let reference = build_to(
+        &kiln,
+        &dir,
+        "nodejs22",
+        &base,
+        (&image, &host),
+        &key("a.key"),
+    );
     let digest = reference.split_once('@').unwrap().1;
     let referrers = |public: &str| check(&["referrers", &host, "fns/hello", digest, public]);
     assert_eq!(
