@@ -470,8 +470,8 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         "{what}: {functions} Functions on the new base in {:.1} s ({} rebased, {} Jobs) with \
             {CONCURRENT} rollouts (or Jobs) at a time and a {:.0} s rollout; registry requests \
             per Function {:.2}: {:.2} writes, of them {:.2} mounts and {:.2} single-request \
-            uploads, and {:.2} reads; the new image's config and manifest: {:.0} bytes; requests to the \
-            runtime images' repositories: {}",
+            uploads, and {:.2} reads; the new image's config and manifest: {:.0} bytes; requests \
+            to the runtime images' repositories: {}",
         moved.took,
         moved.rebased,
         moved.jobs,

@@ -325,7 +325,9 @@ impl Pending {
     /// the image too (`doc`, the tag's new manifest): a manifest whose `subject` is the
     /// image, put by digest, which `GET /v2/<name>/referrers/<digest>` then lists.
     async fn refer(&self, client: &Client, doc: &Document) -> Result<(), registry::Error> {
-        let image = self.tag_ref.with_digest(self.subject.clone());
+        // By digest alone: a reference that kept the tag would be put to the tag.
+        let repository = self.tag_ref.repository_only();
+        let image = repository.with_digest(self.subject.clone());
         if !client.serves_referrers(&image, &self.subject).await? {
             return Ok(());
         }
@@ -347,7 +349,7 @@ impl Pending {
             serde_json::to_vec(&referrer).expect("a manifest serialises"),
         );
         client
-            .put_manifest(&self.tag_ref.with_digest(doc.digest.clone()), &doc)
+            .put_manifest(&repository.with_digest(doc.digest.clone()), &doc)
             .await?;
         tracing::debug!(referrer = %doc.digest, image = %image, "stored as a referrer");
         Ok(())

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::oci::{Digest, Document, MediaType};
+use crate::oci::{Digest, Document, MediaType, sniff_media_type};
 
 /// Documents above this size are not kept (manifests are at most 4 MiB; most are a few KiB).
 const LIMIT: usize = 4 << 20;
@@ -77,15 +77,25 @@ impl DocumentCache {
         }
     }
 
-    /// Keeps `doc` (verified bytes) for later; failures only cost a later request.
+    /// Keeps `doc` (verified bytes) for later; failures only cost a later request. A
+    /// manifest or index whose bytes name another media type than it came with is not kept:
+    /// the cache serves documents by digest to every registry, and one registry's label must
+    /// not decide how another's reads parse.
     pub fn put(&self, doc: &Document) {
         if doc.bytes.len() > LIMIT || Digest::of(&doc.bytes) != doc.digest {
+            return;
+        }
+        let manifest = doc.media_type.is_manifest() || doc.media_type.is_index();
+        if manifest && sniff_media_type(&doc.bytes).is_some_and(|m| m != doc.media_type) {
             return;
         }
         match self {
             DocumentCache::Dir(dir) => {
                 let path = path(dir, &doc.digest);
-                if path.is_file() {
+                // Kept already, unless under another type (then the latest read's).
+                if path.is_file()
+                    && read(dir, &doc.digest).is_some_and(|d| d.media_type == doc.media_type)
+                {
                     return;
                 }
                 if let Err(e) = write(&path, doc) {
@@ -111,8 +121,19 @@ impl Recent {
     }
 
     fn put(&mut self, doc: &Document) {
-        if doc.bytes.len() > self.budget.min(MEMORY_LIMIT) || self.get(&doc.digest).is_some() {
+        if doc.bytes.len() > self.budget.min(MEMORY_LIMIT) {
             return;
+        }
+        match self.get(&doc.digest) {
+            Some(kept) if kept.media_type == doc.media_type => return,
+            // The same bytes read as another type: the latest read's type, counted once.
+            Some(kept) => {
+                self.held -= kept.bytes.len();
+                if let Some((_, used)) = self.docs.remove(&doc.digest) {
+                    self.order.remove(&used);
+                }
+            }
+            None => {}
         }
         self.held += doc.bytes.len();
         self.docs
@@ -213,6 +234,16 @@ mod tests {
         // Putting what is there again neither counts it twice nor drops anything.
         cache.put(&doc(3));
         assert!(cache.get(&doc(1).digest).is_some());
+        // The same bytes under another type: the latest type, counted once.
+        let relabelled = Document {
+            media_type: MediaType::DockerConfig,
+            ..doc(3)
+        };
+        cache.put(&relabelled);
+        assert_eq!(
+            cache.get(&doc(3).digest).unwrap().media_type,
+            MediaType::DockerConfig
+        );
         // Over the whole budget: not kept, and nothing dropped for it.
         cache.put(&Document::new(MediaType::OciConfig, vec![9; 300]));
         assert!(cache.get(&doc(1).digest).is_some() && cache.get(&doc(3).digest).is_some());
@@ -230,5 +261,29 @@ mod tests {
             (recent.held, recent.docs.len(), recent.order.len()),
             (200, 2, 2)
         );
+    }
+
+    #[test]
+    fn a_manifest_whose_bytes_name_another_type_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = concat!(
+            r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","#,
+            r#""config":{},"layers":[]}"#
+        )
+        .as_bytes();
+        for cache in [
+            DocumentCache::new(dir.path().to_path_buf()),
+            DocumentCache::in_memory(1 << 20),
+        ] {
+            let lying = Document::new(MediaType::OciIndex, manifest.to_vec());
+            cache.put(&lying);
+            assert!(cache.get(&lying.digest).is_none());
+            let honest = Document::new(MediaType::OciManifest, manifest.to_vec());
+            cache.put(&honest);
+            assert_eq!(
+                cache.get(&honest.digest).unwrap().media_type,
+                MediaType::OciManifest
+            );
+        }
     }
 }

@@ -275,8 +275,7 @@ impl Client {
     /// Whether `repo`'s registry serves the OCI 1.1 referrers API. Asked with `GET
     /// /v2/<name>/referrers/<digest>` (for a manifest that is in the repository), which such
     /// a registry answers with an image index, empty when nothing refers to it; one without
-    /// the API answers with a 4xx (distribution 2.8: 404, no such route) or a redirect (GHCR:
-    /// 303 to a page that is not the API). The answer is kept
+    /// the API answers otherwise (distribution 2.8: 404, no such route). The answer is kept
     /// for a day, across runs when the client has a cache directory.
     ///
     /// # Errors
@@ -286,21 +285,37 @@ impl Client {
         if let Some(known) = reg.serves_referrers() {
             return Ok(known);
         }
+        // One question per registry, however many pushes wait for its answer.
+        let _asking = reg.referrers_probe.lock().await;
+        if let Some(known) = reg.serves_referrers() {
+            return Ok(known);
+        }
         let url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
         let call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
             ACCEPT,
             HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
         );
-        let resp = self.inner.send(&reg, &call).await?;
-        let serves = match resp.status() {
-            StatusCode::OK => {
-                let target = (&call.method, &call.url);
-                let what = format!("the referrers of {repo}@{digest}");
-                let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
-                serde_json::from_slice::<crate::oci::Index>(&bytes).is_ok()
+        // Asked once, not retried: any answer but an index (an error status, a refusal, a
+        // redirect elsewhere) means no, for the day; a failed connection or a busy registry
+        // (5xx, 429) means no for this push only.
+        let resp = match self.inner.send_once(&reg, &call).await {
+            Ok(resp) => resp,
+            Err(e @ Error::Transport { .. }) => return Err(e),
+            Err(e) => {
+                debug!(error = %e, "asking for referrers");
+                reg.note_referrers(false);
+                return Ok(false);
             }
-            status if status.is_client_error() || status.is_redirection() => false,
-            _ => return Err(status_error(&call, resp).await),
+        };
+        let status = resp.status();
+        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
+            return Ok(false);
+        }
+        let serves = status == StatusCode::OK && {
+            let target = (&call.method, &call.url);
+            let what = format!("the referrers of {repo}@{digest}");
+            let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
+            serde_json::from_slice::<crate::oci::Index>(&bytes).is_ok()
         };
         debug!(registry = %reg.name, serves, "the referrers API");
         reg.note_referrers(serves);

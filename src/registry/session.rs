@@ -90,6 +90,8 @@ pub(crate) struct Registry {
     /// Whether it serves the referrers API, and since when that is known
     /// ([`Registry::serves_referrers`]); kept across runs in `facts`.
     referrers: std::sync::Mutex<Option<(bool, u64)>>,
+    /// Held while the referrers API is asked about, so concurrent pushes ask once.
+    pub referrers_probe: Mutex<()>,
     /// Where what this registry refuses is kept across runs (`registries/HOST.json` in the
     /// client's cache directory), if anywhere.
     facts: Option<PathBuf>,
@@ -124,6 +126,7 @@ impl Registry {
             base,
             monolithic_refused: AtomicBool::new(known.monolithic_refused),
             referrers: std::sync::Mutex::new(known.referrers),
+            referrers_probe: Mutex::new(()),
             facts,
             basic_verified: AtomicBool::new(false),
             auth: Mutex::new(auth),
@@ -165,14 +168,27 @@ impl Registry {
         self.keep_facts();
     }
 
+    /// Writes what is known, over what the file says (another kiln may have written it since
+    /// this one read it): a refusal is kept, and the later referrers answer wins.
     fn keep_facts(&self) {
-        let facts = Facts {
-            monolithic_refused: self.monolithic_refused.load(Ordering::Relaxed),
-            referrers: *self.referrers.lock().unwrap_or_else(|e| e.into_inner()),
+        let Some(path) = &self.facts else {
+            return;
         };
-        if let Some(path) = &self.facts
-            && let Err(e) = write_facts(path, &facts)
-        {
+        let on_file: Facts = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let ours = *self.referrers.lock().unwrap_or_else(|e| e.into_inner());
+        let referrers = match (ours, on_file.referrers) {
+            (Some(a), Some(b)) => Some(if a.1 >= b.1 { a } else { b }),
+            (a, b) => a.or(b),
+        };
+        let facts = Facts {
+            monolithic_refused: self.monolithic_refused.load(Ordering::Relaxed)
+                || on_file.monolithic_refused,
+            referrers,
+        };
+        if let Err(e) = write_facts(path, &facts) {
             debug!(path = %path.display(), error = %e, "not keeping what the registry refuses");
         }
     }

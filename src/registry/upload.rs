@@ -55,7 +55,8 @@ impl Client {
         let outcome = self
             .push_once(repo, &descriptor.digest, async {
                 if self.blob_exists(repo, &descriptor.digest).await?.is_some() {
-                    debug!(digest = %descriptor.digest, repo = %repo.repository_path(), "blob exists");
+                    let repo = repo.repository_path();
+                    debug!(digest = %descriptor.digest, repo, "blob exists");
                     return Ok(BlobOutcome::Existed);
                 }
                 self.upload(repo, descriptor, source, mount_from).await

@@ -515,11 +515,31 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
         "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
     );
     assert_eq!(referrers(&key("b.pub")), "0");
-    // The tags as well, which cosign reads by default.
+    // The tags as well, which cosign reads by default, each still the manifest cosign writes
+    // there (an image's config, no subject): a referrer goes up by digest, beside it.
     assert_eq!(
         check(&["verify", &host, "fns/hello", digest, &key("a.pub")]),
         "1"
     );
+    check(&["provenance", &host, "fns/hello", digest, &key("a.pub")]);
+    for suffix in ["sig", "att"] {
+        let tag = format!("{}.{suffix}", digest.replace(':', "-"));
+        let raw = common::run_bytes(
+            Command::new("curl")
+                .args([
+                    "-sf",
+                    "-H",
+                    "Accept: application/vnd.oci.image.manifest.v1+json",
+                ])
+                .arg(format!("http://{host}/v2/fns/hello/manifests/{tag}")),
+        );
+        let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(
+            manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json",
+            "{manifest:#}"
+        );
+        assert!(manifest.get("subject").is_none(), "{manifest:#}");
+    }
     let verify = kiln.run(&[
         "verify",
         &reference,
