@@ -277,9 +277,9 @@ enum Kind {
 }
 
 /// The artifact type of a signature referrer.
-const SIGNATURE_ARTIFACT: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
+pub(super) const SIGNATURE_ARTIFACT: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
 /// The artifact type of an attestation referrer (an in-toto Statement in each envelope).
-const ATTESTATION_ARTIFACT: &str = "application/vnd.in-toto+json";
+pub(super) const ATTESTATION_ARTIFACT: &str = "application/vnd.in-toto+json";
 /// The media type of OCI 1.1's empty descriptor, and its content.
 const EMPTY: (&str, &[u8]) = ("application/vnd.oci.empty.v1+json", b"{}");
 

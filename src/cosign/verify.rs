@@ -3,6 +3,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
+use super::attach::{ATTESTATION_ARTIFACT, SIGNATURE_ARTIFACT};
 use super::{
     DSSE_ENVELOPE, MAX_ENVELOPE, MAX_PAYLOAD, SIMPLE_SIGNING, VerifyKey, attestation_tag, existing,
     signature_of, signature_tag, signed_digest,
@@ -173,11 +174,16 @@ pub async fn verify(
     };
     let tag = signature_tag(&digest);
     let (sig_ref, found) = tagged(client, image, &tag, &shown, "signatures").await?;
-    let Some(manifest) = found else {
-        return Err(VerifyError::Unsigned { image: shown, tag });
+    let layers = match found {
+        Some(manifest) => manifest.layers,
+        // Signed by cosign's OCI 1.1 mode, say: referrers only.
+        None => referred(client, image, &digest, SIGNATURE_ARTIFACT, &shown).await?,
     };
+    if layers.is_empty() {
+        return Err(VerifyError::Unsigned { image: shown, tag });
+    }
     let mut reasons = Vec::new();
-    for layer in &manifest.layers {
+    for layer in &layers {
         if layer.media_type.as_str() != SIMPLE_SIGNING {
             reasons.push(format!("a layer of type {}", layer.media_type.as_str()));
             continue;
@@ -286,7 +292,10 @@ async fn provenance(
     let shown = format!("{}@{digest}", image.repository_path());
     let tag = attestation_tag(digest);
     let (att_ref, found) = tagged(client, image, &tag, &shown, "attestations").await?;
-    let layers = found.map(|m| m.layers).unwrap_or_default();
+    let layers = match found {
+        Some(manifest) => manifest.layers,
+        None => referred(client, image, digest, ATTESTATION_ARTIFACT, &shown).await?,
+    };
     let mut reasons = Vec::new();
     let statements = signed_statements(client, &att_ref, &layers, key, &mut reasons)
         .await
@@ -370,6 +379,47 @@ pub(super) async fn signed_statements(
         }
     }
     Ok(statements)
+}
+
+/// At most this many referrers of one artifact type are read for an image.
+const MAX_REFERRERS: usize = 16;
+
+/// The layers of the manifests of `artifact_type` that refer to `digest` in `image`'s
+/// repository through the OCI 1.1 referrers API (where the registry serves it), each read by
+/// digest and naming `digest` as its subject: what cosign's OCI 1.1 mode stores instead of its
+/// tags. Their blobs are in the image's repository.
+async fn referred(
+    client: &Client,
+    image: &Reference,
+    digest: &Digest,
+    artifact_type: &str,
+    shown: &str,
+) -> Result<Vec<crate::oci::Descriptor>, VerifyError> {
+    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+    let repository = image.repository_only();
+    let listed = client
+        .referrers(&repository, digest, artifact_type)
+        .await
+        .map_err(registry_err(format!("the referrers of {shown}")))?;
+    let mut layers = Vec::new();
+    for referrer in listed.iter().take(MAX_REFERRERS) {
+        let at = repository.with_digest(referrer.digest.clone());
+        let doc = client
+            .get_manifest(&at, &[crate::oci::MediaType::OciManifest])
+            .await
+            .map_err(registry_err(format!("the referrer {at}")))?;
+        let Ok(manifest) = doc.parse::<Manifest>() else {
+            continue;
+        };
+        if manifest
+            .subject
+            .as_ref()
+            .is_some_and(|s| s.digest == *digest)
+        {
+            layers.extend(manifest.layers);
+        }
+    }
+    Ok(layers)
 }
 
 /// The cosign manifest tagged `tag` in the repository of `image` (`shown`): the tag's

@@ -322,6 +322,50 @@ impl Client {
         Ok(serves)
     }
 
+    /// The manifests the referrers API lists as referring to `digest` in `repo`, of
+    /// `artifact_type` (asked of the registry as a filter, and checked here too, since a
+    /// registry may ignore the filter). Empty where the registry does not serve the API
+    /// ([`Client::serves_referrers`]).
+    ///
+    /// # Errors
+    /// The usual request errors; an answer that is not an image index is a protocol error.
+    pub async fn referrers(
+        &self,
+        repo: &Reference,
+        digest: &Digest,
+        artifact_type: &str,
+    ) -> Result<Vec<Descriptor>> {
+        if !self.serves_referrers(repo, digest).await? {
+            return Ok(Vec::new());
+        }
+        let reg = self.inner.registry(&repo.registry)?;
+        let mut url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
+        url.query_pairs_mut()
+            .append_pair("artifactType", artifact_type);
+        let call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
+            ACCEPT,
+            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+        );
+        let resp = self.inner.send(&reg, &call).await?;
+        if resp.status() != StatusCode::OK {
+            return Err(status_error(&call, resp).await);
+        }
+        let target = (&call.method, &call.url);
+        let what = format!("the referrers of {repo}@{digest}");
+        let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
+        let index: crate::oci::Index =
+            serde_json::from_slice(&bytes).map_err(|_| Error::Protocol {
+                method: Method::GET,
+                url: call.shown_url(),
+                problem: "the referrers answer is not an image index",
+            })?;
+        Ok(index
+            .manifests
+            .into_iter()
+            .filter(|d| d.artifact_type.as_deref() == Some(artifact_type))
+            .collect())
+    }
+
     /// The descriptor of the manifest `reference` pins by digest: from the document cache when
     /// it is there, else with a `HEAD`.
     ///

@@ -521,34 +521,63 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
         check(&["verify", &host, "fns/hello", digest, &key("a.pub")]),
         "1"
     );
-    check(&["provenance", &host, "fns/hello", digest, &key("a.pub")]);
+    let build_key = check(&["provenance", &host, "fns/hello", digest, &key("a.pub")]);
+    let curl = |args: &[&str], path: &str| {
+        let url = format!("http://{host}/v2/fns/hello/manifests/{path}");
+        let accept = "Accept: application/vnd.oci.image.manifest.v1+json";
+        common::run_bytes(
+            Command::new("curl")
+                .args(["-s", "-H", accept])
+                .args(args)
+                .arg(url),
+        )
+    };
+    let mut tagged = Vec::new();
     for suffix in ["sig", "att"] {
         let tag = format!("{}.{suffix}", digest.replace(':', "-"));
-        let raw = common::run_bytes(
-            Command::new("curl")
-                .args([
-                    "-sf",
-                    "-H",
-                    "Accept: application/vnd.oci.image.manifest.v1+json",
-                ])
-                .arg(format!("http://{host}/v2/fns/hello/manifests/{tag}")),
-        );
+        let raw = curl(&["-f"], &tag);
         let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
         assert_eq!(
             manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json",
             "{manifest:#}"
         );
         assert!(manifest.get("subject").is_none(), "{manifest:#}");
+        tagged.push((tag, common::sha256_digest(&raw)));
     }
-    let verify = kiln.run(&[
-        "verify",
-        &reference,
-        "--key",
-        &key("a.pub"),
-        "--insecure-registry",
-        &host,
-    ]);
-    assert_eq!(verify.reference(), reference);
+    let verify = |public: &str, extra: &[&str]| {
+        let mut args = vec!["verify", &reference, "--key", public];
+        args.extend(["--insecure-registry", &host]);
+        args.extend(extra);
+        kiln.run(&args)
+    };
+    assert_eq!(verify(&key("a.pub"), &[]).reference(), reference);
+    // Without the tags, as cosign's OCI 1.1 mode leaves an image: kiln verify finds the
+    // signature and the provenance through the referrers API.
+    for (tag, manifest) in &tagged {
+        let deleted = curl(
+            &[
+                "-f",
+                "-X",
+                "DELETE",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+            ],
+            manifest,
+        );
+        assert_eq!(String::from_utf8_lossy(&deleted), "202");
+        let gone = curl(&["-o", "/dev/null", "-w", "%{http_code}"], tag);
+        assert_eq!(String::from_utf8_lossy(&gone), "404", "{tag}");
+    }
+    let by_referrers = verify(&key("a.pub"), &["--build-key", &build_key]);
+    assert_eq!(by_referrers.reference(), reference);
+    let err = verify(&key("b.pub"), &[]).failure(1).to_string();
+    assert!(err.contains("no signature of"), "{err}");
+    let err = verify(&key("a.pub"), &["--build-key", "sha256:0"])
+        .failure(1)
+        .to_string();
+    assert!(err.contains("provenance"), "{err}");
 
     let reg = Registry::start(RegistryKind::Plain);
     build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
