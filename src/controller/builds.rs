@@ -81,7 +81,7 @@ pub async fn step(
         let image = format!("{}@{digest}", plan.repository());
         let found = ctx.images.find(&image).await?.is_some();
         let why = if found {
-            unproven(ctx, plan, &image).await?
+            unproven(ctx, plan, &image, None).await?
         } else {
             None
         };
@@ -166,7 +166,7 @@ async fn finished(
         .await;
     };
     let digest = digest.to_string();
-    if let Some(why) = unproven(ctx, plan, &format!("{repository}@{digest}")).await? {
+    if let Some(why) = unproven(ctx, plan, &format!("{repository}@{digest}"), None).await? {
         return refuse(ctx, st, &name, reason::PROVENANCE_INVALID, |delay| {
             format!(
                 "Job {}/{name} pushed {repository}@{digest}, which is not deployed without a \
@@ -222,16 +222,25 @@ async fn refuse(
 
 /// With `--require-provenance`, why `image` may not be deployed for `plan`: `None` when a
 /// signature and a provenance by the image signing key name it as pushed under the build
-/// key's tag (`plan.push_image`), and always without the flag.
+/// key's tag (`plan.push_image`), and always without the flag. The key is the Secret's
+/// `cosign.pub`: `known` when the caller read it already (a rebase it signed), else read now.
 ///
 /// # Errors
 /// The signing Secret cannot be read, or a registry failure.
-pub(super) async fn unproven(ctx: &Context, plan: &Plan, image: &str) -> Result<Option<String>> {
+pub(super) async fn unproven(
+    ctx: &Context,
+    plan: &Plan,
+    image: &str,
+    known: Option<crate::cosign::VerifyKey>,
+) -> Result<Option<String>> {
     let config = &ctx.config;
     let (true, Some(secret)) = (config.require_provenance, &config.image_signing_secret) else {
         return Ok(None);
     };
-    let key = super::lookup::image_verify_key(&ctx.client, &config.namespace, secret).await?;
+    let key = match known {
+        Some(key) => key,
+        None => super::lookup::image_verify_key(&ctx.client, &config.namespace, secret).await?,
+    };
     Ok(ctx
         .images
         .provenance(image, &key, &plan.push_image)

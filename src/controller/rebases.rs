@@ -130,11 +130,11 @@ pub async fn attempt(
     let taken = match decide(plan, ctx, change).await {
         Ok(Move::Rebase(rebased)) => push(plan, ctx, change, &rebased)
             .await
-            .map(|digest| (digest, false))
+            .map(|(digest, key)| (digest, false, key))
             .map_err(|e| format!("rebasing failed ({e})")),
         Ok(Move::Current) => keep(plan, ctx, change)
             .await
-            .map(|()| (change.digest.clone(), true))
+            .map(|key| (change.digest.clone(), true, key))
             .map_err(|e| format!("signing the image for the new key failed ({e})")),
         Ok(Move::Rebuild(why)) => {
             ctx.rollouts.release(&id);
@@ -146,13 +146,14 @@ pub async fn attempt(
         }
         Err(e) => Err(format!("reading the image to rebase failed ({e})")),
     };
-    let (digest, kept) = match taken {
+    let (digest, kept, key) = match taken {
         Ok(taken) => taken,
         Err(why) => return Ok(fall_back(ctx, &id, st, &why)),
     };
-    // Checked as every image taken for a build key is (--require-provenance).
+    // Checked as every image taken for a build key is (--require-provenance), against the
+    // public key read with the signing key, when it signed.
     let image = format!("{}@{digest}", plan.repository());
-    if let Some(why) = super::builds::unproven(ctx, plan, &image).await? {
+    if let Some(why) = super::builds::unproven(ctx, plan, &image, key).await? {
         let why = format!("the image {image} is not proven ({why})");
         return Ok(fall_back(ctx, &id, st, &why));
     }
@@ -324,13 +325,14 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
 }
 
 /// Pushes the rebased image (or index) to `plan.push_image`, signed when the controller signs
-/// ([`signing`]): its digest.
+/// ([`signing`]): its digest, and the public key of what signed it (the Secret's
+/// `cosign.pub`) when that was read.
 async fn push(
     plan: &Plan,
     ctx: &Context,
     change: &BaseChange,
     rebased: &Rebased,
-) -> Result<String, String> {
+) -> Result<(String, Option<crate::cosign::VerifyKey>), String> {
     let signing = signing::signing(ctx).await?;
     let from: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
@@ -376,7 +378,8 @@ async fn push(
             digest
         }
     };
-    Ok(digest.to_string())
+    let key = signing.as_ref().and_then(signing::Signing::verify_key);
+    Ok((digest.to_string(), key))
 }
 
 fn signing_text(e: rebase::attest::Error) -> String {
@@ -385,10 +388,15 @@ fn signing_text(e: rebase::attest::Error) -> String {
 
 /// For an image kept as it is for the new key, when the controller signs: a provenance that
 /// names where the new key's build goes, beside the image's own (an index: each platform's
-/// image's, and the index's signature, there already, is kept).
-async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<(), String> {
+/// image's, and the index's signature, there already, is kept). The public key of what signed
+/// it, as [`push`] gives it.
+async fn keep(
+    plan: &Plan,
+    ctx: &Context,
+    change: &BaseChange,
+) -> Result<Option<crate::cosign::VerifyKey>, String> {
     let Some(signing) = signing::signing(ctx).await? else {
-        return Ok(());
+        return Ok(None);
     };
     let text = |e| format!("{:#}", anyhow::Error::new(e));
     let client = ctx.images.client();
@@ -428,7 +436,7 @@ async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<(), Str
             .await
             .map_err(signing_text)?;
     }
-    Ok(())
+    Ok(signing.verify_key())
 }
 
 /// The new bases rebases were made onto, by their reference pinned by digest: the rebases of

@@ -20,17 +20,26 @@ use super::super::context::Context;
 use crate::cosign::{KeyError, SignKey, VerifyKey};
 use crate::rebase::attest::Signer;
 
-/// The signing key as last read: the Secret's resourceVersion and the key.
+/// The signing key as last read: the Secret's resourceVersion, the key, and whether the
+/// Secret's `cosign.pub` is its public half (checked) rather than absent.
 #[derive(Default)]
-pub struct SigningKeys(Mutex<Option<(String, Arc<SignKey>)>>);
+pub struct SigningKeys(Mutex<Option<(String, Arc<SignKey>, bool)>>);
 
 /// A rebase's signing: the key, and when the rebase started.
 pub struct Signing {
     key: Arc<SignKey>,
     started: String,
+    /// The Secret holds `cosign.pub`, this key's public half.
+    published: bool,
 }
 
 impl Signing {
+    /// The Secret's `cosign.pub`, as read with the key: what the rebased image is checked
+    /// against (`--require-provenance`) without reading the Secret again.
+    pub fn verify_key(&self) -> Option<VerifyKey> {
+        self.published.then(|| self.key.public().clone())
+    }
+
     /// The [`Signer`] for [`crate::rebase::attest`]; the SBOM's layer readings are kept in
     /// the controller's temporary directory.
     pub fn signer<'a>(&'a self, cache_dir: &'a std::path::Path) -> Signer<'a> {
@@ -67,12 +76,13 @@ pub async fn signing(ctx: &Context) -> Result<Option<Signing>, String> {
     let version = found.metadata.resource_version.clone().unwrap_or_default();
     {
         let kept = ctx.signing_keys.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((v, key)) = kept.as_ref()
+        if let Some((v, key, published)) = kept.as_ref()
             && *v == version
         {
             return Ok(Some(Signing {
                 key: key.clone(),
                 started,
+                published: *published,
             }));
         }
     }
@@ -98,8 +108,9 @@ pub async fn signing(ctx: &Context) -> Result<Option<Signing>, String> {
         e => format!("the {IMAGE_SIGNING_KEY} of {shown}: {e}"),
     })?;
     // What it signs must verify with the public key the controller checks images with.
-    if let Some(public) = text(IMAGE_VERIFY_KEY) {
-        let public = VerifyKey::from_pem(&public)
+    let published = text(IMAGE_VERIFY_KEY);
+    if let Some(public) = &published {
+        let public = VerifyKey::from_pem(public)
             .map_err(|e| format!("the {IMAGE_VERIFY_KEY} of {shown}: {e}"))?;
         if public != *key.public() {
             return Err(format!(
@@ -109,7 +120,12 @@ pub async fn signing(ctx: &Context) -> Result<Option<Signing>, String> {
         }
     }
     let key = Arc::new(key);
+    let published = published.is_some();
     let mut kept = ctx.signing_keys.0.lock().unwrap_or_else(|e| e.into_inner());
-    *kept = Some((version, key.clone()));
-    Ok(Some(Signing { key, started }))
+    *kept = Some((version, key.clone(), published));
+    Ok(Some(Signing {
+        key,
+        started,
+        published,
+    }))
 }
