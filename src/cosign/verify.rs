@@ -14,8 +14,8 @@ use crate::registry::{self, Client, Reference};
 /// Why an image did not verify.
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
-    /// The image has no signature tag.
-    #[error("{image} has no signatures: nothing is tagged {tag}")]
+    /// The image has no signature tag (and no referrer that is a signature).
+    #[error("{image} has no signatures: nothing is tagged {tag}, and no referrer is one")]
     Unsigned {
         /// The image.
         image: String,
@@ -177,11 +177,13 @@ pub async fn verify(
     let layers = match found {
         Some(manifest) => manifest.layers,
         // Signed by cosign's OCI 1.1 mode, say: referrers only.
-        None => referred(client, image, &digest, SIGNATURE_ARTIFACT, &shown).await?,
+        None => match referred(client, image, &digest, SIGNATURE_ARTIFACT).await {
+            layers if layers.is_empty() => {
+                return Err(VerifyError::Unsigned { image: shown, tag });
+            }
+            layers => layers,
+        },
     };
-    if layers.is_empty() {
-        return Err(VerifyError::Unsigned { image: shown, tag });
-    }
     let mut reasons = Vec::new();
     for layer in &layers {
         if layer.media_type.as_str() != SIMPLE_SIGNING {
@@ -294,7 +296,7 @@ async fn provenance(
     let (att_ref, found) = tagged(client, image, &tag, &shown, "attestations").await?;
     let layers = match found {
         Some(manifest) => manifest.layers,
-        None => referred(client, image, digest, ATTESTATION_ARTIFACT, &shown).await?,
+        None => referred(client, image, digest, ATTESTATION_ARTIFACT).await,
     };
     let mut reasons = Vec::new();
     let statements = signed_statements(client, &att_ref, &layers, key, &mut reasons)
@@ -381,45 +383,62 @@ pub(super) async fn signed_statements(
     Ok(statements)
 }
 
-/// At most this many referrers of one artifact type are read for an image.
-const MAX_REFERRERS: usize = 16;
+/// At most this many referrers of one artifact type are read for an image, and at most this
+/// many distinct layers taken from them.
+const MAX_REFERRERS: usize = 32;
+const MAX_REFERRED_LAYERS: usize = 64;
 
 /// The layers of the manifests of `artifact_type` that refer to `digest` in `image`'s
 /// repository through the OCI 1.1 referrers API (where the registry serves it), each read by
-/// digest and naming `digest` as its subject: what cosign's OCI 1.1 mode stores instead of its
-/// tags. Their blobs are in the image's repository.
+/// digest and naming `digest` as its subject, each layer once: what cosign's OCI 1.1 mode
+/// stores instead of its tags. Their blobs are in the image's repository. A fallback for an
+/// image without tags: what cannot be read there (the API failing, a referrer gone) is passed
+/// over, so the verdict is the same as with nothing found (never a pass).
 async fn referred(
     client: &Client,
     image: &Reference,
     digest: &Digest,
     artifact_type: &str,
-    shown: &str,
-) -> Result<Vec<crate::oci::Descriptor>, VerifyError> {
-    let registry_err = |what: String| move |source| VerifyError::Registry { what, source };
+) -> Vec<crate::oci::Descriptor> {
     let repository = image.repository_only();
-    let listed = client
-        .referrers(&repository, digest, artifact_type)
-        .await
-        .map_err(registry_err(format!("the referrers of {shown}")))?;
-    let mut layers = Vec::new();
+    let listed = match client.referrers(&repository, digest, artifact_type).await {
+        Ok(listed) => listed,
+        Err(e) => {
+            tracing::debug!(error = %e, %digest, "reading the referrers");
+            return Vec::new();
+        }
+    };
+    let mut layers: Vec<crate::oci::Descriptor> = Vec::new();
     for referrer in listed.iter().take(MAX_REFERRERS) {
         let at = repository.with_digest(referrer.digest.clone());
-        let doc = client
+        let manifest = match client
             .get_manifest(&at, &[crate::oci::MediaType::OciManifest])
             .await
-            .map_err(registry_err(format!("the referrer {at}")))?;
-        let Ok(manifest) = doc.parse::<Manifest>() else {
-            continue;
+            .map(|doc| doc.parse::<Manifest>())
+        {
+            Ok(Ok(manifest)) => manifest,
+            Ok(Err(_)) => continue,
+            Err(e) => {
+                tracing::debug!(error = %e, referrer = %at, "reading a referrer");
+                continue;
+            }
         };
         if manifest
             .subject
             .as_ref()
-            .is_some_and(|s| s.digest == *digest)
+            .is_none_or(|s| s.digest != *digest)
         {
-            layers.extend(manifest.layers);
+            continue;
+        }
+        for layer in manifest.layers {
+            if layers.len() < MAX_REFERRED_LAYERS
+                && !layers.iter().any(|l| l.digest == layer.digest)
+            {
+                layers.push(layer);
+            }
         }
     }
-    Ok(layers)
+    layers
 }
 
 /// The cosign manifest tagged `tag` in the repository of `image` (`shown`): the tag's
