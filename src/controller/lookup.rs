@@ -169,12 +169,17 @@ pub async fn image_verify_key(
                  the public key (cosign public-key --key cosign.key) under that key"
             ))
         })?;
-    let text = String::from_utf8(pem).unwrap_or_default();
-    crate::cosign::VerifyKey::from_pem(&text).map_err(|e| {
+    verify_key(&pem).map_err(|e| {
         Error::Missing(format!(
             "the {IMAGE_VERIFY_KEY} of the image signing Secret {namespace}/{secret}: {e}"
         ))
     })
+}
+
+/// The public key of an image signing Secret's `cosign.pub` bytes, or why not.
+pub fn verify_key(pem: &[u8]) -> std::result::Result<crate::cosign::VerifyKey, String> {
+    let text = std::str::from_utf8(pem).map_err(|_| "not text".to_string())?;
+    crate::cosign::VerifyKey::from_pem(text).map_err(|e| e.to_string())
 }
 
 /// Digests of namespaces' package-registry config Secrets.

@@ -280,8 +280,14 @@ enum Kind {
 pub(super) const SIGNATURE_ARTIFACT: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
 /// The artifact type of an attestation referrer (an in-toto Statement in each envelope).
 pub(super) const ATTESTATION_ARTIFACT: &str = "application/vnd.in-toto+json";
-/// The media type of OCI 1.1's empty descriptor, and its content.
-const EMPTY: (&str, &[u8]) = ("application/vnd.oci.empty.v1+json", b"{}");
+/// The content of OCI 1.1's empty descriptor ([`empty_config`]).
+const EMPTY: &[u8] = b"{}";
+
+/// OCI 1.1's empty descriptor, the config of an artifact that needs none.
+fn empty_config() -> Descriptor {
+    let media_type = MediaType::from("application/vnd.oci.empty.v1+json");
+    Descriptor::new(media_type, Digest::of(EMPTY), EMPTY.len() as u64)
+}
 
 /// A cosign manifest ready to be put (`manifest`, or `None` when its tag already holds what
 /// it would add), and the tag as shown.
@@ -337,13 +343,13 @@ impl Pending {
             url: self.shown.clone(),
             problem: "a cosign manifest kiln made does not parse",
         })?;
-        let referrer = referrer(tagged, subject, self.kind);
-        if self.kind.uses_empty_config() {
-            let (media_type, bytes) = EMPTY;
-            let desc = Descriptor::new(MediaType::from(media_type), Digest::of(bytes), 2);
-            let bytes = BlobSource::Bytes(Bytes::from_static(bytes));
-            client.push_blob(&image, &desc, bytes, None).await?;
+        if let Kind::Attestations = self.kind {
+            let bytes = BlobSource::Bytes(Bytes::from_static(EMPTY));
+            client
+                .push_blob(&image, &empty_config(), bytes, None)
+                .await?;
         }
+        let referrer = referrer(tagged, subject, self.kind);
         let doc = Document::new(
             MediaType::OciManifest,
             serde_json::to_vec(&referrer).expect("a manifest serialises"),
@@ -353,12 +359,6 @@ impl Pending {
             .await?;
         tracing::debug!(referrer = %doc.digest, image = %image, "stored as a referrer");
         Ok(())
-    }
-}
-
-impl Kind {
-    fn uses_empty_config(self) -> bool {
-        matches!(self, Kind::Attestations)
     }
 }
 
@@ -379,15 +379,12 @@ fn referrer(tagged: Manifest, subject: Descriptor, kind: Kind) -> Manifest {
             subject,
             ..tagged
         },
-        Kind::Attestations => {
-            let (media_type, bytes) = EMPTY;
-            Manifest {
-                artifact_type: Some(ATTESTATION_ARTIFACT.to_string()),
-                config: Descriptor::new(MediaType::from(media_type), Digest::of(bytes), 2),
-                subject,
-                ..tagged
-            }
-        }
+        Kind::Attestations => Manifest {
+            artifact_type: Some(ATTESTATION_ARTIFACT.to_string()),
+            config: empty_config(),
+            subject,
+            ..tagged
+        },
     }
 }
 

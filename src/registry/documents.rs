@@ -61,9 +61,21 @@ impl DocumentCache {
     }
 
     /// Whether a tag is best read as `HEAD` (its digest), then the document from here (a
-    /// directory); else it is read with a `GET`, and what is pushed is kept too (memory).
+    /// directory); else it is read with a `GET` (memory).
     pub fn resolves_tags(&self) -> bool {
         matches!(self, DocumentCache::Dir(_))
+    }
+
+    /// Whether a document of `size` bytes that was pushed is kept: in memory, when it fits
+    /// (a build's directory is not written on its way: the build is over before any read).
+    pub fn keeps_pushed(&self, size: u64) -> bool {
+        match self {
+            DocumentCache::Dir(_) => false,
+            DocumentCache::Memory(recent) => {
+                let recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+                usize::try_from(size).is_ok_and(|n| n <= recent.budget.min(MEMORY_LIMIT))
+            }
+        }
     }
 
     /// The document with `digest`, if here and intact.
@@ -93,9 +105,9 @@ impl DocumentCache {
             DocumentCache::Dir(dir) => {
                 let path = path(dir, &doc.digest);
                 // Kept already, unless under another type (then the latest read's).
-                if path.is_file()
-                    && read(dir, &doc.digest).is_some_and(|d| d.media_type == doc.media_type)
-                {
+                // Kept already under this type (the bytes are checked when read, not here).
+                let head = format!("{}\n", doc.media_type.as_str());
+                if std::fs::read(&path).is_ok_and(|raw| raw.starts_with(head.as_bytes())) {
                     return;
                 }
                 if let Err(e) = write(&path, doc) {
@@ -111,27 +123,32 @@ impl DocumentCache {
 }
 
 impl Recent {
-    fn get(&mut self, digest: &Digest) -> Option<Document> {
+    /// Marks `digest` used now (every call advances the clock); its document, if kept.
+    fn touch(&mut self, digest: &Digest) -> Option<&Document> {
         self.tick += 1;
         let (doc, used) = self.docs.get_mut(digest)?;
         self.order.remove(used);
         *used = self.tick;
         self.order.insert(self.tick, digest.clone());
-        Some(doc.clone())
+        Some(doc)
+    }
+
+    fn get(&mut self, digest: &Digest) -> Option<Document> {
+        self.touch(digest).cloned()
     }
 
     fn put(&mut self, doc: &Document) {
         if doc.bytes.len() > self.budget.min(MEMORY_LIMIT) {
             return;
         }
-        match self.get(&doc.digest) {
-            Some(kept) if kept.media_type == doc.media_type => return,
+        let kept = self.touch(&doc.digest);
+        match kept.map(|k| (k.media_type == doc.media_type, k.bytes.len())) {
+            Some((true, _)) => return,
             // The same bytes read as another type: the latest read's type, counted once.
-            Some(kept) => {
-                self.held -= kept.bytes.len();
-                if let Some((_, used)) = self.docs.remove(&doc.digest) {
-                    self.order.remove(&used);
-                }
+            Some((false, len)) => {
+                self.held -= len;
+                self.order.remove(&self.tick);
+                self.docs.remove(&doc.digest);
             }
             None => {}
         }
@@ -223,6 +240,8 @@ mod tests {
         let doc = |n: u8| Document::new(MediaType::OciConfig, vec![n; 100]);
         let cache = DocumentCache::in_memory(250);
         assert!(!cache.resolves_tags());
+        assert!(cache.keeps_pushed(250) && !cache.keeps_pushed(251));
+        assert!(!DocumentCache::new(PathBuf::from("/nonexistent")).keeps_pushed(1));
         cache.put(&doc(1));
         cache.put(&doc(2));
         // 1 used after 2: 2 is the least recently used when 3 comes.

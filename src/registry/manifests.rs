@@ -10,6 +10,7 @@ use super::error::{Error, Result};
 use super::reference::Reference;
 use super::retry::retry;
 use super::scope::Scope;
+use super::session::Registry;
 use super::transport::{Call, Payload, header, not_found, read_capped, status_error};
 use tracing::debug;
 
@@ -290,11 +291,7 @@ impl Client {
         if let Some(known) = reg.serves_referrers() {
             return Ok(known);
         }
-        let url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
-        let call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
-            ACCEPT,
-            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
-        );
+        let call = referrers_call(&reg, repo, digest, None);
         // Asked once, not retried: any answer but an index (an error status, a refusal, a
         // redirect elsewhere) means no, for the day; a failed connection or a busy registry
         // (5xx, 429) means no for this push only.
@@ -311,12 +308,8 @@ impl Client {
         if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
             return Ok(false);
         }
-        let serves = status == StatusCode::OK && {
-            let target = (&call.method, &call.url);
-            let what = format!("the referrers of {repo}@{digest}");
-            let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
-            serde_json::from_slice::<crate::oci::Index>(&bytes).is_ok()
-        };
+        let serves =
+            status == StatusCode::OK && read_index(&call, resp, repo, digest).await.is_ok();
         debug!(registry = %reg.name, serves, "the referrers API");
         reg.note_referrers(serves);
         Ok(serves)
@@ -339,26 +332,12 @@ impl Client {
             return Ok(Vec::new());
         }
         let reg = self.inner.registry(&repo.registry)?;
-        let mut url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
-        url.query_pairs_mut()
-            .append_pair("artifactType", artifact_type);
-        let call = Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
-            ACCEPT,
-            HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
-        );
+        let call = referrers_call(&reg, repo, digest, Some(artifact_type));
         let resp = self.inner.send(&reg, &call).await?;
         if resp.status() != StatusCode::OK {
             return Err(status_error(&call, resp).await);
         }
-        let target = (&call.method, &call.url);
-        let what = format!("the referrers of {repo}@{digest}");
-        let bytes = read_capped(resp, MANIFEST_LIMIT, &what, target).await?;
-        let index: crate::oci::Index =
-            serde_json::from_slice(&bytes).map_err(|_| Error::Protocol {
-                method: Method::GET,
-                url: call.shown_url(),
-                problem: "the referrers answer is not an image index",
-            })?;
+        let index = read_index(&call, resp, repo, digest).await?;
         Ok(index
             .manifests
             .into_iter()
@@ -386,6 +365,39 @@ impl Client {
                 errors: Vec::new(),
             })
     }
+}
+
+/// `GET /v2/<name>/referrers/<digest>`, with the `artifactType` filter when given.
+fn referrers_call(
+    reg: &Registry,
+    repo: &Reference,
+    digest: &Digest,
+    artifact_type: Option<&str>,
+) -> Call {
+    let mut url = reg.url(&format!("/v2/{}/referrers/{digest}", repo.repository));
+    if let Some(t) = artifact_type {
+        url.query_pairs_mut().append_pair("artifactType", t);
+    }
+    Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
+        ACCEPT,
+        HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
+    )
+}
+
+/// The image index a referrers answer holds.
+async fn read_index(
+    call: &Call,
+    resp: reqwest::Response,
+    repo: &Reference,
+    digest: &Digest,
+) -> Result<crate::oci::Index> {
+    let what = format!("the referrers of {repo}@{digest}");
+    let bytes = read_capped(resp, MANIFEST_LIMIT, &what, (&call.method, &call.url)).await?;
+    serde_json::from_slice(&bytes).map_err(|_| Error::Protocol {
+        method: Method::GET,
+        url: call.shown_url(),
+        problem: "the referrers answer is not an image index",
+    })
 }
 
 fn manifest_path(reference: &Reference) -> String {

@@ -87,9 +87,9 @@ impl Client {
     }
 
     /// A blob pushed from bytes that is a document (a config, or JSON such as a signature
-    /// payload or an attestation), for a cache in memory once it is up: what a long-running
+    /// payload or an attestation), for the document cache once it is up, when the cache keeps
+    /// what is pushed ([`super::documents::DocumentCache::keeps_pushed`]): what a long-running
     /// process reads back later (the controller, an image it rebased) then costs no request.
-    /// (A build's directory is not written on its way: that build is over before any read.)
     fn document(&self, descriptor: &Descriptor, source: &BlobSource) -> Option<Document> {
         let BlobSource::Bytes(bytes) = source else {
             return None;
@@ -98,7 +98,7 @@ impl Client {
         let json = matches!(media_type, MediaType::OciConfig | MediaType::DockerConfig)
             || media_type.as_str().ends_with("+json");
         let cache = self.inner.documents.as_ref();
-        (json && cache.is_some_and(|c| !c.resolves_tags())).then(|| Document {
+        (json && cache.is_some_and(|c| c.keeps_pushed(descriptor.size))).then(|| Document {
             media_type: media_type.clone(),
             digest: descriptor.digest.clone(),
             bytes: bytes.to_vec(),

@@ -386,11 +386,9 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     let before_keep = attestations();
     let key_before = env.function("team", "hello")["status"]["buildKey"].clone();
     let hello_ref = env.registry.reference("functions/team/hello");
-    let raw = common::run_bytes(
-        Command::new("skopeo")
-            .args(["inspect", "--raw", "--tls-verify=false"])
-            .arg(format!("docker://{hello_ref}@{digest}")),
-    );
+    let raw = env
+        .registry
+        .skopeo_inspect_raw(&format!("{hello_ref}@{digest}"));
     let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     let config = manifest["config"]["digest"].as_str().unwrap().to_string();
     let log_before = env.registry.settled_access_log().len();
@@ -445,11 +443,7 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
     }));
     let jobs_before = builds.stats().ended.len();
     // A builder never seen before: the same images under an index with an annotation.
-    let raw = common::run_bytes(
-        Command::new("skopeo")
-            .args(["inspect", "--raw", "--tls-verify=false"])
-            .arg(format!("docker://{builder_tag}")),
-    );
+    let raw = env.registry.skopeo_inspect_raw(&builder_tag);
     let mut index: serde_json::Value = serde_json::from_slice(&raw).unwrap();
     index["annotations"] = serde_json::json!({"test": "another builder"});
     let put = common::run_bytes(

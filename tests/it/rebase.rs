@@ -346,11 +346,7 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
     let verified = verify("a.pub");
     assert_eq!(verified.code, 0, "{}", verified.stderr);
     // Each platform's image has its provenance (its build key) and SBOM, read by check.py.
-    let index = common::run_bytes(
-        Command::new("skopeo")
-            .args(["inspect", "--raw", "--tls-verify=false"])
-            .arg(format!("docker://{}", run.stdout.trim())),
-    );
+    let index = s.reg.skopeo_inspect_raw(run.stdout.trim());
     let index: serde_json::Value = serde_json::from_slice(&index).unwrap();
     let public = keys.join("a.pub");
     for entry in index["manifests"].as_array().unwrap() {

@@ -110,15 +110,9 @@ pub async fn signing(ctx: &Context) -> Result<Option<Signing>, String> {
     // What it signs must verify with the public key the controller checks images with. (Read
     // as strictly as that check reads it: the rebase's own check then uses this one, read in
     // the same reconcile, rather than the Secret again.)
-    let published = match data.get(IMAGE_VERIFY_KEY) {
-        Some(b) => Some(
-            String::from_utf8(b.0.clone())
-                .map_err(|_| format!("the {IMAGE_VERIFY_KEY} of {shown} is not text"))?,
-        ),
-        None => None,
-    };
-    if let Some(public) = &published {
-        let public = VerifyKey::from_pem(public)
+    let published = data.get(IMAGE_VERIFY_KEY);
+    if let Some(public) = published {
+        let public = super::super::lookup::verify_key(&public.0)
             .map_err(|e| format!("the {IMAGE_VERIFY_KEY} of {shown}: {e}"))?;
         if public != *key.public() {
             return Err(format!(
