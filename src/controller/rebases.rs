@@ -130,11 +130,11 @@ pub async fn attempt(
     let taken = match decide(plan, ctx, change).await {
         Ok(Move::Rebase(rebased)) => push(plan, ctx, change, &rebased)
             .await
-            .map(|(digest, key)| (digest, false, key))
+            .map(|(digest, check)| (digest, false, check))
             .map_err(|e| format!("rebasing failed ({e})")),
         Ok(Move::Current) => keep(plan, ctx, change)
             .await
-            .map(|key| (change.digest.clone(), true, key))
+            .map(|check| (change.digest.clone(), true, check))
             .map_err(|e| format!("signing the image for the new key failed ({e})")),
         Ok(Move::Rebuild(why)) => {
             ctx.rollouts.release(&id);
@@ -146,16 +146,18 @@ pub async fn attempt(
         }
         Err(e) => Err(format!("reading the image to rebase failed ({e})")),
     };
-    let (digest, kept, key) = match taken {
+    let (digest, kept, check) = match taken {
         Ok(taken) => taken,
         Err(why) => return Ok(fall_back(ctx, &id, st, &why)),
     };
-    // Checked as every image taken for a build key is (--require-provenance), against the
-    // public key read with the signing key, when it signed.
-    let image = format!("{}@{digest}", plan.repository());
-    if let Some(why) = super::builds::unproven(ctx, plan, &image, key).await? {
-        let why = format!("the image {image} is not proven ({why})");
-        return Ok(fall_back(ctx, &id, st, &why));
+    // Checked as every image taken for a build key is (--require-provenance), unless this
+    // rebase's own signing is the proof.
+    if let Check::Against(key) = check {
+        let image = format!("{}@{digest}", plan.repository());
+        if let Some(why) = super::builds::unproven(ctx, plan, &image, key).await? {
+            let why = format!("the image {image} is not proven ({why})");
+            return Ok(fall_back(ctx, &id, st, &why));
+        }
     }
     record_rebased(ctx, f, plan, &digest).await?;
     let message = if kept {
@@ -324,15 +326,38 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
     })
 }
 
+/// How the image a rebase took is checked under `--require-provenance`.
+#[derive(Debug)]
+enum Check {
+    /// As every image taken for a build key is ([`super::builds::unproven`]): against the
+    /// Secret's `cosign.pub`, this one when it was read with the signing key, else read then.
+    Against(Option<crate::cosign::VerifyKey>),
+    /// Not again: the rebase itself put up each of its images' provenance, naming
+    /// `plan.push_image`, signed with the key whose public half that `cosign.pub` was found
+    /// to be. Reading them back would only check what the controller has just written.
+    Attested,
+}
+
+impl Check {
+    /// After signing with `signing`: `attested`, whether the signing put up every provenance.
+    fn after(signing: Option<&signing::Signing>, attested: bool) -> Check {
+        let key = signing.and_then(signing::Signing::verify_key);
+        if attested && key.is_some() {
+            Check::Attested
+        } else {
+            Check::Against(key)
+        }
+    }
+}
+
 /// Pushes the rebased image (or index) to `plan.push_image`, signed when the controller signs
-/// ([`signing`]): its digest, and the public key of what signed it (the Secret's
-/// `cosign.pub`) when that was read.
+/// ([`signing`]): its digest, and how it is to be checked.
 async fn push(
     plan: &Plan,
     ctx: &Context,
     change: &BaseChange,
     rebased: &Rebased,
-) -> Result<(String, Option<crate::cosign::VerifyKey>), String> {
+) -> Result<(String, Check), String> {
     let signing = signing::signing(ctx).await?;
     let from: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
@@ -344,6 +369,7 @@ async fn push(
     let cache = signing::cache_dir();
     let signer = signing.as_ref().map(|s| s.signer(&cache));
     let builder = Some(plan.builder.as_str());
+    let mut attested = false;
     let digest = match rebased {
         Rebased::One(rebased, new_base) => {
             let scratch = scratch.path();
@@ -353,7 +379,7 @@ async fn push(
                 let platform = &plan.platforms[0];
                 let to = (&from, &target);
                 let one = rebase::attest::Image::rebased(rebased, new_base, to, platform, builder);
-                rebase::attest::image(client, signer, one)
+                attested = rebase::attest::image(client, signer, one)
                     .await
                     .map_err(signing_text)?;
             }
@@ -373,13 +399,12 @@ async fn push(
             if let Some(signer) = signer {
                 let to = (&from, &target);
                 let signed = rebase::attest::index(client, signer, platforms, to, &digest, builder);
-                signed.await.map_err(signing_text)?;
+                attested = signed.await.map_err(signing_text)?;
             }
             digest
         }
     };
-    let key = signing.as_ref().and_then(signing::Signing::verify_key);
-    Ok((digest.to_string(), key))
+    Ok((digest.to_string(), Check::after(signing.as_ref(), attested)))
 }
 
 fn signing_text(e: rebase::attest::Error) -> String {
@@ -388,15 +413,11 @@ fn signing_text(e: rebase::attest::Error) -> String {
 
 /// For an image kept as it is for the new key, when the controller signs: a provenance that
 /// names where the new key's build goes, beside the image's own (an index: each platform's
-/// image's, and the index's signature, there already, is kept). The public key of what signed
-/// it, as [`push`] gives it.
-async fn keep(
-    plan: &Plan,
-    ctx: &Context,
-    change: &BaseChange,
-) -> Result<Option<crate::cosign::VerifyKey>, String> {
+/// image's, and the index's signature, there already, is kept). How it is then checked, as
+/// [`push`] says.
+async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Check, String> {
     let Some(signing) = signing::signing(ctx).await? else {
-        return Ok(None);
+        return Ok(Check::Against(None));
     };
     let text = |e| format!("{:#}", anyhow::Error::new(e));
     let client = ctx.images.client();
@@ -423,6 +444,8 @@ async fn keep(
     let on = plan.built_on();
     let base_digest: crate::oci::Digest =
         on.base.parse().map_err(|_| "the base digest".to_string())?;
+    // An index's own signature is the one it has: checked, not attested here.
+    let mut attested = !doc.media_type.is_index();
     for (digest, platform) in &images {
         let from = image.with_digest(digest.clone());
         // An index's platform image names its platform's base manifest, read when the rebase
@@ -432,11 +455,11 @@ async fn keep(
         let on = (plan.base.as_str(), &base);
         let builder = Some(plan.builder.as_str());
         let one = rebase::attest::Image::kept((&from, &target), digest, platform, on, builder);
-        rebase::attest::image(client, signer, one)
+        attested &= rebase::attest::image(client, signer, one)
             .await
             .map_err(signing_text)?;
     }
-    Ok(signing.verify_key())
+    Ok(Check::after(Some(&signing), attested))
 }
 
 /// The new bases rebases were made onto, by their reference pinned by digest: the rebases of

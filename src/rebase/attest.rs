@@ -70,11 +70,14 @@ pub struct Image<'a> {
     pub sbom: Option<(&'a ResolvedBase, &'a [crate::oci::Descriptor])>,
 }
 
-/// Signs and attests one rebased (or kept) image.
+/// Signs and attests one rebased (or kept) image. Whether this call put its provenance up
+/// (`false`: an attestation there already was kept, [`crate::cosign::prepare`]): a provenance
+/// it put up names `image.target` and is signed by `signer`, so a caller that trusts that key
+/// needs not read it back to check it.
 ///
 /// # Errors
 /// See [`Error`].
-pub async fn image(client: &Client, signer: Signer<'_>, image: Image<'_>) -> Result<(), Error> {
+pub async fn image(client: &Client, signer: Signer<'_>, image: Image<'_>) -> Result<bool, Error> {
     let repository = image.target.repository_path();
     let shown = format!("{repository}@{}", image.digest);
     let recorded;
@@ -154,8 +157,8 @@ pub async fn image(client: &Client, signer: Signer<'_>, image: Image<'_>) -> Res
     )
     .await
     .map_err(attach)?;
-    prepared.push(client).await.map_err(attach)?;
-    Ok(())
+    let attached = prepared.push(client).await.map_err(attach)?;
+    Ok(attached.provenance.is_some())
 }
 
 impl<'a> Image<'a> {
@@ -203,6 +206,7 @@ impl<'a> Image<'a> {
 
 /// Signs and attests each platform's image of a rebased index (those rebased and those kept;
 /// `from` is the index's repository), then signs the index `digest`, pushed to `target`.
+/// Whether every platform's provenance was put up by this call, as [`image`] says.
 ///
 /// # Errors
 /// See [`Error`].
@@ -213,7 +217,8 @@ pub async fn index(
     (from, target): (&Reference, &Reference),
     digest: &Digest,
     builder: Option<&str>,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
+    let mut attached = true;
     // One after the other: a few platforms, and a future per platform borrowing them all
     // would not be `Send` for the controller's reconciles.
     for plan in platforms {
@@ -229,7 +234,7 @@ pub async fn index(
                 Image::kept((&from, target), digest, &plan.platform, on, builder)
             }
         };
-        image(client, signer, one).await?;
+        attached &= image(client, signer, one).await?;
     }
     crate::cosign::sign(client, target, digest, signer.key)
         .await
@@ -237,7 +242,7 @@ pub async fn index(
             image: format!("{}@{digest}", target.repository_path()),
             source: Box::new(source),
         })?;
-    Ok(())
+    Ok(attached)
 }
 
 /// The build key an image records (`dev.kiln.build-key`): what an image kept as it is has.

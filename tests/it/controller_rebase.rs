@@ -412,15 +412,25 @@ fn a_base_change_rebases_safe_functions_without_a_job_and_builds_the_others() {
         },
     );
     // The controller pushed that image (the rebase): it reads neither its manifest nor its
-    // config back.
-    let read_back: Vec<String> = env
+    // config back. It reads each cosign tag once, to add to it: the provenance it adds, it
+    // does not read back to check (--require-provenance).
+    let reads: Vec<String> = env
         .registry
         .access_log_since(log_before)
         .into_iter()
         .filter(|l| l.starts_with("GET /v2/functions/team/hello/"))
+        .collect();
+    let read_back: Vec<&String> = reads
+        .iter()
         .filter(|l| l.contains(&format!("/manifests/{digest} ")) || l.contains(&config))
         .collect();
     assert!(read_back.is_empty(), "{read_back:?}");
+    let hex = digest.trim_start_matches("sha256:");
+    for tag in ["sig", "att"] {
+        let tag = format!("/manifests/sha256-{hex}.{tag} ");
+        let read = reads.iter().filter(|l| l.contains(&tag)).count();
+        assert_eq!(read, 1, "{tag}: {reads:?}");
+    }
     assert_eq!(
         env.function("team", "hello")["status"]["digest"],
         digest.as_str()
