@@ -135,7 +135,7 @@ pub async fn attempt(
         Ok(Move::Current) => keep(plan, ctx, change)
             .await
             .map(|check| (change.digest.clone(), true, check))
-            .map_err(|e| format!("signing the image for the new key failed ({e})")),
+            .map_err(|e| format!("keeping the image for the new key failed ({e})")),
         Ok(Move::Rebuild(why)) => {
             ctx.rollouts.release(&id);
             st.note(
@@ -416,14 +416,19 @@ fn signing_text(e: rebase::attest::Error) -> String {
 /// image's, and the index's signature, there already, is kept). How it is then checked, as
 /// [`push`] says.
 async fn keep(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Check, String> {
-    let Some(signing) = signing::signing(ctx).await? else {
-        return Ok(Check::Against(None));
-    };
     let text = |e| format!("{:#}", anyhow::Error::new(e));
     let client = ctx.images.client();
     let image: Reference = format!("{}@{}", plan.repository(), change.digest)
         .parse()
         .map_err(|e| format!("{e}"))?;
+    // Still there: the image was read from the documents the controller keeps, which a
+    // registry's clean-up does not touch. One gone is built again, not kept.
+    if client.head_manifest(&image).await.map_err(text)?.is_none() {
+        return Err(format!("the image {image} is no longer in the registry"));
+    }
+    let Some(signing) = signing::signing(ctx).await? else {
+        return Ok(Check::Against(None));
+    };
     let target: Reference = plan.push_image.parse().map_err(|e| format!("{e}"))?;
     let doc = client
         .get_manifest(&image, &crate::registry::DEFAULT_MANIFEST_TYPES)

@@ -372,6 +372,9 @@ fn referrer(tagged: Manifest, subject: Descriptor, kind: Kind) -> Manifest {
     ));
     match kind {
         Kind::Signatures => Manifest {
+            // Both, as cosign writes them: a registry lists the `artifactType`, or else the
+            // config's media type; a tool may filter on the field alone.
+            artifact_type: Some(SIGNATURE_ARTIFACT.to_string()),
             config: Descriptor {
                 media_type: MediaType::from(SIGNATURE_ARTIFACT),
                 ..tagged.config

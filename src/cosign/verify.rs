@@ -177,7 +177,7 @@ pub async fn verify(
     let layers = match found {
         Some(manifest) => manifest.layers,
         // Signed by cosign's OCI 1.1 mode, say: referrers only.
-        None => match referred(client, image, &digest, SIGNATURE_ARTIFACT).await {
+        None => match referred(client, image, &digest, SIGNATURE_ARTIFACT, &shown).await? {
             layers if layers.is_empty() => {
                 return Err(VerifyError::Unsigned { image: shown, tag });
             }
@@ -296,7 +296,7 @@ async fn provenance(
     let (att_ref, found) = tagged(client, image, &tag, &shown, "attestations").await?;
     let layers = match found {
         Some(manifest) => manifest.layers,
-        None => referred(client, image, digest, ATTESTATION_ARTIFACT).await,
+        None => referred(client, image, digest, ATTESTATION_ARTIFACT, &shown).await?,
     };
     let mut reasons = Vec::new();
     let statements = signed_statements(client, &att_ref, &layers, key, &mut reasons)
@@ -392,20 +392,34 @@ const MAX_REFERRED_LAYERS: usize = 64;
 /// repository through the OCI 1.1 referrers API (where the registry serves it), each read by
 /// digest and naming `digest` as its subject, each layer once: what cosign's OCI 1.1 mode
 /// stores instead of its tags. Their blobs are in the image's repository. A fallback for an
-/// image without tags: what cannot be read there (the API failing, a referrer gone) is passed
-/// over, so the verdict is the same as with nothing found (never a pass).
+/// image without tags: what the registry answers it does not have (no such API, a referrer
+/// gone, an answer that is not one) is passed over, so the verdict is the same as with nothing
+/// found (never a pass). A layer is taken once, by its whole descriptor: cosign's payload is
+/// the same blob for every key, each key's signature is in the descriptor's annotation.
+///
+/// # Errors
+/// What may pass when asked again (a failed connection, a busy registry, a refused
+/// identity), as the tags' reading fails: a registry error about `shown`, not a verdict.
 async fn referred(
     client: &Client,
     image: &Reference,
     digest: &Digest,
     artifact_type: &str,
-) -> Vec<crate::oci::Descriptor> {
+    shown: &str,
+) -> Result<Vec<crate::oci::Descriptor>, VerifyError> {
     let repository = image.repository_only();
+    // What is not passed over: the error to return.
+    let failed = |what: String, e: registry::Error| {
+        tracing::debug!(error = %e, "reading {what}");
+        (!passed_over(&e)).then_some(VerifyError::Registry { what, source: e })
+    };
     let listed = match client.referrers(&repository, digest, artifact_type).await {
         Ok(listed) => listed,
         Err(e) => {
-            tracing::debug!(error = %e, %digest, "reading the referrers");
-            return Vec::new();
+            return match failed(format!("the referrers of {shown}"), e) {
+                Some(e) => Err(e),
+                None => Ok(Vec::new()),
+            };
         }
     };
     let mut layers: Vec<crate::oci::Descriptor> = Vec::new();
@@ -418,10 +432,10 @@ async fn referred(
         {
             Ok(Ok(manifest)) => manifest,
             Ok(Err(_)) => continue,
-            Err(e) => {
-                tracing::debug!(error = %e, referrer = %at, "reading a referrer");
-                continue;
-            }
+            Err(e) => match failed(format!("the referrer {at} of {shown}"), e) {
+                Some(e) => return Err(e),
+                None => continue,
+            },
         };
         if manifest
             .subject
@@ -431,14 +445,22 @@ async fn referred(
             continue;
         }
         for layer in manifest.layers {
-            if layers.len() < MAX_REFERRED_LAYERS
-                && !layers.iter().any(|l| l.digest == layer.digest)
-            {
+            if layers.len() < MAX_REFERRED_LAYERS && !layers.contains(&layer) {
                 layers.push(layer);
             }
         }
     }
-    layers
+    Ok(layers)
+}
+
+/// Whether a registry's answer says it has nothing there (no such route or API, no such
+/// manifest, an answer of another kind), rather than that asking again may succeed.
+fn passed_over(e: &registry::Error) -> bool {
+    match e {
+        registry::Error::NotFound { .. } | registry::Error::Protocol { .. } => true,
+        registry::Error::Status { .. } => !e.is_retryable(),
+        _ => false,
+    }
 }
 
 /// The cosign manifest tagged `tag` in the repository of `image` (`shown`): the tag's

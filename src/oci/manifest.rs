@@ -81,6 +81,11 @@ struct Sniff {
     config: Option<serde_json::Value>,
 }
 
+/// The media type JSON bytes name in their `mediaType` field, if they name one.
+pub fn named_media_type(bytes: &[u8]) -> Option<MediaType> {
+    serde_json::from_slice::<Sniff>(bytes).ok()?.media_type
+}
+
 /// Works out the media type of manifest-or-index bytes from their `mediaType` field, or, when
 /// that is absent (allowed by OCI), from their shape.
 pub fn sniff_media_type(bytes: &[u8]) -> Option<MediaType> {

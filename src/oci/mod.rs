@@ -28,5 +28,5 @@ pub use image::{Base, ConfigEdit, Image, NewLayer};
 pub use index::Index;
 pub use layer::{Content, EntryKind, LayerBlob, LayerEntry};
 pub use layout::Layout;
-pub use manifest::{Document, Manifest, sniff_media_type};
+pub use manifest::{Document, Manifest, named_media_type, sniff_media_type};
 pub use media_type::{Compression, Family, MediaType};

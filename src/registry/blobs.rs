@@ -56,7 +56,9 @@ impl Client {
             });
         }
         let cache = self.inner.documents.as_ref();
-        if let Some(doc) = cache.and_then(|c| c.get(&descriptor.digest)) {
+        // Kept bytes of another size than the descriptor says: read, to fail as a read would.
+        let kept = cache.and_then(|c| c.get(&descriptor.digest));
+        if let Some(doc) = kept.filter(|d| d.bytes.len() as u64 == descriptor.size) {
             return Ok(doc.bytes);
         }
         let reg = self.inner.registry(&repo.registry)?;

@@ -17,7 +17,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::oci::{Digest, Document, MediaType, sniff_media_type};
+use crate::oci::{Digest, Document, MediaType, named_media_type, sniff_media_type};
 
 /// Documents above this size are not kept (manifests are at most 4 MiB; most are a few KiB).
 const LIMIT: usize = 4 << 20;
@@ -90,15 +90,28 @@ impl DocumentCache {
     }
 
     /// Keeps `doc` (verified bytes) for later; failures only cost a later request. A
-    /// manifest or index whose bytes name another media type than it came with is not kept:
-    /// the cache serves documents by digest to every registry, and one registry's label must
-    /// not decide how another's reads parse.
+    /// manifest or index is kept only under the type its bytes say, and bytes that name a
+    /// manifest or index type only under that type: the cache serves documents by digest to
+    /// every registry, and one registry's label (a manifest given as another's config, say)
+    /// must not decide how another's reads parse.
     pub fn put(&self, doc: &Document) {
-        if doc.bytes.len() > LIMIT || Digest::of(&doc.bytes) != doc.digest {
+        let limit = match self {
+            DocumentCache::Dir(_) => LIMIT,
+            DocumentCache::Memory(recent) => {
+                let recent = recent.lock().unwrap_or_else(|e| e.into_inner());
+                recent.budget.min(MEMORY_LIMIT)
+            }
+        };
+        if doc.bytes.len() > limit || Digest::of(&doc.bytes) != doc.digest {
             return;
         }
-        let manifest = doc.media_type.is_manifest() || doc.media_type.is_index();
-        if manifest && sniff_media_type(&doc.bytes).is_some_and(|m| m != doc.media_type) {
+        let lists = |m: &MediaType| m.is_manifest() || m.is_index();
+        let refused = if lists(&doc.media_type) {
+            sniff_media_type(&doc.bytes).is_some_and(|m| m != doc.media_type)
+        } else {
+            named_media_type(&doc.bytes).is_some_and(|m| lists(&m))
+        };
+        if refused {
             return;
         }
         match self {
@@ -299,6 +312,14 @@ mod tests {
             assert!(cache.get(&lying.digest).is_none());
             let honest = Document::new(MediaType::OciManifest, manifest.to_vec());
             cache.put(&honest);
+            assert_eq!(
+                cache.get(&honest.digest).unwrap().media_type,
+                MediaType::OciManifest
+            );
+            // Another registry's manifest naming those bytes as its config does not relabel
+            // them: a config type for a manifest's bytes is not kept, nor does it replace them.
+            let relabelled = Document::new(MediaType::OciConfig, manifest.to_vec());
+            cache.put(&relabelled);
             assert_eq!(
                 cache.get(&honest.digest).unwrap().media_type,
                 MediaType::OciManifest

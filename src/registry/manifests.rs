@@ -73,7 +73,12 @@ impl Client {
                 Err(e) => return Err(e),
             },
         };
-        let wanted = |doc: &Document| accept.is_empty() || accept.contains(&doc.media_type);
+        let accept = if accept.is_empty() {
+            &DEFAULT_MANIFEST_TYPES[..]
+        } else {
+            accept
+        };
+        let wanted = |doc: &Document| accept.contains(&doc.media_type);
         if let Some(digest) = &pinned.digest
             && let Some(doc) = cache.get(digest).filter(wanted)
         {
@@ -292,24 +297,31 @@ impl Client {
             return Ok(known);
         }
         let call = referrers_call(&reg, repo, digest, None);
-        // Asked once, not retried: any answer but an index (an error status, a refusal, a
-        // redirect elsewhere) means no, for the day; a failed connection or a busy registry
-        // (5xx, 429) means no for this push only.
+        // Asked once, not retried. The registry's own answer is kept for the day: an image
+        // index (of that media type) is yes, any other (a 404 for no such route, another
+        // status, a document of another kind) no. What is not its answer about the API is
+        // kept for nothing, and is the caller's error: a failed connection, a busy registry
+        // (408, 429, 5xx: `send_once` makes them errors), a refused identity, a token service
+        // or credential helper failing.
         let resp = match self.inner.send_once(&reg, &call).await {
             Ok(resp) => resp,
-            Err(e @ Error::Transport { .. }) => return Err(e),
-            Err(e) => {
+            Err(e @ (Error::NotFound { .. } | Error::Status { .. })) if !e.is_retryable() => {
                 debug!(error = %e, "asking for referrers");
                 reg.note_referrers(false);
                 return Ok(false);
             }
+            Err(e) => return Err(e),
         };
-        let status = resp.status();
-        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-            return Ok(false);
-        }
-        let serves =
-            status == StatusCode::OK && read_index(&call, resp, repo, digest).await.is_ok();
+        let indexed = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| media_type_is(t, INDEX_TYPE));
+        let serves = resp.status() == StatusCode::OK
+            && indexed
+            && read_index(&call, resp, repo, digest)
+                .await
+                .is_ok_and(|index| index.media_type == Some(MediaType::OciIndex));
         debug!(registry = %reg.name, serves, "the referrers API");
         reg.note_referrers(serves);
         Ok(serves)
@@ -351,8 +363,9 @@ impl Client {
     /// # Errors
     /// [`Error::NotFound`] when the registry does not have it, plus the usual request errors.
     pub async fn manifest_descriptor(&self, reference: &Reference) -> Result<Descriptor> {
+        let manifest = |doc: &Document| doc.media_type.is_manifest() || doc.media_type.is_index();
         if let (Some(cache), Some(digest)) = (&self.inner.documents, &reference.digest)
-            && let Some(doc) = cache.get(digest)
+            && let Some(doc) = cache.get(digest).filter(manifest)
         {
             return Ok(doc.descriptor());
         }
@@ -378,10 +391,19 @@ fn referrers_call(
     if let Some(t) = artifact_type {
         url.query_pairs_mut().append_pair("artifactType", t);
     }
-    Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)]).header(
-        ACCEPT,
-        HeaderValue::from_static("application/vnd.oci.image.index.v1+json"),
-    )
+    Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)])
+        .header(ACCEPT, HeaderValue::from_static(INDEX_TYPE))
+}
+
+/// What a referrers answer is (OCI distribution spec 1.1).
+const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+
+/// Whether the `Content-Type` value `value` is `media_type` (parameters aside).
+fn media_type_is(value: &str, media_type: &str) -> bool {
+    value
+        .split(';')
+        .next()
+        .is_some_and(|t| t.trim().eq_ignore_ascii_case(media_type))
 }
 
 /// The image index a referrers answer holds.

@@ -42,6 +42,13 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Whether an answer about the referrers API given `at` (Unix seconds) is still trusted: in
+/// the last day, and not in the future (another machine's clock, sharing the directory).
+fn current(at: u64) -> bool {
+    let now = unix_now();
+    at <= now && now - at < REFERRERS_KNOWN_FOR
+}
+
 fn write_facts(path: &Path, facts: &Facts) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
@@ -158,7 +165,7 @@ impl Registry {
     pub fn serves_referrers(&self) -> Option<bool> {
         let known = *self.referrers.lock().unwrap_or_else(|e| e.into_inner());
         known
-            .filter(|(_, at)| unix_now().saturating_sub(*at) < REFERRERS_KNOWN_FOR)
+            .filter(|&(_, at)| current(at))
             .map(|(serves, _)| serves)
     }
 
@@ -179,7 +186,9 @@ impl Registry {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
         let ours = *self.referrers.lock().unwrap_or_else(|e| e.into_inner());
-        let referrers = match (ours, on_file.referrers) {
+        // An answer from the future would outlast the day and every answer after it.
+        let on_file_referrers = on_file.referrers.filter(|&(_, at)| at <= unix_now());
+        let referrers = match (ours, on_file_referrers) {
             (Some(a), Some(b)) => Some(if a.1 >= b.1 { a } else { b }),
             (a, b) => a.or(b),
         };
@@ -344,5 +353,20 @@ impl Registry {
             st.credential = Some(cx.credentials.lookup(&self.name).await?);
         }
         Ok(st.credential.clone().flatten())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_about_referrers_is_trusted_for_a_day_and_never_from_the_future() {
+        let now = unix_now();
+        assert!(current(now));
+        assert!(current(now - REFERRERS_KNOWN_FOR + 60));
+        assert!(!current(now - REFERRERS_KNOWN_FOR));
+        // Another machine's clock, an hour ahead, sharing the cache directory.
+        assert!(!current(now + 3600));
     }
 }

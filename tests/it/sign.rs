@@ -8,6 +8,7 @@ use crate::common;
 use std::path::Path;
 use std::process::Command;
 
+use common::faults::{FaultProxy, Faults};
 use common::kiln::{Kiln, copy_fixture, tiny_base};
 use common::referrers_registry::ReferrersRegistry;
 use common::registry::{Registry, RegistryKind};
@@ -491,7 +492,7 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
 #[test]
 fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api() {
     let work = tempfile::tempdir().unwrap();
-    check(&["keys", work.path().to_str().unwrap()]);
+    check(&["keys", work.path().to_str().unwrap(), "a", "b", "c"]);
     let key = |name: &str| work.path().join(name).to_str().unwrap().to_string();
     let dir = copy_fixture("hello-node", &work.path().join("hello"));
     let kiln = Kiln::new();
@@ -515,6 +516,18 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
         "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
     );
     assert_eq!(referrers(&key("b.pub")), "0");
+    // The same build signed by another key (the same image): its signature is added to the
+    // tag, and a new referrer holds both. Both keys sign the same payload blob; what differs
+    // is the signature in each layer's annotation.
+    let again = build_to(
+        &kiln,
+        &dir,
+        "nodejs22",
+        &base,
+        (&image, &host),
+        &key("b.key"),
+    );
+    assert_eq!(again, reference);
     // The tags as well, which cosign reads by default, each still the manifest cosign writes
     // there (an image's config, no subject): a referrer goes up by digest, beside it.
     assert_eq!(
@@ -572,7 +585,8 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
     }
     let by_referrers = verify(&key("a.pub"), &["--build-key", &build_key]);
     assert_eq!(by_referrers.reference(), reference);
-    let err = verify(&key("b.pub"), &[]).failure(1).to_string();
+    assert_eq!(verify(&key("b.pub"), &[]).reference(), reference);
+    let err = verify(&key("c.pub"), &[]).failure(1).to_string();
     assert!(err.contains("no signature of"), "{err}");
     let err = verify(&key("a.pub"), &["--build-key", "sha256:0"])
         .failure(1)
@@ -598,5 +612,63 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
     assert!(
         manifests.iter().all(|l| !l.contains("/manifests/sha256:")),
         "{manifests:#?}"
+    );
+}
+
+/// A registry busy when asked about the referrers API (503) has not answered the question:
+/// the answer is not kept, the next push asks again, and its referrers go up. (A busy answer
+/// kept as "no" left an image signed through the referrers API unsigned there for a day.)
+#[test]
+fn a_busy_answer_about_the_referrers_api_is_asked_again() {
+    let work = tempfile::tempdir().unwrap();
+    check(&["keys", work.path().to_str().unwrap()]);
+    let key = |name: &str| work.path().join(name).to_str().unwrap().to_string();
+    let dir = copy_fixture("hello-node", &work.path().join("hello"));
+    let kiln = Kiln::new();
+    let ferro = ReferrersRegistry::start();
+    let mut busy = true;
+    let rule = move |_: &str, path: &str, _: u64| {
+        (path.contains("/referrers/") && std::mem::take(&mut busy)).then_some(503)
+    };
+    let faults = Faults {
+        rule: Some(Box::new(rule)),
+        ..Faults::default()
+    };
+    let proxy = FaultProxy::start(&ferro.host(), faults);
+    let host = proxy.host();
+    let image = format!("{host}/fns/hello:1");
+    let base = ["--base", &tiny_base()];
+    build_to(
+        &kiln,
+        &dir,
+        "nodejs22",
+        &base,
+        (&image, &host),
+        &key("a.key"),
+    );
+    std::fs::write(
+        dir.join("handler.js"),
+        "module.exports = { main: () => 2 };",
+    )
+    .unwrap();
+    let second = build_to(
+        &kiln,
+        &dir,
+        "nodejs22",
+        &base,
+        (&image, &host),
+        &key("a.key"),
+    );
+    let asked: Vec<String> = proxy
+        .seen()
+        .into_iter()
+        .filter(|s| s.request.contains("/referrers/"))
+        .map(|s| s.outcome)
+        .collect();
+    assert_eq!(asked, ["answered 503", "forwarded 200"]);
+    let digest = second.split_once('@').unwrap().1;
+    assert_eq!(
+        check(&["referrers", &host, "fns/hello", digest, &key("a.pub")]),
+        "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
     );
 }
