@@ -1,7 +1,7 @@
 //! `kiln rebase IMAGE --base NEW_BASE`: moves a Function image onto a new base image without
 //! a build, when that is safe (see [`crate::rebase`]).
 
-use anyhow::{Context, anyhow};
+use anyhow::{Context, anyhow, bail};
 use clap::Args;
 
 use super::Failure;
@@ -159,6 +159,9 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         base: &base,
         base_name: &args.base,
         builder: builder.as_ref(),
+        builder_index: builder_ref
+            .as_ref()
+            .and_then(|(r, _)| rebase::pinned_digest(r)),
         platform: &platform,
         catalog: &catalog,
         resolved: None,
@@ -191,7 +194,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
             let plan = rebase::plan_index(&client, request, &index, builder, &())
                 .await
                 .map_err(|e| Failure::Build(e.into()))?;
-            let current = format!("{}@{}", image.repository_path(), index.digest);
+            let current = image.with_digest(index.digest.clone());
             let to = (&image, &target);
             let signer = sign_key.as_ref().map(|key| Signer {
                 key,
@@ -203,7 +206,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 &args,
                 &client,
                 plan,
-                current,
+                &current,
                 to,
                 (signer, builder),
                 &report,
@@ -214,7 +217,10 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
     };
     let current = format!("{}@{}", image.repository_path(), planned.current);
     let rebased = match (planned.decision, args.dry_run) {
-        (Decision::Current, _) => return stays(&args, &report, current),
+        (Decision::Current, _) => {
+            let at = image.with_digest(planned.current.clone());
+            return stays(&args, &report, current, (&client, &at, &target)).await;
+        }
         (Decision::Rebuild(reason), _) => return refuse(&args, &report, reason),
         (Decision::Rebase(rebased), true) => {
             let reference = format!(
@@ -297,13 +303,21 @@ async fn rebase_index(
     args: &RebaseArgs,
     client: &Client,
     plan: IndexDecision,
-    current: String,
+    at: &Reference,
     (image, target): (&Reference, &Reference),
     (signer, builder): (Option<Signer<'_>>, Option<&str>),
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
 ) -> Result<String, Failure> {
     let (index, platforms) = match plan {
-        IndexDecision::Current => return stays(args, report, current),
+        IndexDecision::Current => {
+            let digest = at
+                .digest
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            let current = format!("{}@{digest}", image.repository_path());
+            return stays(args, report, current, (client, at, target)).await;
+        }
         IndexDecision::Rebuild(reason) => return refuse(args, report, reason),
         IndexDecision::Rebase { index, platforms } => (index, platforms),
     };
@@ -382,17 +396,82 @@ async fn rebase_index(
 }
 
 /// The image is on the new base already: its reference (`current REF` in a dry run).
-fn stays(
+async fn stays(
     args: &RebaseArgs,
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
     current: String,
+    (client, at, target): (&Client, &Reference, &Reference),
 ) -> Result<String, Failure> {
     tracing::info!(image = %args.image, base = %args.base, "on the new base already");
+    if !args.dry_run {
+        place(client, at, target, args)
+            .await
+            .map_err(Failure::Build)?;
+    }
     report(serde_json::json!({ "decision": "current", "reference": current }))?;
     Ok(match args.dry_run {
         true => format!("current {current}"),
         false => current,
     })
+}
+
+/// An image on the new base already (`at`, by digest) is where a rebase would have put it:
+/// `--image`'s tag (its blobs mounted first when that is another repository) and, with
+/// `--tag-by-key`, its key's tag. The image's own tag, which named it, is not put again.
+async fn place(
+    client: &Client,
+    at: &Reference,
+    target: &Reference,
+    args: &RebaseArgs,
+) -> anyhow::Result<()> {
+    let mut tags: Vec<String> = Vec::new();
+    if args.target.is_some()
+        && let Some(tag) = &target.tag
+    {
+        tags.push(tag.clone());
+    }
+    if tags.is_empty() && !args.tag_by_key {
+        return Ok(());
+    }
+    let doc = client
+        .get_manifest(at, &crate::registry::DEFAULT_MANIFEST_TYPES)
+        .await
+        .with_context(|| format!("reading {at}"))?;
+    if args.tag_by_key && !doc.media_type.is_index() {
+        let key = attest::recorded_key(client, at).await?;
+        tags.push(crate::build::plan::key_tag(&key));
+    } else if args.tag_by_key {
+        tracing::warn!(image = %at, "an index on the new base already is not tagged by key");
+    }
+    if (&at.registry, &at.repository) != (&target.registry, &target.repository) {
+        if doc.media_type.is_index() {
+            bail!(
+                "{at} is on the new base already, and is an image index in another repository                  than {target}: copy it there instead (skopeo copy --all)"
+            );
+        }
+        let manifest: crate::oci::Manifest = doc.parse().context("parsing its manifest")?;
+        for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
+            let mounted = client
+                .mount_blob(target, &blob.digest, &at.repository)
+                .await
+                .with_context(|| format!("mounting {} into {target}", blob.digest))?;
+            if !mounted {
+                bail!(
+                    "{at} is on the new base already, and the registry declined to mount its                      blob {} into {target}: copy the image there instead (skopeo copy)",
+                    blob.digest
+                );
+            }
+        }
+    }
+    for tag in tags {
+        let to = target.repository_only().with_tag(&tag)?;
+        client
+            .put_manifest(&to, &doc)
+            .await
+            .with_context(|| format!("tagging {at} as {to}"))?;
+        tracing::info!(image = %at, tag = %to, "on the new base already: tagged");
+    }
+    Ok(())
 }
 
 /// A rebase refused as unsafe: the reason, and the exit code that asks for a build.

@@ -274,9 +274,10 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
         .parse()
         .map_err(|e| format!("{e}"))?;
     let base_ref: Reference = plan.base.parse().map_err(|e| format!("{e}"))?;
-    let pinned = base_ref.digest.is_some();
     let base = rebase::BaseRef::Registry(base_ref);
-    let known = pinned.then(|| ctx.new_bases.get(&plan.base)).flatten();
+    // By platform: Functions of one runtime may each be for another.
+    let platform = &plan.platforms[0];
+    let known = rebase::KnownBases::get(&ctx.new_bases, &plan.base, platform);
     let builder: crate::oci::Digest = plan
         .built_on()
         .builder
@@ -287,7 +288,8 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
         base: &base,
         base_name: &plan.base,
         builder: Some(&builder),
-        platform: &plan.platforms[0],
+        builder_index: None,
+        platform,
         catalog: &ctx.catalog,
         resolved: known.as_ref(),
     };
@@ -314,8 +316,8 @@ async fn decide(plan: &Plan, ctx: &Context, change: &BaseChange) -> Result<Move,
         }
         Err(e) => return Err(text(e)),
     };
-    if pinned && known.is_none() {
-        ctx.new_bases.keep(&plan.base, &planned.new_base);
+    if known.is_none() {
+        rebase::KnownBases::keep(&ctx.new_bases, &plan.base, platform, &planned.new_base);
     }
     Ok(match planned.decision {
         Decision::Rebase(rebased) => {

@@ -246,7 +246,10 @@ pub async fn index(
 }
 
 /// The build key an image records (`dev.kiln.build-key`): what an image kept as it is has.
-async fn recorded_key(client: &Client, image: &Reference) -> Result<Digest, Error> {
+///
+/// # Errors
+/// The image cannot be read, or records no key.
+pub async fn recorded_key(client: &Client, image: &Reference) -> Result<Digest, Error> {
     let fail = |reason: String| Error::Read {
         image: image.to_string(),
         reason,

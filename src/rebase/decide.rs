@@ -33,6 +33,9 @@ pub struct NewBase<'a> {
     pub name: Option<&'a str>,
     /// The builder image the new base pairs with, by manifest digest, when known.
     pub builder: Option<&'a Digest>,
+    /// The digest that builder was named by when that is another: the image index over its
+    /// platforms' images, which a build Job records (it names its builder by that digest).
+    pub builder_index: Option<&'a Digest>,
 }
 
 /// The Function image as read.
@@ -102,17 +105,24 @@ fn decide_inner(
             "the new base is the {theirs} runtime's, and the image is a {runtime_name} Function"
         ));
     }
-    if (new_config.os.as_str(), new_config.architecture.as_str())
-        != (config.os.as_str(), config.architecture.as_str())
-    {
+    let platform = |c: &crate::oci::ImageConfig| {
+        let variant = c
+            .variant
+            .as_deref()
+            .map(|v| format!("/{v}"))
+            .unwrap_or_default();
+        format!("{}/{}{variant}", c.os, c.architecture)
+    };
+    if platform(&new_config) != platform(&config) {
         return Err(format!(
-            "the new base is for {}/{}, and the image for {}/{}",
-            new_config.os, new_config.architecture, config.os, config.architecture
+            "the new base is for {}, and the image for {}",
+            platform(&new_config),
+            platform(&config)
         ));
     }
     let own = own_layers(current.image, &config)?;
     if own.deps.is_some() {
-        deps_run_on(&labels, &new_labels, new.builder)?;
+        deps_run_on(&labels, &new_labels, (new.builder, new.builder_index))?;
     }
     // On the new base already, under the name a build would record (a build would install
     // as this one did: checked above). The same base under another name is a rebase: the
@@ -199,7 +209,7 @@ fn decide_inner(
 fn deps_run_on(
     labels: &BTreeMap<String, String>,
     new_labels: &BTreeMap<String, String>,
-    new_builder: Option<&Digest>,
+    (new_builder, builder_index): (Option<&Digest>, Option<&Digest>),
 ) -> Result<(), String> {
     let toolchain = labels.get(DEPS_TOOLCHAIN_LABEL).ok_or_else(|| {
         format!(
@@ -217,7 +227,10 @@ fn deps_run_on(
                          builder the new base pairs with is not known (--builder)"
                     ));
                 }
-                Some(builder) if builder.to_string() != built_in => {
+                Some(builder)
+                    if builder.to_string() != built_in
+                        && builder_index.is_none_or(|i| i.to_string() != built_in) =>
+                {
                     return Err(format!(
                         "the dependencies were installed in builder image {built_in}, and the \
                          new base pairs with builder {builder}: a build would install them \
@@ -428,6 +441,7 @@ mod tests {
             base: new,
             name: Some("reg.example/kiln/nodejs22:1"),
             builder,
+            builder_index: None,
         };
         decide(Current { image: &current }, new, &Catalog::embedded())
     }
@@ -465,6 +479,7 @@ mod tests {
                 base: &new,
                 name: Some("reg.example/kiln/nodejs22:2"),
                 builder: None,
+                builder_index: None,
             };
             let Decision::Rebase(moved) = decide(
                 Current {
@@ -497,6 +512,25 @@ mod tests {
             "{why}"
         );
         let why = reason(decide_on(&image, &same, Some(&Digest::of(b"other"))));
+        assert!(why.contains("the new base pairs with builder"), "{why}");
+        // A build Job names its builder by the index over the builder's platforms, and
+        // records that digest; the platform's own image of it is the same builder.
+        let index = Digest::of(b"builder index");
+        let by_index = function(&old, Some(&format!("builder image {index}")));
+        let paired = NewBase {
+            base: &same,
+            name: Some("reg.example/kiln/nodejs22:1"),
+            builder: Some(&builder),
+            builder_index: Some(&index),
+        };
+        let current = Current {
+            image: &as_base(&by_index),
+        };
+        assert!(matches!(
+            decide(current, paired, &Catalog::embedded()),
+            Decision::Rebase(_)
+        ));
+        let why = reason(decide_on(&by_index, &same, Some(&builder)));
         assert!(why.contains("the new base pairs with builder"), "{why}");
 
         let lockfile = function(&old, Some(LOCKFILE));
@@ -545,6 +579,7 @@ mod tests {
                 base: &new,
                 name: Some("reg.example/kiln/nodejs22:1"),
                 builder: None,
+                builder_index: None,
             },
             &Catalog::embedded(),
         );
@@ -559,6 +594,7 @@ mod tests {
             base: &new,
             name: None,
             builder: None,
+            builder_index: None,
         };
         let why = reason(decide(Current { image: &old }, new, &Catalog::embedded()));
         assert!(why.contains("no dev.kiln.build-key label"), "{why}");

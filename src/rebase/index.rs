@@ -76,6 +76,9 @@ pub async fn plan_index(
         Ok(parsed) => parsed,
         Err(why) => return Ok(IndexDecision::Rebuild(format!("{shown} {why}"))),
     };
+    // A Job records its builder by the digest it was named by (the index over the builder's
+    // platforms); each platform's image is the builder for that platform.
+    let builder_index = builder.and_then(|(reference, _)| super::pinned_digest(reference));
     let plans = parsed.manifests.into_iter().map(|entry| async move {
         let Some(platform) = entry.platform.clone() else {
             unreachable!("kiln_index checked every entry's platform");
@@ -96,6 +99,7 @@ pub async fn plan_index(
             image: &image,
             platform: &platform,
             builder: builder.as_ref(),
+            builder_index,
             resolved: new_base.as_ref(),
             ..req
         };

@@ -33,6 +33,8 @@ pub struct Request<'a> {
     pub base_name: &'a str,
     /// The builder image the new base pairs with, by digest, when known.
     pub builder: Option<&'a Digest>,
+    /// The digest that builder was named by, when another (see [`NewBase::builder_index`]).
+    pub builder_index: Option<&'a Digest>,
     /// The platform of the new base to take from an index.
     pub platform: &'a Platform,
     /// The runtimes.
@@ -40,6 +42,15 @@ pub struct Request<'a> {
     /// The new base, already resolved: the rebases of a fleet share one, so each reads only
     /// its own image.
     pub resolved: Option<&'a ResolvedBase>,
+}
+
+/// The digest a builder reference is pinned by, if it is (an index's, for a builder of
+/// several platforms): what a build Job records as its builder.
+pub fn pinned_digest(reference: &BaseRef) -> Option<&Digest> {
+    match reference {
+        BaseRef::Registry(r) => r.digest.as_ref(),
+        BaseRef::Layout { .. } => None,
+    }
 }
 
 /// A decision with what it was made from.
@@ -161,6 +172,7 @@ pub async fn plan(client: &Client, req: Request<'_>) -> Result<Planned, Error> {
             base: &new_base.base,
             name,
             builder: req.builder,
+            builder_index: req.builder_index,
         },
         req.catalog,
     );

@@ -186,6 +186,32 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
         let (again, report) = s.rebase(name, &new.0, &[]);
         assert_eq!(again.code, 0, "{}", again.stderr);
         assert_eq!(report["decision"], "current");
+        // On the new base already, and asked for elsewhere: put where a rebase would have put
+        // it, under --image (another tag, another repository) and its key's tag.
+        for repo in [format!("fns/{name}"), format!("moved/{name}")] {
+            let target = s.reg.reference(&format!("{repo}:v2"));
+            let (placed, report) = s.rebase(name, &new.0, &["--image", &target, "--tag-by-key"]);
+            assert_eq!(placed.code, 0, "{}", placed.stderr);
+            assert_eq!(report["decision"], "current");
+            assert_eq!(manifest_digest(&s.reg, &repo, "v2"), digest_of(&full));
+            let listed = Command::new("skopeo")
+                .args(["list-tags", "--tls-verify=false"])
+                .arg(format!("docker://{}", s.reg.reference(&repo)))
+                .output()
+                .unwrap();
+            let tags: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+            let key_tags: Vec<&str> = tags["Tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|t| t.as_str().filter(|t| t.starts_with("kiln-")))
+                .collect();
+            assert_eq!(key_tags.len(), 1, "{tags}");
+            assert_eq!(
+                manifest_digest(&s.reg, &repo, key_tags[0]),
+                digest_of(&full)
+            );
+        }
     }
     let rebased = s.reg.reference("fns/node-lockfile:live");
     let (port, _running) = serve(&s.kiln, &rebased, &["--insecure-registry", &s.reg.host()]);
