@@ -1,7 +1,7 @@
 //! `kiln rebase IMAGE --base NEW_BASE`: moves a Function image onto a new base image without
 //! a build, when that is safe (see [`crate::rebase`]).
 
-use anyhow::{Context, anyhow, bail};
+use anyhow::{Context, anyhow};
 use clap::Args;
 
 use super::Failure;
@@ -416,8 +416,9 @@ async fn stays(
 }
 
 /// An image on the new base already (`at`, by digest) is where a rebase would have put it:
-/// `--image`'s tag (its blobs mounted first when that is another repository) and, with
-/// `--tag-by-key`, its key's tag. The image's own tag, which named it, is not put again.
+/// `--image`'s tag (in another repository, its blobs mounted there first) and, with
+/// `--tag-by-key`, its key's tag (not an index's). The image's own tag, which named it, is not
+/// put again.
 async fn place(
     client: &Client,
     at: &Reference,
@@ -443,24 +444,16 @@ async fn place(
     } else if args.tag_by_key {
         tracing::warn!(image = %at, "an index on the new base already is not tagged by key");
     }
+    // Another repository: the image (an index's platform images) first, by mounts.
     if (&at.registry, &at.repository) != (&target.registry, &target.repository) {
         if doc.media_type.is_index() {
-            bail!(
-                "{at} is on the new base already, and is an image index in another repository                  than {target}: copy it there instead (skopeo copy --all)"
-            );
-        }
-        let manifest: crate::oci::Manifest = doc.parse().context("parsing its manifest")?;
-        for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
-            let mounted = client
-                .mount_blob(target, &blob.digest, &at.repository)
-                .await
-                .with_context(|| format!("mounting {} into {target}", blob.digest))?;
-            if !mounted {
-                bail!(
-                    "{at} is on the new base already, and the registry declined to mount its                      blob {} into {target}: copy the image there instead (skopeo copy)",
-                    blob.digest
-                );
+            let index: crate::oci::Index = doc.parse().context("parsing the index")?;
+            for image in &index.manifests {
+                let one = at.with_digest(image.digest.clone());
+                rebase::copy_by_mounts(client, &one, target).await?;
             }
+        } else {
+            rebase::copy_by_mounts(client, at, target).await?;
         }
     }
     for tag in tags {

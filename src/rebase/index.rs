@@ -204,9 +204,10 @@ fn kiln_index(doc: &Document) -> Result<Index, String> {
 }
 
 /// Pushes each platform's rebased image by digest to `target`'s repository (its own layers
-/// from `from`, the index's repository), then the index at `target`: the index goes last, so
-/// a failure leaves the tag where it was. `key_tags`: each rebased image also gets its build
-/// key's tag, as `kiln build --tag-by-key` gives it.
+/// from `from`, the index's repository; an image kept as it is, when that is another
+/// repository, by mounts), then the index at `target`: the index goes last, so a failure
+/// leaves the tag where it was. `key_tags`: each rebased image also gets its build key's tag,
+/// as `kiln build --tag-by-key` gives it.
 ///
 /// # Errors
 /// A registry failure.
@@ -220,8 +221,13 @@ pub async fn publish_index(
     scratch: &Path,
 ) -> Result<(Digest, Vec<Published>), Error> {
     let mut published = Vec::new();
+    let elsewhere = (&from.registry, &from.repository) != (&target.registry, &target.repository);
     for plan in platforms {
         let Decision::Rebase(rebased) = &plan.planned.decision else {
+            if elsewhere {
+                let at = from.with_digest(plan.current.digest.clone());
+                super::copy_by_mounts(client, &at, target).await?;
+            }
             continue;
         };
         let key_tag = key_tags.then(|| crate::build::plan::key_tag(&rebased.image_key));

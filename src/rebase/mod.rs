@@ -97,6 +97,64 @@ pub enum Error {
     /// Pushing failed; the manifest was not pushed unless every blob was there.
     #[error(transparent)]
     Publish(#[from] publish::Error),
+    /// An image to put in another repository whose blob the registry would not mount there.
+    #[error(
+        "the registry declined to mount blob {blob} of {image} into {target}: copy the image \
+         there first (skopeo copy)"
+    )]
+    MountDeclined {
+        /// The image.
+        image: String,
+        /// The blob.
+        blob: Digest,
+        /// The repository it was to go to.
+        target: String,
+    },
+}
+
+/// Puts the image `at` (one platform's manifest, by digest) into `target`'s repository by
+/// digest, each of its blobs mounted from `at`'s repository: an image kept as it is, for a
+/// rebase whose result goes elsewhere. Its manifest document.
+///
+/// # Errors
+/// A registry failure, or a mount the registry declined.
+pub async fn copy_by_mounts(
+    client: &Client,
+    at: &Reference,
+    target: &Reference,
+) -> Result<crate::oci::Document, Error> {
+    let repository = target.repository_only();
+    let fail = |what: String| publish::registry_err(what, &repository);
+    let accept = [MediaType::OciManifest, MediaType::DockerManifest];
+    let doc = client
+        .get_manifest(at, &accept)
+        .await
+        .map_err(fail(format!("{at} (reading it)")))?;
+    let manifest: crate::oci::Manifest = doc.parse().map_err(|e| Error::Image {
+        image: at.to_string(),
+        source: Box::new(resolve::Error::Malformed {
+            reference: at.to_string(),
+            problem: format!("{e:#}"),
+        }),
+    })?;
+    for blob in std::iter::once(&manifest.config).chain(&manifest.layers) {
+        let mounted = client
+            .mount_blob(&repository, &blob.digest, &at.repository)
+            .await
+            .map_err(fail(format!("blob {}", blob.digest)))?;
+        if !mounted {
+            return Err(Error::MountDeclined {
+                image: at.to_string(),
+                blob: blob.digest.clone(),
+                target: repository.to_string(),
+            });
+        }
+    }
+    client
+        .put_manifest(&repository.with_digest(doc.digest.clone()), &doc)
+        .await
+        .map_err(fail(format!("manifest {}", doc.digest)))?;
+    Ok(doc)
 }
 
 /// Reads the image and the new base and decides.

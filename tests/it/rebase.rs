@@ -400,6 +400,15 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
         manifest_digest(&s.reg, "fns/hello-python", "multi"),
         digest_of(&full)
     );
+    // On the new base already, and asked for in another repository: each platform's image
+    // goes there by mounts, then the index (which the registry takes only once they are).
+    let moved = s.reg.reference("moved/hello-python:multi");
+    let run = s.kiln(&["rebase", &image, "--base", &new.0, "--image", &moved]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(
+        manifest_digest(&s.reg, "moved/hello-python", "multi"),
+        digest_of(&full)
+    );
     // One platform that cannot move keeps the whole index where it is.
     let pinned = s.build("python-pinned", "python313", &old, "multi", &BOTH);
     let image = s.reg.reference("fns/python-pinned:multi");
