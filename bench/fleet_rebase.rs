@@ -484,4 +484,42 @@ fn report(what: &str, moved: &Moved, functions: usize) {
         moved.uploaded,
         moved.base_requests,
     );
+    // The reads by what they read, the commonest first.
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for line in moved.log.iter().filter(|l| l.starts_with("GET") || l.starts_with("HEAD")) {
+        let kind = read_kind(line);
+        match kinds.iter_mut().find(|(k, _)| *k == kind) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((kind, 1)),
+        }
+    }
+    kinds.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+    let shown: Vec<String> = kinds
+        .iter()
+        .map(|(k, n)| format!("{k} {:.2}", per(*n)))
+        .collect();
+    println!("  reads per Function: {}", shown.join(", "));
+}
+
+/// What a read of the access log (`METHOD /v2/functions/bench/NAME/... STATUS`) reads: its
+/// method, the kind of path (a manifest by digest or tag, and which tag; a blob; referrers)
+/// and its status.
+fn read_kind(line: &str) -> String {
+    let mut parts = line.split_whitespace();
+    let (method, path, status) = (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    );
+    let what = match path.split_once("/manifests/") {
+        Some((_, r)) if r.starts_with("sha256:") => "manifest by digest",
+        Some((_, r)) if r.ends_with(".sig") => "the .sig tag",
+        Some((_, r)) if r.ends_with(".att") => "the .att tag",
+        Some((_, r)) if r.starts_with("kiln-") => "a key tag",
+        Some(_) => "another tag",
+        None if path.contains("/blobs/") => "blob",
+        None if path.contains("/referrers/") => "referrers",
+        None => "other",
+    };
+    format!("{method} {what} {status}")
 }
