@@ -486,7 +486,11 @@ fn report(what: &str, moved: &Moved, functions: usize) {
     );
     // The reads by what they read, the commonest first.
     let mut kinds: Vec<(String, usize)> = Vec::new();
-    for line in moved.log.iter().filter(|l| l.starts_with("GET") || l.starts_with("HEAD")) {
+    for line in moved
+        .log
+        .iter()
+        .filter(|l| l.starts_with("GET") || l.starts_with("HEAD"))
+    {
         let kind = read_kind(line);
         match kinds.iter_mut().find(|(k, _)| *k == kind) {
             Some((_, n)) => *n += 1,

@@ -79,8 +79,10 @@ pub async fn step(
         // Built before (a revert, a Function created again): deployed if the registry still
         // has it.
         let image = format!("{}@{digest}", plan.repository());
-        let found = ctx.images.find(&image).await?.is_some();
-        let why = if found {
+        // Taken by this controller a moment ago (a rebase, proven then): there, and proven.
+        let taken = ctx.taken.holds(&image);
+        let found = taken || ctx.images.find(&image).await?.is_some();
+        let why = if found && !taken {
             unproven(ctx, plan, &image, None).await?
         } else {
             None

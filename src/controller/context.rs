@@ -44,6 +44,8 @@ pub struct Context {
     pub rollouts: super::rebases::Rollouts,
     /// The new bases rebases were made onto, read once per base.
     pub new_bases: super::rebases::NewBases,
+    /// The images this controller rebased or kept a moment ago, proven as it took them.
+    pub taken: super::rebases::Taken,
     /// The image signing key rebases are signed with, as last read.
     pub signing_keys: super::rebases::SigningKeys,
     /// The record entries written, until the watch cache shows them.

@@ -235,6 +235,7 @@ fn context(
         slots,
         rollouts,
         new_bases: Default::default(),
+        taken: Default::default(),
         signing_keys: Default::default(),
         written: Default::default(),
         git: opts.git.clone(),

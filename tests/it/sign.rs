@@ -489,6 +489,11 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
 /// the attestations are referrers of the image too, as cosign's OCI 1.1 mode stores them, and
 /// check.py finds and verifies them through that API alone. Debian's registry (2.8) does not
 /// serve it: kiln asks once, keeps the answer, and puts no referrer there.
+/// The hello-node fixture in `dir` built on the tiny base for `(image, host)`, signed by `key`.
+fn hello_to(kiln: &Kiln, dir: &Path, to: (&str, &str), key: &str) -> String {
+    build_to(kiln, dir, "nodejs22", &["--base", &tiny_base()], to, key)
+}
+
 #[test]
 fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api() {
     let work = tempfile::tempdir().unwrap();
@@ -500,15 +505,7 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
     let ferro = ReferrersRegistry::start();
     let host = ferro.host();
     let image = ferro.reference("fns/hello:1");
-    let base = ["--base", &tiny_base()];
-    let reference = build_to(
-        &kiln,
-        &dir,
-        "nodejs22",
-        &base,
-        (&image, &host),
-        &key("a.key"),
-    );
+    let reference = hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
     let digest = reference.split_once('@').unwrap().1;
     let referrers = |public: &str| check(&["referrers", &host, "fns/hello", digest, public]);
     assert_eq!(
@@ -519,14 +516,7 @@ fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api()
     // The same build signed by another key (the same image): its signature is added to the
     // tag, and a new referrer holds both. Both keys sign the same payload blob; what differs
     // is the signature in each layer's annotation.
-    let again = build_to(
-        &kiln,
-        &dir,
-        "nodejs22",
-        &base,
-        (&image, &host),
-        &key("b.key"),
-    );
+    let again = hello_to(&kiln, &dir, (&image, &host), &key("b.key"));
     assert_eq!(again, reference);
     // The tags as well, which cosign reads by default, each still the manifest cosign writes
     // there (an image's config, no subject): a referrer goes up by digest, beside it.
@@ -637,28 +627,13 @@ fn a_busy_answer_about_the_referrers_api_is_asked_again() {
     let proxy = FaultProxy::start(&ferro.host(), faults);
     let host = proxy.host();
     let image = format!("{host}/fns/hello:1");
-    let base = ["--base", &tiny_base()];
-    build_to(
-        &kiln,
-        &dir,
-        "nodejs22",
-        &base,
-        (&image, &host),
-        &key("a.key"),
-    );
+    hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
     std::fs::write(
         dir.join("handler.js"),
         "module.exports = { main: () => 2 };",
     )
     .unwrap();
-    let second = build_to(
-        &kiln,
-        &dir,
-        "nodejs22",
-        &base,
-        (&image, &host),
-        &key("a.key"),
-    );
+    let second = hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
     let asked: Vec<String> = proxy
         .seen()
         .into_iter()
