@@ -46,8 +46,11 @@ fn runtime_serves_the_contract(runtime: &str, server_fixture: &str) {
         &k,
         &reference,
         &[
+            // /sleep takes 5 s: a 408. Every other call must fit, the trace's first loads of
+            // axios, fetch and the OpenTelemetry SDK included, on a machine busy with other
+            // tests (1 s did not, once: a 408 from /trace-out).
             "--env",
-            "FUNC_TIMEOUT=1",
+            "FUNC_TIMEOUT=3",
             "--env",
             "REQ_MB_LIMIT=0.01",
             "--env",
