@@ -194,7 +194,6 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
             let plan = rebase::plan_index(&client, request, &index, builder, &())
                 .await
                 .map_err(|e| Failure::Build(e.into()))?;
-            let current = image.with_digest(index.digest.clone());
             let to = (&image, &target);
             let signer = sign_key.as_ref().map(|key| Signer {
                 key,
@@ -206,7 +205,7 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 &args,
                 &client,
                 plan,
-                &current,
+                &index.digest,
                 to,
                 (signer, builder),
                 &report,
@@ -215,11 +214,10 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         }
         Err(e) => return Err(Failure::Build(e.into())),
     };
-    let current = format!("{}@{}", image.repository_path(), planned.current);
     let rebased = match (planned.decision, args.dry_run) {
         (Decision::Current, _) => {
-            let at = image.with_digest(planned.current.clone());
-            return stays(&args, &report, current, (&client, &at, &target)).await;
+            let at = (&client, &image, &planned.current, &target);
+            return stays(&args, &report, at).await;
         }
         (Decision::Rebuild(reason), _) => return refuse(&args, &report, reason),
         (Decision::Rebase(rebased), true) => {
@@ -303,20 +301,14 @@ async fn rebase_index(
     args: &RebaseArgs,
     client: &Client,
     plan: IndexDecision,
-    at: &Reference,
+    current: &crate::oci::Digest,
     (image, target): (&Reference, &Reference),
     (signer, builder): (Option<Signer<'_>>, Option<&str>),
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
 ) -> Result<String, Failure> {
     let (index, platforms) = match plan {
         IndexDecision::Current => {
-            let digest = at
-                .digest
-                .as_ref()
-                .map(ToString::to_string)
-                .unwrap_or_default();
-            let current = format!("{}@{digest}", image.repository_path());
-            return stays(args, report, current, (client, at, target)).await;
+            return stays(args, report, (client, image, current, target)).await;
         }
         IndexDecision::Rebuild(reason) => return refuse(args, report, reason),
         IndexDecision::Rebase { index, platforms } => (index, platforms),
@@ -395,16 +387,18 @@ async fn rebase_index(
     Ok(reference)
 }
 
-/// The image is on the new base already: its reference (`current REF` in a dry run).
+/// The image (`image` as named, at `digest`) is on the new base already: its reference
+/// (`current REF` in a dry run), put where `--image` and `--tag-by-key` ask ([`place`]).
 async fn stays(
     args: &RebaseArgs,
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
-    current: String,
-    (client, at, target): (&Client, &Reference, &Reference),
+    (client, image, digest, target): (&Client, &Reference, &crate::oci::Digest, &Reference),
 ) -> Result<String, Failure> {
     tracing::info!(image = %args.image, base = %args.base, "on the new base already");
+    let current = format!("{}@{digest}", image.repository_path());
     if !args.dry_run {
-        place(client, at, target, args)
+        let at = image.with_digest(digest.clone());
+        place(client, &at, target, args)
             .await
             .map_err(Failure::Build)?;
     }

@@ -32,8 +32,9 @@ const MEMORY_LIMIT: usize = 16 << 10;
 pub(crate) enum DocumentCache {
     /// Files in a directory.
     Dir(PathBuf),
-    /// The most recently used, in memory.
-    Memory(Mutex<Recent>),
+    /// The most recently used, in memory; and the largest document kept (the budget, at most
+    /// [`MEMORY_LIMIT`]), outside the lock: it never changes.
+    Memory(Mutex<Recent>, usize),
 }
 
 /// Documents in memory, least recently used first out once over `budget` bytes.
@@ -54,10 +55,11 @@ impl DocumentCache {
 
     /// A cache in memory of at most `budget` bytes of documents.
     pub fn in_memory(budget: usize) -> DocumentCache {
-        DocumentCache::Memory(Mutex::new(Recent {
+        let recent = Recent {
             budget,
             ..Recent::default()
-        }))
+        };
+        DocumentCache::Memory(Mutex::new(recent), budget.min(MEMORY_LIMIT))
     }
 
     /// Whether a tag is best read as `HEAD` (its digest), then the document from here (a
@@ -71,10 +73,7 @@ impl DocumentCache {
     pub fn keeps_pushed(&self, size: u64) -> bool {
         match self {
             DocumentCache::Dir(_) => false,
-            DocumentCache::Memory(recent) => {
-                let recent = recent.lock().unwrap_or_else(|e| e.into_inner());
-                usize::try_from(size).is_ok_and(|n| n <= recent.budget.min(MEMORY_LIMIT))
-            }
+            DocumentCache::Memory(_, largest) => usize::try_from(size).is_ok_and(|n| n <= *largest),
         }
     }
 
@@ -82,7 +81,7 @@ impl DocumentCache {
     pub fn get(&self, digest: &Digest) -> Option<Document> {
         match self {
             DocumentCache::Dir(dir) => read(dir, digest),
-            DocumentCache::Memory(recent) => {
+            DocumentCache::Memory(recent, _) => {
                 let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
                 recent.get(digest)
             }
@@ -97,10 +96,7 @@ impl DocumentCache {
     pub fn put(&self, doc: &Document) {
         let limit = match self {
             DocumentCache::Dir(_) => LIMIT,
-            DocumentCache::Memory(recent) => {
-                let recent = recent.lock().unwrap_or_else(|e| e.into_inner());
-                recent.budget.min(MEMORY_LIMIT)
-            }
+            DocumentCache::Memory(_, largest) => *largest,
         };
         if doc.bytes.len() > limit || Digest::of(&doc.bytes) != doc.digest {
             return;
@@ -117,7 +113,6 @@ impl DocumentCache {
         match self {
             DocumentCache::Dir(dir) => {
                 let path = path(dir, &doc.digest);
-                // Kept already, unless under another type (then the latest read's).
                 // Kept already under this type (the bytes are checked when read, not here).
                 let head = format!("{}\n", doc.media_type.as_str());
                 if std::fs::read(&path).is_ok_and(|raw| raw.starts_with(head.as_bytes())) {
@@ -127,7 +122,7 @@ impl DocumentCache {
                     tracing::debug!(path = %path.display(), error = %e, "not caching a document");
                 }
             }
-            DocumentCache::Memory(recent) => {
+            DocumentCache::Memory(recent, _) => {
                 let mut recent = recent.lock().unwrap_or_else(|e| e.into_inner());
                 recent.put(doc);
             }
@@ -150,10 +145,8 @@ impl Recent {
         self.touch(digest).cloned()
     }
 
+    /// Keeps `doc`, of at most the cache's largest size ([`DocumentCache::put`] checks).
     fn put(&mut self, doc: &Document) {
-        if doc.bytes.len() > self.budget.min(MEMORY_LIMIT) {
-            return;
-        }
         let kept = self.touch(&doc.digest);
         match kept.map(|k| (k.media_type == doc.media_type, k.bytes.len())) {
             Some((true, _)) => return,
@@ -285,7 +278,7 @@ mod tests {
         };
         cache.put(&lying);
         assert!(cache.get(&lying.digest).is_none());
-        let DocumentCache::Memory(recent) = &cache else {
+        let DocumentCache::Memory(recent, _) = &cache else {
             unreachable!()
         };
         let recent = recent.lock().unwrap();

@@ -312,11 +312,8 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        let indexed = resp
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|t| media_type_is(t, INDEX_TYPE));
+        let indexed = header(&resp, &CONTENT_TYPE)
+            .is_some_and(|t| MediaType::from(media_type_only(t)) == MediaType::OciIndex);
         let serves = resp.status() == StatusCode::OK
             && indexed
             && read_index(&call, resp, repo, digest)
@@ -391,19 +388,9 @@ fn referrers_call(
     if let Some(t) = artifact_type {
         url.query_pairs_mut().append_pair("artifactType", t);
     }
+    // What a referrers answer is (OCI distribution spec 1.1).
     Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)])
-        .header(ACCEPT, HeaderValue::from_static(INDEX_TYPE))
-}
-
-/// What a referrers answer is (OCI distribution spec 1.1).
-const INDEX_TYPE: &str = "application/vnd.oci.image.index.v1+json";
-
-/// Whether the `Content-Type` value `value` is `media_type` (parameters aside).
-fn media_type_is(value: &str, media_type: &str) -> bool {
-    value
-        .split(';')
-        .next()
-        .is_some_and(|t| t.trim().eq_ignore_ascii_case(media_type))
+        .header(ACCEPT, accept_header(&[MediaType::OciIndex]))
 }
 
 /// The image index a referrers answer holds.

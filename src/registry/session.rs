@@ -186,9 +186,9 @@ impl Registry {
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
         let ours = *self.referrers.lock().unwrap_or_else(|e| e.into_inner());
-        // An answer from the future would outlast the day and every answer after it.
-        let on_file_referrers = on_file.referrers.filter(|&(_, at)| at <= unix_now());
-        let referrers = match (ours, on_file_referrers) {
+        // An answer past its day, or from the future (which would outlast every later one), is
+        // none.
+        let referrers = match (ours, on_file.referrers.filter(|&(_, at)| current(at))) {
             (Some(a), Some(b)) => Some(if a.1 >= b.1 { a } else { b }),
             (a, b) => a.or(b),
         };
