@@ -11,17 +11,15 @@
 
 use std::collections::BTreeMap;
 
+use super::own::{deps_run_on, own_layers};
 use crate::build::plan::{self, BUILD_KEY_LABEL, DEPS_TOOLCHAIN_LABEL, RUNTIME_LABEL};
 use crate::oci::{self, Base, Compression, Digest, Image, ImageConfig, MediaType, NewLayer};
 use crate::runtime::Catalog;
-use crate::runtime::abi::Abi;
 
 const BASE_DIGEST_LABEL: &str = "org.opencontainers.image.base.digest";
 const BASE_NAME_LABEL: &str = "org.opencontainers.image.base.name";
 const TITLE_LABEL: &str = "org.opencontainers.image.title";
 const CREATED_LABEL: &str = "org.opencontainers.image.created";
-/// What names a builder image in a dependency toolchain (`deps::builder_toolchain_id`).
-const BUILDER_PREFIX: &str = "builder image ";
 
 /// The new base, as the rebase sees it.
 #[derive(Clone, Copy, Debug)]
@@ -105,7 +103,7 @@ fn decide_inner(
             "the new base is the {theirs} runtime's, and the image is a {runtime_name} Function"
         ));
     }
-    let platform = |c: &crate::oci::ImageConfig| {
+    let platform = |c: &ImageConfig| {
         let variant = c
             .variant
             .as_deref()
@@ -203,119 +201,6 @@ fn decide_inner(
     })))
 }
 
-/// Whether the image's dependency layer, installed against its base by the toolchain its
-/// labels name, is what a build on the new base would install: the same installer, the same
-/// binary interface.
-fn deps_run_on(
-    labels: &BTreeMap<String, String>,
-    new_labels: &BTreeMap<String, String>,
-    (new_builder, builder_index): (Option<&Digest>, Option<&Digest>),
-) -> Result<(), String> {
-    let toolchain = labels.get(DEPS_TOOLCHAIN_LABEL).ok_or_else(|| {
-        format!(
-            "the image does not say what installed its dependencies (no {DEPS_TOOLCHAIN_LABEL} \
-             label: built before kiln recorded it)"
-        )
-    })?;
-    match toolchain.split_once(BUILDER_PREFIX) {
-        Some((_, digest)) => {
-            let built_in = digest.split_whitespace().next().unwrap_or_default();
-            match new_builder {
-                None => {
-                    return Err(format!(
-                        "the dependencies were installed in builder image {built_in}, and which \
-                         builder the new base pairs with is not known (--builder)"
-                    ));
-                }
-                Some(builder)
-                    if builder.to_string() != built_in
-                        && builder_index.is_none_or(|i| i.to_string() != built_in) =>
-                {
-                    return Err(format!(
-                        "the dependencies were installed in builder image {built_in}, and the \
-                         new base pairs with builder {builder}: a build would install them \
-                         there"
-                    ));
-                }
-                Some(_) => {}
-            }
-        }
-        None if toolchain.starts_with("kiln lock-file install") => {}
-        None => {
-            return Err(format!(
-                "the dependencies were installed by the toolchain on PATH ({toolchain}), not in \
-                 a builder image: what they were built against is not known"
-            ));
-        }
-    }
-    let old = Abi::from_labels(labels)?.ok_or_else(|| {
-        "the image does not record the binary interface its dependencies were built for (its \
-         base has no dev.kiln.abi labels)"
-            .to_string()
-    })?;
-    let new = Abi::from_labels(new_labels)?.ok_or_else(|| {
-        "the new base does not record its binary interface (no dev.kiln.abi labels): it was \
-         not assembled by `kiln base build`"
-            .to_string()
-    })?;
-    old.runs_on(&new)
-}
-
-/// The image's dependency layer.
-struct DepsLayer {
-    layer: NewLayer,
-    /// Its dependency key, from its history text.
-    key: Digest,
-}
-
-/// The layers kiln added to the base, from the history: the source layer last, the
-/// dependency layer before it if there is one.
-struct Own {
-    deps: Option<DepsLayer>,
-    source: NewLayer,
-    /// Every layer of the image.
-    all: Vec<Digest>,
-}
-
-fn own_layers(image: &Base, config: &ImageConfig) -> Result<Own, String> {
-    let manifest = image
-        .parse_manifest()
-        .map_err(|e| format!("the image's manifest: {e}"))?;
-    let history: Vec<&oci::History> = config
-        .history
-        .iter()
-        .filter(|h| h.empty_layer != Some(true))
-        .collect();
-    let (layers, diff_ids) = (&manifest.layers, &config.rootfs.diff_ids);
-    if history.len() != layers.len() || diff_ids.len() != layers.len() {
-        return Err("the image's history does not match its layers".into());
-    }
-    let at = |i: usize| NewLayer {
-        descriptor: layers[i].clone(),
-        diff_id: diff_ids[i].clone(),
-        created_by: history[i].created_by.clone().unwrap_or_default(),
-    };
-    let n = layers.len();
-    let source = (n > 0)
-        .then(|| at(n - 1))
-        .filter(|l| l.created_by.starts_with(plan::SOURCE_HISTORY))
-        .ok_or("the image's last layer is not a kiln source layer")?;
-    let deps = match (n > 1).then(|| at(n - 2)) {
-        Some(layer) if layer.created_by.starts_with(plan::DEPS_HISTORY) => {
-            let key = layer
-                .created_by
-                .rsplit_once(", key ")
-                .and_then(|(_, k)| k.strip_suffix(')'))
-                .and_then(|k| k.parse().ok())
-                .ok_or("the dependency layer's history names no key")?;
-            Some(DepsLayer { layer, key })
-        }
-        _ => None,
-    };
-    let all = layers.iter().map(|d| d.digest.clone()).collect();
-    Ok(Own { deps, source, all })
-}
-
 fn parse_config(doc: &oci::Document, what: &str) -> Result<ImageConfig, String> {
     doc.parse()
         .map_err(|e| format!("{what}'s config does not parse: {e}"))
@@ -351,6 +236,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::oci::{Descriptor, Family};
+    use crate::runtime::abi::Abi;
 
     /// A base image as `kiln base build` labels it, with one layer named `layer`.
     fn base(layer: &str, abi: &Abi) -> Base {

@@ -6,6 +6,7 @@
 pub mod attest;
 mod decide;
 mod index;
+mod own;
 
 use std::path::Path;
 
