@@ -53,6 +53,7 @@ mod registry_faults;
 mod run;
 mod runtime_servers;
 mod sign;
+mod sign_referrers;
 mod structure;
 mod tenancy;
 mod warm;

@@ -8,9 +8,7 @@ use crate::common;
 use std::path::Path;
 use std::process::Command;
 
-use common::faults::{FaultProxy, Faults};
 use common::kiln::{Kiln, copy_fixture, tiny_base};
-use common::referrers_registry::ReferrersRegistry;
 use common::registry::{Registry, RegistryKind};
 
 /// `check.py ARGS` (tests/fixtures/cosign/check.py); its output, trimmed.
@@ -52,7 +50,7 @@ impl Setup {
     }
 }
 
-fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> String {
+pub(crate) fn build(kiln: &Kiln, reg: &Registry, dir: &Path, image: &str, key: &str) -> String {
     build_on(
         kiln,
         reg,
@@ -80,7 +78,7 @@ fn build_on(
 }
 
 /// A signed build of the `runtime` Function in `dir` to `image` in the registry at `host`.
-fn build_to(
+pub(crate) fn build_to(
     kiln: &Kiln,
     dir: &Path,
     runtime: &str,
@@ -483,167 +481,4 @@ fn the_sbom_lists_the_bases_packages_and_the_functions_npm_and_python_packages()
         assert_ne!(edited, reference);
         assert_eq!(sbom(&edited), packages);
     }
-}
-
-/// Where the registry serves the OCI 1.1 referrers API (ferro-oci-server), the signature and
-/// the attestations are referrers of the image too, as cosign's OCI 1.1 mode stores them, and
-/// check.py finds and verifies them through that API alone. Debian's registry (2.8) does not
-/// serve it: kiln asks once, keeps the answer, and puts no referrer there.
-/// The hello-node fixture in `dir` built on the tiny base for `(image, host)`, signed by `key`.
-fn hello_to(kiln: &Kiln, dir: &Path, to: (&str, &str), key: &str) -> String {
-    build_to(kiln, dir, "nodejs22", &["--base", &tiny_base()], to, key)
-}
-
-#[test]
-fn signatures_and_attestations_are_referrers_where_the_registry_serves_the_api() {
-    let work = tempfile::tempdir().unwrap();
-    check(&["keys", work.path().to_str().unwrap(), "a", "b", "c"]);
-    let key = |name: &str| work.path().join(name).to_str().unwrap().to_string();
-    let dir = copy_fixture("hello-node", &work.path().join("hello"));
-    let kiln = Kiln::new();
-
-    let ferro = ReferrersRegistry::start();
-    let host = ferro.host();
-    let image = ferro.reference("fns/hello:1");
-    let reference = hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
-    let digest = reference.split_once('@').unwrap().1;
-    let referrers = |public: &str| check(&["referrers", &host, "fns/hello", digest, public]);
-    assert_eq!(
-        referrers(&key("a.pub")),
-        "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
-    );
-    assert_eq!(referrers(&key("b.pub")), "0");
-    // The same build signed by another key (the same image): its signature is added to the
-    // tag, and a new referrer holds both. Both keys sign the same payload blob; what differs
-    // is the signature in each layer's annotation.
-    let again = hello_to(&kiln, &dir, (&image, &host), &key("b.key"));
-    assert_eq!(again, reference);
-    // The tags as well, which cosign reads by default, each still the manifest cosign writes
-    // there (an image's config, no subject): a referrer goes up by digest, beside it.
-    assert_eq!(
-        check(&["verify", &host, "fns/hello", digest, &key("a.pub")]),
-        "1"
-    );
-    let build_key = check(&["provenance", &host, "fns/hello", digest, &key("a.pub")]);
-    let curl = |args: &[&str], path: &str| {
-        let url = format!("http://{host}/v2/fns/hello/manifests/{path}");
-        let accept = "Accept: application/vnd.oci.image.manifest.v1+json";
-        common::run_bytes(
-            Command::new("curl")
-                .args(["-s", "-H", accept])
-                .args(args)
-                .arg(url),
-        )
-    };
-    let mut tagged = Vec::new();
-    for suffix in ["sig", "att"] {
-        let tag = format!("{}.{suffix}", digest.replace(':', "-"));
-        let raw = curl(&["-f"], &tag);
-        let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
-        assert_eq!(
-            manifest["config"]["mediaType"], "application/vnd.oci.image.config.v1+json",
-            "{manifest:#}"
-        );
-        assert!(manifest.get("subject").is_none(), "{manifest:#}");
-        tagged.push((tag, common::sha256_digest(&raw)));
-    }
-    let verify = |public: &str, extra: &[&str]| {
-        let mut args = vec!["verify", &reference, "--key", public];
-        args.extend(["--insecure-registry", &host]);
-        args.extend(extra);
-        kiln.run(&args)
-    };
-    assert_eq!(verify(&key("a.pub"), &[]).reference(), reference);
-    // Without the tags, as cosign's OCI 1.1 mode leaves an image: kiln verify finds the
-    // signature and the provenance through the referrers API.
-    for (tag, manifest) in &tagged {
-        let deleted = curl(
-            &[
-                "-f",
-                "-X",
-                "DELETE",
-                "-o",
-                "/dev/null",
-                "-w",
-                "%{http_code}",
-            ],
-            manifest,
-        );
-        assert_eq!(String::from_utf8_lossy(&deleted), "202");
-        let gone = curl(&["-o", "/dev/null", "-w", "%{http_code}"], tag);
-        assert_eq!(String::from_utf8_lossy(&gone), "404", "{tag}");
-    }
-    let by_referrers = verify(&key("a.pub"), &["--build-key", &build_key]);
-    assert_eq!(by_referrers.reference(), reference);
-    assert_eq!(verify(&key("b.pub"), &[]).reference(), reference);
-    let err = verify(&key("c.pub"), &[]).failure(1).to_string();
-    assert!(err.contains("no signature of"), "{err}");
-    let err = verify(&key("a.pub"), &["--build-key", "sha256:0"])
-        .failure(1)
-        .to_string();
-    assert!(err.contains("does not hold"), "{err}");
-
-    let reg = Registry::start(RegistryKind::Plain);
-    build(&kiln, &reg, &dir, "fns/hello:1", &key("a.key"));
-    std::fs::write(
-        dir.join("handler.js"),
-        "module.exports = { main: () => 2 };",
-    )
-    .unwrap();
-    build(&kiln, &reg, &dir, "fns/hello:2", &key("a.key"));
-    let log = reg.settled_access_log();
-    let asked: Vec<&String> = log.iter().filter(|l| l.contains("/referrers/")).collect();
-    assert_eq!(asked.len(), 1, "{log:#?}");
-    assert!(asked[0].ends_with(" 404"), "{asked:?}");
-    // Every manifest put there is tagged: the images and their .sig and .att tags.
-    let puts: Vec<&String> = log.iter().filter(|l| l.starts_with("PUT ")).collect();
-    let manifests: Vec<&&String> = puts.iter().filter(|l| l.contains("/manifests/")).collect();
-    assert_eq!(manifests.len(), 6, "{manifests:#?}");
-    assert!(
-        manifests.iter().all(|l| !l.contains("/manifests/sha256:")),
-        "{manifests:#?}"
-    );
-}
-
-/// A registry busy when asked about the referrers API (503) has not answered the question:
-/// the answer is not kept, the next push asks again, and its referrers go up. (A busy answer
-/// kept as "no" left an image signed through the referrers API unsigned there for a day.)
-#[test]
-fn a_busy_answer_about_the_referrers_api_is_asked_again() {
-    let work = tempfile::tempdir().unwrap();
-    check(&["keys", work.path().to_str().unwrap()]);
-    let key = |name: &str| work.path().join(name).to_str().unwrap().to_string();
-    let dir = copy_fixture("hello-node", &work.path().join("hello"));
-    let kiln = Kiln::new();
-    let ferro = ReferrersRegistry::start();
-    let mut busy = true;
-    let rule = move |_: &str, path: &str, _: u64| {
-        (path.contains("/referrers/") && std::mem::take(&mut busy)).then_some(503)
-    };
-    let faults = Faults {
-        rule: Some(Box::new(rule)),
-        ..Faults::default()
-    };
-    let proxy = FaultProxy::start(&ferro.host(), faults);
-    let host = proxy.host();
-    let image = format!("{host}/fns/hello:1");
-    hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
-    std::fs::write(
-        dir.join("handler.js"),
-        "module.exports = { main: () => 2 };",
-    )
-    .unwrap();
-    let second = hello_to(&kiln, &dir, (&image, &host), &key("a.key"));
-    let asked: Vec<String> = proxy
-        .seen()
-        .into_iter()
-        .filter(|s| s.request.contains("/referrers/"))
-        .map(|s| s.outcome)
-        .collect();
-    assert_eq!(asked, ["answered 503", "forwarded 200"]);
-    let digest = second.split_once('@').unwrap().1;
-    assert_eq!(
-        check(&["referrers", &host, "fns/hello", digest, &key("a.pub")]),
-        "1 https://cyclonedx.org/bom https://slsa.dev/provenance/v1"
-    );
 }
