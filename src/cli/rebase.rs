@@ -6,6 +6,7 @@ use clap::Args;
 
 use super::Failure;
 use super::registry::RegistryArgs;
+use crate::cosign::{VerifyKey, Wanted};
 use crate::image::resolve::{self, BaseRef};
 use crate::oci::Platform;
 use crate::rebase::attest::{self, Signer};
@@ -83,8 +84,17 @@ pub struct RebaseArgs {
     /// signature, an SLSA provenance of the rebase (naming the image it came from and the new
     /// base) and its SBOM, stored as cosign stores them. An index: each platform's image, and
     /// the index.
+    ///
+    /// Only an image whose own build is proven is signed: its signature and SLSA provenance,
+    /// signed by --input-key (default: this key's public half), must name the image and the
+    /// build key it records. An index: each platform's image.
     #[arg(long, value_name = "FILE|env://VAR", env = "KILN_SIGN_KEY")]
     pub sign_key: Option<String>,
+    /// The public key (PEM, a file or `env://VAR`) whose signature and provenance must prove
+    /// IMAGE before --sign-key signs its rebase, when the build was signed by another key
+    /// than --sign-key's (a CI key, say).
+    #[arg(long, value_name = "FILE|env://VAR", requires = "sign_key")]
+    pub input_key: Option<String>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }
@@ -98,6 +108,14 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 .map_err(usage)?,
         ),
         None => None,
+    };
+    let input_key = match (&args.input_key, &sign_key) {
+        (Some(spec), _) => Some(
+            super::verify::read_key(spec, "--input-key", crate::cosign::VerifyKey::from_pem)
+                .map_err(usage)?,
+        ),
+        (None, Some(key)) => Some(key.public().clone()),
+        (None, None) => None,
     };
     let image: Reference = args
         .image
@@ -195,11 +213,17 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
                 .await
                 .map_err(|e| Failure::Build(e.into()))?;
             let to = (&image, &target);
-            let signer = sign_key.as_ref().map(|key| Signer {
-                key,
-                cache_dir: &cache_dir,
-                started: &started,
-            });
+            let signer = sign_key
+                .as_ref()
+                .zip(input_key.as_ref())
+                .map(|(key, proof)| {
+                    let signer = Signer {
+                        key,
+                        cache_dir: &cache_dir,
+                        started: &started,
+                    };
+                    (signer, proof)
+                });
             let builder = args.builder.as_deref();
             return rebase_index(
                 &args,
@@ -238,6 +262,14 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         }
         (Decision::Rebase(rebased), false) => rebased,
     };
+    if let Some(proof) = &input_key {
+        proven(
+            &client,
+            &image.repository_only().with_digest(planned.current.clone()),
+            proof,
+        )
+        .await?;
+    }
     let scratch = tempfile::tempdir()
         .context("making a scratch directory")
         .map_err(Failure::Build)?;
@@ -303,7 +335,7 @@ async fn rebase_index(
     plan: IndexDecision,
     current: &crate::oci::Digest,
     (image, target): (&Reference, &Reference),
-    (signer, builder): (Option<Signer<'_>>, Option<&str>),
+    (signer, builder): (Option<(Signer<'_>, &VerifyKey)>, Option<&str>),
     report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
 ) -> Result<String, Failure> {
     let (index, platforms) = match plan {
@@ -338,6 +370,18 @@ async fn rebase_index(
             platforms.len()
         ));
     }
+    if let Some((_, proof)) = &signer {
+        for p in &platforms {
+            proven(
+                client,
+                &image
+                    .repository_only()
+                    .with_digest(p.current.digest.clone()),
+                proof,
+            )
+            .await?;
+        }
+    }
     let scratch = tempfile::tempdir()
         .context("making a scratch directory")
         .map_err(Failure::Build)?;
@@ -354,7 +398,7 @@ async fn rebase_index(
     .await
     .map_err(|e| Failure::Build(e.into()))?;
     let pushed = client.traffic();
-    if let Some(signer) = signer {
+    if let Some((signer, _)) = signer {
         attest::index(
             client,
             signer,
@@ -458,6 +502,34 @@ async fn place(
             .with_context(|| format!("tagging {at} as {to}"))?;
         tracing::info!(image = %at, tag = %to, "on the new base already: tagged");
     }
+    Ok(())
+}
+
+/// Before `--sign-key` signs a rebase of `image` (by digest), the image's own build must be
+/// proven: a signature by `key` over it, and a provenance by `key` that names it and the build
+/// key it records. The rebase's provenance says it was built as that key says; a signature
+/// over an image anyone could have edited in the registry (its dependency layer, say, which
+/// the rebase keeps as it is) would lend it the signer's trust.
+async fn proven(client: &Client, image: &Reference, key: &VerifyKey) -> Result<(), Failure> {
+    let recorded = attest::recorded_key(client, image)
+        .await
+        .map_err(|e| Failure::Build(e.into()))?
+        .to_string();
+    let wanted = Wanted {
+        build_key: Some(&recorded),
+        pushed_as: None,
+    };
+    crate::cosign::verify(client, image, key, wanted)
+        .await
+        .map_err(|e| {
+            Failure::Build(anyhow::Error::new(e).context(format!(
+                "kiln rebase --sign-key signs only an image whose build is proven by key {}, \
+                 and {image} is not: sign its build (kiln build --sign-key), name the key \
+                 that did with --input-key, or rebase it without --sign-key",
+                key.id()
+            )))
+        })?;
+    tracing::info!(%image, key = %key.id(), "the image's build is proven");
     Ok(())
 }
 

@@ -48,6 +48,7 @@ mod kubelet_api;
 mod kubelet_jobs;
 mod kubelet_replicas;
 mod rebase;
+mod rebase_proof;
 mod registry_client;
 mod registry_faults;
 mod run;

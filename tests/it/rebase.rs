@@ -21,14 +21,14 @@ use common::kiln::{Kiln, Run, copy_fixture};
 use common::registry::{Registry, RegistryKind};
 
 /// A registry, and a kiln whose downloads are the tests' shared ones.
-struct Setup {
-    kiln: Kiln,
-    reg: Registry,
-    work: tempfile::TempDir,
+pub(crate) struct Setup {
+    pub kiln: Kiln,
+    pub reg: Registry,
+    pub work: tempfile::TempDir,
 }
 
 impl Setup {
-    fn new() -> Setup {
+    pub(crate) fn new() -> Setup {
         common::require_tool("bwrap", "bubblewrap");
         Setup {
             kiln: Kiln::new(),
@@ -37,7 +37,7 @@ impl Setup {
         }
     }
 
-    fn kiln(&self, args: &[&str]) -> Run {
+    pub(crate) fn kiln(&self, args: &[&str]) -> Run {
         self.kiln.run_cmd(
             self.kiln
                 .command_with_shared_downloads()
@@ -47,7 +47,7 @@ impl Setup {
     }
 
     /// The runtime's images from `lock` as `kiln/RUNTIME:TAG` (see [`push_base`]).
-    fn base(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
+    pub(crate) fn base(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
         push_base(&self.reg, runtime, tag, lock)
     }
 
@@ -58,7 +58,7 @@ impl Setup {
 
     /// Builds the fixture `name` on `base` (dependencies installed in `builder` when they need
     /// it) as `fns/NAME:TAG`; returns the `repo@digest` reference.
-    fn build(
+    pub(crate) fn build(
         &self,
         name: &str,
         runtime: &str,
@@ -87,7 +87,12 @@ impl Setup {
     }
 
     /// `kiln rebase fns/NAME:live --base BASE` with `extra` flags, and its `--report`.
-    fn rebase(&self, name: &str, base: &str, extra: &[&str]) -> (Run, serde_json::Value) {
+    pub(crate) fn rebase(
+        &self,
+        name: &str,
+        base: &str,
+        extra: &[&str],
+    ) -> (Run, serde_json::Value) {
         let report = self.work.path().join(format!("{name}-rebase.json"));
         let image = self.reg.reference(&format!("fns/{name}:live"));
         let mut args = vec!["rebase", &image, "--base", base];
@@ -101,7 +106,7 @@ impl Setup {
     }
 
     /// A directory with the keys `check.py keys` writes (a.key, a.pub, b.key, b.pub).
-    fn keys(&self) -> std::path::PathBuf {
+    pub(crate) fn keys(&self) -> std::path::PathBuf {
         let keys = self.work.path().join("keys");
         if !keys.exists() {
             std::fs::create_dir_all(&keys).unwrap();
@@ -111,13 +116,13 @@ impl Setup {
     }
 
     /// The digest `fns/NAME:live` points at now.
-    fn live(&self, name: &str) -> String {
+    pub(crate) fn live(&self, name: &str) -> String {
         manifest_digest(&self.reg, &format!("fns/{name}"), "live")
     }
 }
 
 /// The digest of `repo:tag`, from the registry's `Docker-Content-Digest`.
-fn manifest_digest(reg: &Registry, repo: &str, tag: &str) -> String {
+pub(crate) fn manifest_digest(reg: &Registry, repo: &str, tag: &str) -> String {
     let out = Command::new("skopeo")
         .args(["inspect", "--raw", "--tls-verify=false"])
         .arg(format!(
@@ -134,7 +139,7 @@ fn manifest_digest(reg: &Registry, repo: &str, tag: &str) -> String {
     common::sha256_digest(&out.stdout)
 }
 
-fn digest_of(reference: &str) -> &str {
+pub(crate) fn digest_of(reference: &str) -> &str {
     reference.rsplit_once('@').unwrap().1
 }
 
@@ -222,9 +227,11 @@ fn a_node_patch_release_is_rebased_to_the_image_a_full_build_gives_and_an_abi_ch
     // Signed: the image's push is the same, and a signature, a provenance of the rebase and
     // an SBOM are stored beside it, which Python's cryptography, the in-toto and SLSA models,
     // cyclonedx-python-lib and kiln verify all accept.
-    let built = s.build("node-lockfile", "nodejs22", &old, "live", &[]);
+    // The build is signed: a signed rebase signs only an image whose build is proven.
     let keys = s.keys();
     let key = keys.join("a.key");
+    let signed = ["--sign-key", key.to_str().unwrap()];
+    let built = s.build("node-lockfile", "nodejs22", &old, "live", &signed);
     let (run, report) = s.rebase(
         "node-lockfile",
         &new.0,
@@ -350,14 +357,21 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
 
     // A build for both platforms: its index moves, each image onto its own platform's new
     // base, to the index a full build for both gives.
-    let multi = s.build("hello-python", "python313", &old, "multi", &BOTH);
-    let image = s.reg.reference("fns/hello-python:multi");
-    let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
-    assert_eq!(planned.code, 0, "{}", planned.stderr);
-    // Signed: the index, and each platform's image with its provenance and SBOM.
+    // Signed: the index, and each platform's image with its provenance and SBOM (of a
+    // signed build: a signed rebase signs only an image whose build is proven).
     let keys = s.keys();
     let key = keys.join("a.key");
     let signed = ["--sign-key", key.to_str().unwrap()];
+    let multi = s.build(
+        "hello-python",
+        "python313",
+        &old,
+        "multi",
+        &[&BOTH[..], &signed].concat(),
+    );
+    let image = s.reg.reference("fns/hello-python:multi");
+    let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
+    assert_eq!(planned.code, 0, "{}", planned.stderr);
     let run = s.kiln(&[&["rebase", &image, "--base", &new.0][..], &signed].concat());
     assert_eq!(run.code, 0, "{}", run.stderr);
     let verify = |public: &str| {
