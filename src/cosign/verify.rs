@@ -389,7 +389,8 @@ const MAX_REFERRERS: usize = 32;
 const MAX_REFERRED_LAYERS: usize = 64;
 
 /// The layers of the manifests of `artifact_type` that refer to `digest` in `image`'s
-/// repository through the OCI 1.1 referrers API (where the registry serves it), each read by
+/// repository through the OCI 1.1 referrers API (where the registry serves it, every page of
+/// its listing; elsewhere the referrers tag schema's `sha256-<hex>` index), each read by
 /// digest and naming `digest` as its subject, each layer once: what cosign's OCI 1.1 mode
 /// stores instead of its tags. Their blobs are in the image's repository. A fallback for an
 /// image without tags: what the registry answers it does not have (no such API, a referrer

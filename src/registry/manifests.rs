@@ -326,32 +326,67 @@ impl Client {
 
     /// The manifests the referrers API lists as referring to `digest` in `repo`, of
     /// `artifact_type` (asked of the registry as a filter, and checked here too, since a
-    /// registry may ignore the filter). Empty where the registry does not serve the API
-    /// ([`Client::serves_referrers`]).
+    /// registry may ignore the filter), every page of the listing the registry's `Link`
+    /// headers name, up to [`MAX_REFERRER_PAGES`]. Where the registry does not serve the API
+    /// ([`Client::serves_referrers`]), the referrers tag schema's index instead (the tag
+    /// `sha256-<hex>`, which OCI 1.1 clients such as cosign's OCI 1.1 mode keep up to date
+    /// there): empty when there is none.
     ///
     /// # Errors
-    /// The usual request errors; an answer that is not an image index is a protocol error.
+    /// The usual request errors; an answer that is not an image index, and a next page on
+    /// another registry or listing, are protocol errors.
     pub async fn referrers(
         &self,
         repo: &Reference,
         digest: &Digest,
         artifact_type: &str,
     ) -> Result<Vec<Descriptor>> {
+        let of_type = |index: crate::oci::Index| {
+            index
+                .manifests
+                .into_iter()
+                .filter(|d| d.artifact_type.as_deref() == Some(artifact_type))
+        };
         if !self.serves_referrers(repo, digest).await? {
-            return Ok(Vec::new());
+            let tag = format!("{}-{}", digest.algorithm(), digest.hex());
+            let tagged = repo.repository_only().with_tag(&tag)?;
+            return match self.get_manifest(&tagged, &[MediaType::OciIndex]).await {
+                Ok(doc) if doc.media_type == MediaType::OciIndex => {
+                    Ok(of_type(doc.parse().map_err(|_| Error::Protocol {
+                        method: Method::GET,
+                        url: tagged.to_string(),
+                        problem: "the referrers tag is not an image index",
+                    })?)
+                    .collect())
+                }
+                Ok(_) | Err(Error::NotFound { .. }) => Ok(Vec::new()),
+                Err(e) => Err(e),
+            };
         }
         let reg = self.inner.registry(&repo.registry)?;
-        let call = referrers_call(&reg, repo, digest, Some(artifact_type));
-        let resp = self.inner.send(&reg, &call).await?;
-        if resp.status() != StatusCode::OK {
-            return Err(status_error(&call, resp).await);
+        let mut call = referrers_call(&reg, repo, digest, Some(artifact_type));
+        let mut listed = Vec::new();
+        for page in 1.. {
+            let resp = self.inner.send(&reg, &call).await?;
+            if resp.status() != StatusCode::OK {
+                return Err(status_error(&call, resp).await);
+            }
+            let next = next_page(&call, &resp)?;
+            listed.extend(of_type(read_index(&call, resp, repo, digest).await?));
+            match next {
+                None => break,
+                Some(_) if page == MAX_REFERRER_PAGES => {
+                    tracing::warn!(
+                        repository = %repo, %digest,
+                        "the referrers listing has more than {MAX_REFERRER_PAGES} pages: \
+                         the rest is not read",
+                    );
+                    break;
+                }
+                Some(url) => call.url = url,
+            }
         }
-        let index = read_index(&call, resp, repo, digest).await?;
-        Ok(index
-            .manifests
-            .into_iter()
-            .filter(|d| d.artifact_type.as_deref() == Some(artifact_type))
-            .collect())
+        Ok(listed)
     }
 
     /// The descriptor of the manifest `reference` pins by digest: from the document cache when
@@ -391,6 +426,67 @@ fn referrers_call(
     // What a referrers answer is (OCI distribution spec 1.1).
     Call::new(Method::GET, url, vec![Scope::pull(&repo.repository)])
         .header(ACCEPT, accept_header(&[MediaType::OciIndex]))
+}
+
+/// At most this many pages of a referrers listing are read.
+pub const MAX_REFERRER_PAGES: usize = 16;
+
+/// The next page of the referrers listing `call` asked for, from the answer's `Link` header
+/// (`<URL>; rel="next"`, distribution spec 1.1): the same listing (path) on the same registry
+/// (origin), only its query may change. A next page anywhere else is refused: the registry's
+/// credentials go with the request.
+fn next_page(call: &Call, resp: &reqwest::Response) -> Result<Option<url::Url>> {
+    let protocol = |problem| Error::Protocol {
+        method: call.method.clone(),
+        url: call.shown_url(),
+        problem,
+    };
+    let Some(target) = resp
+        .headers()
+        .get_all(reqwest::header::LINK)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(next_link)
+    else {
+        return Ok(None);
+    };
+    same_listing(&call.url, target).map(Some).ok_or_else(|| {
+        protocol("the referrers answer's next page (Link) is not this listing on this registry")
+    })
+}
+
+/// `target` resolved against `listing`, if it is the same listing on the same registry.
+fn same_listing(listing: &url::Url, target: &str) -> Option<url::Url> {
+    listing
+        .join(target)
+        .ok()
+        .filter(|url| url.origin() == listing.origin() && url.path() == listing.path())
+}
+
+/// The target of the `rel="next"` link in a `Link` header value (RFC 8288: comma-separated
+/// `<URI>; param=value` links, `rel` a space-separated list of relation types).
+fn next_link(value: &str) -> Option<&str> {
+    let mut rest = value;
+    while let Some(open) = rest.find('<') {
+        let after = &rest[open + 1..];
+        let close = after.find('>')?;
+        let (target, tail) = (&after[..close], &after[close + 1..]);
+        let end = tail.find('<').unwrap_or(tail.len());
+        let next = tail[..end].split([';', ',']).any(|param| {
+            param.split_once('=').is_some_and(|(name, v)| {
+                name.trim().eq_ignore_ascii_case("rel")
+                    && v.trim()
+                        .trim_matches('"')
+                        .split_ascii_whitespace()
+                        .any(|r| r.eq_ignore_ascii_case("next"))
+            })
+        });
+        if next {
+            return Some(target);
+        }
+        rest = &tail[end..];
+    }
+    None
 }
 
 /// The image index a referrers answer holds.
@@ -476,6 +572,43 @@ mod tests {
             Some(MediaType::OciIndex)
         );
         assert_eq!(media_type(None, b"garbage"), None);
+    }
+
+    #[test]
+    fn the_next_page_is_the_next_link_of_the_same_listing() {
+        let next = r#"</v2/fns/a/referrers/sha256:1?n=1&last=x>; rel="next""#;
+        assert_eq!(
+            next_link(next),
+            Some("/v2/fns/a/referrers/sha256:1?n=1&last=x")
+        );
+        let both = r#"<https://r/prev?a,b>; rel=prev; title="x", <p2>; rel="last next""#;
+        assert_eq!(next_link(both), Some("p2"));
+        assert_eq!(next_link(r#"<p>; rel="prev""#), None);
+        assert_eq!(next_link(r#"<p; rel="next""#), None);
+        assert_eq!(next_link("garbage"), None);
+
+        let listing: url::Url = "https://reg.example/v2/fns/a/referrers/sha256:1?artifactType=t"
+            .parse()
+            .unwrap();
+        let on = |target: &str| same_listing(&listing, target).map(|u| u.to_string());
+        assert_eq!(
+            on("/v2/fns/a/referrers/sha256:1?n=1&last=x").as_deref(),
+            Some("https://reg.example/v2/fns/a/referrers/sha256:1?n=1&last=x")
+        );
+        assert_eq!(
+            on("?last=x").as_deref(),
+            Some("https://reg.example/v2/fns/a/referrers/sha256:1?last=x")
+        );
+        for elsewhere in [
+            "https://evil.example/v2/fns/a/referrers/sha256:1?last=x",
+            "http://reg.example/v2/fns/a/referrers/sha256:1?last=x",
+            "https://reg.example:444/v2/fns/a/referrers/sha256:1",
+            "/v2/fns/b/referrers/sha256:1?last=x",
+            "/token?scope=x",
+            "//evil.example/v2/fns/a/referrers/sha256:1",
+        ] {
+            assert_eq!(on(elsewhere), None, "{elsewhere}");
+        }
     }
 
     #[test]
