@@ -7,10 +7,9 @@
 //!   its digest (a damaged file is removed and fetched again), so the directory is never
 //!   trusted. Files are `MEDIA_TYPE\n` followed by the exact bytes.
 //! - **memory**, for a long-running process (the controller): the documents last read or
-//!   written, each up to 16 KiB, up to a budget of bytes, the least recently used dropped
-//!   first. A tag is read
-//!   with a plain `GET`, as without a cache: a `HEAD` first would only add a request for the
-//!   tags such a process reads (each once).
+//!   written, each up to 16 KiB, up to a budget of bytes (each entry's own cost counted), the
+//!   least recently used dropped first. A tag is read with a plain `GET`, as without a cache:
+//!   a `HEAD` first would only add a request for the tags such a process reads (each once).
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -53,7 +52,8 @@ impl DocumentCache {
         DocumentCache::Dir(dir)
     }
 
-    /// A cache in memory of at most `budget` bytes of documents.
+    /// A cache in memory of at most `budget` bytes: the documents, and what keeping each costs
+    /// beside its bytes ([`cost`]).
     pub fn in_memory(budget: usize) -> DocumentCache {
         let recent = Recent {
             budget,
@@ -148,17 +148,18 @@ impl Recent {
     /// Keeps `doc`, of at most the cache's largest size ([`DocumentCache::put`] checks).
     fn put(&mut self, doc: &Document) {
         let kept = self.touch(&doc.digest);
-        match kept.map(|k| (k.media_type == doc.media_type, k.bytes.len())) {
+        match kept.map(|k| (k.media_type == doc.media_type, ())) {
             Some((true, _)) => return,
             // The same bytes read as another type: the latest read's type, counted once.
-            Some((false, len)) => {
-                self.held -= len;
+            Some((false, _)) => {
+                let held = self.docs.get(&doc.digest).map_or(0, |(kept, _)| cost(kept));
+                self.held -= held;
                 self.order.remove(&self.tick);
                 self.docs.remove(&doc.digest);
             }
             None => {}
         }
-        self.held += doc.bytes.len();
+        self.held += cost(doc);
         self.docs
             .insert(doc.digest.clone(), (doc.clone(), self.tick));
         self.order.insert(self.tick, doc.digest.clone());
@@ -167,10 +168,29 @@ impl Recent {
                 break;
             };
             if let Some((gone, _)) = self.docs.remove(&oldest) {
-                self.held -= gone.bytes.len();
+                self.held -= cost(&gone);
             }
         }
     }
+}
+
+/// What a document kept in memory holds of the budget: its bytes, and what keeping it costs
+/// beside them (three copies of its digest: the map's key, its own, the use order's; a media
+/// type kiln does not name; the two maps' entries). Without it, a fleet's small documents
+/// held about twice the budget.
+fn cost(doc: &Document) -> usize {
+    use std::mem::size_of;
+    // The text of each copy; the structures themselves are in the entries.
+    const DIGEST_TEXT: usize = "sha256:".len() + 64;
+    // A hash map's entry (with its control byte and the free slots of a table at most 7/8
+    // full) and a B-tree's (nodes hold 11 entries, at least half full): generously.
+    const ENTRIES: usize =
+        2 * size_of::<(Digest, (Document, u64))>() + 2 * size_of::<(u64, Digest)>();
+    let media_type = match &doc.media_type {
+        MediaType::Other(s) => s.len(),
+        _ => 0,
+    };
+    doc.bytes.len() + 3 * DIGEST_TEXT + ENTRIES + media_type
 }
 
 fn path(dir: &Path, digest: &Digest) -> PathBuf {
@@ -244,9 +264,13 @@ mod tests {
     #[test]
     fn memory_keeps_the_most_recently_used_within_its_budget() {
         let doc = |n: u8| Document::new(MediaType::OciConfig, vec![n; 100]);
-        let cache = DocumentCache::in_memory(250);
+        // Each costs more than its 100 bytes (digests, map entries): room for two.
+        let each = cost(&doc(1));
+        assert!(each > 300, "{each}");
+        let budget = 2 * each + 50;
+        let cache = DocumentCache::in_memory(budget);
         assert!(!cache.resolves_tags());
-        assert!(cache.keeps_pushed(250) && !cache.keeps_pushed(251));
+        assert!(cache.keeps_pushed(budget as u64) && !cache.keeps_pushed(budget as u64 + 1));
         assert!(!DocumentCache::new(PathBuf::from("/nonexistent")).keeps_pushed(1));
         cache.put(&doc(1));
         cache.put(&doc(2));
@@ -270,7 +294,7 @@ mod tests {
             MediaType::DockerConfig
         );
         // Over the whole budget: not kept, and nothing dropped for it.
-        cache.put(&Document::new(MediaType::OciConfig, vec![9; 300]));
+        cache.put(&Document::new(MediaType::OciConfig, vec![9; budget + 1]));
         assert!(cache.get(&doc(1).digest).is_some() && cache.get(&doc(3).digest).is_some());
         let lying = Document {
             digest: Digest::of(b"other"),
@@ -284,7 +308,7 @@ mod tests {
         let recent = recent.lock().unwrap();
         assert_eq!(
             (recent.held, recent.docs.len(), recent.order.len()),
-            (200, 2, 2)
+            (2 * each, 2, 2)
         );
     }
 
