@@ -115,7 +115,33 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
         let field = format!("metadata.annotations[{}]", super::names::PLATFORMS);
         verdict.error(field, why);
     }
+    check_auto_rebase(function, &mut verdict);
     verdict
+}
+
+/// The opt-out of automatic rebases ([`super::rebases::AUTO_REBASE`]) is read as `"false"`
+/// alone: any other value than it and `"true"` (`"False"`, `"no"`, `"0"`) would leave the
+/// Function rebased while its owner believes it pinned.
+fn check_auto_rebase(function: &Function, verdict: &mut Verdict) {
+    let name = super::rebases::AUTO_REBASE;
+    let Some(value) = function
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(name))
+    else {
+        return;
+    };
+    if value != "true" && value != "false" {
+        verdict.error(
+            format!("metadata.annotations[{name}]"),
+            format!(
+                "{value:?} is neither \"true\" nor \"false\": set \"false\" to keep the \
+                 Function on the images it was built on when the runtime's base changes, or \
+                 remove the annotation"
+            ),
+        );
+    }
 }
 
 /// The platforms the Function's annotation ([`super::names::PLATFORMS`]) names, if it has

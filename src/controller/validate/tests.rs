@@ -93,6 +93,24 @@ fn a_kyma_runtime_name_is_accepted_with_a_warning() {
 }
 
 #[test]
+fn the_auto_rebase_annotation_is_true_or_false() {
+    let annotated = |value: &str| {
+        let value = value.to_string();
+        verdict(move |f| f["metadata"]["annotations"] = json!({"kiln.io/auto-rebase": value}))
+    };
+    for bad in ["False", "no", "0", ""] {
+        let v = annotated(bad);
+        only_error(
+            &v,
+            "metadata.annotations[kiln.io/auto-rebase]",
+            "is neither \"true\" nor \"false\"",
+        );
+    }
+    valid(&annotated("false"));
+    valid(&annotated("true"));
+}
+
+#[test]
 fn a_runtime_image_override_must_be_an_image_reference() {
     let v = verdict(|f| f["spec"]["runtimeImageOverride"] = json!("Not An Image"));
     only_error(&v, "spec.runtimeImageOverride", "invalid");
