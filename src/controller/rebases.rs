@@ -36,7 +36,8 @@ use crate::rebase::{self, Decision};
 use crate::registry::Reference;
 use crate::runtime::RuntimeSpec;
 
-/// The annotation that opts a Function out of automatic rebases (`"false"`).
+/// The annotation that opts a Function out of automatic rebases (`"false"`; any value but
+/// `"true"` is read so).
 pub const AUTO_REBASE: &str = "kiln.io/auto-rebase";
 
 /// A Function whose build key changed only because the runtime's images did.
@@ -77,13 +78,14 @@ pub fn rollout_id(f: &Function) -> String {
     format!("{}/{}", f.namespace_or_default(), f.name_or_empty())
 }
 
-/// Whether `f` opted out of automatic rebases.
+/// Whether `f` opted out of automatic rebases: [`AUTO_REBASE`] set to anything but `"true"`
+/// (a misspelt `"false"` pins too; the webhook warns about it).
 pub fn opted_out(f: &Function) -> bool {
     f.metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(AUTO_REBASE))
-        .is_some_and(|v| v == "false")
+        .is_some_and(|v| v != "true")
 }
 
 /// What a rebase attempt came to.
@@ -577,6 +579,26 @@ mod tests {
                 old,
             )])));
             assert!(!taken.holds("reg/fns/a@sha256:1"));
+        }
+    }
+
+    #[test]
+    fn any_auto_rebase_value_but_true_opts_out() {
+        let annotated = |value: Option<&str>| {
+            let mut f = serde_json::json!({
+                "apiVersion": "serverless.kyma-project.io/v1alpha2",
+                "kind": "Function",
+                "metadata": {"name": "hello", "namespace": "team"},
+                "spec": {"runtime": "nodejs22", "source": {"inline": {"source": "x"}}},
+            });
+            if let Some(v) = value {
+                f["metadata"]["annotations"] = serde_json::json!({ AUTO_REBASE: v });
+            }
+            opted_out(&serde_json::from_value(f).unwrap())
+        };
+        assert!(!annotated(None) && !annotated(Some("true")));
+        for pinned in ["false", "False", "no", ""] {
+            assert!(annotated(Some(pinned)), "{pinned:?}");
         }
     }
 }

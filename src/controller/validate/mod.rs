@@ -119,9 +119,11 @@ pub fn validate(function: &Function, catalog: &Catalog) -> Verdict {
     verdict
 }
 
-/// The opt-out of automatic rebases ([`super::rebases::AUTO_REBASE`]) is read as `"false"`
-/// alone: any other value than it and `"true"` (`"False"`, `"no"`, `"0"`) would leave the
-/// Function rebased while its owner believes it pinned.
+/// The opt-out of automatic rebases ([`super::rebases::AUTO_REBASE`]): `"true"` or `"false"`.
+/// Any other value pins the Function as `"false"` does (the safe reading of a misspelt opt-out,
+/// `"False"` or `"no"`), with a warning that says so. A warning, not an error: an annotation
+/// changes with `kubectl annotate`, which the webhook's ratchet lets through, and an error
+/// would stop the Function's reconciling altogether.
 fn check_auto_rebase(function: &Function, verdict: &mut Verdict) {
     let name = super::rebases::AUTO_REBASE;
     let Some(value) = function
@@ -133,14 +135,11 @@ fn check_auto_rebase(function: &Function, verdict: &mut Verdict) {
         return;
     };
     if value != "true" && value != "false" {
-        verdict.error(
-            format!("metadata.annotations[{name}]"),
-            format!(
-                "{value:?} is neither \"true\" nor \"false\": set \"false\" to keep the \
-                 Function on the images it was built on when the runtime's base changes, or \
-                 remove the annotation"
-            ),
-        );
+        verdict.warn(format!(
+            "metadata.annotations[{name}]: {value:?} is neither \"true\" nor \"false\", and \
+             is read as \"false\": the Function stays on the images it was built on when the \
+             runtime's base changes. Write \"false\" to mean that, or \"true\"."
+        ));
     }
 }
 

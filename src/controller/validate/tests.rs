@@ -93,21 +93,20 @@ fn a_kyma_runtime_name_is_accepted_with_a_warning() {
 }
 
 #[test]
-fn the_auto_rebase_annotation_is_true_or_false() {
+fn the_auto_rebase_annotation_is_true_or_false_and_another_value_is_read_as_false() {
     let annotated = |value: &str| {
         let value = value.to_string();
         verdict(move |f| f["metadata"]["annotations"] = json!({"kiln.io/auto-rebase": value}))
     };
-    for bad in ["False", "no", "0", ""] {
-        let v = annotated(bad);
-        only_error(
-            &v,
-            "metadata.annotations[kiln.io/auto-rebase]",
-            "is neither \"true\" nor \"false\"",
-        );
+    for odd in ["False", "no", "0", ""] {
+        let v = annotated(odd);
+        valid(&v);
+        assert_eq!(v.warnings.len(), 1, "{v:#?}");
+        assert!(v.warnings[0].contains("is read as \"false\""), "{v:#?}");
     }
-    valid(&annotated("false"));
-    valid(&annotated("true"));
+    for value in ["false", "true"] {
+        assert_eq!(annotated(value), Verdict::default());
+    }
 }
 
 #[test]
