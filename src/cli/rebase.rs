@@ -6,7 +6,7 @@ use clap::Args;
 
 use super::Failure;
 use super::registry::RegistryArgs;
-use crate::cosign::{VerifyKey, Wanted};
+use crate::cosign::{VerifyError, VerifyKey, Wanted};
 use crate::image::resolve::{self, BaseRef};
 use crate::oci::Platform;
 use crate::rebase::attest::{self, Signer};
@@ -70,7 +70,8 @@ pub struct RebaseArgs {
     /// Say what would happen (rebase, rebuild and why, or nothing to do), and write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Write a JSON report here: the decision (`rebase`, `rebuild`, `current`) and its reason,
+    /// Write a JSON report here: the decision (`rebase`, `rebuild`, `current`, or `unproven`
+    /// under --sign-key) and its reason,
     /// the reference, each blob's outcome, and the registry requests and bytes sent (in all,
     /// for the push alone, and for signing).
     #[arg(long, value_name = "FILE")]
@@ -238,6 +239,10 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         }
         Err(e) => return Err(Failure::Build(e.into())),
     };
+    if let (Some(proof), Decision::Rebase(_)) = (&input_key, &planned.decision) {
+        let current = image.repository_only().with_digest(planned.current.clone());
+        proven(&client, &[current], proof, &report).await?;
+    }
     let rebased = match (planned.decision, args.dry_run) {
         (Decision::Current, _) => {
             let at = (&client, &image, &planned.current, &target);
@@ -262,14 +267,6 @@ pub(super) async fn run(args: RebaseArgs) -> Result<String, Failure> {
         }
         (Decision::Rebase(rebased), false) => rebased,
     };
-    if let Some(proof) = &input_key {
-        proven(
-            &client,
-            &image.repository_only().with_digest(planned.current.clone()),
-            proof,
-        )
-        .await?;
-    }
     let scratch = tempfile::tempdir()
         .context("making a scratch directory")
         .map_err(Failure::Build)?;
@@ -361,6 +358,17 @@ async fn rebase_index(
             }),
         })
         .collect();
+    if let Some((_, proof)) = &signer {
+        let current: Vec<Reference> = platforms
+            .iter()
+            .map(|p| {
+                image
+                    .repository_only()
+                    .with_digest(p.current.digest.clone())
+            })
+            .collect();
+        proven(client, &current, proof, report).await?;
+    }
     if args.dry_run {
         report(serde_json::json!({
             "decision": "rebase", "reference": reference, "platforms": keys,
@@ -369,18 +377,6 @@ async fn rebase_index(
             "rebase {reference} ({} platforms)",
             platforms.len()
         ));
-    }
-    if let Some((_, proof)) = &signer {
-        for p in &platforms {
-            proven(
-                client,
-                &image
-                    .repository_only()
-                    .with_digest(p.current.digest.clone()),
-                proof,
-            )
-            .await?;
-        }
     }
     let scratch = tempfile::tempdir()
         .context("making a scratch directory")
@@ -505,31 +501,49 @@ async fn place(
     Ok(())
 }
 
-/// Before `--sign-key` signs a rebase of `image` (by digest), the image's own build must be
-/// proven: a signature by `key` over it, and a provenance by `key` that names it and the build
-/// key it records. The rebase's provenance says it was built as that key says; a signature
-/// over an image anyone could have edited in the registry (its dependency layer, say, which
-/// the rebase keeps as it is) would lend it the signer's trust.
-async fn proven(client: &Client, image: &Reference, key: &VerifyKey) -> Result<(), Failure> {
-    let recorded = attest::recorded_key(client, image)
-        .await
-        .map_err(|e| Failure::Build(e.into()))?
-        .to_string();
-    let wanted = Wanted {
-        build_key: Some(&recorded),
-        pushed_as: None,
-    };
-    crate::cosign::verify(client, image, key, wanted)
-        .await
-        .map_err(|e| {
-            Failure::Build(anyhow::Error::new(e).context(format!(
-                "kiln rebase --sign-key signs only an image whose build is proven by key {}, \
-                 and {image} is not: sign its build (kiln build --sign-key), name the key \
-                 that did with --input-key, or rebase it without --sign-key",
-                key.id()
-            )))
-        })?;
-    tracing::info!(%image, key = %key.id(), "the image's build is proven");
+/// Before `--sign-key` signs a rebase of `images` (each by digest: an index's every
+/// platform's), each image's own build must be proven: a signature by `key` over it, and a
+/// provenance by `key` that names it and the build key it records. The rebase's provenance
+/// says it was built as that key says; a signature over an image anyone could have edited in
+/// the registry (its dependency layer, say, which the rebase keeps as it is) would lend it the
+/// signer's trust. Checked before anything is written, in a dry run too (it only reads).
+///
+/// # Errors
+/// An image that is not proven (exit 1, `unproven` in the report), or the registry failing.
+async fn proven(
+    client: &Client,
+    images: &[Reference],
+    key: &VerifyKey,
+    report: &impl Fn(serde_json::Value) -> Result<(), Failure>,
+) -> Result<(), Failure> {
+    for image in images {
+        let recorded = attest::recorded_key(client, image)
+            .await
+            .map_err(|e| Failure::Build(e.into()))?
+            .to_string();
+        let wanted = Wanted {
+            build_key: Some(&recorded),
+            pushed_as: None,
+        };
+        match crate::cosign::verify(client, image, key, wanted).await {
+            Ok(_) => tracing::info!(%image, key = %key.id(), "the image's build is proven"),
+            Err(e @ VerifyError::Registry { .. }) => {
+                let e = anyhow::Error::new(e);
+                return Err(Failure::Build(e.context("proving the image's build")));
+            }
+            Err(e) => {
+                let e = anyhow::Error::new(e);
+                let reason = format!(
+                    "kiln rebase --sign-key signs only an image whose build is proven by key {}, \
+                     and {image} is not: {e:#}. Sign its build (kiln build --sign-key), name the \
+                     key that did with --input-key, or rebase it without --sign-key",
+                    key.id()
+                );
+                report(serde_json::json!({ "decision": "unproven", "reason": reason }))?;
+                return Err(Failure::Build(anyhow!(reason)));
+            }
+        }
+    }
     Ok(())
 }
 

@@ -52,7 +52,12 @@ impl Setup {
     }
 
     /// [`Setup::base`] as indexes over both platforms.
-    fn base_for_both(&self, runtime: &str, tag: &str, lock: Option<&Path>) -> (String, String) {
+    pub(crate) fn base_for_both(
+        &self,
+        runtime: &str,
+        tag: &str,
+        lock: Option<&Path>,
+    ) -> (String, String) {
         push_base_with(&self.reg, runtime, tag, lock, &BOTH)
     }
 

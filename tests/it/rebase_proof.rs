@@ -138,4 +138,129 @@ fn a_signed_rebase_signs_only_an_image_whose_build_is_proven() {
     );
     assert!(run.stderr.contains("has no signatures"), "{}", run.stderr);
     assert_eq!(manifest_digest(&s.reg, "fns/node-lockfile", "live"), edited);
+    // The attacker copies the real build's signature to the edited image's tag: it signs
+    // the real build's digest, not this one. A dry run says so too (it only reads).
+    let sig_tag = |digest: &str| format!("{}.sig", digest.replace(':', "-"));
+    let signature = s.reg.skopeo_inspect_raw(
+        &s.reg
+            .reference(&format!("fns/{name}:{}", sig_tag(digest_of(&built)))),
+    );
+    let manifest_type = "application/vnd.oci.image.manifest.v1+json";
+    put_manifest(
+        &s,
+        &format!("fns/{name}"),
+        &sig_tag(&edited),
+        manifest_type,
+        &signature,
+    );
+    for dry in [true, false] {
+        let before = s.reg.settled_access_log().len();
+        let flags = [&sign_a[..], if dry { &["--dry-run"][..] } else { &[][..] }].concat();
+        let (run, report) = s.rebase(name, &new.0, &flags);
+        assert_eq!(run.code, 1, "{}", run.stderr);
+        assert!(run.stderr.contains("verifies with key"), "{}", run.stderr);
+        assert_eq!(report["decision"], "unproven", "{report:#}");
+        assert_eq!(
+            writes(&s.reg.access_log_since(before)),
+            Vec::<&String>::new()
+        );
+    }
+    assert_eq!(s.live(name), edited);
+}
+
+/// `kiln rebase --sign-key` of an image index proves every platform's image the new index
+/// lists, the ones a rebase moves and the ones on the new base already: an index whose arm64
+/// entry an attacker pointed at an image nobody signed is refused, and nothing is written.
+#[test]
+fn a_signed_rebase_of_an_index_proves_every_platforms_image() {
+    let s = Setup::new();
+    let both = ["--platform", "linux/amd64,linux/arm64"];
+    let old = s.base_for_both("nodejs22", "1", None);
+    let new = s.base_for_both("nodejs22", "2", Some(&node_lock(s.work.path(), "22.23.5")));
+    let keys = s.keys();
+    let a_key = keys.join("a.key");
+    let sign_a = ["--sign-key", path(&a_key)];
+    let name = "hello-node";
+    let signed = s.build(
+        name,
+        "nodejs22",
+        &old,
+        "live",
+        &[&both[..], &sign_a].concat(),
+    );
+    // The same Function built on the new base, not signed: its arm64 image is put into the
+    // signed build's index in place of the signed one.
+    let unsigned = s.build(name, "nodejs22", &new, "unsigned", &both);
+    let index = |reference: &str| -> serde_json::Value {
+        serde_json::from_slice(&s.reg.skopeo_inspect_raw(reference)).unwrap()
+    };
+    let (mut planted, theirs) = (index(&signed), index(&unsigned));
+    let arm64 = |i: &serde_json::Value| {
+        i["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|m| m["platform"]["architecture"] == "arm64")
+            .unwrap()
+    };
+    let (at, from) = (arm64(&planted), arm64(&theirs));
+    planted["manifests"][at] = theirs["manifests"][from].clone();
+    let unsigned_arm64 = theirs["manifests"][from]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index_type = "application/vnd.oci.image.index.v1+json";
+    let bytes = serde_json::to_vec(&planted).unwrap();
+    put_manifest(&s, &format!("fns/{name}"), "live", index_type, &bytes);
+    let planted_digest = common::sha256_digest(&bytes);
+    assert_eq!(s.live(name), planted_digest);
+
+    let before = s.reg.settled_access_log().len();
+    let (run, report) = s.rebase(name, &new.0, &sign_a);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains(&unsigned_arm64), "{}", run.stderr);
+    assert!(run.stderr.contains("has no signatures"), "{}", run.stderr);
+    assert_eq!(report["decision"], "unproven", "{report:#}");
+    assert_eq!(
+        writes(&s.reg.access_log_since(before)),
+        Vec::<&String>::new()
+    );
+    assert_eq!(s.live(name), planted_digest);
+    // The signed build's own index is proven, platform by platform, and rebased.
+    let signed_ref = format!(
+        "{}@{}",
+        s.reg.reference(&format!("fns/{name}")),
+        digest_of(&signed)
+    );
+    let target = s.reg.reference(&format!("fns/{name}:rebased"));
+    let run = s.kiln(
+        &[
+            &["rebase", &signed_ref, "--base", &new.0, "--image", &target][..],
+            &sign_a,
+        ]
+        .concat(),
+    );
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
+
+/// `PUT /v2/REPO/manifests/REFERENCE` of `bytes` as `media_type`, as any client may.
+fn put_manifest(s: &Setup, repo: &str, reference: &str, media_type: &str, bytes: &[u8]) {
+    let file = s.work.path().join("put-manifest.json");
+    std::fs::write(&file, bytes).unwrap();
+    let status = common::run_bytes(
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args(["-H", &format!("Content-Type: {media_type}")])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg(format!(
+                "http://{}/v2/{repo}/manifests/{reference}",
+                s.reg.host()
+            )),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&status),
+        "201",
+        "PUT {repo}:{reference}"
+    );
 }
