@@ -411,10 +411,15 @@ async fn referred(
     let repository = image.repository_only();
     // What is not passed over: the error to return.
     let failed = |what: String, e: registry::Error| {
-        tracing::debug!(error = %e, "reading {what}");
+        // Passed over or not, why nothing came of it is worth seeing: the verdict that
+        // follows says only that no signature or provenance was found.
+        tracing::warn!(error = %e, "reading {what}");
         (!passed_over(&e)).then_some(VerifyError::Registry { what, source: e })
     };
-    let listed = match client.referrers(&repository, digest, artifact_type).await {
+    let listed = match client
+        .referrers(&repository, digest, artifact_type, MAX_REFERRERS)
+        .await
+    {
         Ok(listed) => listed,
         Err(e) => {
             return match failed(format!("the referrers of {shown}"), e) {

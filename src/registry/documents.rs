@@ -147,6 +147,11 @@ impl Recent {
 
     /// Keeps `doc`, of at most the cache's largest size ([`DocumentCache::put`] checks).
     fn put(&mut self, doc: &Document) {
+        // One that would hold more than the whole budget would push out every other and then
+        // itself.
+        if cost(doc) > self.budget {
+            return;
+        }
         let kept = self.touch(&doc.digest);
         match kept.map(|k| (k.media_type == doc.media_type, ())) {
             Some((true, _)) => return,
@@ -283,18 +288,23 @@ mod tests {
         // Putting what is there again neither counts it twice nor drops anything.
         cache.put(&doc(3));
         assert!(cache.get(&doc(1).digest).is_some());
-        // The same bytes under another type: the latest type, counted once.
+        // The same bytes under another type (one whose name costs more to keep): the latest
+        // type, counted once.
         let relabelled = Document {
-            media_type: MediaType::DockerConfig,
+            media_type: MediaType::from("application/vnd.example.config.v1+json"),
             ..doc(3)
         };
         cache.put(&relabelled);
         assert_eq!(
             cache.get(&doc(3).digest).unwrap().media_type,
-            MediaType::DockerConfig
+            relabelled.media_type
         );
+        let each_relabelled = cost(&relabelled);
+        assert!(each_relabelled > each);
         // Over the whole budget: not kept, and nothing dropped for it.
         cache.put(&Document::new(MediaType::OciConfig, vec![9; budget + 1]));
+        // Nor one whose bytes fit and whose cost does not.
+        cache.put(&Document::new(MediaType::OciConfig, vec![8; budget - 100]));
         assert!(cache.get(&doc(1).digest).is_some() && cache.get(&doc(3).digest).is_some());
         let lying = Document {
             digest: Digest::of(b"other"),
@@ -308,7 +318,7 @@ mod tests {
         let recent = recent.lock().unwrap();
         assert_eq!(
             (recent.held, recent.docs.len(), recent.order.len()),
-            (2 * each, 2, 2)
+            (each + each_relabelled, 2, 2)
         );
     }
 

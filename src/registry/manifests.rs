@@ -327,7 +327,7 @@ impl Client {
     /// The manifests the referrers API lists as referring to `digest` in `repo`, of
     /// `artifact_type` (asked of the registry as a filter, and checked here too, since a
     /// registry may ignore the filter), every page of the listing the registry's `Link`
-    /// headers name, up to [`MAX_REFERRER_PAGES`]. Where the registry does not serve the API
+    /// headers name, up to [`MAX_REFERRER_PAGES`], or until `at_most` are listed. Where the registry does not serve the API
     /// ([`Client::serves_referrers`]), the referrers tag schema's index instead (the tag
     /// `sha256-<hex>`, which OCI 1.1 clients such as cosign's OCI 1.1 mode keep up to date
     /// there): empty when there is none.
@@ -340,6 +340,7 @@ impl Client {
         repo: &Reference,
         digest: &Digest,
         artifact_type: &str,
+        at_most: usize,
     ) -> Result<Vec<Descriptor>> {
         let of_type = |index: crate::oci::Index| {
             index
@@ -375,6 +376,7 @@ impl Client {
             listed.extend(of_type(read_index(&call, resp, repo, digest).await?));
             match next {
                 None => break,
+                Some(_) if listed.len() >= at_most => break,
                 Some(_) if page == MAX_REFERRER_PAGES => {
                     tracing::warn!(
                         repository = %repo, %digest,
@@ -461,18 +463,20 @@ fn same_listing(listing: &url::Url, target: &str) -> Option<url::Url> {
         .join(target)
         .ok()
         .filter(|url| url.origin() == listing.origin() && url.path() == listing.path())
+        // Nothing the request would send beyond what it asked for (userinfo becomes a Basic
+        // `Authorization` header, and shows in logs).
+        .filter(|url| url.username().is_empty() && url.password().is_none())
+        .filter(|url| url.fragment().is_none())
 }
 
 /// The target of the `rel="next"` link in a `Link` header value (RFC 8288: comma-separated
-/// `<URI>; param=value` links, `rel` a space-separated list of relation types).
+/// `<URI>; param=value` links, `rel` a space-separated list of relation types; a quoted value
+/// may hold commas, semicolons and angle brackets).
 fn next_link(value: &str) -> Option<&str> {
-    let mut rest = value;
-    while let Some(open) = rest.find('<') {
-        let after = &rest[open + 1..];
-        let close = after.find('>')?;
-        let (target, tail) = (&after[..close], &after[close + 1..]);
-        let end = tail.find('<').unwrap_or(tail.len());
-        let next = tail[..end].split([';', ',']).any(|param| {
+    split_outside(value, b',').into_iter().find_map(|link| {
+        let mut parts = split_outside(link, b';').into_iter();
+        let target = parts.next()?.trim().strip_prefix('<')?.strip_suffix('>')?;
+        let next = parts.any(|param| {
             param.split_once('=').is_some_and(|(name, v)| {
                 name.trim().eq_ignore_ascii_case("rel")
                     && v.trim()
@@ -481,12 +485,34 @@ fn next_link(value: &str) -> Option<&str> {
                         .any(|r| r.eq_ignore_ascii_case("next"))
             })
         });
-        if next {
-            return Some(target);
+        next.then_some(target)
+    })
+}
+
+/// `value` split at each `sep` outside a quoted string (`"…"`, with `\` escapes) and outside
+/// `<…>`.
+fn split_outside(value: &str, sep: u8) -> Vec<&str> {
+    let (mut parts, mut start) = (Vec::new(), 0);
+    let (mut quoted, mut angled, mut escaped) = (false, false, false);
+    for (i, b) in value.bytes().enumerate() {
+        if escaped {
+            escaped = false;
+            continue;
         }
-        rest = &tail[end..];
+        match b {
+            b'\\' if quoted => escaped = true,
+            b'"' if !angled => quoted = !quoted,
+            b'<' if !quoted => angled = true,
+            b'>' if !quoted => angled = false,
+            _ if b == sep && !quoted && !angled => {
+                parts.push(&value[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
     }
-    None
+    parts.push(&value[start..]);
+    parts
 }
 
 /// The image index a referrers answer holds.
@@ -586,6 +612,13 @@ mod tests {
         assert_eq!(next_link(r#"<p>; rel="prev""#), None);
         assert_eq!(next_link(r#"<p; rel="next""#), None);
         assert_eq!(next_link("garbage"), None);
+        // Quoted values are values, whatever they hold.
+        assert_eq!(next_link(r#"<p1>; rel=prev; title="x, rel=next""#), None);
+        assert_eq!(next_link(r#"<p1>; anchor="<x>"; rel="next""#), Some("p1"));
+        assert_eq!(
+            next_link(r#"<p1>; title="a \"quoted\", rel=next"; rel=prev, <p2>; rel=next"#),
+            Some("p2")
+        );
 
         let listing: url::Url = "https://reg.example/v2/fns/a/referrers/sha256:1?artifactType=t"
             .parse()
@@ -606,6 +639,8 @@ mod tests {
             "/v2/fns/b/referrers/sha256:1?last=x",
             "/token?scope=x",
             "//evil.example/v2/fns/a/referrers/sha256:1",
+            "https://user:pass@reg.example/v2/fns/a/referrers/sha256:1",
+            "/v2/fns/a/referrers/sha256:1?last=x#frag",
         ] {
             assert_eq!(on(elsewhere), None, "{elsewhere}");
         }
