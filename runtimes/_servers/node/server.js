@@ -692,10 +692,13 @@ for (const mod of [http, require('https')]) {
 }
 if (typeof globalThis.fetch === 'function') {
   const fetchImpl = globalThis.fetch;
+  // fetch's own Request: `Request` in this file is the server's request class.
+  const FetchRequest = globalThis.Request;
   globalThis.fetch = function tracedFetch(input, init) {
     const extra = outgoingTraceHeaders();
     if (!extra) return fetchImpl(input, init);
-    const headers = new Headers((init && init.headers) || (input instanceof Request ? input.headers : undefined));
+    // init.headers replace the Request's own, as fetch takes them.
+    const headers = new Headers((init && init.headers) || (input instanceof FetchRequest ? input.headers : undefined));
     for (const [k, v] of Object.entries(extra)) if (!headers.has(k)) headers.set(k, v);
     return fetchImpl(input, { ...init, headers });
   };

@@ -128,7 +128,41 @@ for_both_runtimes! {
 
 #[tokio::test]
 async fn python_runs_a_library_the_function_instruments_in_the_requests_trace() {
-    tracing::a_library_the_function_instruments_continues_the_requests_trace().await;
+    tracing::a_library_the_function_instruments_continues_the_requests_trace(Runtime::Python)
+        .await;
+}
+
+#[tokio::test]
+async fn python314_runs_a_library_the_function_instruments_in_the_requests_trace() {
+    tracing::a_library_the_function_instruments_continues_the_requests_trace(Runtime::Flask).await;
+}
+
+/// The tracing checks on the new-API runtimes (nodejs26, python314), whose servers trace as
+/// the legacy ones do.
+macro_rules! for_new_api_runtimes {
+    ($($check:ident: $express:ident, $flask:ident;)*) => {$(
+        #[tokio::test]
+        async fn $express() {
+            $check(Runtime::Express).await;
+        }
+
+        #[tokio::test]
+        async fn $flask() {
+            $check(Runtime::Flask).await;
+        }
+    )*};
+}
+
+for_new_api_runtimes! {
+    incoming_traces_continue_into_outgoing_calls_and_the_functions_spans:
+        nodejs26_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_sdk_tracers_spans,
+        python314_continues_w3c_and_b3_traces_into_outgoing_calls_and_the_sdk_tracers_spans;
+    a_request_without_a_trace_starts_one_that_outgoing_calls_carry:
+        nodejs26_starts_a_trace_for_a_request_without_one_and_outgoing_calls_carry_it,
+        python314_starts_a_trace_for_a_request_without_one_and_outgoing_calls_carry_it;
+    spans_are_exported_to_the_trace_collector_over_otlp_http:
+        nodejs26_exports_spans_to_the_trace_collector_over_otlp_http,
+        python314_exports_spans_to_the_trace_collector_over_otlp_http;
 }
 
 #[tokio::test]

@@ -153,11 +153,6 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
 }
 
 #[tokio::test]
-async fn nodejs26_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() {
-    traces_into_outgoing_calls_and_the_sdk_tracer(Runtime::Express).await;
-}
-
-#[tokio::test]
 async fn python314_serves_kymas_new_api_samples_with_flasks_request_and_responses() {
     let server = Server::start(Runtime::Flask, &[]);
     let http = client();
@@ -307,33 +302,4 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
         "Timeout while processing the function\n"
     );
     bodies_over_the_limit_get_413(&server).await;
-}
-
-#[tokio::test]
-async fn python314_traces_every_request_into_outgoing_calls_and_the_sdk_tracer() {
-    traces_into_outgoing_calls_and_the_sdk_tracer(Runtime::Flask).await;
-}
-
-/// A request with only `X-B3-Sampled: 1` starts a sampled trace: the Function's outgoing call
-/// carries it (W3C and B3 agreeing), and the sdk tracer's span is in it.
-async fn traces_into_outgoing_calls_and_the_sdk_tracer(runtime: Runtime) {
-    let server = Server::start(runtime, &[]);
-    let echo = Publisher::start();
-    let answer = json(
-        client()
-            .get(server.url(&format!("/trace-out?url={}", echo.base())))
-            .header("X-B3-Sampled", "1"),
-    )
-    .await;
-    let h = echo.request("/http").headers;
-    let parts: Vec<&str> = h["traceparent"].split('-').collect();
-    assert_eq!(parts[3], "01", "{h:?}");
-    assert_eq!(h["x-b3-traceid"], parts[1], "{h:?}");
-    assert_eq!(h["x-b3-spanid"], parts[2], "{h:?}");
-    assert_eq!(
-        answer["traceId"],
-        parts[1],
-        "the sdk tracer's span is in the request's trace: {}",
-        server.logs()
-    );
 }

@@ -17,7 +17,7 @@ const CALLER_SPAN: &str = "00f067aa0ba902b7";
 /// The outgoing calls the tracing fixture makes, by runtime (its two HTTP clients).
 fn outgoing_paths(rt: Runtime) -> &'static [&'static str] {
     match rt {
-        Runtime::Node | Runtime::Express => &["/http", "/fetch", "/axios"],
+        Runtime::Node | Runtime::Express => &["/http", "/fetch", "/fetch-request", "/axios"],
         Runtime::Python | Runtime::Flask => &["/urllib", "/requests"],
     }
 }
@@ -76,6 +76,7 @@ pub(super) async fn incoming_traces_continue_into_outgoing_calls_and_the_functio
             own_span.as_str(),
             "event.tracer's span is the request's child"
         );
+        own_headers_stay(rt, &echo);
         let inner = echo.request("/inner").headers;
         assert_eq!(
             inner["traceparent"],
@@ -123,6 +124,7 @@ pub(super) async fn a_request_without_a_trace_starts_one_that_outgoing_calls_car
                 (trace, span)
             );
         }
+        own_headers_stay(rt, &echo);
         seen.push(ids.unwrap().0);
     }
     seen.dedup();
@@ -197,8 +199,17 @@ pub(super) async fn spans_are_exported_to_the_trace_collector_over_otlp_http(rt:
 /// A Function that instruments requests with OpenTelemetry itself runs in the request's
 /// context: the instrumented call continues the caller's trace from the request's span, with
 /// the W3C and B3 headers the global propagator (Kyma's) injects.
-pub(super) async fn a_library_the_function_instruments_continues_the_requests_trace() {
-    let server = Server::start(Runtime::Python, &[]);
+/// A fetch `Request` with headers of its own (the JavaScript runtimes) sends them beside the
+/// trace's.
+fn own_headers_stay(rt: Runtime, echo: &Publisher) {
+    if matches!(rt, Runtime::Node | Runtime::Express) {
+        let h = echo.request("/fetch-request").headers;
+        assert_eq!(h.get("x-mine").map(String::as_str), Some("kept"), "{h:?}");
+    }
+}
+
+pub(super) async fn a_library_the_function_instruments_continues_the_requests_trace(rt: Runtime) {
+    let server = Server::start(rt, &[]);
     let echo = Publisher::start();
     let resp = client()
         .get(server.url(&format!("/trace-otel?url={}", echo.base())))

@@ -37,14 +37,22 @@ function emitCloudEvent(type, source, data, optionalAttributes) {
   return emit(type, source, data, optionalAttributes);
 }
 
+function getFunctionName() { return meta.name; }
+function getNamespace() { return meta.namespace; }
+function getRuntime() { return meta.runtime; }
+function getTimeout() { return meta.timeout; }
+function getBodySizeLimit() { return meta.bodySizeLimit; }
+
+// Names only, as Kyma's sdk exports them: an ES module's `import { getBodySizeLimit } from 'sdk'`
+// sees the names Node's CommonJS export detection finds, and it stops at the first `name: value`.
 module.exports = {
   configure,
   getTracer,
   getCloudEvent,
   emitCloudEvent,
-  getFunctionName: () => meta.name,
-  getNamespace: () => meta.namespace,
-  getRuntime: () => meta.runtime,
-  getTimeout: () => meta.timeout,
-  getBodySizeLimit: () => meta.bodySizeLimit,
+  getFunctionName,
+  getNamespace,
+  getRuntime,
+  getTimeout,
+  getBodySizeLimit,
 };
