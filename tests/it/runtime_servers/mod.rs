@@ -128,8 +128,7 @@ for_both_runtimes! {
 
 #[tokio::test]
 async fn python_runs_a_library_the_function_instruments_in_the_requests_trace() {
-    tracing::a_library_the_function_instruments_continues_the_requests_trace(Runtime::Python)
-        .await;
+    tracing::a_library_the_function_instruments_continues_the_requests_trace(Runtime::Python).await;
 }
 
 #[tokio::test]

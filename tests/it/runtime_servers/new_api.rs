@@ -303,3 +303,45 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
     );
     bodies_over_the_limit_get_413(&server).await;
 }
+
+/// Kyma's migration guide writes a nodejs26 handler as an ES module that imports the sdk's
+/// functions by name: each must be a name Node finds in the sdk's CommonJS exports.
+#[tokio::test]
+async fn nodejs26_loads_an_es_module_handler_that_imports_every_sdk_function_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // As in the image: the sdk in a node_modules the handler's directory is under (an ES
+    // module resolves packages so, not through NODE_PATH).
+    let modules = dir.path().join("node_modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    let sdk =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runtimes/_servers/express/sdk");
+    std::os::unix::fs::symlink(sdk, modules.join("sdk")).unwrap();
+    let handler = dir.path().join("function/handler.mjs");
+    std::fs::create_dir_all(handler.parent().unwrap()).unwrap();
+    std::fs::write(
+        &handler,
+        "import { getTracer, getCloudEvent, emitCloudEvent, getFunctionName, getNamespace,\n\
+         \x20 getRuntime, getTimeout, getBodySizeLimit } from 'sdk';\n\
+         export function main(req, res) {\n\
+         \x20 res.json({ name: getFunctionName(), namespace: getNamespace(), runtime: getRuntime(),\n\
+         \x20   timeout: getTimeout(), bodySizeLimit: getBodySizeLimit(),\n\
+         \x20   tracer: typeof getTracer().startSpan, ce: getCloudEvent(req),\n\
+         \x20   emit: typeof emitCloudEvent });\n\
+         }\n",
+    )
+    .unwrap();
+    let server = Server::start(
+        Runtime::Express,
+        &[
+            ("HANDLER_PATH", handler.to_str().unwrap()),
+            ("FUNC_TIMEOUT", "7"),
+        ],
+    );
+    let resp = client().get(server.url("/")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"name": "fixture", "namespace": "tests", "runtime": "nodejs26", "timeout": 7,
+               "bodySizeLimit": 1, "tracer": "function", "ce": null, "emit": "function"})
+    );
+}
