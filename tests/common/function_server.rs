@@ -64,6 +64,12 @@ impl Server {
     /// Starts `runtime`'s server with the fixture Function and `env` on top of the defaults,
     /// and waits until it logs the port it listens on.
     pub fn start(runtime: Runtime, env: &[(&str, &str)]) -> Server {
+        Server::start_in(runtime, env, None)
+    }
+
+    /// [`Server::start`] with `cwd` as the server's working directory (the image's is the
+    /// Function's own directory).
+    pub fn start_in(runtime: Runtime, env: &[(&str, &str)], cwd: Option<&Path>) -> Server {
         let logs = tempfile::tempdir().unwrap();
         let fixtures = fixtures();
         let servers = repo().join("runtimes/_servers");
@@ -113,6 +119,9 @@ impl Server {
                 .env("PYTHONUNBUFFERED", "TRUE")
                 .env("PYTHONDONTWRITEBYTECODE", "1"),
         };
+        if let Some(dir) = cwd {
+            cmd.current_dir(dir);
+        }
         cmd.envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(fs::File::create(logs.path().join("stdout")).unwrap())

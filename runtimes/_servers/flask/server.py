@@ -42,7 +42,10 @@ sdk._configure(core, {
     else int(_mb),
 })
 
-app = flask.Flask('function')
+# No static route: Flask would otherwise serve /static/<path> from the working directory (the
+# Function's own, /kubeless) itself, and those requests would never reach main(). Kyma's app sits
+# beside its server, where there is no static folder.
+app = flask.Flask('function', static_folder=None, root_path=os.path.dirname(__file__))
 METHODS = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'HEAD', 'OPTIONS']
 _function = None  # set in main()
 

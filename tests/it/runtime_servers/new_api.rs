@@ -345,3 +345,20 @@ async fn nodejs26_loads_an_es_module_handler_that_imports_every_sdk_function_by_
                "bodySizeLimit": 1, "tracer": "function", "ce": null, "emit": "function"})
     );
 }
+
+/// Flask serves nothing itself: with a `static/` folder in the working directory (the image's is
+/// the Function's own, /kubeless), `/static/…` still reaches main().
+#[tokio::test]
+async fn python314_passes_static_paths_to_the_function() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("static")).unwrap();
+    std::fs::write(dir.path().join("static/a.txt"), "served by flask").unwrap();
+    let server = Server::start_in(Runtime::Flask, &[], Some(dir.path()));
+    let resp = client()
+        .get(server.url("/static/a.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND, "{}", server.logs());
+    assert_eq!(resp.text().await.unwrap(), "no fixture at /static/a.txt");
+}
