@@ -14,6 +14,8 @@ const sdk = require('sdk');
 
 const env = process.env;
 const { config, metrics } = core;
+// Kyma's nodejs26 name for the access log (any value turns it on, as there).
+const ACCESS_LOG = Boolean(env.SERVER_INTERNAL_LOGGER || env.KYMA_INTERNAL_LOGGER_ENABLED);
 // Kyma's nodejs26 server reads SERVER_PORT and FUNC_BODY_MB_LIMIT. The port stays FUNC_PORT's
 // when set (the contract fixes it); FUNC_BODY_MB_LIMIT, the name a nodejs26 Function sets, wins
 // over the legacy REQ_MB_LIMIT (the core reads it so).
@@ -79,12 +81,27 @@ app.use((req, res, next) => {
 // the core's sweep for a call still open when main() returns), settled here when the
 // response is done, and failing as Express answers.
 class Call extends core.Call {
+  settle(failed) {
+    const first = super.settle(failed);
+    if (first) this.failed = failed;
+    return first;
+  }
+
   fail(err) {
     console.error(err); // logged even after the answer, as Kyma's server does
-    if (!this.settle(true)) return;
+    if (!this.settle(true)) {
+      // A failure after a good answer (a rejection once the response is done) is counted
+      // too, as Kyma counts every failure; once per call.
+      if (!this.failed) metrics.failures++;
+      this.failed = true;
+      return;
+    }
     const { res } = this;
-    if (!res.headersSent) res.status(500).type('text/plain').send('Internal server error');
-    else if (!res.writableEnded) res.end();
+    // A thrown string is the answer's text, as in Kyma's handleError.
+    if (!res.headersSent) res.status(500).type('text/plain').send(typeof err === 'string' ? err : 'Internal server error');
+    // Part of an answer is out: cut it, so the client sees a broken answer, not a short one
+    // that looks whole (Kyma's send after the head fails, and Express destroys the socket).
+    else if (!res.writableEnded) res.destroy();
   }
 }
 
@@ -128,6 +145,7 @@ function onClose() {
 function onRequest(req, res) {
   inflight++;
   res.on('close', onClose);
+  if (ACCESS_LOG) res.on('finish', () => console.log(`${req.method} ${req.url} ${res.statusCode}`));
   if (stopping) res.setHeader('Connection', 'close');
   app(req, res);
 }

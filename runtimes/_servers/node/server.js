@@ -296,12 +296,20 @@ function respond(res, body, status, headers) {
 const DRAIN_MS = 2000;
 const DRAIN_BYTES = 64 << 20;
 function tooLarge(req, res, unsent = false) {
+  // Once per request: the new-API server's byte count and Express's body parser may both find
+  // the same upload over the limit.
+  if (req.kilnTooLarge) return;
+  req.kilnTooLarge = true;
   let drained = 0;
   let answered = false;
   const answer = (cut) => {
     if (answered) return;
     answered = true;
     clearTimeout(timer);
+    if (res.headersSent) { // answered already (a Function that wrote before reading it all)
+      if (cut) req.socket.destroy();
+      return;
+    }
     res.setHeader('Connection', 'close');
     if (cut) res.once('finish', () => req.socket.destroy());
     sendText(res, 413, `Request body larger than ${LIMIT_VAR} (${MB_LIMIT} MiB)\n`);

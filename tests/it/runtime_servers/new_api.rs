@@ -102,12 +102,24 @@ async fn nodejs26_serves_kymas_new_api_samples_with_express_request_and_response
     assert_eq!(resp.text().await.unwrap(), "Internal server error");
     let stderr = server.stderr_containing("boom from").await;
     assert!(stderr.contains("handler.js"), "{stderr}");
+    // A thrown string is the answer's text, as in Kyma's server.
+    let resp = get("/throw-string").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(resp.text().await.unwrap(), "bad input");
+    // A throw once part of the answer is out cuts it: not a short answer that looks whole.
+    let resp = get("/throw-after-write").await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.text().await.is_err(), "the answer is cut");
+    // A rejection after the answer: the answer stands, and the failure is counted.
+    let resp = get("/reject-after-answer").await.unwrap();
+    assert_eq!(resp.text().await.unwrap(), "ok");
+    server.stderr_containing("after the answer").await;
     // Health and metrics, as the legacy servers answer them.
     let resp = get("/healthz").await.unwrap();
     assert_eq!(resp.text().await.unwrap(), "OK");
     let text = metrics(&server).await;
-    assert_eq!(sample(&text, "function_calls_total"), 8.0, "{text}");
-    assert_eq!(sample(&text, "function_failures_total"), 1.0, "{text}");
+    assert_eq!(sample(&text, "function_calls_total"), 11.0, "{text}");
+    assert_eq!(sample(&text, "function_failures_total"), 4.0, "{text}");
 }
 
 #[tokio::test]
@@ -149,7 +161,26 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
     let resp = http.get(server.url("/slow")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
     bodies_over_the_limit_get_413(&server).await;
-    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Found over the limit twice (the server's count, then Express's parser), answered once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !server.stderr().contains("ERR_HTTP_HEADERS_SENT"),
+        "{}",
+        server.logs()
+    );
+}
+
+/// Kyma's nodejs26 access log: SERVER_INTERNAL_LOGGER set, a line per request.
+#[tokio::test]
+async fn nodejs26_logs_each_request_when_server_internal_logger_is_set() {
+    let server = Server::start(Runtime::Express, &[("SERVER_INTERNAL_LOGGER", "true")]);
+    let resp = client().get(server.url("/hello?x=1")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !server.stdout().contains("GET /hello?x=1 200") {
+        assert!(std::time::Instant::now() < deadline, "{}", server.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
