@@ -136,8 +136,8 @@ async fn python314_runs_a_library_the_function_instruments_in_the_requests_trace
     tracing::a_library_the_function_instruments_continues_the_requests_trace(Runtime::Flask).await;
 }
 
-/// The tracing checks on the new-API runtimes (nodejs26, python314), whose servers trace as
-/// the legacy ones do.
+/// The checks the new-API runtimes (nodejs26, python314) share with the legacy ones: tracing,
+/// the built-in endpoints, SIGTERM's drain.
 macro_rules! for_new_api_runtimes {
     ($($check:ident: $express:ident, $flask:ident;)*) => {$(
         #[tokio::test]
@@ -162,6 +162,12 @@ for_new_api_runtimes! {
     spans_are_exported_to_the_trace_collector_over_otlp_http:
         nodejs26_exports_spans_to_the_trace_collector_over_otlp_http,
         python314_exports_spans_to_the_trace_collector_over_otlp_http;
+    built_in_endpoints_and_preflight_skip_the_function:
+        nodejs26_answers_healthz_favicon_and_cors_preflight_without_calling_the_function,
+        python314_answers_healthz_favicon_and_cors_preflight_without_calling_the_function;
+    sigterm_drains_in_flight_requests_then_exits_zero:
+        nodejs26_finishes_in_flight_requests_on_sigterm_then_exits_zero,
+        python314_finishes_in_flight_requests_on_sigterm_then_exits_zero;
 }
 
 #[tokio::test]

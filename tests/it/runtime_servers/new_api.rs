@@ -157,9 +157,23 @@ async fn nodejs26_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit()
         (&event["type"], &event["source"], &event["data"]),
         (&json!("order.created"), &json!("/shop"), &json!({"n": 1}))
     );
-    // FUNC_TIMEOUT → 408; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
-    let resp = http.get(server.url("/slow")).send().await.unwrap();
-    assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+    // A structured-mode CloudEvent too.
+    let ce = json(
+        http.post(server.url("/cloudevent"))
+            .header("content-type", "application/cloudevents+json")
+            .body(r#"{"specversion":"1.0","type":"t.s","source":"/s","id":"e-2","data":{"m":2}}"#),
+    )
+    .await;
+    assert_eq!(
+        ce,
+        json!({"type": "t.s", "source": "/s", "id": "e-2", "data": {"m": 2}})
+    );
+    // FUNC_TIMEOUT → 408, for a promise that never settles and for a main() that returned
+    // without answering; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
+    for path in ["/hang", "/hang-sync"] {
+        let resp = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT, "{path}");
+    }
     bodies_over_the_limit_get_413(&server).await;
     // Found over the limit twice (the server's count, then Express's parser), answered once.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -326,7 +340,7 @@ async fn python314_gives_functions_the_sdk_and_keeps_the_timeout_and_body_limit(
         )
     );
     // FUNC_TIMEOUT → 408; FUNC_BODY_MB_LIMIT → 413, sized or chunked.
-    let resp = http.get(server.url("/slow")).send().await.unwrap();
+    let resp = http.get(server.url("/hang")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
     assert_eq!(
         resp.text().await.unwrap(),
