@@ -327,8 +327,9 @@ impl Client {
     /// The manifests the referrers API lists as referring to `digest` in `repo`, of
     /// `artifact_type` (asked of the registry as a filter, and checked here too, since a
     /// registry may ignore the filter), every page of the listing the registry's `Link`
-    /// headers name, up to [`MAX_REFERRER_PAGES`], or until `at_most` are listed. Where the registry does not serve the API
-    /// ([`Client::serves_referrers`]), the referrers tag schema's index instead (the tag
+    /// headers name, up to [`MAX_REFERRER_PAGES`], or until `at_most` are listed. Where the
+    /// registry does not serve the API ([`Client::serves_referrers`]), the referrers tag
+    /// schema's index instead (the tag
     /// `sha256-<hex>`, which OCI 1.1 clients such as cosign's OCI 1.1 mode keep up to date
     /// there): empty when there is none.
     ///

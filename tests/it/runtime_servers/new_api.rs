@@ -368,7 +368,8 @@ async fn nodejs26_loads_an_es_module_handler_that_imports_every_sdk_function_by_
         "import { getTracer, getCloudEvent, emitCloudEvent, getFunctionName, getNamespace,\n\
          \x20 getRuntime, getTimeout, getBodySizeLimit } from 'sdk';\n\
          export function main(req, res) {\n\
-         \x20 res.json({ name: getFunctionName(), namespace: getNamespace(), runtime: getRuntime(),\n\
+         \x20 res.json({ name: getFunctionName(), namespace: getNamespace(),\n\
+         \x20   runtime: getRuntime(),\n\
          \x20   timeout: getTimeout(), bodySizeLimit: getBodySizeLimit(),\n\
          \x20   tracer: typeof getTracer().startSpan, ce: getCloudEvent(req),\n\
          \x20   emit: typeof emitCloudEvent });\n\
