@@ -24,6 +24,8 @@ use crate::redact::redact_url;
 
 /// Token lifetime the spec tells clients to assume when the server does not say.
 const DEFAULT_TOKEN_SECONDS: u64 = 60;
+/// The longest a token is kept, whatever its service says.
+const MAX_TOKEN_SECONDS: u64 = 24 * 60 * 60;
 const CLIENT_ID: &str = "kiln";
 /// The most a token response may be: a JSON object with a token (a JWT of a few kB) or two.
 const TOKEN_LIMIT: u64 = 1 << 20;
@@ -63,6 +65,9 @@ pub(crate) struct TokenRequest<'a> {
     pub timeout: Duration,
     /// The registry name, for errors.
     pub registry: &'a str,
+    /// Whether the registry is reached over TLS: its credentials then never go to a realm
+    /// in the clear.
+    pub registry_tls: bool,
     /// The challenge naming realm and service.
     pub challenge: &'a BearerChallenge,
     /// Every scope the token must carry.
@@ -79,6 +84,14 @@ pub(crate) async fn fetch_token(req: &TokenRequest<'_>) -> Result<Token> {
         url: "<token realm>".into(),
         problem: "the Bearer challenge realm is not a URL",
     })?;
+    if req.credential.is_some() && req.registry_tls && realm.scheme() != "https" {
+        return Err(Error::Protocol {
+            method: Method::GET,
+            url: redact_url(&realm),
+            problem: "the registry (over TLS) names a token realm without TLS: its credentials \
+                      would cross the network in the clear, so kiln does not send them",
+        });
+    }
     let scopes = req.scopes.to_strings();
     let http = req.http.client_for(&realm)?;
     let (method, url, builder) = build_token_request(http, req, &realm, &scopes);
@@ -143,10 +156,17 @@ fn build_token_request(
         }
         form.append_pair("scope", &scopes.join(" "));
         form.append_pair("refresh_token", refresh);
+        // A body reqwest cannot send twice: a 307/308 (to any host) is answered back, not
+        // followed with the refresh token.
+        let form = bytes::Bytes::from(form.finish());
+        let length = form.len();
+        let once = futures_util::stream::once(async move { Ok::<_, std::io::Error>(form) });
         let builder = http
             .post(realm.clone())
             .header(CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(form.finish());
+            // Sized, not chunked: token services read a plain form.
+            .header(reqwest::header::CONTENT_LENGTH, length)
+            .body(reqwest::Body::wrap_stream(once));
         return (Method::POST, realm.clone(), builder);
     }
     let mut url = realm.clone();
@@ -177,9 +197,14 @@ fn token_from_body(body: &[u8], scopes: &ScopeSet) -> Option<Token> {
         .or(parsed.access_token)?;
     let mut header = HeaderValue::from_str(&format!("Bearer {token}")).ok()?;
     header.set_sensitive(true);
-    let lifetime = parsed.expires_in.unwrap_or(DEFAULT_TOKEN_SECONDS).max(1);
+    // A day at most: the token service's number is not to be trusted with arithmetic (a
+    // lifetime near u64::MAX overflowed the sum below and panicked).
+    let lifetime = parsed
+        .expires_in
+        .unwrap_or(DEFAULT_TOKEN_SECONDS)
+        .clamp(1, MAX_TOKEN_SECONDS);
     // Refresh after three quarters of the lifetime, so a token does not expire mid-request.
-    let refresh_at = Instant::now() + Duration::from_secs(lifetime) * 3 / 4;
+    let refresh_at = Instant::now() + Duration::from_secs(lifetime * 3 / 4);
     Some(Token {
         header,
         scopes: scopes.clone(),
@@ -202,6 +227,59 @@ pub(crate) fn basic_header(username: &str, password: &str) -> HeaderValue {
 mod tests {
     use super::*;
 
+    /// A token service that answers the refresh-token POST with a redirect to another host:
+    /// the form (with the refresh token) is not sent there. And a registry over TLS that
+    /// names a realm without TLS gets no credentials at all.
+    #[tokio::test]
+    async fn a_refresh_token_follows_no_redirect_and_never_goes_in_the_clear() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let other = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let other_port = other.local_addr().unwrap().port();
+        let reached = tokio::spawn(async move {
+            let (mut s, _) = other.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let n = s.read(&mut buf).await.unwrap_or(0);
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        let realm = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let realm_port = realm.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut s, _) = realm.accept().await.unwrap();
+            let mut buf = vec![0; 4096];
+            let _ = s.read(&mut buf).await;
+            let answer = format!(
+                "HTTP/1.1 307 Temporary Redirect\r\nLocation: http://127.0.0.1:{other_port}/t\r\n\
+                 Content-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+        });
+        let http =
+            super::super::http::Http::new("t".into(), Duration::from_secs(5), Vec::new()).unwrap();
+        let challenge = BearerChallenge {
+            realm: format!("http://127.0.0.1:{realm_port}/token"),
+            service: None,
+            scopes: Vec::new(),
+            error: None,
+        };
+        let refresh = Credential::IdentityToken("refresh-secret-123".into());
+        let scopes = ScopeSet::default();
+        let request = |registry_tls| TokenRequest {
+            http: &http,
+            timeout: Duration::from_secs(5),
+            registry: "reg.example",
+            registry_tls,
+            challenge: &challenge,
+            scopes: &scopes,
+            credential: Some(&refresh),
+        };
+        let err = fetch_token(&request(false)).await.unwrap_err();
+        assert!(err.to_string().contains("307"), "{err}");
+        let seen = tokio::time::timeout(Duration::from_millis(300), reached).await;
+        assert!(seen.is_err(), "the redirect was followed: {seen:?}");
+        let err = fetch_token(&request(true)).await.unwrap_err();
+        assert!(err.to_string().contains("without TLS"), "{err}");
+    }
+
     #[test]
     fn token_bodies_accept_token_or_access_token() {
         let set = ScopeSet::default();
@@ -214,6 +292,13 @@ mod tests {
         assert_eq!(t.header.to_str().unwrap(), "Bearer fallback");
         assert!(token_from_body(br#"{"expires_in":1}"#, &set).is_none());
         assert!(token_from_body(b"<html>", &set).is_none());
+        // A lifetime no arithmetic survives is a day.
+        let t = token_from_body(br#"{"token":"t","expires_in":18446744073709551615}"#, &set);
+        let left = t.unwrap().refresh_at - Instant::now();
+        assert!(
+            left <= Duration::from_secs(MAX_TOKEN_SECONDS * 3 / 4),
+            "{left:?}"
+        );
     }
 
     #[test]

@@ -225,6 +225,13 @@ impl Inner {
 
     /// The state of registry `name` (as named in references), created on first use.
     pub fn registry(&self, name: &str) -> Result<Arc<Registry>> {
+        // Every way in (a parsed reference, or a name given as it is) is checked here: a name
+        // that is no host[:port] (`https://reg`, a userinfo) could parse as one host and key
+        // another's credentials.
+        super::reference::check_registry(name).map_err(|problem| Error::InvalidReference {
+            input: name.to_string(),
+            problem,
+        })?;
         let host = api_host(name).to_ascii_lowercase();
         let mut map = self.registries.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(reg) = map.get(&host) {

@@ -226,11 +226,19 @@ async fn read_config(path: &Path, optional: bool) -> Result<Option<ConfigFile>> 
 }
 
 fn parse_config(path: &Path, text: &[u8]) -> Result<ConfigFile> {
-    let raw: RawConfig =
-        serde_json::from_slice(text).map_err(|source| Error::CredentialsParse {
-            path: path.to_path_buf(),
-            source,
-        })?;
+    let raw: RawConfig = serde_json::from_slice(text).map_err(|e| Error::CredentialsParse {
+        path: path.to_path_buf(),
+        // Where, and what kind of fault; not serde's message, which quotes the value it
+        // choked on (a base64 `auth`, a password).
+        line: e.line(),
+        column: e.column(),
+        kind: match e.classify() {
+            serde_json::error::Category::Io => "unreadable",
+            serde_json::error::Category::Syntax => "not JSON",
+            serde_json::error::Category::Data => "JSON of the wrong shape",
+            serde_json::error::Category::Eof => "cut short",
+        },
+    })?;
     let mut auths = Vec::new();
     for (key, entry) in raw.auths {
         let bad = |problem| Error::CredentialsEntry {

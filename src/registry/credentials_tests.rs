@@ -85,6 +85,20 @@ async fn a_missing_config_json_means_no_credentials_and_a_broken_one_is_an_error
     let store = CredentialStore::default().with_docker_config_dir(broken.path().into());
     let err = store.lookup("reg.example").await.unwrap_err();
     assert!(matches!(err, Error::CredentialsParse { .. }), "{err}");
+    // A value of the wrong type is named by place, never quoted: serde's own message would
+    // put the secret in the error.
+    let secret = "dXNlcjpodW50ZXIy";
+    for text in [
+        format!(r#"{{"auths": {{"r.example": "{secret}"}}}}"#),
+        format!(r#"{{"auths": {{"r.example": {{"auth": ["{secret}"]}}}}}}"#),
+    ] {
+        let wrong = config_dir(&text);
+        let store = CredentialStore::default().with_docker_config_dir(wrong.path().into());
+        let err = store.lookup("r.example").await.unwrap_err();
+        let shown = format!("{:#}", anyhow::Error::new(err));
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("line 1, column"), "{shown}");
+    }
 
     let bad_auth =
         config_dir(r#"{"auths": {"r.example": {"auth": "c2VjcmV0LXdpdGhvdXQtY29sb24="}}}"#);

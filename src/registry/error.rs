@@ -173,13 +173,19 @@ pub enum Error {
         source: std::io::Error,
     },
     /// A docker config or `.dockerconfigjson` file is not valid.
-    #[error("parsing credentials file {path}")]
+    #[error(
+        "parsing credentials file {path}: {kind} at line {line}, column {column} (a docker \
+         config.json: {{\"auths\": {{\"HOST\": {{\"auth\": \"base64(user:password)\"}}}}}})"
+    )]
     CredentialsParse {
         /// The file.
         path: PathBuf,
-        /// The JSON error.
-        #[source]
-        source: serde_json::Error,
+        /// Where the fault is.
+        line: usize,
+        /// Where on the line.
+        column: usize,
+        /// What kind of fault (never the value: it may be a secret).
+        kind: &'static str,
     },
     /// An `auths` entry that cannot be decoded.
     #[error("decoding the auth entry for {key} in {path}: {problem}")]

@@ -76,12 +76,23 @@ pub(crate) fn codes(errors: &[ErrorInfo]) -> String {
     let mut out = String::new();
     for (i, e) in errors.iter().enumerate() {
         out.push_str(if i == 0 { ": " } else { "; " });
-        out.push_str(&e.code);
+        out.push_str(&printable(&e.code));
         if !e.message.is_empty() {
-            out.push_str(&format!(" ({})", e.message));
+            out.push_str(&format!(" ({})", printable(&e.message)));
         }
     }
     out
+}
+
+/// A registry's text as kiln prints it: control characters (a terminal's escape sequences,
+/// line breaks that would fake log lines) shown escaped.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| match c.is_control() {
+            true => c.escape_default().collect::<Vec<_>>(),
+            false => vec![c],
+        })
+        .collect()
 }
 
 pub(crate) fn kind_text(kind: TransportKind) -> &'static str {
@@ -109,5 +120,22 @@ pub(crate) fn hint_text(hint: Hint, host: &str) -> String {
 impl fmt::Display for TransportKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(kind_text(*self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_registrys_error_text_cannot_drive_the_terminal_or_fake_a_line() {
+        let errors = [ErrorInfo {
+            code: "DENIED\u{1b}[2J".into(),
+            message: "no\nkiln: build succeeded".into(),
+            detail: None,
+        }];
+        let shown = codes(&errors);
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert_eq!(shown, ": DENIED\\u{1b}[2J (no\\nkiln: build succeeded)");
     }
 }

@@ -40,6 +40,9 @@ impl Http {
             .connect_timeout(connect_timeout)
             // No platform roots are loaded; this client never speaks TLS.
             .tls_certs_only([])
+            // A redirect's target does not learn where it came from (an upload URL's
+            // `_state`, a signed query).
+            .referer(false)
             .redirect(Policy::custom(|attempt| {
                 if attempt.url().scheme() != "http" {
                     attempt.stop()
@@ -82,6 +85,7 @@ impl Http {
                 .user_agent(self.user_agent.clone())
                 .connect_timeout(self.connect_timeout)
                 .tls_certs_merge(self.extra_roots.clone())
+                .referer(false)
                 .build()
                 .map_err(Arc::new)
         });

@@ -55,6 +55,13 @@ impl Scope {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Whether this is a repository's `pull` and/or `push`, nothing more.
+    pub fn is_plain_repository_access(&self) -> bool {
+        self.resource_type == "repository"
+            && !self.actions.is_empty()
+            && self.actions.iter().all(|a| a == "pull" || a == "push")
+    }
 }
 
 impl fmt::Display for Scope {
@@ -113,6 +120,26 @@ impl ScopeSet {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_repositorys_pull_and_push_are_plain_access() {
+        for plain in ["repository:a/b:pull", "repository:a/b:pull,push"] {
+            assert!(
+                Scope::parse(plain).unwrap().is_plain_repository_access(),
+                "{plain}"
+            );
+        }
+        for broad in [
+            "repository:a/b:*",
+            "repository:a/b:delete",
+            "registry:catalog:*",
+        ] {
+            assert!(
+                !Scope::parse(broad).unwrap().is_plain_repository_access(),
+                "{broad}"
+            );
+        }
+    }
 
     #[test]
     fn scopes_render_and_parse() {

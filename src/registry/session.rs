@@ -246,6 +246,7 @@ impl Registry {
                         http: &cx.http,
                         timeout: cx.timeout,
                         registry: &self.name,
+                        registry_tls: self.base.scheme() == "https",
                         challenge: &challenge,
                         scopes: &st.wanted,
                         credential: credential.as_ref(),
@@ -283,7 +284,17 @@ impl Registry {
             match challenge {
                 Challenge::Basic => st.scheme = Scheme::Basic,
                 Challenge::Bearer(bearer) => {
-                    needed.extend(bearer.scopes.iter().filter_map(|s| Scope::parse(s)));
+                    // What the challenge adds is taken only as far as a request of kiln's
+                    // could need it: a repository's pull or push (never `*`, `delete` or the
+                    // catalog), for a repository one of them names.
+                    needed.extend(
+                        bearer
+                            .scopes
+                            .iter()
+                            .filter_map(|s| Scope::parse(s))
+                            .filter(|s| s.is_plain_repository_access())
+                            .filter(|s| scopes.iter().any(|own| own.name() == s.name())),
+                    );
                     let invalid = bearer.error.as_deref() == Some("invalid_token");
                     let stale = st
                         .token
@@ -335,7 +346,20 @@ impl Registry {
         if is_retryable_status(resp.status().as_u16()) {
             return Err(status_error(&call, resp).await);
         }
-        let scheme = if resp.status() == StatusCode::UNAUTHORIZED {
+        // Only the registry's own challenge says how to authenticate to it: one from where a
+        // redirect led would have the registry's credentials sent to a token service that
+        // host names. (Another host's 200 says nothing either: anonymous until the registry
+        // itself asks.)
+        let own = self.is_origin(resp.url());
+        if !own && resp.status() == StatusCode::UNAUTHORIZED {
+            return Err(super::error::Error::RedirectRefused {
+                method: call.method.clone(),
+                url: call.shown_url(),
+                host: super::failure::host_port(resp.url()),
+                status: resp.status().as_u16(),
+            });
+        }
+        let scheme = if own && resp.status() == StatusCode::UNAUTHORIZED {
             match challenge::from_headers(resp.headers()) {
                 Some(Challenge::Basic) => Scheme::Basic,
                 Some(Challenge::Bearer(b)) => Scheme::Bearer(b),

@@ -217,3 +217,64 @@ async fn basic_auth_over_tls_works_with_the_test_ca() {
         "{err}"
     );
 }
+
+/// A registry whose `GET /v2/` (the question of how to authenticate to it) redirects to
+/// another host, which answers with a challenge naming its own token service: that answer is
+/// not the registry's, and the registry's credentials go nowhere near that service.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_probe_redirected_to_another_host_does_not_take_its_challenge() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Answers each request with `answer(own host)`, recording its head.
+    async fn serve(
+        answer: impl Fn(&str) -> String + Send + 'static,
+    ) -> (String, Arc<Mutex<Vec<String>>>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let host = listener.local_addr().unwrap().to_string();
+        let (seen, own) = (Arc::new(Mutex::new(Vec::new())), host.clone());
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut buf = vec![0; 8192];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                kept.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf[..n]).into_owned());
+                let _ = s.write_all(answer(&own).as_bytes()).await;
+            }
+        });
+        (host, seen)
+    }
+    fn reply(status: &str, headers: &str) -> String {
+        format!("HTTP/1.1 {status}\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n")
+    }
+    let (evil, evil_seen) = serve(|own| {
+        let challenge = format!("Bearer realm=\"http://{own}/token\",service=\"e\"");
+        reply(
+            "401 Unauthorized",
+            &format!("WWW-Authenticate: {challenge}\r\n"),
+        )
+    })
+    .await;
+    let to_evil = format!("Location: http://{evil}/v2/\r\n");
+    let (host, _) = serve(move |_| reply("307 Temporary Redirect", &to_evil)).await;
+    let mut cfg = config(&[&host]);
+    cfg.credentials =
+        CredentialStore::default().with_credential(&host, Credential::basic(USER, PASSWORD));
+    let client = Client::new(cfg).unwrap();
+    let err = client
+        .authorize(&host, &[Scope::push("team/fn")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::RedirectRefused { .. }), "{err}");
+    let seen = evil_seen.lock().unwrap().clone();
+    assert!(!seen.is_empty(), "the redirect was followed");
+    for head in &seen {
+        assert!(
+            !head.to_ascii_lowercase().contains("authorization"),
+            "{head}"
+        );
+        assert!(!head.contains("/token"), "{head}");
+    }
+}
