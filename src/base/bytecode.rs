@@ -134,6 +134,7 @@ pub async fn compile(
     }
     let output = sandbox
         .command(&argv)
+        .map_err(|e| e.to_string())?
         .stdin(std::process::Stdio::null())
         .output()
         .await

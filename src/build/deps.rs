@@ -143,13 +143,25 @@ pub enum Error {
         /// Redacted tail of the sandbox's stderr.
         stderr_tail: String,
     },
-    /// The install succeeded but produced nothing where expected.
-    #[error("`{command}` succeeded but produced no {output}")]
+    /// The install succeeded but produced nothing where expected (or a link, not a directory).
+    #[error("`{command}` succeeded but produced no {output} directory")]
     NoOutput {
         /// The command line.
         command: String,
         /// The expected output.
         output: String,
+    },
+    /// A registry credential of the install's configuration is in a file it left.
+    #[error(
+        "the install wrote a registry credential from .npmrc/pip.conf into {output}/{file}: \
+         refused, nothing of it is layered, cached or pushed. An install script of a \
+         dependency copied it; find which one, and rotate the credential"
+    )]
+    SecretInOutput {
+        /// The output directory's name.
+        output: String,
+        /// The file, relative to it.
+        file: String,
     },
     /// Staging or process I/O.
     #[error(transparent)]
@@ -368,10 +380,20 @@ pub async fn install(
         });
     }
     let output = work.join(&runtime.dependencies.output);
-    if !output.is_dir() {
+    // Not followed: an install script may have left a link to anywhere on the host there
+    // (`ln -s ~/.ssh node_modules`), which the layer would then hold.
+    if !std::fs::symlink_metadata(&output).is_ok_and(|m| m.is_dir()) {
         return Err(Error::NoOutput {
             command,
             output: runtime.dependencies.output.clone(),
+        });
+    }
+    // The registry credentials of .npmrc/pip.conf were in reach of every install script:
+    // one that copied them into the output must not have them layered, cached or pushed.
+    if let Some(file) = secrets.first_file_holding(&output).at("reading", &output)? {
+        return Err(Error::SecretInOutput {
+            output: runtime.dependencies.output.clone(),
+            file: file.display().to_string(),
         });
     }
     if let Some(report) = &runtime.dependencies.report {

@@ -5,8 +5,10 @@
 //! network, for the hosts of the runtime's default registries and of the registries the
 //! install's `.npmrc`/`pip.conf` name. Everything else gets `403`, and so does a registry
 //! host that resolves to a loopback, link-local (cloud metadata), unspecified or multicast
-//! address. An upstream proxy from the environment (`https_proxy`, `http_proxy`, `no_proxy`)
-//! is used for the allowed connections, as the install would have used it.
+//! address, or to a cloud metadata service elsewhere ([`METADATA`]). Private ranges are
+//! allowed: private registries live there. An upstream proxy from the environment
+//! (`https_proxy`, `http_proxy`, `no_proxy`) is used for the allowed connections, as the
+//! install would have used it.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -228,7 +230,7 @@ async fn dial(policy: &Policy, host: &str, port: u16, tls: bool) -> Result<TcpSt
     if let Some(bad) = addrs.iter().find(|a| !reachable(a.ip())) {
         return Err(format!(
             "{host} resolves to {}, which no package registry may be at (loopback, link-local, \
-             unspecified or multicast)",
+             unspecified, multicast, or a cloud metadata service)",
             bad.ip()
         ));
     }
@@ -237,12 +239,25 @@ async fn dial(policy: &Policy, host: &str, port: u16, tls: bool) -> Result<TcpSt
         .map_err(|e| format!("connecting to {host}:{port}: {e}"))
 }
 
+/// Cloud metadata and host-agent services outside the link-local range: Alibaba Cloud's
+/// (100.100.100.200), Azure's WireServer (168.63.129.16), AWS's over IPv6 (fd00:ec2::254).
+/// Private ranges as such stay reachable: a private registry (Verdaccio, a devpi in the
+/// cluster) is named by a private address.
+const METADATA: [IpAddr; 3] = [
+    IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(std::net::Ipv4Addr::new(168, 63, 129, 16)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+];
+
 /// Whether an install may connect to `ip`.
 fn reachable(ip: IpAddr) -> bool {
     let ip = match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
         v4 => v4,
     };
+    if METADATA.contains(&ip) {
+        return false;
+    }
     match ip {
         IpAddr::V4(v4) => {
             !(v4.is_loopback()
@@ -351,6 +366,10 @@ mod tests {
             "fe80::1",
             "::ffff:127.0.0.1",
             "224.0.0.1",
+            "100.100.100.200",
+            "168.63.129.16",
+            "fd00:ec2::254",
+            "::ffff:100.100.100.200",
         ] {
             assert!(!reachable(bad.parse().unwrap()), "{bad}");
         }

@@ -5,6 +5,8 @@
 //! shapes credentials take anyway (URL user info, `_authToken=`, `"_authToken": "…"`,
 //! `Authorization: Bearer …`) are masked for values kiln never saw.
 
+use std::path::{Path, PathBuf};
+
 use base64::Engine as _;
 
 use super::function::NamedBytes;
@@ -15,14 +17,24 @@ const MASK: &str = "***";
 /// shape rules still apply to them.
 const MIN_SECRET: usize = 4;
 
+/// A secret this long at least is looked for in what an install leaves
+/// ([`Secrets::first_file_holding`]): a shorter one could be any word in a package.
+const MIN_LOOKED_FOR: usize = 10;
+
 /// The secret values an install was given.
 #[derive(Clone, Debug, Default)]
-pub struct Secrets(Vec<String>);
+pub struct Secrets {
+    /// Every value masked in what the install prints.
+    all: Vec<String>,
+    /// Those a credential is made of (not user names), looked for in what it leaves.
+    strong: Vec<String>,
+}
 
 impl Secrets {
     /// The secrets in `configs` (`key=value` or `key: value` lines).
     pub fn from_configs(configs: &[NamedBytes]) -> Secrets {
         let mut found = Vec::new();
+        let mut names = Vec::new();
         for config in configs {
             let text = String::from_utf8_lossy(&config.bytes);
             for line in text.lines().map(str::trim) {
@@ -38,7 +50,7 @@ impl Secrets {
                 let value = value.trim().trim_matches(['"', '\'']);
                 let key = key.trim().to_ascii_lowercase();
                 for part in value.split_whitespace() {
-                    userinfo(part, &mut found);
+                    userinfo(part, &mut found, &mut names);
                 }
                 if ["auth", "token", "pass", "secret", "key", "cred"]
                     .iter()
@@ -57,17 +69,56 @@ impl Secrets {
                 }
             }
         }
+        let strong: Vec<String> = found
+            .iter()
+            .filter(|s| s.len() >= MIN_LOOKED_FOR)
+            .cloned()
+            .collect();
+        found.extend(names);
         found.retain(|s| s.len() >= MIN_SECRET);
         // Longest first, so a value containing another is masked whole.
         found.sort_by_key(|s| std::cmp::Reverse(s.len()));
         found.dedup();
-        Secrets(found)
+        Secrets { all: found, strong }
+    }
+
+    /// The first file under `root` (relative to it) whose bytes hold one of the secrets a
+    /// credential is made of (a token, a password, `user:password`; not a user name alone,
+    /// which may well appear in a package), walked without following links. `None` when
+    /// there are no such secrets, or no file holds one.
+    ///
+    /// # Errors
+    /// Reading the tree.
+    pub fn first_file_holding(&self, root: &Path) -> std::io::Result<Option<PathBuf>> {
+        let finders: Vec<memchr::memmem::Finder<'_>> = self
+            .strong
+            .iter()
+            .map(|s| memchr::memmem::Finder::new(s.as_bytes()))
+            .collect();
+        let Some(longest) = self.strong.iter().map(String::len).max() else {
+            return Ok(None);
+        };
+        let mut dirs = vec![root.to_path_buf()];
+        let mut buf = vec![0u8; CHUNK + longest];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir)? {
+                let entry = entry?;
+                let kind = entry.file_type()?;
+                if kind.is_dir() {
+                    dirs.push(entry.path());
+                } else if kind.is_file() && holds(&entry.path(), &finders, longest, &mut buf)? {
+                    let path = entry.path();
+                    return Ok(Some(path.strip_prefix(root).unwrap_or(&path).to_path_buf()));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// `text` with every known secret and every credential shape masked.
     pub fn mask(&self, text: &str) -> String {
         let mut out = text.to_string();
-        for secret in &self.0 {
+        for secret in &self.all {
             if out.contains(secret.as_str()) {
                 out = out.replace(secret.as_str(), MASK);
             }
@@ -76,8 +127,38 @@ impl Secrets {
     }
 }
 
-/// Adds the user and password of `url`, if it has them.
-fn userinfo(url: &str, found: &mut Vec<String>) {
+/// The bytes read from a file at a time when looking for secrets in it.
+const CHUNK: usize = 1 << 20;
+
+/// Whether the file at `path` holds what one of `finders` finds; `buf` holds a chunk and the
+/// `longest - 1` bytes before it, so a secret across two chunks is found.
+fn holds(
+    path: &Path,
+    finders: &[memchr::memmem::Finder<'_>],
+    longest: usize,
+    buf: &mut [u8],
+) -> std::io::Result<bool> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let keep = longest - 1;
+    let mut kept = 0;
+    loop {
+        let n = file.read(&mut buf[kept..])?;
+        if n == 0 {
+            return Ok(false);
+        }
+        let filled = kept + n;
+        if finders.iter().any(|f| f.find(&buf[..filled]).is_some()) {
+            return Ok(true);
+        }
+        kept = keep.min(filled);
+        buf.copy_within(filled - kept..filled, 0);
+    }
+}
+
+/// Adds the password of `url` (and `user:password`) to `found`, its user name to `names`, if
+/// it has them.
+fn userinfo(url: &str, found: &mut Vec<String>, names: &mut Vec<String>) {
     let Ok(url) = url::Url::parse(url) else {
         return;
     };
@@ -87,7 +168,7 @@ fn userinfo(url: &str, found: &mut Vec<String>) {
         found.push(format!("{}:{}", url.username(), password));
     }
     if !url.username().is_empty() {
-        found.push(percent_decode(url.username()));
+        names.push(percent_decode(url.username()));
     }
 }
 
@@ -183,6 +264,34 @@ mod tests {
                 bytes: pip.into(),
             },
         ])
+    }
+
+    #[test]
+    fn a_file_an_install_left_holding_a_credential_is_found_and_a_user_name_is_not() {
+        let s = secrets();
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("node_modules");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        // User names are no secret: a package may name "alice" or "bob".
+        std::fs::write(tree.join("a/names.js"), "alice bob npm.example").unwrap();
+        // A link is not followed, whatever it points at.
+        let outside = dir.path().join("outside");
+        std::fs::write(&outside, "npm_T0KEN_abc123").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("a/link")).unwrap();
+        assert_eq!(s.first_file_holding(&tree).unwrap(), None);
+        // Across two chunks of the read.
+        let mut big = vec![b'x'; CHUNK - 5];
+        big.extend_from_slice(b"pipPassw0rd and more");
+        std::fs::write(tree.join("a/b/big.bin"), &big).unwrap();
+        assert_eq!(
+            s.first_file_holding(&tree).unwrap(),
+            Some(PathBuf::from("a/b/big.bin"))
+        );
+        assert_eq!(
+            Secrets::default().first_file_holding(&tree).unwrap(),
+            None,
+            "nothing to look for"
+        );
     }
 
     #[test]

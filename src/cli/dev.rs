@@ -328,7 +328,7 @@ impl Dev {
         let step = steps::Step::start("start");
         let mut child = launch
             .sandbox
-            .command(&launch.argv)
+            .command(&launch.argv)?
             .spawn()
             .context("starting the Function's sandbox")?;
         let deadline = Instant::now() + READY;

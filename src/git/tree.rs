@@ -20,6 +20,10 @@ use crate::io_error::IoContext as _;
 const MAX_DEPTH: usize = 64;
 /// More entries are refused, so a hostile repository cannot fill the disk with tiny files.
 const MAX_ENTRIES: usize = 100_000;
+/// The most bytes of file contents written: what `kiln run` unpacks of a whole image (8 GiB,
+/// `oci::budget::DEFAULT_BYTES`, a layer above this one). The download is capped, but a blob
+/// compresses well (a GiB of zeros is a MiB), and one blob may be named by every entry.
+const MAX_BYTES: u64 = 8 << 30;
 
 /// Writes the tree at `base_dir` of `commit` into `dest`, which must not exist yet.
 pub(super) fn write_base_dir(
@@ -29,12 +33,25 @@ pub(super) fn write_base_dir(
     base_dir: &BaseDir,
     dest: &Path,
 ) -> Result<Fetched, Error> {
+    write_capped(repo, url, commit, (base_dir, dest), MAX_BYTES)
+}
+
+/// [`write_base_dir`] with `max_bytes` of file contents at most.
+fn write_capped(
+    repo: &gix::Repository,
+    url: &RemoteUrl,
+    commit: ObjectId,
+    (base_dir, dest): (&BaseDir, &Path),
+    max_bytes: u64,
+) -> Result<Fetched, Error> {
     let mut writer = Writer {
         repo,
         url,
         commit: commit.to_hex().to_string(),
         files: 0,
         entries: 0,
+        bytes: 0,
+        max_bytes,
         skipped_submodules: Vec::new(),
     };
     let mut tree = repo
@@ -76,6 +93,10 @@ struct Writer<'a> {
     commit: String,
     files: usize,
     entries: usize,
+    /// File contents written so far (sizes from the object headers, before any is read).
+    bytes: u64,
+    /// The most [`Writer::bytes`] may reach.
+    max_bytes: u64,
     skipped_submodules: Vec<String>,
 }
 
@@ -126,6 +147,16 @@ impl Writer<'_> {
                         | OFlags::EXCL
                         | OFlags::NOFOLLOW
                         | OFlags::CLOEXEC;
+                    let size = self
+                        .repo
+                        .find_header(id)
+                        .map_err(|e| self.object_error(e))?
+                        .size();
+                    self.bytes = self.bytes.saturating_add(size);
+                    if self.bytes > self.max_bytes {
+                        let problem = "its files hold more than 8 GiB, what kiln run unpacks";
+                        return Err(self.unsafe_entry(&child, problem));
+                    }
                     let fd = rustix::fs::openat(dir, name, flags, Mode::from_raw_mode(mode))
                         .map_err(io("creating"))?;
                     let data = self.blob(id)?;
@@ -219,6 +250,45 @@ fn check_name(name: &[u8]) -> Result<&str, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_whose_files_hold_more_than_the_cap_is_refused_before_it_is_written() {
+        // One blob that compresses to nothing, named twice: 2 MiB to write, in 4 KiB packed.
+        let dir = tempfile::tempdir().unwrap();
+        let repo_dir = dir.path().join("repo");
+        std::fs::create_dir(&repo_dir).unwrap();
+        std::fs::write(repo_dir.join("a"), vec![0u8; 1 << 20]).unwrap();
+        std::fs::write(repo_dir.join("b"), vec![0u8; 1 << 20]).unwrap();
+        let git = |args: &[&str]| {
+            let out = std::process::Command::new("git")
+                .args(["-c", "user.name=t", "-c", "user.email=t@t", "-C"])
+                .arg(&repo_dir)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        git(&["init", "-q"]);
+        git(&["add", "."]);
+        git(&["commit", "-q", "-m", "bomb"]);
+        let repo = gix::open(&repo_dir).unwrap();
+        let commit = repo.head_id().unwrap().detach();
+        let url = RemoteUrl::parse("https://git.example/fn.git").unwrap();
+        let root = BaseDir::parse("/").unwrap();
+        let write = |dest: &str, cap: u64| {
+            write_capped(&repo, &url, commit, (&root, &dir.path().join(dest)), cap)
+        };
+        let err = write("small", (1 << 20) + 100).unwrap_err();
+        assert!(
+            matches!(err, Error::UnsafeEntry { ref path, .. } if path == "b"),
+            "{err:?}"
+        );
+        assert_eq!(write("enough", 2 << 20).unwrap().files, 2);
+    }
 
     #[test]
     fn entry_names_are_single_plain_components() {

@@ -15,6 +15,8 @@ use crate::rootpath::{self, Last};
 
 /// The Function's own ignore file.
 pub const IGNORE_FILE: &str = ".kilnignore";
+/// The largest `.kilnignore` read.
+const MAX_IGNORE_FILE: u64 = 1 << 20;
 
 /// Why a tree cannot be layered.
 #[derive(Debug, thiserror::Error)]
@@ -159,11 +161,22 @@ fn build_ignore(root: &Path, rules: &WalkRules) -> Result<Gitignore, Error> {
         builder.add_line(None, pattern).map_err(bad)?;
     }
     let file = root.join(IGNORE_FILE);
-    if rules.ignore_file && file.is_file() {
-        if let Some(err) = builder.add(&file) {
-            return Err(bad(err));
+    let is_dir = std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_dir());
+    if rules.ignore_file && !is_dir {
+        // Read beneath the tree, as every file of it: a link to a host file (a docker
+        // config) would otherwise have its lines taken as patterns, and shown in errors.
+        let read = crate::rootpath::read_beneath(root, Path::new(IGNORE_FILE), MAX_IGNORE_FILE);
+        match read {
+            Ok(bytes) => {
+                let text = String::from_utf8(bytes).map_err(|_| Error::NonUtf8(file.clone()))?;
+                for line in text.lines() {
+                    builder.add_line(Some(file.clone()), line).map_err(bad)?;
+                }
+                builder.add_line(None, IGNORE_FILE).map_err(bad)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(crate::io_error::IoError::at("reading", &file)(e)),
         }
-        builder.add_line(None, IGNORE_FILE).map_err(bad)?;
     }
     builder.build().map_err(bad)
 }
@@ -357,6 +370,29 @@ mod tests {
         let tree = walk(root, &rules()).unwrap();
         let paths: Vec<_> = tree.entries.keys().cloned().collect();
         assert_eq!(paths, ["alias.js", "handler.js", "lib", "lib/a.js"]);
+    }
+
+    #[test]
+    fn a_kilnignore_that_links_out_of_the_tree_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let (root, outside) = (dir.path().join("fn"), dir.path().join("config.json"));
+        fs::create_dir_all(&root).unwrap();
+        fs::write(
+            &outside,
+            "{\"auths\": {\"r\": {\"auth\": \"c2VjcmV0[\"}}}\n",
+        )
+        .unwrap();
+        symlink(&outside, root.join(IGNORE_FILE)).unwrap();
+        let err = walk(&root, &rules()).unwrap_err();
+        assert!(matches!(err, Error::Io(_)), "{err:?}");
+        assert!(!format!("{err:#}").contains("c2VjcmV0"), "{err:#}");
+        // One that links inside the tree is read.
+        fs::remove_file(root.join(IGNORE_FILE)).unwrap();
+        fs::write(root.join("shared-ignore"), "*.md\n").unwrap();
+        fs::write(root.join("notes.md"), "x").unwrap();
+        symlink("shared-ignore", root.join(IGNORE_FILE)).unwrap();
+        let tree = walk(&root, &rules()).unwrap();
+        assert!(!tree.entries.contains_key("notes.md"));
     }
 
     #[test]

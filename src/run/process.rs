@@ -149,7 +149,7 @@ impl Signals {
 pub async fn supervise(launch: &Launch, signals: &mut Signals) -> Result<u8, Error> {
     let mut child = launch
         .sandbox
-        .command(&launch.argv)
+        .command(&launch.argv)?
         .spawn()
         .map_err(|source| Error::Spawn { source })?;
     let pid = child.id();
@@ -299,6 +299,7 @@ mod tests {
         assert_eq!(launch.sandbox.binds[0].dest, HOST_RESOLV_CONF);
         assert_eq!(launch.sandbox.binds[1..], volumes);
         let args: Vec<String> = crate::sandbox::bwrap::args(&launch.sandbox, &launch.argv)
+            .unwrap()
             .iter()
             .map(|a| a.to_string_lossy().into_owned())
             .collect();

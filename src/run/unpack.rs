@@ -473,7 +473,19 @@ impl Unpacker {
         }
         make_writable(path)?;
         fs::remove_dir_all(path).at("removing", path)?;
-        self.dirs.retain(|dir, _| !dir.starts_with(path));
+        // The directories under `path` sort together, right after it (paths order by their
+        // components): only those are visited, not every directory recorded (a whiteout per
+        // directory of a large tree made that quadratic).
+        let under: Vec<PathBuf> = self
+            .dirs
+            .range(path.to_path_buf()..)
+            .map(|(dir, _)| dir)
+            .take_while(|dir| dir.starts_with(path))
+            .cloned()
+            .collect();
+        for dir in under {
+            self.dirs.remove(&dir);
+        }
         Ok(())
     }
 

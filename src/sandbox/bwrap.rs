@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::path::Path;
 
-use super::{Bind, Result, Sandbox};
+use super::{Bind, Error, Result, Sandbox};
 use crate::rootpath::{self, Last};
 
 /// The bubblewrap program, looked up on `PATH`.
@@ -13,19 +13,29 @@ pub const BWRAP: &str = "bwrap";
 /// `dest` (absolute, as the sandbox sees it) resolved inside the root filesystem, as the path
 /// bwrap must be given: bwrap follows a symlink in a destination from outside the new root,
 /// so an image whose `/etc` links to a host path would have a bind land on the host.
-fn inside(sandbox: &Sandbox, dest: &str) -> String {
-    match rootpath::resolve(&sandbox.rootfs, Path::new(dest), Last::Follow) {
-        Ok(resolved) => match resolved.strip_prefix(&sandbox.rootfs) {
-            Ok(rel) => format!("/{}", rel.display()),
-            Err(_) => dest.to_string(),
-        },
-        // A loop resolves nowhere: bwrap fails on it the same way.
-        Err(_) => dest.to_string(),
-    }
+///
+/// # Errors
+/// [`Error::MountPoint`] when it resolves nowhere inside the root (a loop, a directory kiln
+/// may not search): bwrap, given the path as it is, would follow the image's links from its
+/// setup root, where the host is.
+fn inside(sandbox: &Sandbox, dest: &str) -> Result<String> {
+    let refused = |reason: String| Error::MountPoint {
+        dest: dest.to_string(),
+        reason,
+    };
+    let resolved = rootpath::resolve(&sandbox.rootfs, Path::new(dest), Last::Follow)
+        .map_err(|e| refused(e.to_string()))?;
+    let rel = resolved
+        .strip_prefix(&sandbox.rootfs)
+        .map_err(|_| refused("it resolves outside the root".into()))?;
+    Ok(format!("/{}", rel.display()))
 }
 
 /// The `bwrap` arguments that run `argv` in `sandbox`.
-pub fn args(sandbox: &Sandbox, argv: &[String]) -> Vec<OsString> {
+///
+/// # Errors
+/// A mount point that resolves nowhere inside the root ([`inside`]).
+pub fn args(sandbox: &Sandbox, argv: &[String]) -> Result<Vec<OsString>> {
     let mut args: Vec<OsString> = Vec::new();
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     let (uid, gid) = (sandbox.uid.to_string(), sandbox.gid.to_string());
@@ -46,17 +56,17 @@ pub fn args(sandbox: &Sandbox, argv: &[String]) -> Vec<OsString> {
     // The root is bound writable and remounted read-only at the end: bwrap has to create
     // missing mount points, which a read-only bind would refuse.
     args.extend(["--bind".into(), sandbox.rootfs.clone().into(), "/".into()]);
-    let (proc, dev) = (inside(sandbox, "/proc"), inside(sandbox, "/dev"));
+    let (proc, dev) = (inside(sandbox, "/proc")?, inside(sandbox, "/dev")?);
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
     push(&["--proc", &proc, "--dev", &dev]);
     for dir in &sandbox.tmpfs {
-        push(&["--tmpfs", &inside(sandbox, dir)]);
+        push(&["--tmpfs", &inside(sandbox, dir)?]);
     }
     for bind in &sandbox.binds {
         args.extend([
             flag(bind).into(),
             bind.source.clone().into(),
-            inside(sandbox, &bind.dest).into(),
+            inside(sandbox, &bind.dest)?.into(),
         ]);
     }
     let mut push = |items: &[&str]| args.extend(items.iter().map(OsString::from));
@@ -65,7 +75,7 @@ pub fn args(sandbox: &Sandbox, argv: &[String]) -> Vec<OsString> {
     }
     push(&["--chdir", &sandbox.cwd, "--"]);
     args.extend(argv.iter().map(OsString::from));
-    args
+    Ok(args)
 }
 
 /// bwrap's option for `bind`.
@@ -108,10 +118,13 @@ mod tests {
 
     #[test]
     fn a_default_sandbox_is_read_only_without_network_and_drops_capabilities() {
-        let args = strings(args(
-            &Sandbox::new("/cache/rootfs"),
-            &["/bin/sh".into(), "-c".into()],
-        ));
+        let args = strings(
+            args(
+                &Sandbox::new("/cache/rootfs"),
+                &["/bin/sh".into(), "-c".into()],
+            )
+            .unwrap(),
+        );
         let expected = [
             "--unshare-user",
             "--uid",
@@ -164,7 +177,7 @@ mod tests {
             cwd: "/app".into(),
             ..Sandbox::new("/r")
         };
-        let args = strings(args(&sandbox, &["node".into()]));
+        let args = strings(args(&sandbox, &["node".into()]).unwrap());
         let joined = args.join(" ");
         assert!(joined.starts_with("--unshare-user --uid 1000 --gid 100 "));
         assert!(!args.contains(&"--unshare-net".to_string()));
@@ -177,6 +190,22 @@ mod tests {
             "--ro-bind-try /etc/resolv.conf /etc/resolv.conf --bind /work/out /out \
              --ro-bind /ca.pem /etc/ssl/ca.pem --chdir /app -- node"
         ));
+    }
+
+    #[test]
+    fn a_mount_point_that_resolves_nowhere_in_the_root_is_refused() {
+        // An image whose links loop where a bind goes: resolved from bwrap's setup root (the
+        // host's, as /oldroot), they could lead anywhere; the sandbox does not start.
+        let root = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/b", root.path().join("a")).unwrap();
+        std::os::unix::fs::symlink("/a", root.path().join("b")).unwrap();
+        let sandbox = Sandbox {
+            binds: vec![Bind::read_only("/x", "/a/resolv.conf")],
+            ..Sandbox::new(root.path())
+        };
+        let err = args(&sandbox, &["true".into()]).unwrap_err();
+        assert!(matches!(err, Error::MountPoint { .. }), "{err:?}");
+        assert!(err.to_string().contains("/a/resolv.conf"), "{err}");
     }
 
     #[tokio::test]

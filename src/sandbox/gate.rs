@@ -85,7 +85,7 @@ pub fn command(
             port,
             how: How::Builtin { door, _dir: dir },
         };
-        return Ok((sandbox.command(argv), gate));
+        return Ok((sandbox.command(argv).map_err(io::Error::other)?, gate));
     }
     // Inheritable (no close-on-exec), so bwrap gets them without any code between fork and
     // exec; kiln closes its copies of bwrap's ends as soon as bwrap runs.
@@ -99,7 +99,7 @@ pub fn command(
         "--block-fd".into(),
         block_read.as_raw_fd().to_string().into(),
     ];
-    line.extend(super::bwrap::args(sandbox, argv));
+    line.extend(super::bwrap::args(sandbox, argv).map_err(io::Error::other)?);
     let mut line = sandbox.emulated(line).into_iter();
     let mut cmd = tokio::process::Command::new(line.next().unwrap_or_default());
     cmd.args(line)

@@ -61,6 +61,18 @@ pub enum Error {
     /// [`BACKEND_ENV`] names no sandbox kiln has.
     #[error("{BACKEND_ENV}={0:?} is not a sandbox kiln has; use bwrap, builtin or auto")]
     UnknownBackend(String),
+    /// A mount point of the sandbox resolves nowhere inside the root filesystem.
+    #[error(
+        "the sandbox's mount point {dest} resolves nowhere inside its root filesystem \
+         ({reason}): refused, since bwrap would follow the image's links from outside the \
+         root; the image's links at that path are broken or loop"
+    )]
+    MountPoint {
+        /// The mount point, as the sandbox sees it.
+        dest: String,
+        /// Why it does not resolve.
+        reason: String,
+    },
     /// A signal could not be delivered.
     #[error("sending {signal} to process {pid}")]
     Signal {
@@ -197,12 +209,15 @@ impl Sandbox {
     /// and take the sandbox down with SIGKILL.
     ///
     /// The sandbox program is the one [`check_available`] chose (bwrap before it ran).
-    pub fn command(&self, argv: &[String]) -> tokio::process::Command {
+    ///
+    /// # Errors
+    /// [`Error::MountPoint`]: a mount point that resolves nowhere inside the root (bwrap).
+    pub fn command(&self, argv: &[String]) -> Result<tokio::process::Command> {
         let line = match CHOSEN.get() {
             Some(Backend::Builtin(builtin)) => builtin.argv(self, argv),
             Some(Backend::Bwrap) | None => {
                 let mut line = vec![BWRAP.into()];
-                line.extend(bwrap::args(self, argv));
+                line.extend(bwrap::args(self, argv)?);
                 line
             }
         };
@@ -214,7 +229,7 @@ impl Sandbox {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .process_group(0)
             .kill_on_drop(true);
-        cmd
+        Ok(cmd)
     }
 }
 
@@ -317,7 +332,7 @@ mod tests {
             env: vec![("TOKEN".into(), "s3cret".into())],
             ..Sandbox::new("/r")
         };
-        let cmd = sandbox.command(&["env".into()]);
+        let cmd = sandbox.command(&["env".into()]).unwrap();
         let std = cmd.as_std();
         assert_eq!(std.get_program(), BWRAP);
         assert!(std.get_args().all(|a| a != "s3cret" && a != "TOKEN=s3cret"));

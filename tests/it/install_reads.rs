@@ -240,7 +240,7 @@ fn layer_file(layout: &std::path::Path, suffix: &str) -> Vec<u8> {
 
 /// `kiln build` of the Node.js Function in `dir` on the tiny base, installing in `builder`
 /// with sandbox `sandbox` (`auto`, `bwrap`, `builtin`), into the layout `out`.
-fn build(
+pub(crate) fn build(
     kiln: &Kiln,
     dir: &std::path::Path,
     builder: &str,
@@ -261,7 +261,7 @@ fn build(
     ]))
 }
 
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 

@@ -39,6 +39,7 @@ mod dev;
 mod dockerfile;
 mod foreign_images;
 mod harness;
+mod install_leaves;
 mod install_reads;
 mod k8s_validate;
 mod kube_api;
