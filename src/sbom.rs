@@ -34,6 +34,9 @@ pub const BASE_SBOM_PATH: &str = "usr/share/kiln/sbom.json";
 pub const BASE_SBOM_HISTORY: &str = "kiln base: SBOM";
 /// The largest file read from a layer (a package.json, METADATA or lock file).
 const MAX_FILE: u64 = 16 << 20;
+/// The most bytes of those files read from one layer: each is kept until the layer is read,
+/// and a layer's archive may name one compressed to nothing many times.
+const MAX_LAYER_FILES: u64 = 256 << 20;
 
 /// Where a package comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -155,8 +158,14 @@ pub fn file_in_layer(layer: impl Read, path: &str) -> std::io::Result<Option<Vec
 /// The packages in one of the Function's layers (an uncompressed tar), sorted, each once.
 ///
 /// # Errors
-/// A broken tar.
+/// A broken tar; package files over [`MAX_LAYER_FILES`] in all.
 pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
+    components_within(layer, MAX_LAYER_FILES)
+}
+
+/// [`layer_components`], reading at most `budget` bytes of package files.
+fn components_within(layer: impl Read, budget: u64) -> std::io::Result<Vec<Component>> {
+    let mut left = budget;
     let mut npm: Vec<(String, Vec<u8>)> = Vec::new();
     let mut locks: Vec<(String, Vec<u8>)> = Vec::new();
     let mut dists: BTreeMap<String, DistFiles> = BTreeMap::new();
@@ -181,7 +190,17 @@ pub fn layer_components(layer: impl Read) -> std::io::Result<Vec<Component>> {
             continue;
         };
         let mut bytes = Vec::new();
-        entry.by_ref().take(MAX_FILE).read_to_end(&mut bytes)?;
+        entry
+            .by_ref()
+            .take(MAX_FILE.min(left))
+            .read_to_end(&mut bytes)?;
+        left -= bytes.len() as u64;
+        if left == 0 {
+            return Err(std::io::Error::other(format!(
+                "its package manifests hold more than {} MiB: kiln reads no more of them",
+                budget >> 20
+            )));
+        }
         let dir = || path.rsplit_once('/').map_or("", |(d, _)| d).to_string();
         match kind {
             1 => npm.push((path, bytes)),
@@ -485,6 +504,30 @@ pub fn statement(subject: &Subject<'_>, document: Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layer_of_package_files_past_the_budget_is_refused() {
+        let mut tar = tar::Builder::new(Vec::new());
+        for n in 0..4 {
+            let body = format!(
+                "{{\"name\":\"p{n}\",\"version\":\"1.0.0\"}}{}",
+                " ".repeat(300)
+            );
+            let mut header = tar::Header::new_gnu();
+            header.set_size(body.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            let path = format!("usr/src/app/function/node_modules/p{n}/package.json");
+            tar.append_data(&mut header, path, body.as_bytes()).unwrap();
+        }
+        let tar = tar.into_inner().unwrap();
+        assert_eq!(components_within(&tar[..], 1 << 20).unwrap().len(), 4);
+        let err = components_within(&tar[..], 1000).unwrap_err();
+        assert!(
+            err.to_string().contains("package manifests hold more than"),
+            "{err}"
+        );
+    }
 
     fn tar_of(files: &[(&str, &str)]) -> Vec<u8> {
         let mut b = tar::Builder::new(Vec::new());

@@ -595,3 +595,23 @@ pub fn writes(log: &[String]) -> Vec<&String> {
         })
         .collect()
 }
+
+/// `PUT http://HOST/v2/REPO/manifests/REFERENCE` of `bytes` as `media_type`, as any client of
+/// a plain-HTTP registry may; asserts the registry took it (201).
+pub fn put_manifest(host: &str, repo: &str, reference: &str, media_type: &str, bytes: &[u8]) {
+    let file = tempfile::NamedTempFile::new().expect("a scratch file");
+    fs::write(file.path(), bytes).expect("writing the manifest");
+    let status = super::run_bytes(
+        Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args(["-H", &format!("Content-Type: {media_type}")])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.path().display()))
+            .arg(format!("http://{host}/v2/{repo}/manifests/{reference}")),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&status),
+        "201",
+        "PUT {repo}:{reference}"
+    );
+}

@@ -7,25 +7,8 @@ use crate::common;
 
 use std::fs;
 
-use super::install_reads::{build, shell_quote};
-use common::kiln::{Kiln, copy_fixture, kiln_built_builder};
-
-/// The Function `name` with `script` as its package's postinstall and one dependency.
-fn function_with_postinstall(
-    work: &std::path::Path,
-    name: &str,
-    script: &str,
-) -> std::path::PathBuf {
-    let function = copy_fixture("hello-node", &work.join(name));
-    let manifest = serde_json::json!({
-        "name": name,
-        "version": "1.0.0",
-        "scripts": {"postinstall": format!("node -e {}", shell_quote(script))},
-        "dependencies": {"is-number": "7.0.0"},
-    });
-    fs::write(function.join("package.json"), manifest.to_string()).unwrap();
-    function
-}
+use super::install_reads::{build, with_postinstall};
+use common::kiln::{Kiln, kiln_built_builder};
 
 #[test]
 fn an_output_an_install_script_turned_into_a_link_to_the_host_is_not_layered() {
@@ -42,7 +25,7 @@ fn an_output_an_install_script_turned_into_a_link_to_the_host_is_not_layered() {
          fs.symlinkSync({:?},'node_modules')",
         host_dir.display().to_string()
     );
-    let function = function_with_postinstall(work.path(), "linker", &script);
+    let function = with_postinstall(work.path(), "linker", &script);
     let out = work.path().join("out");
     let run = build(&kiln, &function, &builder, &out, "auto");
     assert_eq!(run.code, 1, "{}", run.stderr);
@@ -63,7 +46,7 @@ fn an_install_script_that_copies_a_registry_credential_into_its_output_is_refuse
     let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
     let script = "const fs=require('fs');\
                   fs.writeFileSync('node_modules/is-number/leak.txt',fs.readFileSync('.npmrc'))";
-    let function = function_with_postinstall(work.path(), "copier", script);
+    let function = with_postinstall(work.path(), "copier", script);
     fs::write(
         function.join(".npmrc"),
         format!("//npm.secret.example/:_authToken={TOKEN}\n"),

@@ -261,7 +261,25 @@ pub(crate) fn build(
     ]))
 }
 
-pub(crate) fn shell_quote(s: &str) -> String {
+/// The Function `name` in `work`, with `script` (JavaScript) as its package's postinstall
+/// and one dependency.
+pub(crate) fn with_postinstall(
+    work: &std::path::Path,
+    name: &str,
+    script: &str,
+) -> std::path::PathBuf {
+    let function = copy_fixture("hello-node", &work.join(name));
+    let manifest = serde_json::json!({
+        "name": name,
+        "version": "1.0.0",
+        "scripts": {"postinstall": format!("node -e {}", shell_quote(script))},
+        "dependencies": {"is-number": "7.0.0"},
+    });
+    fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+    function
+}
+
+fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
@@ -321,14 +339,7 @@ fn one_functions_install_script_cannot_plant_anything_in_the_next_ones_package_c
     let work = tempfile::tempdir().unwrap();
     let builder = kiln_built_builder(&kiln, "nodejs22", &work.path().join("bases"));
     let install = |name: &str, script: &str| {
-        let function = copy_fixture("hello-node", &work.path().join(name));
-        let manifest = serde_json::json!({
-            "name": name,
-            "version": "1.0.0",
-            "scripts": {"postinstall": format!("node -e {}", shell_quote(script))},
-            "dependencies": {"is-number": "7.0.0"},
-        });
-        fs::write(function.join("package.json"), manifest.to_string()).unwrap();
+        let function = with_postinstall(work.path(), name, script);
         let out = work.path().join(format!("{name}-out"));
         let run = build(&kiln, &function, &builder, &out, "auto");
         assert_eq!(run.code, 0, "{name}: {}", run.stderr);

@@ -245,22 +245,5 @@ fn a_signed_rebase_of_an_index_proves_every_platforms_image() {
 
 /// `PUT /v2/REPO/manifests/REFERENCE` of `bytes` as `media_type`, as any client may.
 fn put_manifest(s: &Setup, repo: &str, reference: &str, media_type: &str, bytes: &[u8]) {
-    let file = s.work.path().join("put-manifest.json");
-    std::fs::write(&file, bytes).unwrap();
-    let status = common::run_bytes(
-        Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
-            .args(["-H", &format!("Content-Type: {media_type}")])
-            .arg("--data-binary")
-            .arg(format!("@{}", file.display()))
-            .arg(format!(
-                "http://{}/v2/{repo}/manifests/{reference}",
-                s.reg.host()
-            )),
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&status),
-        "201",
-        "PUT {repo}:{reference}"
-    );
+    common::registry::put_manifest(&s.reg.host(), repo, reference, media_type, bytes);
 }

@@ -246,17 +246,7 @@ fn kiln_verify_reads_the_referrers_tag_where_the_registry_has_no_api() {
         "size": size,
     });
     let put = |path: &str, media_type: &str, body: &[u8]| {
-        let file = work.path().join("put.json");
-        std::fs::write(&file, body).unwrap();
-        let status = common::run_bytes(
-            Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
-                .args(["-H", &format!("Content-Type: {media_type}")])
-                .arg("--data-binary")
-                .arg(format!("@{}", file.display()))
-                .arg(format!("http://{host}/v2/fns/hello/manifests/{path}")),
-        );
-        assert_eq!(String::from_utf8_lossy(&status), "201", "PUT {path}");
+        common::registry::put_manifest(&host, "fns/hello", path, media_type, body);
     };
     let manifest_type = "application/vnd.oci.image.manifest.v1+json";
     let referrer = serde_json::to_vec(&referrer).unwrap();
