@@ -377,6 +377,9 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
     let image = s.reg.reference("fns/hello-python:multi");
     let planned = s.kiln(&["rebase", &image, "--base", &new.0, "--dry-run"]);
     assert_eq!(planned.code, 0, "{}", planned.stderr);
+    // The same Function built for both on the new base, not signed (yet).
+    let full = s.build("hello-python", "python313", &new, "multi-full", &BOTH);
+    planted_index_is_refused(&s, (&multi, &full), &new.0, &signed);
     let run = s.kiln(&[&["rebase", &image, "--base", &new.0][..], &signed].concat());
     assert_eq!(run.code, 0, "{}", run.stderr);
     let verify = |public: &str| {
@@ -407,7 +410,6 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
         1,
         "another key's signature is not there"
     );
-    let full = s.build("hello-python", "python313", &new, "multi-full", &BOTH);
     assert_ne!(digest_of(&multi), digest_of(&full));
     assert_eq!(digest_of(run.stdout.trim()), digest_of(&full));
     assert!(
@@ -437,5 +439,46 @@ fn a_python_base_change_rebases_a_function_without_dependencies_and_not_pinned_w
     assert_eq!(
         manifest_digest(&s.reg, "fns/python-pinned", "multi"),
         digest_of(&pinned)
+    );
+}
+
+/// `kiln rebase --sign-key` of an image index proves every platform's image the new index
+/// lists, those a rebase moves and those on the new base already: the `signed` build's index
+/// with its arm64 entry pointed at the `unsigned` build's (as an attacker who can push would
+/// plant it) is refused, naming that image, and nothing is written.
+fn planted_index_is_refused(s: &Setup, (signed, unsigned): (&str, &str), base: &str, key: &[&str]) {
+    let index = |reference: &str| -> serde_json::Value {
+        serde_json::from_slice(&s.reg.skopeo_inspect_raw(reference)).unwrap()
+    };
+    let (mut planted, theirs) = (index(signed), index(unsigned));
+    let arm64 = |i: &serde_json::Value| {
+        i["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|m| m["platform"]["architecture"] == "arm64")
+            .unwrap()
+    };
+    let (at, from) = (arm64(&planted), arm64(&theirs));
+    planted["manifests"][at] = theirs["manifests"][from].clone();
+    let unsigned_arm64 = theirs["manifests"][from]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index_type = "application/vnd.oci.image.index.v1+json";
+    let bytes = serde_json::to_vec(&planted).unwrap();
+    let host = s.reg.host();
+    common::registry::put_manifest(&host, "fns/hello-python", "planted", index_type, &bytes);
+    let before = s.reg.settled_access_log().len();
+    let image = s.reg.reference("fns/hello-python:planted");
+    let run = s.kiln(&[&["rebase", &image, "--base", base][..], key].concat());
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stderr.contains(&unsigned_arm64), "{}", run.stderr);
+    assert!(run.stderr.contains("has no signatures"), "{}", run.stderr);
+    let log = s.reg.access_log_since(before);
+    assert_eq!(common::registry::writes(&log), Vec::<&String>::new());
+    assert_eq!(
+        manifest_digest(&s.reg, "fns/hello-python", "planted"),
+        common::sha256_digest(&bytes)
     );
 }
