@@ -245,6 +245,26 @@ async fn a_failing_helper_is_an_error_that_names_it() {
     assert!(store.lookup("z.example").await.is_err());
 }
 
+/// A helper that prints 2 MiB and exits: read up to 1 MiB, an error, no more held.
+#[tokio::test]
+async fn a_helper_that_prints_without_end_is_an_error() {
+    let bin = TempDir::new().unwrap();
+    write_script(
+        bin.path(),
+        "chatty",
+        "#!/bin/sh\nhead -c 2097152 /dev/zero | tr '\\0' x\n",
+    );
+    let dir = config_dir(r#"{"credHelpers": {"x.example": "chatty"}}"#);
+    let store = CredentialStore::default()
+        .with_docker_config_dir(dir.path().into())
+        .with_helper_dirs(vec![bin.path().to_path_buf()]);
+    let err = store.lookup("x.example").await.unwrap_err().to_string();
+    assert!(
+        err.contains("docker-credential-chatty") && err.contains("over 1 MiB"),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn explicit_credentials_come_first() {
     let dir = config_dir(&format!(

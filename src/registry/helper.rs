@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde::Deserialize;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 use tracing::debug;
 
@@ -15,6 +15,8 @@ use super::credential::Credential;
 
 /// How long a helper may take (it may talk to a cloud metadata service).
 const HELPER_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most a helper's stdout (and its stderr) is read: a credential is a few KiB.
+const HELPER_OUTPUT: u64 = 1 << 20;
 /// The user name helpers return when the secret is an identity token.
 const TOKEN_USERNAME: &str = "<token>";
 
@@ -79,10 +81,39 @@ pub(crate) async fn get(
         // A helper that exits without reading stdin makes this fail; its exit status tells more.
         let _ = stdin.write_all(server.as_bytes()).await;
     }
-    let output = tokio::time::timeout(HELPER_TIMEOUT, child.wait_with_output())
+    // Read up to a limit, not whole: a helper printing without end fills no memory (it is
+    // killed when this returns, `kill_on_drop`).
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let capped = |pipe: Option<_>| async move {
+        let mut bytes = Vec::new();
+        if let Some(pipe) = pipe {
+            let mut pipe: Box<dyn tokio::io::AsyncRead + Unpin + Send> = pipe;
+            (&mut pipe)
+                .take(HELPER_OUTPUT)
+                .read_to_end(&mut bytes)
+                .await?;
+        }
+        Ok::<_, std::io::Error>(bytes)
+    };
+    let run = async {
+        let (out, err) = tokio::try_join!(
+            capped(stdout.map(|p| Box::new(p) as _)),
+            capped(stderr.map(|p| Box::new(p) as _))
+        )?;
+        if out.len() as u64 >= HELPER_OUTPUT {
+            return Err(std::io::Error::other("it printed over 1 MiB"));
+        }
+        let status = child.wait().await?;
+        Ok(std::process::Output {
+            status,
+            stdout: out,
+            stderr: err,
+        })
+    };
+    let output = tokio::time::timeout(HELPER_TIMEOUT, run)
         .await
         .map_err(|_| fail(false, format!("timed out after {HELPER_TIMEOUT:?}")))?
-        .map_err(|e| fail(false, format!("waiting for {program_name}: {e}")))?;
+        .map_err(|e| fail(false, format!("running {program_name}: {e}")))?;
     if !output.status.success() {
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
