@@ -18,6 +18,7 @@ pub mod leader;
 pub mod lookup;
 pub mod metrics;
 pub mod names;
+pub mod override_image;
 pub mod plan;
 pub mod plumbing;
 pub mod presets;

@@ -101,17 +101,29 @@ pub fn owner_reference(f: &Function) -> OwnerReference {
     }
 }
 
-/// The name of a build's ConfigMap and Job: `<function>-build-<10 hex of the key>`, cut to
-/// fit a label value (the Job's name becomes its Pods' `job-name` label).
+/// The name of a build's ConfigMap, Job and Secret copies in the build namespace:
+/// `<function>-build-<20 hex>`, cut to fit a label value (the Job's name becomes its Pods'
+/// `job-name` label). The hex is of the Function's namespace, name and build key together:
+/// every tenant's builds share one namespace, and a name from the Function's name and a few
+/// digits of its key alone let another namespace's Function of the same name, its source
+/// tuned until its key began alike (about 2^40 tries for 10 digits), take over the victim's
+/// build objects. 80 bits of a hash over all three leave no such search.
 pub fn build_name(f: &Function, key: &str) -> String {
-    const SUFFIX: usize = "-build-".len() + 10;
+    use sha2::Digest as _;
+    const HEX: usize = 20;
+    const SUFFIX: usize = "-build-".len() + HEX;
     let name = f.name_or_empty();
     let head = &name[..name.len().min(63 - SUFFIX)];
-    format!(
-        "{}-build-{}",
-        head.trim_end_matches('-'),
-        &key[..key.len().min(10)]
-    )
+    let mut hash = sha2::Sha256::new();
+    for part in [f.namespace_or_default(), name, key] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    let hex: String = hash.finalize()[..HEX / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}-build-{hex}", head.trim_end_matches('-'))
 }
 
 /// The label value for a build key.
@@ -152,10 +164,19 @@ mod tests {
     #[test]
     fn build_names_fit_a_label_value_for_the_longest_function_name() {
         let key = "a".repeat(64);
-        assert_eq!(
-            build_name(&function("hello"), &key),
-            "hello-build-aaaaaaaaaa"
+        let name = build_name(&function("hello"), &key);
+        assert!(
+            name.starts_with("hello-build-") && name.len() == 32,
+            "{name}"
         );
+        // Another namespace's Function of the same name and key has builds of its own.
+        let mut other = function("hello");
+        other.metadata.namespace = Some("rival".into());
+        assert_ne!(build_name(&other, &key), name);
+        // Every digit of the key counts, not the first few.
+        let mut near = key.clone();
+        near.replace_range(63.., "b");
+        assert_ne!(build_name(&function("hello"), &near), name);
         let long = format!("{}-x", "f".repeat(58));
         let name = build_name(&function(&long), &key);
         assert!(name.len() <= 63, "{name}");

@@ -266,6 +266,17 @@ async fn lookups(
         );
         return Ok(None);
     };
+    if let Some(image) = &f.spec.runtime_image_override
+        && let Err(why) = super::override_image::check(image, &ctx.config, f.namespace_or_default())
+    {
+        st.set(
+            Kind::BuildReady,
+            State::False,
+            reason::IMAGE_UNRESOLVED,
+            why,
+        );
+        return Ok(None);
+    }
     let base_ref = f
         .spec
         .runtime_image_override

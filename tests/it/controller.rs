@@ -684,6 +684,31 @@ fn an_invalid_function_is_refused_with_the_field_named_and_never_built() {
     assert!(env.api.list("Job").is_empty());
 }
 
+/// A `runtimeImageOverride` on the platform's own registry that is not the namespace's own
+/// image (another tenant's, here) is not built on: build Jobs would pull it with the
+/// platform's credentials.
+#[test]
+fn an_override_naming_another_namespaces_image_on_the_platforms_registry_is_not_built() {
+    let env = ControllerEnv::start(&[]);
+    let victim = format!("{}/functions/victim/hello:1", env.registry.host());
+    let yaml = node_function("thief", HELLO, None).replace(
+        "runtime: nodejs22",
+        &format!("runtime: nodejs22\n  runtimeImageOverride: {victim}"),
+    );
+    env.create_function("team", &yaml);
+    env.wait_condition(
+        "team",
+        "thief",
+        "BuildReady",
+        "False",
+        Some("ImageUnresolved"),
+    );
+    let message = env.condition("team", "thief", "BuildReady").unwrap().2;
+    assert!(message.contains("platform's credentials"), "{message}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(env.api.list("Job").is_empty());
+}
+
 #[test]
 fn with_knative_serving_a_cluster_local_knative_service_runs_the_image() {
     let env = ControllerEnv::start(&["--serving", "knative"]);
