@@ -78,7 +78,7 @@ mod tests {
         let c = config();
         for fine in [
             "docker.io/library/node:22",
-            "ghcr.io/team/base@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+            &format!("ghcr.io/team/base@sha256:{}", "0".repeat(64)),
             "registry.platform:5000/fns/team/mybase:1",
             "localhost:32137/fns/team/mybase:1",
             "registry.platform:5000/kiln/nodejs22:2",

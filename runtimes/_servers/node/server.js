@@ -379,7 +379,12 @@ function parseBody(mime, charset, raw) {
     return raw.length === 0 ? {} : JSON.parse(raw.toString('utf8'));
   }
   if (mime.startsWith('text/')) {
-    return raw.toString(Buffer.isEncoding(charset) ? charset : 'utf8');
+    if (Buffer.isEncoding(charset)) return raw.toString(charset);
+    try { // ISO-8859-1, windows-1252…: as body-parser (iconv-lite) decodes them
+      return new TextDecoder(charset).decode(raw);
+    } catch {
+      return raw.toString('utf8');
+    }
   }
   if (mime === 'application/x-www-form-urlencoded') {
     return formObject(new URLSearchParams(raw.toString('utf8')));
@@ -734,7 +739,12 @@ function invoke(req, res, reqPath, query, raw) {
     tracer: userTracer, // its methods load the SDK on first use
     setResponseHeader: (k, v) => { if (!res.headersSent) res.setHeader(k, v); },
     setResponseContentType: (t) => { if (!res.headersSent) res.setHeader('Content-Type', t); },
-    setResponseStatus: (code) => { if (!res.headersSent) res.statusCode = code; },
+    setResponseStatus: (code) => {
+      // As Express's res.status throws for it: a status no answer can carry fails the call
+      // here, not later where nothing answers.
+      if (!Number.isInteger(code) || code < 100 || code > 999) throw new RangeError(`Invalid status code: ${code}`);
+      if (!res.headersSent) res.statusCode = code;
+    },
     emitCloudEvent,
     publishCloudEvent,
     buildResponseCloudEvent: (id, type, data) => buildResponseCloudEvent(req, id, type, data),
@@ -812,7 +822,16 @@ class Call {
   }
 
   ok(result) {
-    if (this.settle(false)) respond(this.res, result);
+    if (!this.settle(false)) return;
+    try {
+      respond(this.res, result);
+    } catch (err) { // a result that cannot be sent (a circular object, a BigInt): a 500
+      console.error(err);
+      m.failures++;
+      const { res } = this;
+      if (!res.headersSent) sendText(res, 500, 'Internal server error');
+      else res.destroy();
+    }
   }
 
   fail(err) {

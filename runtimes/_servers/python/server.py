@@ -39,6 +39,10 @@ if os.environ.get('REQ_MB_LIMIT'):
     BODY_LIMIT = int(_num('REQ_MB_LIMIT', 1) * 1024 * 1024)
 else:  # Kyma's Python runtimes used FUNC_MEMFILE_MAX (bytes)
     BODY_LIMIT = int(_num('FUNC_MEMFILE_MAX', 100 * 1024 * 1024))
+# bottle parses `request.json` and `.forms` only up to this, and buffers a larger body in a
+# temporary file (Kyma set it from FUNC_MEMFILE_MAX); its default, 100 KiB, failed a Function
+# reading a larger JSON body with a 413 of bottle's own.
+bottle.BaseRequest.MEMFILE_MAX = BODY_LIMIT
 MOD_NAME = os.environ.get('MOD_NAME') or 'handler'
 FUNC_HANDLER = os.environ.get('FUNC_HANDLER') or 'main'
 FUNCTION_PATH = os.environ.get('FUNCTION_PATH') or '/kubeless'
@@ -665,7 +669,7 @@ def _time_out(environ, trace, started):
     closes; the call's own thread writes nothing more (see `Gateway` in `_server_classes`)."""
     req = environ['kiln.request']
     sys.stderr.write(f'Function timed out after {TIMEOUT:g}s: {environ["REQUEST_METHOD"]} '
-                     f'{environ.get("PATH_INFO", "")}\n')
+                     f'{_printable(environ.get("PATH_INFO", ""))}\n')
     _observe(time.monotonic() - started, True)
     end_trace(trace, 408)
     head = (f'{req.server.protocol} 408 Request Timeout\r\nContent-Type: {TEXT_TYPE}\r\n'
@@ -827,7 +831,8 @@ def _call(event, context, req, trace):
     if content_type and not typed:
         out.content_type = content_type
         typed = True
-    out.set_header('Access-Control-Allow-Origin', '*')
+    if 'Access-Control-Allow-Origin' not in out:  # the Function's own, if it set one
+        out.set_header('Access-Control-Allow-Origin', '*')
     if out.status_code in (204, 304):
         body = b''
     if typed:
@@ -892,9 +897,14 @@ class BodyLimit:
                 try:
                     chunk = stream.read(65536)
                 except ValueError:  # a malformed chunk size
+                    # Closed for good: what follows on the connection is no request.
+                    if 'kiln.request' in environ:
+                        environ['kiln.request'].close_connection = True
+                    answer = b'Bad Request: malformed chunked body\n'
                     start_response('400 Bad Request', [('Content-Type', TEXT_TYPE),
+                                                       ('Content-Length', str(len(answer))),
                                                        ('Connection', 'close')])
-                    return [b'Bad Request: malformed chunked body\n']
+                    return [answer]
                 if not chunk:
                     break
                 size += len(chunk)
@@ -918,10 +928,17 @@ class BodyLimit:
         return self.app(environ, start_response)
 
 
+def _printable(text):
+    """`text` with control characters escaped: a request's path (decoded from `%0a`) must not
+    write a second log line."""
+    return ''.join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def _access_line(environ, status):
     sys.stdout.write('%s - "%s %s %s" %s\n' % (
-        environ.get('REMOTE_ADDR', '-'), environ.get('REQUEST_METHOD'),
-        environ.get('PATH_INFO'), environ.get('SERVER_PROTOCOL'), status))
+        environ.get('REMOTE_ADDR', '-'), _printable(environ.get('REQUEST_METHOD')),
+        _printable(environ.get('PATH_INFO')), _printable(environ.get('SERVER_PROTOCOL')),
+        status))
 
 
 class AccessLog:
@@ -1036,6 +1053,9 @@ def serve(wsgi_app, name, api=''):
     server = _server = server_class(('0.0.0.0', PORT), wsgi_app, numthreads=threads,
                                     server_name=f'kiln-{name}', request_queue_size=128,
                                     timeout=60)
+    # As Node.js answers 431 past 16 KiB: no header of 300 MB held in memory (cheroot's
+    # default is no limit).
+    server.max_request_header_size = 64 * 1024
     server.gateway = gateway
     server.shutdown_timeout = GRACE
     server.requests.stop = stop_pool

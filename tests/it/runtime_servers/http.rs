@@ -400,3 +400,70 @@ pub(super) async fn an_endless_upload_over_the_limit_is_cut_off(rt: Runtime) {
     .await
     .unwrap();
 }
+
+pub(super) async fn unsendable_results_answer_500() {
+    let server = Server::start(Runtime::Node, &[]);
+    let http = client_with_timeout();
+    for path in ["/circular", "/bad-status"] {
+        let resp = http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+    }
+    // A Latin-1 text body is decoded as Latin-1.
+    let resp = http
+        .post(server.url("/echo"))
+        .header("content-type", "text/plain; charset=ISO-8859-1")
+        .body(b"caf\xe9".to_vec())
+        .send()
+        .await
+        .unwrap();
+    let answer: Value = resp.json().await.unwrap();
+    assert_eq!(answer["data"], "café", "{answer}");
+}
+
+pub(super) async fn python_bottle_limits_cors_and_a_bad_chunk() {
+    use std::io::{Read, Write};
+    let server = Server::start(Runtime::Python, &[]);
+    let http = client_with_timeout();
+    let items: Vec<u32> = (0..50_000).collect();
+    let resp = http
+        .post(server.url("/big-json"))
+        .json(&json!({ "items": items }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK, "{}", server.logs());
+    assert_eq!(
+        resp.json::<Value>().await.unwrap(),
+        json!({"items": 50_000})
+    );
+    let resp = http.get(server.url("/own-cors")).send().await.unwrap();
+    assert_eq!(
+        header(&resp, "access-control-allow-origin"),
+        "https://app.example"
+    );
+    // What follows a malformed chunk is no request of its own.
+    let mut socket = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    socket
+        .write_all(
+            b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\
+              GET /text HTTP/1.1\r\nHost: x\r\n\r\n",
+        )
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1 ").count(), 1, "{answer}");
+}
+
+/// A client that gives up after 10 s: an answer that never comes fails the test, not hangs it.
+fn client_with_timeout() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}

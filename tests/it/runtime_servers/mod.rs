@@ -199,3 +199,17 @@ async fn nodejs26_cuts_off_an_endless_upload_over_the_limit() {
 async fn python314_cuts_off_an_endless_upload_over_the_limit() {
     an_endless_upload_over_the_limit_is_cut_off(Runtime::Flask).await;
 }
+
+/// A result the server cannot send (a circular object) and a status no answer can carry both
+/// answer 500, as Kyma's Express did; they left the client waiting for good.
+#[tokio::test]
+async fn node_answers_500_for_a_result_or_a_status_it_cannot_send() {
+    http::unsendable_results_answer_500().await;
+}
+
+/// What a Python Function reads through bottle works past 100 KiB (Kyma raised bottle's limit),
+/// its own CORS origin stands, and a malformed chunked body closes the connection.
+#[tokio::test]
+async fn python_parses_large_bodies_keeps_the_functions_cors_and_closes_after_a_bad_chunk() {
+    http::python_bottle_limits_cors_and_a_bad_chunk().await;
+}
