@@ -687,7 +687,12 @@ def _time_out(environ, trace, started):
     environ['kiln.answered'].set()
     with _pool_lock:
         if not _state['stopping']:
-            _server.requests.grow(1)
+            # One more thread in the hung one's place, not waited for: cheroot's `grow` waits
+            # until the new thread is `ready`, and one that at once takes a shutdown request a
+            # late return left in the queue is ready only for an instant. `grow` then waited
+            # for good, holding this lock: no more 408s, and SIGTERM hung on the lock.
+            pool = _server.requests
+            pool._threads.append(pool._spawn_worker())
 
 
 def _late_return():

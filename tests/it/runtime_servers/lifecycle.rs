@@ -171,3 +171,44 @@ async fn python_serves_as_many_requests_at_once_as_cherrypy_numthreads_allows() 
         "four threads serve calls side by side"
     );
 }
+
+pub(super) async fn a_late_return_into_a_busy_pool_wedges_nothing() {
+    let mut server = Server::start(
+        Runtime::Python,
+        &[("FUNC_TIMEOUT", "3"), ("CHERRYPY_NUMTHREADS", "4")],
+    );
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    // /sleep takes 5 s: 408 at 3 s, and its thread returns at 5 s, when every thread is busy
+    // with the six calls sent after the 408 (two of them waiting in cheroot's queue).
+    let first = http.get(server.url("/sleep")).send().await.unwrap();
+    assert_eq!(first.status(), StatusCode::REQUEST_TIMEOUT);
+    let calls: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(http.get(server.url("/sleep")).send()))
+        .collect();
+    for call in calls {
+        let resp = call.await.unwrap().expect("an answer");
+        assert_eq!(
+            resp.status(),
+            StatusCode::REQUEST_TIMEOUT,
+            "{}",
+            server.logs()
+        );
+    }
+    let resp = http
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(resp.status(), StatusCode::OK);
+    server.terminate();
+    let status = server.wait_exit(Duration::from_secs(10)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}:\n{}",
+        server.logs()
+    );
+}

@@ -213,3 +213,11 @@ async fn node_answers_500_for_a_result_or_a_status_it_cannot_send() {
 async fn python_parses_large_bodies_keeps_the_functions_cors_and_closes_after_a_bad_chunk() {
     http::python_bottle_limits_cors_and_a_bad_chunk().await;
 }
+
+/// A timed-out call that returns while every thread is busy leaves a shutdown request queued
+/// for one idle thread; the next timeouts' replacement threads may take it at once. The 408s
+/// still come, the server still answers, and SIGTERM still ends it.
+#[tokio::test]
+async fn python_keeps_answering_408_when_a_late_return_meets_a_busy_pool() {
+    lifecycle::a_late_return_into_a_busy_pool_wedges_nothing().await;
+}
