@@ -33,6 +33,7 @@
 //! - `session`: one registry's authentication state.
 //! - `client`: [`Client`], its shared state and the send pipeline.
 //! - `blobs`, `manifests`: reads and manifest pushes, as methods of [`Client`].
+//! - `referrers`: the OCI 1.1 referrers API and its tag schema, as methods of [`Client`].
 //! - `upload_steps`: one upload attempt.
 //! - `upload`: blob pushes (exists, mount, upload).
 
@@ -50,6 +51,7 @@ mod http;
 mod manifests;
 mod policy;
 mod reference;
+mod referrers;
 mod retry;
 mod scope;
 mod session;
